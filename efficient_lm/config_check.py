@@ -1,0 +1,47 @@
+"""Checks a whole config before any data is prepared or anything compiles.
+
+Each failure is one `ConfigError` naming the field, the value and the fix.
+"""
+
+import ml_collections
+
+from efficient_lm import data
+from efficient_lm import models
+from efficient_lm import sharding
+from efficient_lm.validation import require, require_positive_int
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+  for section in ("data", "model", "train", "mesh"):
+    require(section in config, f"config.{section}", None, "is missing",
+            "start from a file in configs/, which defines every section")
+  data.validate(config.data)
+  models.validate(config.model)
+  _validate_train(config.train)
+  _validate_mesh(config.mesh, config.data)
+
+
+def _validate_train(t: ml_collections.ConfigDict) -> None:
+  require_positive_int("train.num_steps", t.num_steps)
+  require(isinstance(t.learning_rate, (int, float)) and t.learning_rate > 0, "train.learning_rate",
+          t.learning_rate, "must be positive", "set train.learning_rate to e.g. 1e-3")
+  require(isinstance(t.warmup_steps, int) and 0 <= t.warmup_steps, "train.warmup_steps",
+          t.warmup_steps, "must be a non-negative integer", "set train.warmup_steps to e.g. 100")
+  require(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, "must be >= 0",
+          "set train.weight_decay to e.g. 0.1")
+  require(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "must be >= 0 (0 = no clipping)",
+          "set train.grad_clip to e.g. 1.0")
+  for field in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
+    require_positive_int(f"train.{field}", t[field])
+  require(isinstance(t.seed, int), "train.seed", t.seed, "must be an integer", "set train.seed=0")
+  require(t.sample_tokens >= 0, "train.sample_tokens", t.sample_tokens, "must be >= 0",
+          "set train.sample_tokens to 0 to skip the final sample")
+
+
+def _validate_mesh(mesh: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict) -> None:
+  data_size, _ = sharding.mesh_shape(mesh)
+  require(data_cfg.batch_size % data_size == 0, "data.batch_size", data_cfg.batch_size,
+          f"must be divisible by the mesh's data axis ({data_size} devices)",
+          f"set data.batch_size to a multiple of {data_size}")
+  require(mesh.context == 1, "mesh.context", mesh.context,
+          "> 1 needs the context-parallel ops, which are not built yet", "set mesh.context=1")

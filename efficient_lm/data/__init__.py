@@ -1,0 +1,13 @@
+"""Data: TFDS builders (shakespeare, wikitext103, any TFDS text set), tokenizer, Grain pipeline.
+
+    corpus = data.load(config.data)
+    it = corpus.train_iterator(batch_size=..., seed=...)
+    for batch in corpus.eval_batches('validation', batch_size=...): ...
+
+Heavy imports (tensorflow_datasets, grain) happen inside `load`, so `validate` stays cheap.
+"""
+
+from efficient_lm.data.pipeline import Corpus, KNOWN_DATASETS, MIN_VOCAB_SIZE, load, validate
+from efficient_lm.data.tokenizer import Tokenizer
+
+__all__ = ['Corpus', 'KNOWN_DATASETS', 'MIN_VOCAB_SIZE', 'Tokenizer', 'load', 'validate']

@@ -1,0 +1,159 @@
+"""Sentencepiece tokenizer whose decode(encode(s)) == s for any text (SPEC section 9).
+
+Settings: unigram model, byte fallback (any character outside the vocabulary
+becomes its UTF-8 bytes), identity normalisation, whitespace kept as is, no
+dummy prefix, '\\n' a user-defined symbol (sentencepiece trains on lines, so
+the newline is a piece of its own). The one character sentencepiece itself
+cannot round-trip, its whitespace marker U+2581, is encoded here as its three
+byte pieces, which decode back to it.
+
+Ids: 0 <pad>, 1 <unk>, 2 </s> (end of document), 3 '\\n', 4..259 the byte pieces.
+"""
+
+import os
+import tempfile
+from typing import Iterable, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+PAD_ID, UNK_ID, EOS_ID = 0, 1, 2
+NEWLINE = '\n'
+_MARKER = '\u2581'  # sentencepiece's whitespace marker
+_MAX_LINE_CHARS = 8192  # longer lines are cut into pieces for training
+
+# Everything that changes the trained model; part of the cache key.
+TRAINER_SETTINGS = dict(
+    model_type='unigram',
+    byte_fallback=True,
+    normalization_rule_name='identity',
+    remove_extra_whitespaces=False,
+    add_dummy_prefix=False,
+    user_defined_symbols=[NEWLINE],
+    allow_whitespace_only_pieces=True,
+    split_digits=False,
+    character_coverage=0.9995,
+    hard_vocab_limit=False,
+    pad_id=PAD_ID,
+    unk_id=UNK_ID,
+    eos_id=EOS_ID,
+    bos_id=-1,
+    max_sentence_length=4 * _MAX_LINE_CHARS,
+)
+
+# The fewest pieces a model can have: specials, '\n' and the 256 byte pieces.
+NUM_RESERVED_PIECES = 260
+
+
+class VocabTooSmallError(ValueError):
+  """The requested vocabulary cannot hold the corpus' characters plus the reserved pieces."""
+
+
+def training_lines(texts: Iterable[str], max_bytes: int = 0):
+  """Lines (without newlines, non-empty) of `texts`, stopping after `max_bytes` UTF-8 bytes (0 = all)."""
+  used = 0
+  for text in texts:
+    for line in text.split(NEWLINE):
+      if max_bytes:
+        room = max_bytes - used
+        if room <= 0:
+          return
+        encoded = line.encode('utf-8')
+        if len(encoded) + 1 > room:
+          line = encoded[:room].decode('utf-8', errors='ignore')
+        used += len(encoded) + 1
+      for start in range(0, len(line), _MAX_LINE_CHARS):
+        piece = line[start:start + _MAX_LINE_CHARS]
+        if piece:
+          yield piece
+
+
+class Tokenizer:
+  """A trained sentencepiece model: exact round trip, end-of-document id, pad id."""
+
+  def __init__(self, model_path: str):
+    self.model_path = os.fspath(model_path)
+    self._sp = spm.SentencePieceProcessor(model_file=self.model_path)
+    self._marker_ids = [self._sp.piece_to_id(f'<0x{b:02X}>') for b in _MARKER.encode('utf-8')]
+    if self._sp.eos_id() < 0 or self._sp.pad_id() < 0 or not self._sp.IsByte(self._marker_ids[0]):
+      raise ValueError(f'{self.model_path} was not trained by Tokenizer.train (needs eos, pad, '
+                       'byte fallback)')
+
+  @classmethod
+  def train(cls, texts: Iterable[str], *, vocab_size: int, model_path: str,
+            max_bytes: int = 0, num_threads: int | None = None) -> 'Tokenizer':
+    """Trains on `texts` (at most `max_bytes` UTF-8 bytes, 0 = all) and writes `model_path`.
+
+    The file appears atomically (written beside it, then renamed). The model may hold
+    fewer than `vocab_size` pieces when the text is too small to fill it.
+    """
+    model_path = os.fspath(model_path)
+    directory = os.path.dirname(os.path.abspath(model_path))
+    os.makedirs(directory, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+      prefix = os.path.join(tmp, 'spm')
+      try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=training_lines(texts, max_bytes),
+            model_prefix=prefix,
+            vocab_size=vocab_size,
+            num_threads=num_threads or os.cpu_count() or 1,
+            minloglevel=2,
+            **TRAINER_SETTINGS)
+      except RuntimeError as e:
+        if 'required_chars' in str(e) or 'Vocabulary size is smaller' in str(e):
+          raise VocabTooSmallError(
+              f'vocab_size={vocab_size} is too small for this corpus ({e}); it must hold the '
+              f'{NUM_RESERVED_PIECES} reserved pieces plus one per distinct character') from e
+        raise
+      os.replace(prefix + '.model', model_path)
+    return cls(model_path)
+
+  @property
+  def vocab_size(self) -> int:
+    return self._sp.get_piece_size()
+
+  @property
+  def eos_id(self) -> int:
+    return self._sp.eos_id()
+
+  @property
+  def pad_id(self) -> int:
+    return self._sp.pad_id()
+
+  def _encode_ids(self, text: str) -> list[int]:
+    if _MARKER not in text:
+      return self._sp.encode(text)
+    ids = []
+    for i, part in enumerate(text.split(_MARKER)):
+      if i:
+        ids.extend(self._marker_ids)
+      if part:
+        ids.extend(self._sp.encode(part))
+    return ids
+
+  def encode(self, text: str) -> np.ndarray:
+    """int32 ids of `text` (no end-of-document id added)."""
+    return np.asarray(self._encode_ids(text), dtype=np.int32)
+
+  def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[np.ndarray]:
+    """encode() of each text, the marker-free ones in parallel."""
+    texts = list(texts)
+    plain = [i for i, t in enumerate(texts) if _MARKER not in t]
+    out: list = [None] * len(texts)
+    if plain:
+      encoded = self._sp.encode([texts[i] for i in plain], num_threads=num_threads or os.cpu_count() or 1)
+      for i, ids in zip(plain, encoded):
+        out[i] = np.asarray(ids, dtype=np.int32)
+    for i, t in enumerate(texts):
+      if out[i] is None:
+        out[i] = self.encode(t)
+    return out
+
+  def decode(self, ids) -> str:
+    """Text of `ids` (an int sequence or array); pad and end-of-document ids decode to ''."""
+    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
+    return self._sp.decode(ids)
+
+  def __repr__(self) -> str:
+    return f'Tokenizer({self.model_path!r}, vocab_size={self.vocab_size})'

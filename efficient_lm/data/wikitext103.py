@@ -1,0 +1,113 @@
+"""TFDS builder `wikitext103`: WikiText-103 (raw), one example per article.
+
+From the public `wikitext-103-raw-v1.zip` (files `wiki.train.raw`, `wiki.valid.raw`,
+`wiki.test.raw`), fetched with the TFDS download manager, or a local copy
+(`archive=`). Articles are cut at the top-level ` = Title = ` heading lines; each
+article's text keeps its heading line and every following line up to the next
+top-level heading, newlines included, so the articles of a split concatenate back
+to the split's file (less any blank preamble before the first heading).
+"""
+
+import os
+import posixpath
+import re
+import zipfile
+
+from absl import logging
+import tensorflow_datasets as tfds
+
+from efficient_lm.data import archives
+
+ARCHIVE_NAME = 'wikitext-103-raw-v1.zip'
+ARCHIVE_SHA256 = '91c00ae287f0d699e18605c84afc9e45c192bc6b7797ff8837e5474655a33794'
+URLS = (
+    'https://wikitext.smerity.com/wikitext-103-raw-v1.zip',
+    'https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-raw-v1.zip',
+)
+SPLIT_FILES = {'train': 'wiki.train.raw', 'validation': 'wiki.valid.raw', 'test': 'wiki.test.raw'}
+
+# ' = Title = ' but not ' = = Section = = '.
+_HEADING = re.compile(r'^ = ([^=].*?) = $')
+
+
+def heading_title(line: str) -> str | None:
+  """The title if `line` is a top-level article heading, else None."""
+  match = _HEADING.match(line.rstrip('\r\n'))
+  return match.group(1).strip() if match else None
+
+
+def split_articles(lines):
+  """Yields (title, text) per article from an iterable of lines (with their newlines)."""
+  title, chunk = None, []
+  for line in lines:
+    new_title = heading_title(line)
+    if new_title is not None:
+      if title is not None:
+        yield title, ''.join(chunk)
+        chunk = []
+      elif not ''.join(chunk).strip():
+        chunk = []  # A blank preamble is dropped; non-blank text joins the first article.
+      title = new_title
+    chunk.append(line)
+  text = ''.join(chunk)
+  if title is not None:
+    yield title, text
+  elif text.strip():
+    yield '', text
+
+
+class Wikitext103(tfds.core.GeneratorBasedBuilder):
+  """WikiText-103 raw (Merity et al. 2016), one example per Wikipedia article."""
+
+  VERSION = tfds.core.Version('1.0.0')
+  RELEASE_NOTES = {'1.0.0': 'wikitext-103-raw-v1, split into articles.'}
+
+  def __init__(self, *, archive: str = '', archive_sha256: str = '', **kwargs):
+    """`archive`: a local copy of the zip ('' = download); `archive_sha256`: '' = official."""
+    self._archive = os.path.expanduser(archive) if archive else ''
+    self._archive_sha256 = archive_sha256 or ARCHIVE_SHA256
+    super().__init__(**kwargs)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return self.dataset_info_from_configs(
+        features=tfds.features.FeaturesDict({
+            'text': tfds.features.Text(),
+            'title': tfds.features.Text(),
+        }),
+        homepage='https://blog.salesforceairesearch.com/the-wikitext-long-term-dependency-language-modeling-dataset/',
+    )
+
+  def _fetch_archive(self, dl_manager) -> str:
+    fix = (f'download {ARCHIVE_NAME} (sha256 {ARCHIVE_SHA256}) from {URLS[0]} and set '
+           'data.archive to its path')
+    if self._archive:
+      path = self._archive
+    else:
+      path, errors = None, []
+      for url in URLS:
+        try:
+          logging.info('Downloading %s', url)
+          path = os.fspath(dl_manager.download(url))
+          break
+        except Exception as e:  # pylint: disable=broad-except  (any failure: try the next mirror)
+          errors.append(f'{url}: {e}')
+      if path is None:
+        raise archives.DownloadError(f'could not download {ARCHIVE_NAME} ({"; ".join(errors)}); {fix}')
+    archives.verify_sha256(path, self._archive_sha256, what='wikitext103', fix=fix)
+    return path
+
+  def _split_generators(self, dl_manager: tfds.download.DownloadManager):
+    archive = self._fetch_archive(dl_manager)
+    with zipfile.ZipFile(archive) as zf:
+      members = {posixpath.basename(n): n for n in zf.namelist() if not n.endswith('/')}
+    missing = [f for f in SPLIT_FILES.values() if f not in members]
+    if missing:
+      raise archives.DownloadError(f'{archive!r} lacks {missing}; it is not {ARCHIVE_NAME}')
+    return {split: self._generate_examples(archive, members[name])
+            for split, name in SPLIT_FILES.items()}
+
+  def _generate_examples(self, archive: str, member: str):
+    with zipfile.ZipFile(archive) as zf, zf.open(member) as f:
+      lines = (line.decode('utf-8', errors='replace') for line in f)
+      for i, (title, text) in enumerate(split_articles(lines)):
+        yield f'{i:08d}', {'text': text, 'title': title}

@@ -1,0 +1,74 @@
+"""Where figures go: `metrics.jsonl`, TensorBoard event files and the console."""
+
+import json
+import math
+import os
+import time
+
+from absl import logging
+import tensorboardX
+
+
+def bits_per_byte(sum_nll_nats: float, num_bytes: int) -> float:
+  """Summed NLL (nats) of every target token of a split / (ln 2 * the split's UTF-8 bytes)."""
+  return sum_nll_nats / (math.log(2.0) * num_bytes)
+
+
+class MetricWriter:
+  """Appends one JSON object a line to `<workdir>/metrics.jsonl` and mirrors it to TensorBoard."""
+
+  def __init__(self, workdir: str):
+    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+    self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, step: int, metrics: dict[str, float]) -> None:
+    record = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
+    self._jsonl.write(json.dumps(record) + "\n")
+    self._jsonl.flush()
+    for name, value in metrics.items():
+      self._tb.add_scalar(name, float(value), int(step))
+    self._tb.flush()
+
+  def close(self) -> None:
+    self._jsonl.close()
+    self._tb.close()
+
+
+def _duration(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+class Progress:
+  """Console progress: step, loss, tokens/s and the time left, from a running rate."""
+
+  def __init__(self, first_step: int, num_steps: int, tokens_per_step: int):
+    self.num_steps = num_steps
+    self.tokens_per_step = tokens_per_step
+    self._last_step = first_step
+    self._last_time = time.perf_counter()
+    self._step_seconds = None
+
+  def tokens_per_sec(self, step: int) -> float:
+    """Rate since the previous call (the caller has blocked on the step's result)."""
+    now = time.perf_counter()
+    steps = max(step - self._last_step, 1)
+    seconds = (now - self._last_time) / steps
+    self._step_seconds = seconds if self._step_seconds is None else 0.5 * (self._step_seconds + seconds)
+    self._last_step, self._last_time = step, now
+    return self.tokens_per_step / seconds
+
+  def line(self, step: int, loss: float, tokens_per_sec: float) -> str:
+    eta = (self.num_steps - step) * (self._step_seconds or 0.0)
+    return (f"step {step}/{self.num_steps}  loss {loss:.4f}  {tokens_per_sec:,.0f} tokens/s  "
+            f"ETA {_duration(eta)}")
+
+  def reset_clock(self, step: int) -> None:
+    """Excludes evaluation or checkpoint time from the next rate."""
+    self._last_step, self._last_time = step, time.perf_counter()
+
+
+def log(message: str) -> None:
+  logging.info(message)

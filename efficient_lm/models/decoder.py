@@ -1,0 +1,120 @@
+"""The shared decoder (SPEC section 3): embedding, pre-norm residual blocks, norm, head.
+
+Models differ in their *mixer*, built per layer by a factory
+`make_mixer(layer, rngs) -> nnx.Module` whose modules are called as
+`mixer(x_BTD, positions_BT) -> y_BTD`. When every layer has the same settings
+(`identical_layers=True`) the blocks are created with `nnx.vmap` and applied
+with `nnx.scan`, so compile time does not grow with depth; otherwise (a
+per-layer window, a doubling period) they are kept in a list and unrolled.
+"""
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from efficient_lm.models import layers
+
+MixerFactory = Callable[[int, nnx.Rngs], nnx.Module]
+
+
+class Block(nnx.Module):
+  """x + mixer(norm(x)), then x + mlp(norm(x)); dropout on both branches."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, mixer: nnx.Module, *, rngs: nnx.Rngs):
+    dtype = layers.dtype_of(cfg.dtype)
+    self.dropout_rate = cfg.dropout
+    self.mixer_norm = nnx.RMSNorm(cfg.d_model, dtype=dtype, rngs=rngs)
+    self.mixer = mixer
+    self.mlp_norm = nnx.RMSNorm(cfg.d_model, dtype=dtype, rngs=rngs)
+    self.mlp = layers.Mlp(cfg.d_model, cfg.mlp_ratio, dtype=dtype, rngs=rngs)
+
+  def __call__(self, x_BTD, positions_BT, key):
+    mixer_key = mlp_key = None
+    if key is not None:
+      mixer_key, mlp_key = jax.random.split(key)
+    x_BTD = x_BTD + layers.dropout(self.mixer(self.mixer_norm(x_BTD), positions_BT),
+                                   self.dropout_rate, mixer_key)
+    x_BTD = x_BTD + layers.dropout(self.mlp(self.mlp_norm(x_BTD)), self.dropout_rate, mlp_key)
+    return x_BTD
+
+
+class Decoder(nnx.Module):
+  """Token embedding -> blocks -> final norm -> logits over the vocabulary."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, make_mixer: MixerFactory, *,
+               identical_layers: bool, rngs: nnx.Rngs):
+    dtype = layers.dtype_of(cfg.dtype)
+    self.num_layers = cfg.num_layers
+    self.dropout_rate = cfg.dropout
+    self.scanned = identical_layers
+    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype,
+                           embedding_init=nnx.initializers.normal(stddev=cfg.d_model ** -0.5),
+                           rngs=rngs)
+    self.pos_embed = nnx.data(None)
+    if cfg.position == "learned":
+      self.pos_embed = nnx.Embed(cfg.seq_len, cfg.d_model, dtype=dtype,
+                                 embedding_init=nnx.initializers.normal(stddev=0.02), rngs=rngs)
+    if identical_layers:
+      @nnx.split_rngs(splits=cfg.num_layers)
+      @nnx.vmap(in_axes=(0,), out_axes=0)
+      def make_blocks(rngs: nnx.Rngs) -> Block:
+        return Block(cfg, make_mixer(0, rngs), rngs=rngs)
+      self.blocks = make_blocks(rngs)
+    else:
+      self.blocks = nnx.List([Block(cfg, make_mixer(i, rngs), rngs=rngs)
+                              for i in range(cfg.num_layers)])
+    self.final_norm = nnx.RMSNorm(cfg.d_model, dtype=dtype, rngs=rngs)
+    self.head = nnx.data(None)
+    if not cfg.tie_embeddings:
+      self.head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
+
+  def __call__(self, tokens_BT: jax.Array, *, positions_BT: jax.Array | None = None,
+               dropout_key: jax.Array | None = None) -> jax.Array:
+    """Logits `[B, T, V]` (float32) for int tokens `[B, T]`.
+
+    `dropout_key=None` means no dropout (evaluation). `positions_BT` defaults to
+    0..T-1 (a context-parallel layout passes its own).
+    """
+    return self.decode(self.embed_tokens(tokens_BT), positions_BT=positions_BT,
+                       dropout_key=dropout_key)
+
+  def embed_tokens(self, tokens_BT: jax.Array) -> jax.Array:
+    """Scaled token embeddings `[B, T, D]` (the input of `decode`)."""
+    return self.embed(tokens_BT) * jnp.sqrt(self.embed.features).astype(self.embed.dtype or jnp.float32)
+
+  def decode(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
+             dropout_key: jax.Array | None = None) -> jax.Array:
+    """Everything after the token lookup; tests differentiate through it to check causality."""
+    B, T, _ = x_BTD.shape
+    if positions_BT is None:
+      positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    if self.pos_embed is not None:
+      x_BTD = x_BTD + self.pos_embed(positions_BT)
+    embed_key = None
+    layer_keys = [None] * self.num_layers
+    if dropout_key is not None and self.dropout_rate > 0:
+      embed_key, layers_key = jax.random.split(dropout_key)
+      layer_keys = jax.random.split(layers_key, self.num_layers)
+    x_BTD = layers.dropout(x_BTD, self.dropout_rate, embed_key)
+
+    if self.scanned:
+      keys = None if layer_keys[0] is None else layer_keys
+
+      @nnx.scan(in_axes=(nnx.Carry, 0, None, 0 if keys is not None else None), out_axes=nnx.Carry)
+      def apply_blocks(x_BTD, block, positions_BT, key):
+        return block(x_BTD, positions_BT, key)
+
+      x_BTD = apply_blocks(x_BTD, self.blocks, positions_BT, keys)
+    else:
+      for block, key in zip(self.blocks, layer_keys):
+        x_BTD = block(x_BTD, positions_BT, key)
+
+    x_BTD = self.final_norm(x_BTD)
+    if self.head is None:
+      logits_BTV = self.embed.attend(x_BTD)
+    else:
+      logits_BTV = self.head(x_BTD)
+    return logits_BTV.astype(jnp.float32)

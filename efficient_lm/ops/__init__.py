@@ -1,0 +1,1 @@
+"""Pure functional ops on arrays: attention variants, memories, their ring versions."""
