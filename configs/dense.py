@@ -2,7 +2,10 @@
 
     python -m efficient_lm.main --config=configs/dense.py
 
-Result: see README (measured time and held-out bits per byte).
+Measured on the project's 2-core CPU (2026-11-29), fresh data_dir, so the
+corpus download, ArrayRecord preparation and tokenizer training are included:
+12 min 20 s wall clock in all, 700 steps of 8 x 256 tokens at ~2,050 tokens/s,
+validation (hamlet, twelfth_night) loss 4.425 nats/token, 2.122 bits per byte.
 """
 
 import ml_collections
@@ -15,7 +18,7 @@ def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
   config.data = data = ml_collections.ConfigDict()
   data.dataset = "shakespeare"      # 'shakespeare', 'wikitext103', or 'tfds:<name>'
   data.seq_len = 256                # tokens per training window (the model's context)
-  data.batch_size = 16              # windows per step
+  data.batch_size = 8               # windows per step
   data.vocab_size = 8192            # sentencepiece vocabulary size (trained on the train split)
   data.data_dir = "~/.cache/efficient_lm"  # prepared ArrayRecord files, tokenizer and token cache
   data.archive = ""                 # local copy of the dataset archive; '' = download it
@@ -38,14 +41,14 @@ def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
   model.dtype = "float32"           # compute dtype: float32 on CPU, bfloat16 on accelerators
 
   config.train = train = ml_collections.ConfigDict()
-  train.num_steps = 2000            # optimizer steps (a resumed run continues up to this)
+  train.num_steps = 700             # optimizer steps (a resumed run continues up to this)
   train.learning_rate = 2e-3        # peak AdamW learning rate
-  train.warmup_steps = 100          # linear warmup, then cosine decay to 10% of the peak
+  train.warmup_steps = 50           # linear warmup, then cosine decay to 10% of the peak
   train.weight_decay = 0.1          # AdamW decoupled weight decay (not on norms or biases)
   train.grad_clip = 1.0             # global gradient-norm clip
   train.log_every = 50              # steps between train-metric lines
-  train.eval_every = 500            # steps between evaluations on data.eval_split
-  train.checkpoint_every = 500      # steps between checkpoints
+  train.eval_every = 350            # steps between evaluations on data.eval_split
+  train.checkpoint_every = 350      # steps between checkpoints
   train.keep_checkpoints = 3        # how many recent checkpoints to keep
   train.seed = 0                    # parameter init, data order and dropout
   train.eval_split = "validation"   # held-out split for periodic and final eval

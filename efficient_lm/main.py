@@ -5,6 +5,7 @@ Any config field can be overridden, e.g. `--config.train.num_steps=100`.
 latest checkpoint in its workdir.
 """
 
+import logging as std_logging
 import os
 import sys
 
@@ -29,10 +30,20 @@ def default_workdir(config_arg: str) -> str:
   return os.path.join("runs", f"{name}_{preset}" if preset else name)
 
 
+def setup_logging() -> None:
+  """Our progress at INFO on stderr; the libraries' (Orbax, TFDS) warnings only."""
+  logging.set_verbosity(logging.WARNING)
+  handler = std_logging.StreamHandler(sys.stderr)
+  handler.setFormatter(std_logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
+  ours = std_logging.getLogger("efficient_lm")
+  ours.handlers = [handler]
+  ours.setLevel(std_logging.INFO)
+  ours.propagate = False
+
+
 def main(argv):
   del argv
-  logging.set_verbosity(logging.INFO)
-  logging.use_absl_handler()
+  setup_logging()
   workdir = FLAGS.workdir or default_workdir(FLAGS["config"].config_filename)
   try:
     train.train_and_evaluate(FLAGS.config, workdir)

@@ -5,7 +5,6 @@ import math
 import os
 import time
 
-from absl import logging
 import tensorboardX
 
 
@@ -68,7 +67,3 @@ class Progress:
   def reset_clock(self, step: int) -> None:
     """Excludes evaluation or checkpoint time from the next rate."""
     self._last_step, self._last_time = step, time.perf_counter()
-
-
-def log(message: str) -> None:
-  logging.info(message)

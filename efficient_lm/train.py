@@ -7,6 +7,7 @@ so a resumed run sees exactly what an uninterrupted one would.
 """
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -18,7 +19,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from absl import logging
 from flax import nnx
 from flax import struct
 
@@ -29,6 +29,8 @@ from efficient_lm import metrics as metrics_lib
 from efficient_lm import models
 from efficient_lm import sample
 from efficient_lm import sharding
+
+log = logging.getLogger(__name__)
 
 
 @struct.dataclass
@@ -161,10 +163,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
     state, data_state = ckpt.restore(latest, abstract)
     train_iter.set_state(data_state)
-    logging.info("resumed from %s at step %d", ckpt.directory, latest)
+    log.info("resumed from %s at step %d", ckpt.directory, latest)
   start_step = int(state.step)
 
-  logging.info("model %s: %s parameters; %s train tokens; workdir %s", config.model.name,
+  log.info("model %s: %s parameters; %s train tokens; workdir %s", config.model.name,
                f"{num_params:,}", f"{corpus.num_tokens('train'):,}", workdir)
   writer = metrics_lib.MetricWriter(workdir)
   train_step = make_train_step(graphdef, tx, schedule, t.seed)
@@ -193,12 +195,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             "after it); lower train.learning_rate or raise train.warmup_steps")
       rate = progress.tokens_per_sec(done)
       writer.write(done, {**step_metrics, "tokens_per_sec": rate})
-      logging.info(progress.line(done, float(step_metrics["loss"]), rate))
+      log.info(progress.line(done, float(step_metrics["loss"]), rate))
     if done % t.eval_every == 0 or done == t.num_steps:
       eval_metrics = evaluate(eval_step, state.params, corpus, t.eval_split,
                               config.data.batch_size, mesh)
       writer.write(done, eval_metrics)
-      logging.info("eval at step %d: loss %.4f  perplexity %.2f  bits/byte %.4f", done,
+      log.info("eval at step %d: loss %.4f  perplexity %.2f  bits/byte %.4f", done,
                    eval_metrics["eval_loss"], eval_metrics["eval_perplexity"],
                    eval_metrics["eval_bits_per_byte"])
     if done % t.checkpoint_every == 0 or done == t.num_steps:
@@ -211,13 +213,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                             config.data.batch_size, mesh)
   elapsed = time.perf_counter() - start_time
   summary = {"step": int(state.step), **eval_metrics, "train_seconds": elapsed}
-  logging.info("done: step %d in %.0f s; %s loss %.4f, bits/byte %.4f", summary["step"], elapsed,
+  log.info("done: step %d in %.0f s; %s loss %.4f, bits/byte %.4f", summary["step"], elapsed,
                t.eval_split, eval_metrics["eval_loss"], eval_metrics["eval_bits_per_byte"])
   if t.sample_prompt and t.sample_tokens:
     text = sample.generate_text(nnx.merge(graphdef, state.params), corpus.tokenizer,
                                 t.sample_prompt, num_tokens=t.sample_tokens,
                                 seq_len=config.data.seq_len, seed=t.seed)
-    logging.info("sample:\n%s", text)
+    log.info("sample:\n%s", text)
     summary["sample"] = text
   writer.close()
   ckpt.close()

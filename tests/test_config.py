@@ -1,0 +1,63 @@
+"""Config files and their validation: one clear line naming the field, before any work."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, load_config
+from efficient_lm import config_check
+from efficient_lm.validation import ConfigError
+
+
+def test_dense_config_is_valid_and_linked():
+  config = load_config("dense")
+  config_check.validate(config)
+  config.data.seq_len = 512
+  config.data.vocab_size = 1024
+  assert config.model.seq_len == 512  # field references: one override changes both
+  assert config.model.vocab_size == 1024
+
+
+@pytest.mark.parametrize("section,field,value", [
+    ("train", "learning_rate", 0.0),
+    ("train", "num_steps", 0),
+    ("train", "warmup_steps", -1),
+    ("train", "eval_every", 0),
+    ("train", "keep_checkpoints", 0),
+    ("data", "dataset", "imagenet"),
+    ("data", "batch_size", 0),
+    ("data", "vocab_size", 100),
+    ("data", "seq_len", -4),
+    ("model", "name", "gpt5"),
+    ("model", "num_layers", 0),
+    ("model", "d_model", 250),
+    ("mesh", "data", 3),
+    ("mesh", "context", 2),
+])
+def test_bad_field_is_named(section, field, value):
+  config = load_config("dense")
+  config[section][field] = value
+  with pytest.raises(ConfigError) as error:
+    config_check.validate(config)
+  message = str(error.value)
+  if (section, field) == ("data", "seq_len"):  # a field reference: reported at either name
+    assert "seq_len=-4" in message
+  else:
+    assert message.startswith(f"{section}.{field}={value!r}"), message
+  assert ";" in message and len(message.splitlines()) == 1  # the fix follows, on one line
+
+
+def test_cli_bad_config_fails_fast_with_one_line(tmp_path):
+  workdir = tmp_path / "never"
+  start = time.time()
+  result = subprocess.run(
+      [sys.executable, "-m", "efficient_lm.main", "--config=configs/dense.py",
+       f"--workdir={workdir}", "--config.model.d_model=250"],
+      cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert result.returncode != 0
+  assert result.stderr.strip().splitlines()[-1].startswith("error: model.d_model=250 must be divisible")
+  assert not workdir.exists()  # nothing prepared, nothing written
+  assert time.time() - start < 30
