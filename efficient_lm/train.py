@@ -96,15 +96,22 @@ def make_eval_step(graphdef):
 
 
 def evaluate(eval_step, params, corpus, split: str, batch_size: int, mesh) -> dict[str, float]:
-  """Loss (nats/token), perplexity and bits per byte over the whole split, every token once."""
-  total_nll, total_weight = 0.0, 0.0
+  """Loss (nats/token), perplexity and bits per byte over the whole split, every token once.
+
+  A model that scores only the last positions of each window (Perceiver-AR)
+  is charged the bytes of the tokens it scored: the split's bytes times the
+  fraction of target tokens scored (an estimate; exact when all are scored).
+  """
+  total_nll, scored, targets = 0.0, 0.0, 0.0
   for batch in corpus.eval_batches(split, batch_size=batch_size):
     nll, weight = eval_step(params, sharding.shard_batch(batch, mesh))
     total_nll += float(nll)
-    total_weight += float(weight)
-  loss = total_nll / max(total_weight, 1.0)
+    scored += float(weight)
+    targets += float(np.sum(batch["weights"]))
+  loss = total_nll / max(scored, 1.0)
+  num_bytes = corpus.num_bytes(split) * (scored / targets if targets else 1.0)
   return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 80.0)),
-          "eval_bits_per_byte": metrics_lib.bits_per_byte(total_nll, corpus.num_bytes(split))}
+          "eval_bits_per_byte": metrics_lib.bits_per_byte(total_nll, num_bytes)}
 
 
 def model_meta(config: ml_collections.ConfigDict, params) -> dict:

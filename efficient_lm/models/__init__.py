@@ -19,9 +19,18 @@ from efficient_lm.validation import ConfigError, require, require_positive_int
 
 @dataclasses.dataclass(frozen=True)
 class ModelEntry:
-  make_mixer: Callable[[ml_collections.ConfigDict, int, nnx.Rngs], nnx.Module]
+  """How to build one model.
+
+  Most models are the shared decoder with their own mixer: `make_mixer(cfg,
+  layer, rngs)`, with `identical_layers(cfg)` saying whether the layers can be
+  scanned. A model with another structure (Perceiver-AR) gives `build(cfg,
+  rngs)` instead. Either way the module has `__call__(tokens_BT)`,
+  `embed_tokens(tokens_BT)` and `decode(x_BTD)` (tests differentiate through it).
+  """
+  make_mixer: Callable[[ml_collections.ConfigDict, int, nnx.Rngs], nnx.Module] | None = None
   identical_layers: Callable[[ml_collections.ConfigDict], bool] = lambda cfg: True
   validate: Callable[[ml_collections.ConfigDict], None] = lambda cfg: None
+  build: Callable[[ml_collections.ConfigDict, nnx.Rngs], nnx.Module] | None = None
 
 
 REGISTRY: dict[str, ModelEntry] = {
@@ -62,6 +71,8 @@ def create(cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs, mesh: jax.sharding
   del mesh  # parameters are replicated; the ops take the mesh when sharded
   validate(cfg)
   entry = REGISTRY[cfg.name]
+  if entry.build is not None:
+    return entry.build(cfg, rngs)
   return decoder.Decoder(cfg, lambda layer, rngs: entry.make_mixer(cfg, layer, rngs),
                          identical_layers=entry.identical_layers(cfg), rngs=rngs)
 
