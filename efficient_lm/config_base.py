@@ -1,0 +1,58 @@
+"""The fields every config shares; `configs/<family>.py` starts from `base_config()`.
+
+Field names are a public contract (docs, tests and users rely on them). Every
+field is commented here once; a family's file comments only what it adds or
+changes. `model.seq_len` and `model.vocab_size` are field references to the
+data's, so one override changes both.
+"""
+
+import ml_collections
+
+
+def base_config(model_name: str) -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+
+  config.data = data = ml_collections.ConfigDict()
+  data.dataset = "shakespeare"      # 'shakespeare', 'wikitext103', or 'tfds:<name>'
+  data.seq_len = 256                # tokens per training window (the model's context)
+  data.batch_size = 8               # windows per step
+  data.vocab_size = 8192            # sentencepiece vocabulary size (trained on the train split)
+  data.data_dir = "~/.cache/efficient_lm"  # prepared ArrayRecord files, tokenizer and token cache
+  data.archive = ""                 # local copy of the dataset archive; '' = download it
+  data.archive_sha256 = ""          # expected sha256 of the archive; '' = the official one
+  data.text_key = "text"            # text feature of a 'tfds:<name>' dataset
+  data.tokenizer_train_bytes = 0    # cap on the text the tokenizer trains on; 0 = all of train
+
+  config.model = model = ml_collections.ConfigDict()
+  model.name = model_name           # registry key in efficient_lm.models.REGISTRY
+  model.vocab_size = data.get_ref("vocab_size")  # always the tokenizer's size
+  model.seq_len = data.get_ref("seq_len")        # always the data's window
+  model.d_model = 256               # residual stream width
+  model.num_layers = 4              # decoder blocks
+  model.num_heads = 4               # attention heads; d_model / num_heads is the head width
+  model.mlp_ratio = 4               # MLP hidden width = mlp_ratio * d_model
+  model.dropout = 0.0               # dropout on embeddings and residual branches
+  model.position = "rope"           # 'rope' or 'learned' absolute positions
+  model.rope_base = 10000.0         # RoPE frequency base
+  model.tie_embeddings = True       # output head shares the token embedding
+  model.dtype = "float32"           # compute dtype: float32 on CPU, bfloat16 on accelerators
+
+  config.train = train = ml_collections.ConfigDict()
+  train.num_steps = 700             # optimizer steps (a resumed run continues up to this)
+  train.learning_rate = 2e-3        # peak AdamW learning rate
+  train.warmup_steps = 50           # linear warmup, then cosine decay to 10% of the peak
+  train.weight_decay = 0.1          # AdamW decoupled weight decay (not on norms or biases)
+  train.grad_clip = 1.0             # global gradient-norm clip
+  train.log_every = 50              # steps between train-metric lines
+  train.eval_every = 350            # steps between evaluations on train.eval_split
+  train.checkpoint_every = 350      # steps between checkpoints
+  train.keep_checkpoints = 3        # how many recent checkpoints to keep
+  train.seed = 0                    # parameter init, data order and dropout
+  train.eval_split = "validation"   # held-out split for periodic and final eval
+  train.sample_prompt = "ROMEO:\n"  # prompt of the sample printed at the end ('' = none)
+  train.sample_tokens = 64          # tokens generated for that sample
+
+  config.mesh = mesh = ml_collections.ConfigDict()
+  mesh.data = -1                    # devices along the batch axis; -1 = all that context leaves
+  mesh.context = 1                  # devices along the sequence axis (context parallelism)
+  return config
