@@ -7,10 +7,18 @@ so a mismatched config can be refused before restoring). Writes are atomic:
 Orbax writes to a temporary directory and renames it when complete.
 """
 
+import logging
 import os
-from typing import Any
+import shutil
+from typing import Any, Callable
 
 import orbax.checkpoint as ocp
+
+log = logging.getLogger(__name__)
+
+
+class NoRestorableCheckpointError(RuntimeError):
+  """Every checkpoint in the directory failed to restore."""
 
 
 class Checkpointer:
@@ -45,6 +53,58 @@ class Checkpointer:
         state=ocp.args.StandardRestore(abstract_state),
         data=ocp.args.JsonRestore()))
     return restored.state, restored.data
+
+  def restore_latest(self, abstract_state: Any, check_meta: Callable[[dict], None]
+                     ) -> tuple[int, Any, Any] | None:
+    """(step, state, data_state) of the newest checkpoint that restores; None if there is none.
+
+    `check_meta(meta)` runs before the state is read and may raise (a config
+    whose model differs); that error propagates. A checkpoint that cannot be
+    read (truncated or missing files) is reported in one line and the next
+    older one is tried; unreadable checkpoints newer than the one restored are
+    moved to `<directory>_unreadable/` (kept, never deleted) so that training
+    can write those steps again. If none restores, nothing is moved and
+    NoRestorableCheckpointError says how to start fresh.
+    """
+    steps = sorted(self.all_steps(), reverse=True)
+    unreadable = []
+    for i, step in enumerate(steps):
+      try:
+        meta = self.restore_meta(step)
+      except Exception as e:  # pylint: disable=broad-except  (any unreadable file)
+        unreadable.append((step, e))
+      else:
+        check_meta(meta)
+        try:
+          state, data_state = self.restore(step, abstract_state)
+        except Exception as e:  # pylint: disable=broad-except
+          unreadable.append((step, e))
+        else:
+          self._set_aside([s for s, _ in unreadable])
+          return step, state, data_state
+      following = f"falling back to step {steps[i + 1]}" if i + 1 < len(steps) else "no older one"
+      log.warning("checkpoint %d is corrupt or unreadable (%s: %s); %s", step,
+                  type(unreadable[-1][1]).__name__, str(unreadable[-1][1]).splitlines()[0][:200],
+                  following)
+    if unreadable:
+      raise NoRestorableCheckpointError(
+          f"no checkpoint in {self.directory} can be restored (steps "
+          f"{', '.join(str(s) for s, _ in unreadable)} are corrupt or unreadable); nothing was "
+          f"overwritten. To start fresh, move or delete {self.directory}, or use another --workdir")
+    return None
+
+  def _set_aside(self, steps: list[int]) -> None:
+    if not steps:
+      return
+    aside = self.directory + "_unreadable"
+    os.makedirs(aside, exist_ok=True)
+    for step in steps:
+      target = os.path.join(aside, str(step))
+      if os.path.exists(target):
+        shutil.rmtree(target)
+      shutil.move(os.path.join(self.directory, str(step)), target)
+      log.warning("moved unreadable checkpoint %d to %s", step, target)
+    self._manager.reload()
 
   def close(self) -> None:
     self._manager.close()

@@ -27,6 +27,7 @@ from efficient_lm import config_check
 from efficient_lm import data
 from efficient_lm import metrics as metrics_lib
 from efficient_lm import models
+from efficient_lm import preemption
 from efficient_lm import sample
 from efficient_lm import sharding
 
@@ -42,6 +43,16 @@ class TrainState:
 
 class WorkdirMismatchError(RuntimeError):
   """The workdir holds checkpoints of a different model than the config describes."""
+
+
+class NonFiniteError(FloatingPointError):
+  """A step produced a non-finite loss or gradient norm."""
+
+
+@jax.jit
+def _track_first_bad(first_bad_step, step_metrics, step):
+  finite = jnp.isfinite(step_metrics["loss"]) & jnp.isfinite(step_metrics["grad_norm"])
+  return jnp.where((first_bad_step < 0) & ~finite, step, first_bad_step)
 
 
 def make_optimizer(t: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
@@ -164,17 +175,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=t.keep_checkpoints)
   train_iter = corpus.train_iterator(batch_size=config.data.batch_size, seed=t.seed)
-  latest = ckpt.latest_step()
-  if latest is not None:
-    _check_same_model(ckpt.restore_meta(latest), meta, workdir)
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-    state, data_state = ckpt.restore(latest, abstract)
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+  restored = ckpt.restore_latest(abstract, lambda saved: _check_same_model(saved, meta, workdir))
+  if restored is not None:
+    latest, state, data_state = restored
     train_iter.set_state(data_state)
     log.info("resumed from %s at step %d", ckpt.directory, latest)
   start_step = int(state.step)
 
   log.info("model %s: %s parameters; %s train tokens; workdir %s", config.model.name,
-               f"{num_params:,}", f"{corpus.num_tokens('train'):,}", workdir)
+           f"{num_params:,}", f"{corpus.num_tokens('train'):,}", workdir)
   writer = metrics_lib.MetricWriter(workdir)
   train_step = make_train_step(graphdef, tx, schedule, t.seed)
   eval_step = make_eval_step(graphdef)
@@ -183,37 +193,57 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   eval_metrics: dict[str, float] = {}
   start_time = time.perf_counter()
 
+  # The first step whose loss or gradient norm was not finite, tracked on device so that
+  # no step waits for the host; checked before anything is logged or saved.
+  first_bad_step = jnp.array(-1, jnp.int32)
+
+  def check_finite() -> None:
+    bad = int(first_bad_step)
+    if bad >= 0:
+      raise NonFiniteError(
+          f"non-finite loss or gradient norm at step {bad}; stopped without saving it: the last "
+          f"good checkpoint is step {ckpt.latest_step()}. Lower train.learning_rate, raise "
+          "train.warmup_steps or lower train.grad_clip, then rerun to resume from it")
+
   def save(step: int) -> None:
+    check_finite()
     ckpt.save(step, state, train_iter.get_state(), meta)
 
-  for step in range(start_step, t.num_steps):
-    batch = sharding.shard_batch(next(train_iter), mesh)
-    state, step_metrics = train_step(state, batch)
-    done = step + 1
-    if step == start_step:  # the first step includes compilation: keep it out of the rate
-      jax.block_until_ready(step_metrics)
-      progress.reset_clock(done)
-    if done % t.log_every == 0 or done == t.num_steps:
-      step_metrics = jax.device_get(step_metrics)
-      if not np.isfinite(step_metrics["loss"]) or not np.isfinite(step_metrics["grad_norm"]):
-        raise FloatingPointError(
-            f"non-finite loss {step_metrics['loss']} or gradient norm {step_metrics['grad_norm']} "
-            f"by step {done}; the last good checkpoint is step {ckpt.latest_step()} (nothing saved "
-            "after it); lower train.learning_rate or raise train.warmup_steps")
-      rate = progress.tokens_per_sec(done)
-      writer.write(done, {**step_metrics, "tokens_per_sec": rate})
-      log.info(progress.line(done, float(step_metrics["loss"]), rate))
-    if done % t.eval_every == 0 or done == t.num_steps:
-      eval_metrics = evaluate(eval_step, state.params, corpus, t.eval_split,
-                              config.data.batch_size, mesh)
-      writer.write(done, eval_metrics)
-      log.info("eval at step %d: loss %.4f  perplexity %.2f  bits/byte %.4f", done,
-                   eval_metrics["eval_loss"], eval_metrics["eval_perplexity"],
-                   eval_metrics["eval_bits_per_byte"])
-    if done % t.checkpoint_every == 0 or done == t.num_steps:
-      save(done)
-    if done % t.eval_every == 0 or done % t.checkpoint_every == 0:
-      progress.reset_clock(done)  # evaluation and checkpoint time stay out of tokens/s
+  stop = preemption.StopRequest()
+  with stop:
+    for step in range(start_step, t.num_steps):
+      batch = sharding.shard_batch(next(train_iter), mesh)
+      state, step_metrics = train_step(state, batch)
+      done = step + 1
+      first_bad_step = _track_first_bad(first_bad_step, step_metrics, done)
+      if step == start_step:  # the first step includes compilation: keep it out of the rate
+        jax.block_until_ready(step_metrics)
+        progress.reset_clock(done)
+      if stop.requested:
+        save(done)
+        log.warning("received %s at step %d: saved checkpoint %d in %s; rerun the same command "
+                    "to resume", stop.signal_name, done, done, ckpt.directory)
+        writer.close()
+        ckpt.close()
+        return {"step": done, "preempted": stop.signal_name}
+      if done % t.log_every == 0 or done == t.num_steps:
+        check_finite()
+        step_metrics = jax.device_get(step_metrics)
+        rate = progress.tokens_per_sec(done)
+        writer.write(done, {**step_metrics, "tokens_per_sec": rate})
+        log.info(progress.line(done, float(step_metrics["loss"]), rate))
+      if done % t.eval_every == 0 or done == t.num_steps:
+        check_finite()
+        eval_metrics = evaluate(eval_step, state.params, corpus, t.eval_split,
+                                config.data.batch_size, mesh)
+        writer.write(done, eval_metrics)
+        log.info("eval at step %d: loss %.4f  perplexity %.2f  bits/byte %.4f", done,
+                 eval_metrics["eval_loss"], eval_metrics["eval_perplexity"],
+                 eval_metrics["eval_bits_per_byte"])
+      if done % t.checkpoint_every == 0 or done == t.num_steps:
+        save(done)
+      if done % t.eval_every == 0 or done % t.checkpoint_every == 0:
+        progress.reset_clock(done)  # evaluation and checkpoint time stay out of tokens/s
 
   if not eval_metrics:  # nothing left to train: report the restored model
     eval_metrics = evaluate(eval_step, state.params, corpus, t.eval_split,
@@ -221,7 +251,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   elapsed = time.perf_counter() - start_time
   summary = {"step": int(state.step), **eval_metrics, "train_seconds": elapsed}
   log.info("done: step %d in %.0f s; %s loss %.4f, bits/byte %.4f", summary["step"], elapsed,
-               t.eval_split, eval_metrics["eval_loss"], eval_metrics["eval_bits_per_byte"])
+           t.eval_split, eval_metrics["eval_loss"], eval_metrics["eval_bits_per_byte"])
   if t.sample_prompt and t.sample_tokens:
     text = sample.generate_text(nnx.merge(graphdef, state.params), corpus.tokenizer,
                                 t.sample_prompt, num_tokens=t.sample_tokens,

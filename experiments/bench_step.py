@@ -32,9 +32,10 @@ def measure(spec: str, args) -> dict:
   config.data.vocab_size = args.vocab_size
   for field in ("d_model", "num_layers", "num_heads"):
     config.model[field] = getattr(args, field)
-  for override in args.set:
+  for override in args.set:  # applied where the model has the field
     field, value = override.split("=")
-    config.model[field] = type(config.model[field])(value)
+    if field in config.model:
+      config.model[field] = type(config.model[field])(value)
   model = models.create(config.model, rngs=nnx.Rngs(0))
   graphdef, params = nnx.split(model)
   tx, schedule = train.make_optimizer(config.train)
@@ -74,7 +75,7 @@ def main():
   parser.add_argument("--vocab_size", type=int, default=8192)
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--set", action="append", default=[],
-                      help="model field override applied to every config, e.g. --set window=128")
+                      help="model field override for every config that has the field, e.g. --set window=128")
   args = parser.parse_args()
   rows = []
   for spec in args.configs.split(","):

@@ -78,19 +78,42 @@ def tiny_data_dir(tmp_path_factory):
   return str(tmp_path_factory.mktemp('tiny_data'))
 
 
+# The tiny setting every training test uses (also given to the command line by tiny_cli_args).
+TINY = {
+    'data': dict(seq_len=32, batch_size=4, vocab_size=384),
+    'model': dict(d_model=32, num_layers=2, num_heads=2, mlp_ratio=2),
+    'train': dict(num_steps=40, learning_rate=3e-3, warmup_steps=5, log_every=5, eval_every=20,
+                  checkpoint_every=10, sample_tokens=8),
+}
+
+
+def _tiny_sections(shakespeare_archive, tiny_data_dir, train_overrides):
+  archive, sha = shakespeare_archive
+  data = dict(TINY['data'], data_dir=tiny_data_dir, archive=archive, archive_sha256=sha)
+  return {'data': data, 'model': TINY['model'], 'train': dict(TINY['train'], **train_overrides)}
+
+
 @pytest.fixture
 def tiny_config(shakespeare_archive, tiny_data_dir):
   """Factory: a tiny config of any family on the fixture corpus; keyword args override train.*."""
-  archive, sha = shakespeare_archive
 
   def make(name: str = 'dense', preset: str | None = None, **train_overrides):
     config = load_config(name, preset)
-    config.data.update(dict(seq_len=32, batch_size=4, vocab_size=384, data_dir=tiny_data_dir,
-                            archive=archive, archive_sha256=sha))
-    config.model.update(dict(d_model=32, num_layers=2, num_heads=2, mlp_ratio=2))
-    config.train.update(dict(num_steps=40, learning_rate=3e-3, warmup_steps=5, log_every=5,
-                             eval_every=20, checkpoint_every=10, sample_tokens=8))
-    config.train.update(train_overrides)
+    for section, fields in _tiny_sections(shakespeare_archive, tiny_data_dir, train_overrides).items():
+      config[section].update(fields)
     return config
+
+  return make
+
+
+@pytest.fixture
+def tiny_cli_args(shakespeare_archive, tiny_data_dir):
+  """Factory: `python -m efficient_lm.main` arguments for the same tiny dense config."""
+
+  def make(workdir: str, **train_overrides) -> list[str]:
+    args = ['--config=configs/dense.py', f'--workdir={workdir}']
+    for section, fields in _tiny_sections(shakespeare_archive, tiny_data_dir, train_overrides).items():
+      args += [f'--config.{section}.{k}={v}' for k, v in fields.items()]
+    return args
 
   return make
