@@ -15,6 +15,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from efficient_lm import checkpoint
+from efficient_lm import data
 from efficient_lm import train
 from efficient_lm.validation import ConfigError
 
@@ -48,8 +49,8 @@ def main(argv):
   workdir = FLAGS.workdir or default_workdir(FLAGS["config"].config_filename)
   try:
     train.train_and_evaluate(FLAGS.config, workdir)
-  except (ConfigError, train.WorkdirMismatchError, checkpoint.NoRestorableCheckpointError,
-          train.NonFiniteError) as e:
+  except (ConfigError, data.DataError, data.DownloadError, train.WorkdirMismatchError,
+          checkpoint.NoRestorableCheckpointError, train.NonFiniteError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
 

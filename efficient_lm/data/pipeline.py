@@ -203,6 +203,10 @@ class _Split:
   num_documents: int
 
 
+class DataError(ValueError):
+  """The data itself (not a config field) cannot be used: an empty split, say."""
+
+
 class Corpus:
   """A tokenized corpus: token streams per split, the tokenizer, and batch iterators."""
 
@@ -345,7 +349,11 @@ def _load_tokenizer(data_config, builder, corpus_id: dict, root: str):
   model_path = os.path.join(directory, 'spm.model')
   if os.path.isfile(model_path):
     log.info('Loading tokenizer %s', model_path)
-    return tok.Tokenizer(model_path), key
+    try:
+      return tok.Tokenizer(model_path), key
+    except Exception as e:  # pylint: disable=broad-except  (truncated or foreign file)
+      log.warning('tokenizer %s is corrupt or unreadable (%s); training it again', model_path,
+                  str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
   if 'train' not in builder.info.splits:
     raise ConfigError(f'data.dataset={data_config["dataset"]!r} has no train split to train the '
                       f'tokenizer on (splits: {sorted(builder.info.splits)}); use another dataset')
@@ -374,7 +382,16 @@ def load(data_config) -> Corpus:
   """
   validate(data_config)
   root = os.path.abspath(os.path.expanduser(data_config['data_dir']))
-  os.makedirs(root, exist_ok=True)
+  try:
+    os.makedirs(root, exist_ok=True)
+    probe = os.path.join(root, f'.write_test.{os.getpid()}')
+    with open(probe, 'w') as f:
+      f.write('ok')
+    os.remove(probe)
+  except OSError as e:
+    raise ConfigError(f"data.data_dir={data_config['data_dir']!r} is not a writable directory "
+                      f"({type(e).__name__}: {e.strerror or e}); set data.data_dir to a directory "
+                      'you can write') from e
   builder = _make_builder(data_config, os.path.join(root, 'tfds'))
   name = data_config['dataset']
   info = builder.info
@@ -382,6 +399,11 @@ def load(data_config) -> Corpus:
   text_key = data_config['text_key']
   require(text_key in features, 'data.text_key', text_key, f'is not a feature of {name}',
           f'use one of {sorted(features)}')
+  train_split = info.splits['train'] if 'train' in info.splits else None
+  if train_split is None or train_split.num_examples == 0:
+    raise DataError(f'data.dataset={name!r} has no documents in its train split (prepared in '
+                    f'{builder.data_dir}); check data.archive, or delete that directory to prepare '
+                    'it again')
   corpus_id = {'name': name, 'version': str(builder.version),
                'splits': {s: [info.splits[s].num_examples, info.splits[s].num_bytes]
                           for s in sorted(info.splits)}}

