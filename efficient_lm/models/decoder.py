@@ -40,6 +40,12 @@ class Block(nnx.Module):
     x_BTD = x_BTD + layers.dropout(self.mlp(self.mlp_norm(x_BTD)), self.dropout_rate, mlp_key)
     return x_BTD
 
+  def step(self, x_B1D, position, cache):
+    """One token through the block (no dropout); the mixer carries its own cache."""
+    y_B1D, cache = self.mixer.step(self.mixer_norm(x_B1D), position, cache)
+    x_B1D = x_B1D + y_B1D
+    return x_B1D + self.mlp(self.mlp_norm(x_B1D)), cache
+
 
 class Decoder(nnx.Module):
   """Token embedding -> blocks -> final norm -> logits over the vocabulary."""
@@ -112,9 +118,46 @@ class Decoder(nnx.Module):
       for block, key in zip(self.blocks, layer_keys):
         x_BTD = block(x_BTD, positions_BT, key)
 
+    return self.logits(x_BTD)
+
+  def logits(self, x_BTD: jax.Array) -> jax.Array:
     x_BTD = self.final_norm(x_BTD)
     if self.head is None:
       logits_BTV = self.embed.attend(x_BTD)
     else:
       logits_BTV = self.head(x_BTD)
     return logits_BTV.astype(jnp.float32)
+
+  # Cached (streaming) decoding, for models whose mixer has `init_cache` and `step`.
+
+  def init_cache(self, batch_size: int):
+    """Every layer's decoding state; stacked along a leading layer axis when layers are scanned."""
+    if self.scanned:
+      one = self.blocks.mixer.init_cache(batch_size)  # shapes only: no parameter is read
+      return jax.tree.map(lambda a: jnp.broadcast_to(a, (self.num_layers, *a.shape)), one)
+    return [block.mixer.init_cache(batch_size) for block in self.blocks]
+
+  def decode_step(self, tokens_B: jax.Array, cache, position: jax.Array):
+    """Logits `[B, V]` for tokens at `position` (a scalar, the same for the batch), and the new cache.
+
+    Feeding a sequence one token at a time from position 0 gives the logits
+    `__call__` gives for it at every position.
+    """
+    B = tokens_B.shape[0]
+    position = jnp.asarray(position, jnp.int32)
+    x_B1D = self.embed_tokens(tokens_B[:, None])
+    if self.pos_embed is not None:
+      x_B1D = x_B1D + self.pos_embed(jnp.full((B, 1), position, jnp.int32))
+    if self.scanned:
+      @nnx.scan(in_axes=(nnx.Carry, 0, 0, None), out_axes=(nnx.Carry, 0))
+      def step_blocks(x_B1D, block, layer_cache, position):
+        return block.step(x_B1D, position, layer_cache)
+
+      x_B1D, cache = step_blocks(x_B1D, self.blocks, cache, position)
+    else:
+      new_cache = []
+      for block, layer_cache in zip(self.blocks, cache):
+        x_B1D, layer_cache = block.step(x_B1D, position, layer_cache)
+        new_cache.append(layer_cache)
+      cache = new_cache
+    return self.logits(x_B1D)[:, 0], cache

@@ -33,6 +33,21 @@ def rope(x_BTHK: jax.Array, positions_BT: jax.Array, base: float) -> jax.Array:
   return rotated.astype(x_BTHK.dtype)
 
 
+def attend_cached(q_B1HK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array, valid_S: jax.Array,
+                  *, scale: float | None = None, bias_BHS: jax.Array | None = None) -> jax.Array:
+  """One query per sequence over S cached keys, of which `valid_S` are visible (decoding).
+
+  `bias_BHS` is added to the logits (π-Attention's log-prior gate).
+  """
+  scale = q_B1HK.shape[-1] ** -0.5 if scale is None else scale
+  logits_BHS = jnp.einsum("bhk,bshk->bhs", q_B1HK[:, 0], k_BSHK,
+                          preferred_element_type=jnp.float32) * scale
+  if bias_BHS is not None:
+    logits_BHS = logits_BHS + bias_BHS
+  probs_BHS = jax.nn.softmax(jnp.where(valid_S, logits_BHS, -jnp.inf), axis=-1)
+  return jnp.einsum("bhs,bshk->bhk", probs_BHS.astype(v_BSHK.dtype), v_BSHK)[:, None]
+
+
 class Mlp(nnx.Module):
   """D -> F -> D with GELU, F = mlp_ratio * D."""
 
@@ -50,10 +65,11 @@ class SelfAttention(nnx.Module):
 
   The op is any `(q_BTHK, k_BTHK, v_BTHK) -> o_BTHK` function: dense causal
   attention for the baseline, a windowed or blockwise op for the efficient
-  models. Models whose mixer needs more (a gate, a memory) wrap this module.
+  models. Models whose mixer needs more (a gate, a memory) wrap this module,
+  call `project` and `out` themselves and may pass `op=None`.
   """
 
-  def __init__(self, d_model: int, num_heads: int, op: AttentionOp, *, use_rope: bool,
+  def __init__(self, d_model: int, num_heads: int, op: AttentionOp | None, *, use_rope: bool,
                rope_base: float, dtype, rngs: nnx.Rngs):
     self.num_heads = num_heads
     self.op = op

@@ -1,0 +1,168 @@
+"""BCMT (SPEC section 5): blockwise local attention plus an exponential causal memory.
+
+Per layer, for x_BTD cut into N blocks of L tokens:
+
+1. h = local causal attention inside each block (`block_local_attention`, lookback 0).
+2. s[b] = sum over block b of softmax_L(h @ w_pool) * h      (learned pooling, w_pool: D -> 1).
+3. m = exponential_memory(s, alpha)                           (normalized, inclusive).
+4. p[b] = W_m m[b - 1], p[0] = 0                              (project, shift by one block).
+5. out = h + g * p, g = sigmoid(W_g [h; p] + b_g)             (p broadcast over the block).
+
+The gate's `W_g [h; p]` is computed as `W_gh h + W_gp p` (the same function):
+the `p` half runs once per block instead of once per token. The shift is what
+keeps the model causal: s[b] pools over all of block b, its own future included.
+`HOnly` (the ablation) is step 1 alone.
+
+Streaming decoding (`init_cache` / `step`) keeps, per layer, the current block's
+keys and values, the current block's pooling as an online softmax (running max,
+normalizer, weighted sum) and the memory's (numerator, denominator): its size
+does not depend on how many tokens have been generated.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from efficient_lm.models import layers
+from efficient_lm.ops import attention
+from efficient_lm.ops import blockwise
+from efficient_lm.ops import memory
+from efficient_lm.validation import require, require_positive_int
+
+
+class Bcmt(nnx.Module):
+  """The BCMT mixer; `use_memory=False` is HOnly (local attention only)."""
+
+  def __init__(self, d_model: int, num_heads: int, *, block_size: int, alpha: float,
+               use_memory: bool, use_rope: bool, rope_base: float, dtype, rngs: nnx.Rngs):
+    self.d_model = d_model
+    self.num_heads = num_heads
+    self.block_size = block_size
+    self.alpha = alpha
+    self.use_memory = use_memory
+    self.dtype = dtype
+    op = functools.partial(attention.block_local_attention, block_size=block_size)
+    self.attn = layers.SelfAttention(d_model, num_heads, op, use_rope=use_rope,
+                                     rope_base=rope_base, dtype=dtype, rngs=rngs)
+    if use_memory:
+      linear = functools.partial(nnx.Linear, dtype=dtype, rngs=rngs)
+      self.pool = linear(d_model, 1, use_bias=False)         # w_pool
+      self.memory_proj = linear(d_model, d_model, use_bias=False)  # W_m
+      self.gate_h = linear(d_model, d_model, use_bias=True)   # W_g's h half, and b_g
+      self.gate_p = linear(d_model, d_model, use_bias=False)  # W_g's p half
+
+  def fuse(self, h_BTD: jax.Array, p_BND: jax.Array) -> jax.Array:
+    """out = h + sigmoid(W_gh h + W_gp p + b_g) * p, p broadcast over each block's tokens."""
+    B, T, D = h_BTD.shape
+    L = self.block_size
+    expand = lambda x_BND: blockwise.merge_blocks(
+        jnp.broadcast_to(x_BND[:, :, None], (B, x_BND.shape[1], L, D)), T)
+    gate_BTD = jax.nn.sigmoid(self.gate_h(h_BTD) + expand(self.gate_p(p_BND)))
+    return h_BTD + gate_BTD * expand(p_BND)
+
+  def block_memory(self, h_BTD: jax.Array) -> jax.Array:
+    """p_BND: block b's injected memory, the projection of m[b - 1] (zeros for b = 0)."""
+    h_BNLD = blockwise.split_blocks(h_BTD, self.block_size)  # a ragged last block is never read
+    N = h_BNLD.shape[1]
+    if N == 1:
+      return jnp.zeros((h_BTD.shape[0], 1, self.d_model), h_BTD.dtype)
+    h_BNLD = h_BNLD[:, :N - 1]  # the last block's summary would only feed block N
+    weights_BNL = jax.nn.softmax(self.pool(h_BNLD)[..., 0].astype(jnp.float32), axis=-1)
+    s_BND = jnp.einsum("bnl,bnld->bnd", weights_BNL, h_BNLD.astype(jnp.float32))
+    m_BND = memory.exponential_memory(s_BND, self.alpha)
+    p_BND = self.memory_proj(m_BND.astype(h_BTD.dtype))
+    return jnp.pad(p_BND, [(0, 0), (1, 0), (0, 0)])
+
+  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array) -> jax.Array:
+    h_BTD = self.attn(x_BTD, positions_BT)
+    if not self.use_memory:
+      return h_BTD
+    return self.fuse(h_BTD, self.block_memory(h_BTD))
+
+  # Streaming decoding.
+
+  def init_cache(self, batch_size: int) -> dict:
+    B, L, H, D = batch_size, self.block_size, self.num_heads, self.d_model
+    cache = {"k": jnp.zeros((B, L, H, D // H), self.dtype),
+             "v": jnp.zeros((B, L, H, D // H), self.dtype)}
+    if self.use_memory:
+      f32 = jnp.float32
+      cache.update(pool_max=jnp.full((B,), -jnp.inf, f32), pool_norm=jnp.zeros((B,), f32),
+                   pool_sum=jnp.zeros((B, D), f32), num=jnp.zeros((B, D), f32),
+                   den=jnp.zeros((B,), f32))
+    return cache
+
+  def step(self, x_B1D: jax.Array, position: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+    """One token at `position` (a scalar, the same for the whole batch)."""
+    B, _, D = x_B1D.shape
+    L = self.block_size
+    offset = position % L
+    q_B1HK, k_B1HK, v_B1HK = self.attn.project(x_B1D, jnp.full((B, 1), position, jnp.int32))
+    k_BLHK = jax.lax.dynamic_update_slice_in_dim(cache["k"], k_B1HK.astype(cache["k"].dtype),
+                                                 offset, axis=1)
+    v_BLHK = jax.lax.dynamic_update_slice_in_dim(cache["v"], v_B1HK.astype(cache["v"].dtype),
+                                                 offset, axis=1)
+    o_B1HK = layers.attend_cached(q_B1HK, k_BLHK, v_BLHK, jnp.arange(L) <= offset)
+    h_B1D = self.attn.out(o_B1HK.reshape(B, 1, D))
+    cache = dict(cache, k=k_BLHK, v=v_BLHK)
+    if not self.use_memory:
+      return h_B1D, cache
+
+    # The memory of the blocks before this one, projected (zeros in block 0).
+    den_B = cache["den"]
+    m_BD = jnp.where(den_B[:, None] > 0, cache["num"] / jnp.maximum(den_B, 1e-30)[:, None], 0.0)
+    p_B1D = self.memory_proj(m_BD.astype(h_B1D.dtype))[:, None]
+    gate_B1D = jax.nn.sigmoid(self.gate_h(h_B1D) + self.gate_p(p_B1D))
+    y_B1D = h_B1D + gate_B1D * p_B1D
+
+    # This block's pooled summary, as an online softmax; at the block's end it enters the memory.
+    logit_B = self.pool(h_B1D)[:, 0, 0].astype(jnp.float32)
+    new_max_B = jnp.maximum(cache["pool_max"], logit_B)
+    old_scale_B = jnp.exp(cache["pool_max"] - new_max_B)
+    new_scale_B = jnp.exp(logit_B - new_max_B)
+    norm_B = cache["pool_norm"] * old_scale_B + new_scale_B
+    sum_BD = (cache["pool_sum"] * old_scale_B[:, None]
+              + new_scale_B[:, None] * h_B1D[:, 0].astype(jnp.float32))
+    done = offset == L - 1
+    s_BD = sum_BD / norm_B[:, None]
+    cache.update(
+        num=jnp.where(done, self.alpha * cache["num"] + s_BD, cache["num"]),
+        den=jnp.where(done, self.alpha * den_B + 1.0, den_B),
+        pool_max=jnp.where(done, -jnp.inf, new_max_B),
+        pool_norm=jnp.where(done, 0.0, norm_B),
+        pool_sum=jnp.where(done, 0.0, sum_BD))
+    return y_B1D, cache
+
+
+def _mixer(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs, *, use_memory: bool) -> Bcmt:
+  return Bcmt(cfg.d_model, cfg.num_heads, block_size=cfg.block_size,
+              alpha=cfg.get("alpha", 0.8), use_memory=use_memory,
+              use_rope=cfg.position == "rope", rope_base=cfg.rope_base,
+              dtype=layers.dtype_of(cfg.dtype), rngs=rngs)
+
+
+def make_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs) -> nnx.Module:
+  del layer  # every layer is the same
+  return _mixer(cfg, rngs, use_memory=True)
+
+
+def make_honly_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs) -> nnx.Module:
+  del layer
+  return _mixer(cfg, rngs, use_memory=False)
+
+
+def validate_honly(cfg: ml_collections.ConfigDict) -> None:
+  require_positive_int("model.block_size", cfg.get("block_size"))
+  require(cfg.seq_len % cfg.block_size == 0, "model.block_size", cfg.block_size,
+          f"must divide data.seq_len={cfg.seq_len}",
+          f"use a divisor of {cfg.seq_len} such as 64, 128 or 256, or change data.seq_len")
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+  validate_honly(cfg)
+  alpha = cfg.get("alpha")
+  require(isinstance(alpha, float) and 0.0 < alpha < 1.0, "model.alpha", alpha,
+          "must be a float in (0, 1)", "set model.alpha to e.g. 0.8 (the paper's value)")
