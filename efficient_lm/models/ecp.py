@@ -1,0 +1,72 @@
+"""ECP, Efficient Context Propagating Perceiver (SPEC section 6), as a mixer of the shared decoder.
+
+The sequence is cut into `num_segments` pieces of L = T / num_segments tokens.
+Piece t's queries attend to all of piece t - 1 and causally to piece t (piece
+0 causally to itself): `block_local_attention(block_size=L, lookback=1)`.
+A pair of consecutive pieces is the paper's PAR block ("history" half, then
+"latent" half); every position is a query and every position is trained.
+Information travels one piece further back per layer.
+
+Options from the authors' code, default off: `shared_kv` (keys and values
+from one projection; RoPE rotates the keys only) and `rope_first_layer_only`.
+"""
+
+import functools
+
+import jax
+import ml_collections
+from flax import nnx
+
+from efficient_lm.models import layers
+from efficient_lm.ops import attention
+from efficient_lm.validation import require, require_positive_int
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+  require_positive_int("model.num_segments", cfg.num_segments)
+  require(cfg.seq_len % cfg.num_segments == 0, "model.num_segments", cfg.num_segments,
+          f"must divide model.seq_len={cfg.seq_len}",
+          f"set model.num_segments to a divisor of {cfg.seq_len}, e.g. "
+          f"{max(d for d in range(1, min(cfg.num_segments, cfg.seq_len) + 1) if cfg.seq_len % d == 0)}")
+  for field in ("shared_kv", "rope_first_layer_only"):
+    require(isinstance(cfg[field], bool), f"model.{field}", cfg[field], "must be True or False",
+            f"set model.{field}=False (the default) or True")
+
+
+def identical_layers(cfg: ml_collections.ConfigDict) -> bool:
+  return not (cfg.rope_first_layer_only and cfg.position == "rope")
+
+
+def ecp_op(cfg: ml_collections.ConfigDict) -> layers.AttentionOp:
+  """Each piece attends to the previous piece and causally to itself."""
+  return functools.partial(attention.block_local_attention,
+                           block_size=cfg.seq_len // cfg.num_segments, lookback=1)
+
+
+class SharedKVAttention(layers.SelfAttention):
+  """SelfAttention whose keys and values come from one projection (v is the un-rotated k)."""
+
+  def __init__(self, d_model: int, num_heads: int, op: layers.AttentionOp, *, use_rope: bool,
+               rope_base: float, dtype, rngs: nnx.Rngs):
+    super().__init__(d_model, num_heads, op, use_rope=use_rope, rope_base=rope_base, dtype=dtype,
+                     rngs=rngs)
+    self.qkv = nnx.Linear(d_model, 2 * d_model, use_bias=False, dtype=dtype, rngs=rngs)
+
+  def project(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, ...]:
+    B, T, D = x_BTD.shape
+    qkv_BT2HK = self.qkv(x_BTD).reshape(B, T, 2, self.num_heads, D // self.num_heads)
+    q_BTHK, kv_BTHK = qkv_BT2HK[:, :, 0], qkv_BT2HK[:, :, 1]
+    k_BTHK = kv_BTHK
+    if self.use_rope:
+      q_BTHK = layers.rope(q_BTHK, positions_BT, self.rope_base)
+      k_BTHK = layers.rope(kv_BTHK, positions_BT, self.rope_base)
+    return q_BTHK, k_BTHK, kv_BTHK
+
+
+def make_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
+               op: layers.AttentionOp | None = None) -> nnx.Module:
+  """ECP's attention for `layer`; `op` replaces the ECP op (tests pass a dense masked reference)."""
+  use_rope = cfg.position == "rope" and (layer == 0 or not cfg.rope_first_layer_only)
+  module = SharedKVAttention if cfg.shared_kv else layers.SelfAttention
+  return module(cfg.d_model, cfg.num_heads, op or ecp_op(cfg), use_rope=use_rope,
+                rope_base=cfg.rope_base, dtype=layers.dtype_of(cfg.dtype), rngs=rngs)

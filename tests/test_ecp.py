@@ -1,0 +1,80 @@
+"""ECP: the whole model equals the shared decoder with a dense masked attention of ECP's pattern."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from efficient_lm import models
+from efficient_lm import train
+from efficient_lm.models import decoder
+from efficient_lm.models import ecp
+from efficient_lm.validation import ConfigError
+from test_models import tiny_model_config
+
+
+def ecp_mask(T, L):
+  """Piece t = i // L attends to all of piece t - 1 and causally to piece t."""
+  return np.array([[j <= i and j // L >= i // L - 1 for j in range(T)] for i in range(T)])
+
+
+def dense_ecp_op(T, L):
+  allowed = jnp.asarray(ecp_mask(T, L))
+
+  def op(q, k, v):
+    logits = jnp.einsum("bihk,bjhk->bhij", q, k) / np.sqrt(q.shape[-1])
+    logits = jnp.where(allowed[None, None], logits, -jnp.inf)
+    return jnp.einsum("bhij,bjhk->bihk", jax.nn.softmax(logits, axis=-1), v)
+  return op
+
+
+def build(cfg, op=None):
+  return decoder.Decoder(cfg, lambda layer, rngs: ecp.make_mixer(cfg, layer, rngs, op=op),
+                         identical_layers=ecp.identical_layers(cfg), rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("options", [
+    dict(), dict(shared_kv=True, rope_first_layer_only=True, num_segments=32)])
+def test_ecp_equals_dense_masked_reference_model(options):
+  cfg = tiny_model_config("ecp", **options)
+  T, L = cfg.seq_len, cfg.seq_len // cfg.num_segments
+  fast, reference = build(cfg), build(cfg, op=dense_ecp_op(T, L))
+  tokens = jax.random.randint(jax.random.key(0), (2, T), 0, cfg.vocab_size)
+
+  def loss_and_grad(model):
+    graphdef, params = nnx.split(model)
+    f = lambda p: jnp.sum(jnp.sin(nnx.merge(graphdef, p)(tokens)))
+    return jax.jit(jax.value_and_grad(f))(params)
+
+  (got, got_grad), (want, want_grad) = loss_and_grad(fast), loss_and_grad(reference)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  for g, w in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad)):
+    np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-4)
+
+
+def test_options_change_the_model():
+  """Shared k/v has fewer parameters; RoPE in layer 1 only unrolls the (no longer identical) layers."""
+  count = lambda cfg: sum(x.size for x in jax.tree.leaves(nnx.state(build(cfg), nnx.Param)))
+  assert count(tiny_model_config("ecp", shared_kv=True)) < count(tiny_model_config("ecp"))
+  assert not ecp.identical_layers(tiny_model_config("ecp", rope_first_layer_only=True))
+
+
+@pytest.mark.parametrize("overrides,field", [
+    (dict(num_segments=5), "model.num_segments"),
+    (dict(num_segments=0), "model.num_segments"),
+])
+def test_validation_names_the_field(overrides, field):
+  with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+    models.create(tiny_model_config("ecp", **overrides), rngs=nnx.Rngs(0))
+
+
+def test_a_short_training_run_lowers_the_loss(tiny_config, tmp_path):
+  config = tiny_config("ecp", num_steps=30, eval_every=30, checkpoint_every=30)
+  train.train_and_evaluate(config, str(tmp_path))
+  with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
+    losses = [r["loss"] for r in map(json.loads, f) if "loss" in r]
+  assert losses[-1] < losses[0] - 0.5, losses

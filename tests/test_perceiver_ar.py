@@ -1,0 +1,134 @@
+"""The Perceiver-AR family: its two ops against dense masked references, shapes, leaks, config errors, training."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from efficient_lm import models
+from efficient_lm import train
+from efficient_lm.ops import attention
+from efficient_lm.ops.cross_attention import causal_cross_attention, segment_attention
+from conftest import load_config
+from efficient_lm.validation import ConfigError
+from test_models import tiny_model_config
+
+VARIANTS = ("perceiver_ar", "double_attention", "compressed_double_attention",
+            "ssplit_double_attention")
+DOUBLES = VARIANTS[1:]
+
+
+def normal(shape, seed):
+  return jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+
+
+def dense_masked(q_BZHK, k_BTHK, v_BTHK, allowed_ZT):
+  """softmax over allowed j of q_z . k_j / sqrt(K): the plain reference."""
+  logits = jnp.einsum("bzhk,bthk->bhzt", q_BZHK, k_BTHK) / np.sqrt(q_BZHK.shape[-1])
+  logits = jnp.where(jnp.asarray(allowed_ZT)[None, None], logits, -jnp.inf)
+  return jnp.einsum("bhzt,bthk->bzhk", jax.nn.softmax(logits, axis=-1), v_BTHK)
+
+
+def assert_same_function(fast, reference, args, atol=2e-5):
+  """Same values, and same gradients of a non-linear readout, for every argument."""
+  np.testing.assert_allclose(jax.jit(fast)(*args), jax.jit(reference)(*args), atol=atol, rtol=atol)
+  loss = lambda f: lambda *a: jnp.sum(jnp.sin(3.0 * f(*a)))
+  grad = lambda f: jax.jit(jax.grad(loss(f), tuple(range(len(args)))))(*args)
+  for got, want in zip(grad(fast), grad(reference)):
+    np.testing.assert_allclose(got, want, atol=10 * atol, rtol=10 * atol)
+
+
+@pytest.mark.parametrize("Z,T,offset", [(8, 32, 24), (5, 37, 10), (1, 9, 8)])
+def test_causal_cross_attention_equals_dense_masked(Z, T, offset):
+  allowed = np.array([[j <= offset + z for j in range(T)] for z in range(Z)])
+  args = (normal((2, Z, 2, 8), 0), normal((2, T, 2, 8), 1), normal((2, T, 2, 8), 2))
+  assert_same_function(lambda q, k, v: causal_cross_attention(q, k, v, query_offset=offset),
+                       lambda q, k, v: dense_masked(q, k, v, allowed), args)
+
+
+def test_cross_attention_of_every_position_is_causal_attention():
+  q, k, v = (normal((2, 16, 2, 8), s) for s in range(3))
+  np.testing.assert_allclose(causal_cross_attention(q, k, v, query_offset=0),
+                             attention.causal_attention(q, k, v), atol=1e-5)
+
+
+def test_cross_attention_rejects_an_offset_past_the_keys():
+  q, k = normal((1, 4, 1, 8), 0), normal((1, 10, 1, 8), 1)
+  with pytest.raises(ValueError, match="query_offset"):
+    causal_cross_attention(q, k, k, query_offset=7)
+
+
+@pytest.mark.parametrize("T,num_segments", [(24, 1), (24, 3)])
+def test_segment_attention_equals_dense_masked(T, num_segments):
+  L = T // num_segments
+  allowed = np.array([[i // L == j // L for j in range(T)] for i in range(T)])
+  args = tuple(normal((2, T, 2, 8), s) for s in range(3))
+  assert_same_function(lambda q, k, v: segment_attention(q, k, v, num_segments=num_segments),
+                       lambda q, k, v: dense_masked(q, k, v, allowed), args)
+
+
+def make(name, **overrides):
+  cfg = tiny_model_config(name, **overrides)
+  model = models.create(cfg, rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model)
+  forward = jax.jit(lambda params, tokens: nnx.merge(graphdef, params)(tokens))
+  return cfg, lambda tokens: forward(params, tokens)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_logits_loss_mask_and_no_leak_between_latents(name):
+  """Logits `[B, Z, V]`, scored against the last Z targets; changing the token at latent
+  position p changes outputs >= p only (the history may be bidirectional, the latents may not);
+  a history token reaches every latent."""
+  cfg, forward = make(name)
+  T, Z = cfg.seq_len, cfg.num_latents
+  tokens = jax.random.randint(jax.random.key(3), (2, T + 1), 0, cfg.vocab_size)
+  inputs = tokens[:, :-1]
+  base = forward(inputs)
+  assert base.shape == (2, Z, cfg.vocab_size)
+  nll, weight = train.weighted_nll(base, tokens[:, 1:], jnp.ones((2, T), jnp.float32))
+  assert float(weight) == 2 * Z and np.isfinite(float(nll))  # the loss mask: the last Z targets
+  for p in (T - Z, T - Z + 3, T - 1):
+    changed = forward(inputs.at[:, p].set((inputs[:, p] + 1) % cfg.vocab_size))
+    z = p - (T - Z)
+    np.testing.assert_array_equal(changed[:, :z], base[:, :z], err_msg=f"{name}: latent {p} leaks back")
+    assert not np.allclose(changed[:, z], base[:, z]), f"{name}: output {p} ignores token {p}"
+  changed = forward(inputs.at[:, 2].set((inputs[:, 2] + 1) % cfg.vocab_size))
+  assert not np.any(np.all(np.isclose(changed, base), axis=-1)), f"{name}: history token 2 unused"
+
+
+def test_compressed_model_needs_its_seq_len():
+  cfg = tiny_model_config("compressed_double_attention")
+  model = models.create(cfg, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="history of 24"):
+    model(jnp.zeros((1, cfg.seq_len + 4), jnp.int32))
+
+
+@pytest.mark.parametrize("name,overrides,field", [
+    ("perceiver_ar", dict(num_latents=0), "model.num_latents"),
+    ("double_attention", dict(num_latents=33), "model.num_latents"),
+    ("compressed_double_attention", dict(compression=5), "model.compression"),
+    ("ssplit_double_attention", dict(num_history_segments=5), "model.num_history_segments"),
+])
+def test_validation_names_the_field(name, overrides, field):
+  with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+    models.create(tiny_model_config(name, **overrides), rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("preset", [None, "double", "compressed", "ssplit"])
+def test_config_presets_are_valid(preset):
+  config = load_config("perceiver_ar", preset)
+  models.validate(config.model)
+
+
+def test_a_short_training_run_lowers_the_loss(tiny_config, tmp_path):
+  config = tiny_config("perceiver_ar", num_steps=30, eval_every=30, checkpoint_every=30)
+  config.model.update(dict(num_latents=16, compression=4, num_history_segments=4))
+  train.train_and_evaluate(config, str(tmp_path))
+  with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
+    losses = [r["loss"] for r in map(json.loads, f) if "loss" in r]
+  assert losses[-1] < losses[0] - 0.5, losses
