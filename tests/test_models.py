@@ -12,10 +12,25 @@ from efficient_lm.models import decoder
 from efficient_lm.validation import ConfigError
 
 
+# Each family's own fields at tiny sizes (seq_len 32), chosen so that every part of the
+# model is exercised: several blocks, skips that land, windows shorter than the context.
+FAMILY_FIELDS = {
+    "pi_attention": dict(window=5, period=7, num_skips=3, period_schedule="doubling", gate_hidden=8),
+    "sliding_window": dict(window=5),
+    "bcmt": dict(block_size=8, alpha=0.8),
+    "honly": dict(block_size=8),
+    "ecp": dict(num_segments=4, shared_kv=False, rope_first_layer_only=False),
+    **{name: dict(num_latents=8, compression=4, num_history_segments=3)
+       for name in ("perceiver_ar", "double_attention", "compressed_double_attention",
+                    "ssplit_double_attention")},
+}
+
+
 def tiny_model_config(name: str = "dense", **overrides) -> ml_collections.ConfigDict:
   cfg = ml_collections.ConfigDict(dict(
       name=name, vocab_size=64, seq_len=32, d_model=32, num_layers=2, num_heads=4, mlp_ratio=2,
       dropout=0.0, position="rope", rope_base=10000.0, tie_embeddings=True, dtype="float32"))
+  cfg.update(FAMILY_FIELDS.get(name, {}))
   cfg.update(overrides)
   return cfg
 

@@ -12,8 +12,12 @@ import jax
 import ml_collections
 from flax import nnx
 
+from efficient_lm.models import bcmt
 from efficient_lm.models import decoder
 from efficient_lm.models import dense
+from efficient_lm.models import ecp
+from efficient_lm.models import perceiver_ar
+from efficient_lm.models import pi_attention
 from efficient_lm.validation import ConfigError, require, require_positive_int
 
 
@@ -35,6 +39,17 @@ class ModelEntry:
 
 REGISTRY: dict[str, ModelEntry] = {
     "dense": ModelEntry(make_mixer=dense.make_mixer),
+    "ecp": ModelEntry(make_mixer=ecp.make_mixer, identical_layers=ecp.identical_layers,
+                      validate=ecp.validate),
+    **{name: ModelEntry(build=perceiver_ar.build, validate=perceiver_ar.validate)
+       for name in perceiver_ar.VARIANTS},
+    "bcmt": ModelEntry(make_mixer=bcmt.make_mixer, validate=bcmt.validate),
+    "honly": ModelEntry(make_mixer=bcmt.make_honly_mixer, validate=bcmt.validate_honly),
+    "pi_attention": ModelEntry(make_mixer=pi_attention.make_pi_mixer,
+                               identical_layers=lambda cfg: cfg.period_schedule == "constant",
+                               validate=pi_attention.validate_pi),
+    "sliding_window": ModelEntry(make_mixer=pi_attention.make_sliding_window_mixer,
+                                 validate=pi_attention.validate_sliding_window),
 }
 
 
