@@ -1,10 +1,12 @@
 """Text generation from a trained model.
 
 `generate` is the plain reference decoder: every new token runs the model on
-the last `seq_len` tokens (right-aligned, end-of-document tokens before a short
-prompt, as documents start in training) and samples from the logits at the
-last position. It works for every model, since every model returns logits for
-its last position; it costs one full forward pass per token.
+a window of `seq_len` tokens and samples from the logits at the last real
+token. The context starts with an end-of-document token, as every document does
+in training. While it is shorter than the window it is placed at the start and
+padded after (a causal model never sees the padding); a model that returns
+logits only for its last positions (Perceiver-AR) gets it right-aligned after
+end-of-document tokens instead. It costs one full forward pass per token.
 """
 
 import jax
@@ -26,20 +28,28 @@ def sample_logits(logits_BV: jax.Array, key: jax.Array, *, temperature: float, t
 
 
 def generate(model: nnx.Module, prompt_ids: np.ndarray, *, num_tokens: int, seq_len: int,
-             pad_id: int, temperature: float = 0.8, top_k: int = 40, seed: int = 0) -> np.ndarray:
-  """Returns `num_tokens` new token ids continuing the 1-D `prompt_ids`."""
+             eos_id: int, pad_id: int, temperature: float = 0.8, top_k: int = 40, seed: int = 0
+             ) -> np.ndarray:
+  """Returns `num_tokens` new token ids continuing the 1-D `prompt_ids` (a document's start)."""
   graphdef, params = nnx.split(model)
+  num_logits = jax.eval_shape(lambda p, x: nnx.merge(graphdef, p)(x), params,
+                              jax.ShapeDtypeStruct((1, seq_len), jnp.int32)).shape[1]
 
   @jax.jit
-  def next_token(params, window_T, key):
+  def next_token(params, window_T, index, key):
     logits_1TV = nnx.merge(graphdef, params)(window_T[None])
-    return sample_logits(logits_1TV[:, -1], key, temperature=temperature, top_k=top_k)[0]
+    return sample_logits(logits_1TV[:, index], key, temperature=temperature, top_k=top_k)[0]
 
-  tokens = [pad_id] * seq_len + [int(t) for t in prompt_ids]
+  tokens = [eos_id] + [int(t) for t in prompt_ids]
   key = jax.random.key(seed)
   for i in range(num_tokens):
-    window_T = jnp.asarray(tokens[-seq_len:], dtype=jnp.int32)
-    tokens.append(int(next_token(params, window_T, jax.random.fold_in(key, i))))
+    context = tokens[-seq_len:]
+    if len(context) < seq_len and num_logits == seq_len:  # left-aligned, padding after
+      window, index = context + [pad_id] * (seq_len - len(context)), len(context) - 1
+    else:  # right-aligned: the last position is the last token
+      window, index = [eos_id] * (seq_len - len(context)) + context, num_logits - 1
+    window_T = jnp.asarray(window, dtype=jnp.int32)
+    tokens.append(int(next_token(params, window_T, index, jax.random.fold_in(key, i))))
   return np.asarray(tokens[-num_tokens:], dtype=np.int32)
 
 
@@ -48,5 +58,6 @@ def generate_text(model: nnx.Module, tokenizer, prompt: str, *, num_tokens: int,
   """The prompt followed by its sampled continuation, decoded."""
   prompt_ids = tokenizer.encode(prompt)
   new_ids = generate(model, prompt_ids, num_tokens=num_tokens, seq_len=seq_len,
-                     pad_id=tokenizer.eos_id, temperature=temperature, top_k=top_k, seed=seed)
+                     eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, temperature=temperature,
+                     top_k=top_k, seed=seed)
   return tokenizer.decode(np.concatenate([prompt_ids, new_ids]))

@@ -47,15 +47,17 @@ class Block(nnx.Module):
     return x_B1D + self.mlp(self.mlp_norm(x_B1D)), cache
 
 
-class Decoder(nnx.Module):
-  """Token embedding -> blocks -> final norm -> logits over the vocabulary."""
+class LanguageModel(nnx.Module):
+  """What every model shares around its layers: token (and position) embeddings, input dropout,
+  final norm and the output head (tied to the embedding or not).
 
-  def __init__(self, cfg: ml_collections.ConfigDict, make_mixer: MixerFactory, *,
-               identical_layers: bool, rngs: nnx.Rngs):
+  Subclasses build their layers after `super().__init__(cfg, rngs)` and implement `decode`.
+  """
+
+  def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
     dtype = layers.dtype_of(cfg.dtype)
     self.num_layers = cfg.num_layers
     self.dropout_rate = cfg.dropout
-    self.scanned = identical_layers
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype,
                            embedding_init=nnx.initializers.normal(stddev=cfg.d_model ** -0.5),
                            rngs=rngs)
@@ -63,15 +65,6 @@ class Decoder(nnx.Module):
     if cfg.position == "learned":
       self.pos_embed = nnx.Embed(cfg.seq_len, cfg.d_model, dtype=dtype,
                                  embedding_init=nnx.initializers.normal(stddev=0.02), rngs=rngs)
-    if identical_layers:
-      @nnx.split_rngs(splits=cfg.num_layers)
-      @nnx.vmap(in_axes=(0,), out_axes=0)
-      def make_blocks(rngs: nnx.Rngs) -> Block:
-        return Block(cfg, make_mixer(0, rngs), rngs=rngs)
-      self.blocks = make_blocks(rngs)
-    else:
-      self.blocks = nnx.List([Block(cfg, make_mixer(i, rngs), rngs=rngs)
-                              for i in range(cfg.num_layers)])
     self.final_norm = nnx.RMSNorm(cfg.d_model, dtype=dtype, rngs=rngs)
     self.head = nnx.data(None)
     if not cfg.tie_embeddings:
@@ -79,11 +72,9 @@ class Decoder(nnx.Module):
 
   def __call__(self, tokens_BT: jax.Array, *, positions_BT: jax.Array | None = None,
                dropout_key: jax.Array | None = None) -> jax.Array:
-    """Logits `[B, T, V]` (float32) for int tokens `[B, T]`.
-
-    `dropout_key=None` means no dropout (evaluation). `positions_BT` defaults to
-    0..T-1 (a context-parallel layout passes its own).
-    """
+    """Logits `[B, T', V]` (float32) for int tokens `[B, T]`: the last T' positions (T' = T but
+    for Perceiver-AR). `dropout_key=None` means no dropout (evaluation); `positions_BT`
+    defaults to 0..T-1 (a context-parallel layout passes its own)."""
     return self.decode(self.embed_tokens(tokens_BT), positions_BT=positions_BT,
                        dropout_key=dropout_key)
 
@@ -94,6 +85,11 @@ class Decoder(nnx.Module):
   def decode(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
              dropout_key: jax.Array | None = None) -> jax.Array:
     """Everything after the token lookup; tests differentiate through it to check causality."""
+    raise NotImplementedError
+
+  def prepare_input(self, x_BTD: jax.Array, positions_BT: jax.Array | None,
+                    dropout_key: jax.Array | None) -> tuple[jax.Array, jax.Array, list]:
+    """(x with position embeddings and dropout, positions, one dropout key per layer or Nones)."""
     B, T, _ = x_BTD.shape
     if positions_BT is None:
       positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
@@ -104,8 +100,37 @@ class Decoder(nnx.Module):
     if dropout_key is not None and self.dropout_rate > 0:
       embed_key, layers_key = jax.random.split(dropout_key)
       layer_keys = jax.random.split(layers_key, self.num_layers)
-    x_BTD = layers.dropout(x_BTD, self.dropout_rate, embed_key)
+    return layers.dropout(x_BTD, self.dropout_rate, embed_key), positions_BT, layer_keys
 
+  def logits(self, x_BTD: jax.Array) -> jax.Array:
+    x_BTD = self.final_norm(x_BTD)
+    if self.head is None:
+      logits_BTV = self.embed.attend(x_BTD)
+    else:
+      logits_BTV = self.head(x_BTD)
+    return logits_BTV.astype(jnp.float32)
+
+
+class Decoder(LanguageModel):
+  """Token embedding -> blocks -> final norm -> logits over the vocabulary."""
+
+  def __init__(self, cfg: ml_collections.ConfigDict, make_mixer: MixerFactory, *,
+               identical_layers: bool, rngs: nnx.Rngs):
+    super().__init__(cfg, rngs)
+    self.scanned = identical_layers
+    if identical_layers:
+      @nnx.split_rngs(splits=cfg.num_layers)
+      @nnx.vmap(in_axes=(0,), out_axes=0)
+      def make_blocks(rngs: nnx.Rngs) -> Block:
+        return Block(cfg, make_mixer(0, rngs), rngs=rngs)
+      self.blocks = make_blocks(rngs)
+    else:
+      self.blocks = nnx.List([Block(cfg, make_mixer(i, rngs), rngs=rngs)
+                              for i in range(cfg.num_layers)])
+
+  def decode(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
+             dropout_key: jax.Array | None = None) -> jax.Array:
+    x_BTD, positions_BT, layer_keys = self.prepare_input(x_BTD, positions_BT, dropout_key)
     if self.scanned:
       keys = None if layer_keys[0] is None else layer_keys
 
@@ -119,14 +144,6 @@ class Decoder(nnx.Module):
         x_BTD = block(x_BTD, positions_BT, key)
 
     return self.logits(x_BTD)
-
-  def logits(self, x_BTD: jax.Array) -> jax.Array:
-    x_BTD = self.final_norm(x_BTD)
-    if self.head is None:
-      logits_BTV = self.embed.attend(x_BTD)
-    else:
-      logits_BTV = self.head(x_BTD)
-    return logits_BTV.astype(jnp.float32)
 
   # Cached (streaming) decoding, for models whose mixer has `init_cache` and `step`.
 

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from efficient_lm.models import decoder
 from efficient_lm.models import layers
 from efficient_lm.ops.cross_attention import causal_cross_attention, segment_attention
 from efficient_lm.validation import require, require_positive_int
@@ -119,23 +120,14 @@ class PerceiverBlock(nnx.Module):
     return x_BSD
 
 
-class PerceiverAR(nnx.Module):
+class PerceiverAR(decoder.LanguageModel):
   """Embedding -> (compression) -> layer 1 -> scanned layers 2.. -> norm -> logits of the latents."""
 
   def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
+    super().__init__(cfg, rngs)
     variant = VARIANTS[cfg.name]
-    dtype = layers.dtype_of(cfg.dtype)
     self.num_latents = cfg.num_latents
-    self.num_layers = cfg.num_layers
-    self.dropout_rate = cfg.dropout
     self.refine_history = variant.refine_history
-    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype,
-                           embedding_init=nnx.initializers.normal(stddev=cfg.d_model ** -0.5),
-                           rngs=rngs)
-    self.pos_embed = nnx.data(None)
-    if cfg.position == "learned":
-      self.pos_embed = nnx.Embed(cfg.seq_len, cfg.d_model, dtype=dtype,
-                                 embedding_init=nnx.initializers.normal(stddev=0.02), rngs=rngs)
     history = cfg.seq_len - cfg.num_latents
     self.compression = cfg.compression if variant.compress else 1
     self.compress = nnx.data(None)
@@ -155,20 +147,6 @@ class PerceiverAR(nnx.Module):
       def make_rest(rngs: nnx.Rngs) -> PerceiverBlock:
         return make_block(rngs)
       self.rest = make_rest(rngs)
-    self.final_norm = nnx.RMSNorm(cfg.d_model, dtype=dtype, rngs=rngs)
-    self.head = nnx.data(None)
-    if not cfg.tie_embeddings:
-      self.head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
-
-  def __call__(self, tokens_BT: jax.Array, *, positions_BT: jax.Array | None = None,
-               dropout_key: jax.Array | None = None) -> jax.Array:
-    """Logits `[B, Z, V]` (float32) for the last Z positions of int tokens `[B, T]`."""
-    return self.decode(self.embed_tokens(tokens_BT), positions_BT=positions_BT,
-                       dropout_key=dropout_key)
-
-  def embed_tokens(self, tokens_BT: jax.Array) -> jax.Array:
-    """Scaled token embeddings `[B, T, D]` (the input of `decode`)."""
-    return self.embed(tokens_BT) * jnp.sqrt(self.embed.features).astype(self.embed.dtype or jnp.float32)
 
   def decode(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
              dropout_key: jax.Array | None = None) -> jax.Array:
@@ -177,16 +155,7 @@ class PerceiverAR(nnx.Module):
     Z = self.num_latents
     if T < Z:
       raise ValueError(f"sequence length {T} is shorter than model.num_latents={Z}")
-    if positions_BT is None:
-      positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    if self.pos_embed is not None:
-      x_BTD = x_BTD + self.pos_embed(positions_BT)
-    embed_key = None
-    layer_keys = [None] * self.num_layers
-    if dropout_key is not None and self.dropout_rate > 0:
-      embed_key, layers_key = jax.random.split(dropout_key)
-      layer_keys = jax.random.split(layers_key, self.num_layers)
-    x_BSD = layers.dropout(x_BTD, self.dropout_rate, embed_key)
+    x_BSD, positions_BT, layer_keys = self.prepare_input(x_BTD, positions_BT, dropout_key)
     positions_BS = positions_BT
 
     if self.compress is not None:
@@ -213,12 +182,7 @@ class PerceiverAR(nnx.Module):
 
       x_BSD = apply_blocks(x_BSD, self.rest, positions_BS, keys)
 
-    x_BZD = self.final_norm(x_BSD[:, -Z:])
-    if self.head is None:
-      logits_BZV = self.embed.attend(x_BZD)
-    else:
-      logits_BZV = self.head(x_BZD)
-    return logits_BZV.astype(jnp.float32)
+    return self.logits(x_BSD[:, -Z:])
 
 
 def build(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
