@@ -125,8 +125,9 @@ def test_config_presets_are_valid(preset):
   models.validate(config.model)
 
 
-def test_a_short_training_run_lowers_the_loss(tiny_config, tmp_path):
-  config = tiny_config("perceiver_ar", num_steps=30, eval_every=30, checkpoint_every=30)
+@pytest.mark.parametrize("preset", [None, "double", "compressed", "ssplit"])
+def test_a_short_training_run_lowers_the_loss(preset, tiny_config, tmp_path):
+  config = tiny_config("perceiver_ar", preset, num_steps=30, eval_every=30, checkpoint_every=30)
   config.model.update(dict(num_latents=16, compression=4, num_history_segments=4))
   train.train_and_evaluate(config, str(tmp_path))
   with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
