@@ -5,6 +5,11 @@ A checkpoint at `<workdir>/checkpoints/<step>` holds three items:
 `data` (the data iterator's state, JSON) and `meta` (JSON: what the model is,
 so a mismatched config can be refused before restoring). Writes are atomic:
 Orbax writes to a temporary directory and renames it when complete.
+
+With several processes every one calls save and restore (Orbax coordinates them
+with barriers: each process writes the array shards it holds, a replicated array
+once, and process 0 the JSON items and the final rename); the directory must be
+one that every process sees (a shared filesystem or a bucket).
 """
 
 import logging
@@ -13,6 +18,8 @@ import shutil
 from typing import Any, Callable
 
 import orbax.checkpoint as ocp
+
+from efficient_lm import distributed
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +31,7 @@ class NoRestorableCheckpointError(RuntimeError):
 class Checkpointer:
   """Saves and restores training state under `directory`, keeping the newest `max_to_keep`."""
 
-  def __init__(self, directory: str, *, max_to_keep: int):
+  def __init__(self, directory: str, *, max_to_keep: int | None):
     self.directory = os.path.abspath(directory)
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False)
@@ -54,8 +61,8 @@ class Checkpointer:
         data=ocp.args.JsonRestore()))
     return restored.state, restored.data
 
-  def restore_latest(self, abstract_state: Any, check_meta: Callable[[dict], None]
-                     ) -> tuple[int, Any, Any] | None:
+  def restore_latest(self, abstract_state: Any, check_meta: Callable[[dict], None], *,
+                     set_aside: bool = True) -> tuple[int, Any, Any] | None:
     """(step, state, data_state) of the newest checkpoint that restores; None if there is none.
 
     `check_meta(meta)` runs before the state is read and may raise (a config
@@ -63,7 +70,8 @@ class Checkpointer:
     read (truncated or missing files) is reported in one line and the next
     older one is tried; unreadable checkpoints newer than the one restored are
     moved to `<directory>_unreadable/` (kept, never deleted) so that training
-    can write those steps again. If none restores, nothing is moved and
+    can write those steps again (`set_aside=False`, for readers such as the
+    sampler, leaves them in place). If none restores, nothing is moved and
     NoRestorableCheckpointError says how to start fresh.
     """
     steps = sorted(self.all_steps(), reverse=True)
@@ -80,7 +88,8 @@ class Checkpointer:
         except Exception as e:  # pylint: disable=broad-except
           unreadable.append((step, e))
         else:
-          self._set_aside([s for s, _ in unreadable])
+          if set_aside:
+            self._set_aside([s for s, _ in unreadable])
           return step, state, data_state
       following = f"falling back to step {steps[i + 1]}" if i + 1 < len(steps) else "no older one"
       log.warning("checkpoint %d is corrupt or unreadable (%s: %s); %s", step,
@@ -97,13 +106,15 @@ class Checkpointer:
     if not steps:
       return
     aside = self.directory + "_unreadable"
-    os.makedirs(aside, exist_ok=True)
-    for step in steps:
-      target = os.path.join(aside, str(step))
-      if os.path.exists(target):
-        shutil.rmtree(target)
-      shutil.move(os.path.join(self.directory, str(step)), target)
-      log.warning("moved unreadable checkpoint %d to %s", step, target)
+    if distributed.is_primary():  # one process moves; the others wait for it, then re-read
+      os.makedirs(aside, exist_ok=True)
+      for step in steps:
+        target = os.path.join(aside, str(step))
+        if os.path.exists(target):
+          shutil.rmtree(target)
+        shutil.move(os.path.join(self.directory, str(step)), target)
+        log.warning("moved unreadable checkpoint %d to %s", step, target)
+    distributed.barrier(f"set aside checkpoints {steps}")
     self._manager.reload()
 
   def close(self) -> None:

@@ -19,6 +19,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   models.validate(config.model)
   _validate_train(config.train)
   _validate_mesh(config.mesh, config.data)
+  models.validate_context(config.model, config.mesh.context)  # ring ops: support, block alignment
 
 
 def _validate_train(t: ml_collections.ConfigDict) -> None:
@@ -39,9 +40,4 @@ def _validate_train(t: ml_collections.ConfigDict) -> None:
 
 
 def _validate_mesh(mesh: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict) -> None:
-  data_size, _ = sharding.mesh_shape(mesh)
-  require(data_cfg.batch_size % data_size == 0, "data.batch_size", data_cfg.batch_size,
-          f"must be divisible by the mesh's data axis ({data_size} devices)",
-          f"set data.batch_size to a multiple of {data_size}")
-  require(mesh.context == 1, "mesh.context", mesh.context,
-          "> 1 needs the context-parallel ops, which are not built yet", "set mesh.context=1")
+  sharding.validate(mesh, data_cfg)

@@ -2,13 +2,16 @@
 
 Any config field can be overridden, e.g. `--config.train.num_steps=100`.
 `--workdir` defaults to `runs/<config name>[_<preset>]`; a run resumes from the
-latest checkpoint in its workdir.
+latest checkpoint in its workdir. Several processes (hosts, or one per GPU) train one
+job when each runs the same command with `--coordinator_address`, `--num_processes`
+and its own `--process_id`, or under SLURM / Open MPI / a Cloud TPU slice with none.
 """
 
 import logging as std_logging
 import os
 import sys
 
+import jax
 from absl import app
 from absl import flags
 from absl import logging
@@ -16,14 +19,22 @@ from ml_collections import config_flags
 
 from efficient_lm import checkpoint
 from efficient_lm import data
+from efficient_lm import distributed
 from efficient_lm import train
 from efficient_lm.validation import ConfigError
 
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/dense.py or configs/bcmt.py:128.",
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics and logs; default runs/<config name>.")
+flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0, for a multi-process job; "
+                    "default $JAX_COORDINATOR_ADDRESS or the cluster's (SLURM, Open MPI, Cloud TPU).")
+flags.DEFINE_integer("num_processes", None, "Processes in the job; default $JAX_NUM_PROCESSES or the "
+                     "cluster's; none of the three flags and no cluster: one process.")
+flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes); default "
+                     "$JAX_PROCESS_ID or the cluster's.")
 flags.mark_flags_as_required(["config"])
 FLAGS = flags.FLAGS
+logger = std_logging.getLogger("efficient_lm.main")
 
 
 def default_workdir(config_arg: str) -> str:
@@ -32,14 +43,14 @@ def default_workdir(config_arg: str) -> str:
   return os.path.join("runs", f"{name}_{preset}" if preset else name)
 
 
-def setup_logging() -> None:
-  """Our progress at INFO on stderr; the libraries' (Orbax, TFDS) warnings only."""
+def setup_logging(primary: bool = True) -> None:
+  """Our progress at INFO on stderr (process 0 only; others warnings); the libraries' warnings only."""
   logging.set_verbosity(logging.WARNING)
   handler = std_logging.StreamHandler(sys.stderr)
   handler.setFormatter(std_logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
   ours = std_logging.getLogger("efficient_lm")
   ours.handlers = [handler]
-  ours.setLevel(std_logging.INFO)
+  ours.setLevel(std_logging.INFO if primary else std_logging.WARNING)
   ours.propagate = False
 
 
@@ -48,6 +59,12 @@ def main(argv):
   setup_logging()
   workdir = FLAGS.workdir or default_workdir(FLAGS["config"].config_filename)
   try:
+    # Before anything touches devices; then only process 0 logs progress.
+    if distributed.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
+                                          FLAGS.process_id):
+      setup_logging(primary=distributed.is_primary())
+      logger.info("one job of %d processes over %d devices (%d here)", jax.process_count(),
+                  jax.device_count(), jax.local_device_count())
     train.train_and_evaluate(FLAGS.config, workdir)
   except (ConfigError, data.DataError, data.DownloadError, train.WorkdirMismatchError,
           checkpoint.NoRestorableCheckpointError, train.NonFiniteError) as e:

@@ -33,6 +33,16 @@ class MetricWriter:
     self._tb.close()
 
 
+class NullWriter:
+  """What processes other than 0 write: nothing (process 0 writes the job's figures)."""
+
+  def write(self, step: int, metrics: dict[str, float]) -> None:
+    del step, metrics
+
+  def close(self) -> None:
+    pass
+
+
 def _duration(seconds: float) -> str:
   seconds = int(max(seconds, 0))
   h, rem = divmod(seconds, 3600)

@@ -25,11 +25,13 @@ from flax import struct
 from efficient_lm import checkpoint
 from efficient_lm import config_check
 from efficient_lm import data
+from efficient_lm import distributed
 from efficient_lm import metrics as metrics_lib
 from efficient_lm import models
 from efficient_lm import preemption
 from efficient_lm import sample
 from efficient_lm import sharding
+from efficient_lm.ops import ring
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +86,8 @@ def make_train_step(graphdef, tx, schedule, seed: int):
     dropout_key = jax.random.fold_in(jax.random.key(seed), state.step)
 
     def loss_fn(params):
-      logits = nnx.merge(graphdef, params)(batch["inputs"], dropout_key=dropout_key)
+      logits = nnx.merge(graphdef, params)(batch["inputs"], positions_BT=batch.get("positions"),
+                                           dropout_key=dropout_key)
       nll, weight = weighted_nll(logits, batch["targets"], batch["weights"])
       return nll / jnp.maximum(weight, 1.0)
 
@@ -101,12 +104,19 @@ def make_train_step(graphdef, tx, schedule, seed: int):
 def make_eval_step(graphdef):
   @jax.jit
   def eval_step(params, batch):
-    logits = nnx.merge(graphdef, params)(batch["inputs"])
+    logits = nnx.merge(graphdef, params)(batch["inputs"], positions_BT=batch.get("positions"))
     return weighted_nll(logits, batch["targets"], batch["weights"])
   return eval_step
 
 
-def evaluate(eval_step, params, corpus, split: str, batch_size: int, mesh) -> dict[str, float]:
+def place_batch(batch: dict, mesh: jax.sharding.Mesh, layout: str = "natural") -> dict:
+  """A host batch on the mesh, in the model's sequence layout (`ops.ring`: 'zigzag' adds the
+  positions RoPE needs; the loss, a sum over positions, is unchanged by the permutation)."""
+  return sharding.shard_batch(ring.permute_batch(batch, mesh.shape["context"], layout), mesh)
+
+
+def evaluate(eval_step, params, corpus, split: str, batch_size: int, mesh,
+             layout: str = "natural") -> dict[str, float]:
   """Loss (nats/token), perplexity and bits per byte over the whole split, every token once.
 
   A model that scores only the last positions of each window (Perceiver-AR)
@@ -115,7 +125,7 @@ def evaluate(eval_step, params, corpus, split: str, batch_size: int, mesh) -> di
   """
   total_nll, scored, targets = 0.0, 0.0, 0.0
   for batch in corpus.eval_batches(split, batch_size=batch_size):
-    nll, weight = eval_step(params, sharding.shard_batch(batch, mesh))
+    nll, weight = eval_step(params, place_batch(batch, mesh, layout))
     total_nll += float(nll)
     scored += float(weight)
     targets += float(np.sum(batch["weights"]))
@@ -162,10 +172,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   os.makedirs(workdir, exist_ok=True)
   t = config.train
 
-  corpus = data.load(config.data)
-  _write_workdir_files(config, workdir, corpus.tokenizer)
+  corpus = distributed.primary_first(lambda: data.load(config.data), "data prepared")
+  if distributed.is_primary():
+    _write_workdir_files(config, workdir, corpus.tokenizer)
   mesh = sharding.make_mesh(config.mesh)
   model = models.create(config.model, rngs=nnx.Rngs(t.seed), mesh=mesh)
+  layout = models.sequence_layout(config.model, mesh)
   graphdef, params = nnx.split(model)
   num_params = sum(x.size for x in jax.tree.leaves(params))
   tx, schedule = make_optimizer(t)
@@ -185,7 +197,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   log.info("model %s: %s parameters; %s train tokens; workdir %s", config.model.name,
            f"{num_params:,}", f"{corpus.num_tokens('train'):,}", workdir)
-  writer = metrics_lib.MetricWriter(workdir)
+  writer = metrics_lib.MetricWriter(workdir) if distributed.is_primary() else metrics_lib.NullWriter()
   train_step = make_train_step(graphdef, tx, schedule, t.seed)
   eval_step = make_eval_step(graphdef)
   tokens_per_step = config.data.batch_size * config.data.seq_len
@@ -212,20 +224,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   stop = preemption.StopRequest()
   with stop:
     for step in range(start_step, t.num_steps):
-      batch = sharding.shard_batch(next(train_iter), mesh)
+      batch = place_batch(next(train_iter), mesh, layout)
       state, step_metrics = train_step(state, batch)
       done = step + 1
       first_bad_step = _track_first_bad(first_bad_step, step_metrics, done)
       if step == start_step:  # the first step includes compilation: keep it out of the rate
         jax.block_until_ready(step_metrics)
         progress.reset_clock(done)
-      if stop.requested:
+      # Several processes agree at log steps (a signal may reach them at different steps): all save one.
+      if (stop.requested if jax.process_count() == 1 else
+          done % t.log_every == 0 and distributed.any_process(stop.requested)):
         save(done)
+        signal_name = stop.signal_name or "a stop signal on another process"
         log.warning("received %s at step %d: saved checkpoint %d in %s; rerun the same command "
-                    "to resume", stop.signal_name, done, done, ckpt.directory)
+                    "to resume", signal_name, done, done, ckpt.directory)
         writer.close()
         ckpt.close()
-        return {"step": done, "preempted": stop.signal_name}
+        return {"step": done, "preempted": signal_name}
       if done % t.log_every == 0 or done == t.num_steps:
         check_finite()
         step_metrics = jax.device_get(step_metrics)
@@ -235,7 +250,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
       if done % t.eval_every == 0 or done == t.num_steps:
         check_finite()
         eval_metrics = evaluate(eval_step, state.params, corpus, t.eval_split,
-                                config.data.batch_size, mesh)
+                                config.data.batch_size, mesh, layout)
         writer.write(done, eval_metrics)
         log.info("eval at step %d: loss %.4f  perplexity %.2f  bits/byte %.4f", done,
                  eval_metrics["eval_loss"], eval_metrics["eval_perplexity"],
@@ -247,15 +262,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
 
   if not eval_metrics:  # nothing left to train: report the restored model
     eval_metrics = evaluate(eval_step, state.params, corpus, t.eval_split,
-                            config.data.batch_size, mesh)
+                            config.data.batch_size, mesh, layout)
   elapsed = time.perf_counter() - start_time
   summary = {"step": int(state.step), **eval_metrics, "train_seconds": elapsed}
   log.info("done: step %d in %.0f s; %s loss %.4f, bits/byte %.4f", summary["step"], elapsed,
            t.eval_split, eval_metrics["eval_loss"], eval_metrics["eval_bits_per_byte"])
   if t.sample_prompt and t.sample_tokens:
-    text = sample.generate_text(nnx.merge(graphdef, state.params), corpus.tokenizer,
-                                t.sample_prompt, num_tokens=t.sample_tokens,
-                                seq_len=config.data.seq_len, seed=t.seed)
+    sample_graphdef = graphdef  # one window on one device: the single-device ops
+    if mesh.shape["context"] > 1:
+      sample_graphdef = nnx.graphdef(nnx.eval_shape(lambda: models.create(config.model,
+                                                                          rngs=nnx.Rngs(0))))
+    text = sample.generate_text(nnx.merge(sample_graphdef, state.params), corpus.tokenizer,
+                                t.sample_prompt, num_tokens=t.sample_tokens, seed=t.seed)
     log.info("sample:\n%s", text)
     summary["sample"] = text
   writer.close()

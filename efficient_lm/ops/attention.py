@@ -107,6 +107,15 @@ def shift_right(x_BT: jax.Array, distance: int) -> jax.Array:
   return jnp.pad(x_BT, pad)[:, :T]
 
 
+def gated_skip_logits(q_BTHK: jax.Array, skip_k_BTSHK: jax.Array, gate_BTH: jax.Array,
+                      present_TS: jax.Array, scale: float) -> jax.Array:
+  """Scaled skip logits plus log(1 - gate) (gate already clamped); `MASKED` where a skip is absent."""
+  skip_logits_BTHS = jnp.einsum("bthk,btshk->bths", q_BTHK, skip_k_BTSHK,
+                                preferred_element_type=jnp.float32) * scale
+  skip_logits_BTHS = skip_logits_BTHS + jnp.log1p(-gate_BTH)[..., None]
+  return jnp.where(present_TS[None, :, None, :], skip_logits_BTHS, blockwise.MASKED)
+
+
 def pi_attention(
     q_BTHK: jax.Array,
     k_BTHK: jax.Array,
@@ -140,11 +149,8 @@ def pi_attention(
     return blockwise.blockwise_attention(q_BTHK, k_BTHK, v_BTHK, scale=scale, **blocks)
   skip_k_BTSHK = jnp.stack([shift_right(k_BTHK, d) for d in offsets], axis=2)
   skip_v_BTSHK = jnp.stack([shift_right(v_BTHK, d) for d in offsets], axis=2)
-  skip_logits_BTHS = jnp.einsum("bthk,btshk->bths", q_BTHK, skip_k_BTSHK,
-                                preferred_element_type=jnp.float32) * scale
-  skip_logits_BTHS = skip_logits_BTHS + jnp.log1p(-gate_BTH)[..., None]
   present_TS = jnp.arange(T)[:, None] >= jnp.asarray(offsets)[None, :]
-  skip_logits_BTHS = jnp.where(present_TS[None, :, None, :], skip_logits_BTHS, blockwise.MASKED)
+  skip_logits_BTHS = gated_skip_logits(q_BTHK, skip_k_BTSHK, gate_BTH, present_TS, scale)
   return blockwise.blockwise_attention(
       q_BTHK, k_BTHK, v_BTHK, scale=scale, local_bias_BTH=jnp.log(gate_BTH),
       extra_logits_BTHS=skip_logits_BTHS, extra_v_BTSHK=skip_v_BTSHK, **blocks)

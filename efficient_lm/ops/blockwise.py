@@ -44,10 +44,12 @@ def with_previous_blocks(x_BNLHK: jax.Array, lookback: int) -> jax.Array:
   return jnp.concatenate(shifted, axis=2)
 
 
-def band_mask(block_size: int, lookback: int, window: int | None, num_blocks: int) -> jax.Array:
+def band_mask(block_size: int, lookback: int, window: int | None, num_blocks: int,
+              first_key: int | jax.Array = 0) -> jax.Array:
   """`[N, L, M]` bool: query i = b*L + r may see key j = (b - lookback)*L + c.
 
-  j <= i always; i - window < j if `window`; j >= 0 (the first blocks' lookback).
+  j <= i always; i - window < j if `window`; j >= first_key (0: the first blocks'
+  lookback; a context-parallel halo from before the sequence start sets it higher).
   """
   L, M = block_size, (lookback + 1) * block_size
   r = jnp.arange(L)[:, None]
@@ -57,7 +59,7 @@ def band_mask(block_size: int, lookback: int, window: int | None, num_blocks: in
   if window is not None:
     allowed_LM &= offset > -window
   key_NM = (jnp.arange(num_blocks)[:, None] - lookback) * L + c  # j
-  return allowed_LM[None] & (key_NM >= 0)[:, None, :]
+  return allowed_LM[None] & (key_NM >= first_key)[:, None, :]
 
 
 def blockwise_attention(
@@ -72,10 +74,12 @@ def blockwise_attention(
     local_bias_BTH: jax.Array | None = None,
     extra_logits_BTHS: jax.Array | None = None,
     extra_v_BTSHK: jax.Array | None = None,
+    first_key: int | jax.Array = 0,
 ) -> jax.Array:
   """Softmax attention over each token's local block band (plus optional extra keys).
 
   `extra_logits_BTHS` must already be scaled and masked (use `MASKED` for absent keys).
+  Keys before `first_key` (a traced scalar is fine) are masked for every query.
   """
   B, T, H, K = q_BTHK.shape
   L = block_size
@@ -90,7 +94,7 @@ def blockwise_attention(
   if local_bias_BTH is not None:
     bias_BNLH = split_blocks(local_bias_BTH.astype(jnp.float32), L)
     logits_BNHLM = logits_BNHLM + jnp.transpose(bias_BNLH, (0, 1, 3, 2))[..., None]
-  mask_1NLM = band_mask(L, lookback, window, N)[None]
+  mask_1NLM = band_mask(L, lookback, window, N, first_key)[None]
   logits_BNHLM = jnp.where(mask_1NLM[:, :, None], logits_BNHLM, MASKED)
 
   if extra_logits_BTHS is None:

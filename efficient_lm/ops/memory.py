@@ -30,7 +30,7 @@ def exponential_memory(s_BND: jax.Array, alpha: float | jax.Array) -> jax.Array:
     den = alpha * den + 1.0
     return (num_BD, den), num_BD / den
 
-  init = (jnp.zeros((B, D), jnp.float32), jnp.zeros((), jnp.float32))
+  init = (jnp.zeros_like(s_BND[:, 0], jnp.float32), jnp.zeros((), jnp.float32))  # shard_map-safe
   _, m_NBD = jax.lax.scan(update, init, jnp.swapaxes(s_BND, 0, 1))
   return jnp.swapaxes(m_NBD, 0, 1).astype(s_BND.dtype)
 
