@@ -63,7 +63,7 @@ def decode_all(model, tokens_BT):
   def step(params, tokens_B, cache, position):
     return nnx.merge(graphdef, params).decode_step(tokens_B, cache, position)
 
-  cache = model.init_cache(tokens_BT.shape[0])
+  cache = model.init_cache(*tokens_BT.shape)
   shapes = jax.tree.map(jnp.shape, cache)
   logits = []
   for t in range(tokens_BT.shape[1]):

@@ -13,10 +13,11 @@ the `p` half runs once per block instead of once per token. The shift is what
 keeps the model causal: s[b] pools over all of block b, its own future included.
 `HOnly` (the ablation) is step 1 alone.
 
-Streaming decoding (`init_cache` / `step`) keeps, per layer, the current block's
-keys and values, the current block's pooling as an online softmax (running max,
-normalizer, weighted sum) and the memory's (numerator, denominator): its size
-does not depend on how many tokens have been generated.
+Streaming decoding (`init_cache`, `prefill`, `extend` / `step`) keeps, per layer,
+the current block's keys and values, the current block's pooling as an online
+softmax (running max, normalizer, weighted sum) and the memory's (numerator,
+denominator): its size does not depend on how many tokens have been generated.
+`prefill` runs the parallel pass over a prompt and derives that state from it.
 """
 
 import functools
@@ -27,9 +28,8 @@ import ml_collections
 from flax import nnx
 
 from efficient_lm.models import layers
-from efficient_lm.ops import attention
 from efficient_lm.ops import blockwise
-from efficient_lm.ops import memory
+from efficient_lm.ops import op_set
 from efficient_lm.validation import require, require_positive_int
 
 
@@ -37,14 +37,16 @@ class Bcmt(nnx.Module):
   """The BCMT mixer; `use_memory=False` is HOnly (local attention only)."""
 
   def __init__(self, d_model: int, num_heads: int, *, block_size: int, alpha: float,
-               use_memory: bool, use_rope: bool, rope_base: float, dtype, rngs: nnx.Rngs):
+               use_memory: bool, use_rope: bool, rope_base: float, dtype, rngs: nnx.Rngs,
+               ops: op_set.OpSet = op_set.SINGLE_DEVICE):
     self.d_model = d_model
+    self.ops = ops
     self.num_heads = num_heads
     self.block_size = block_size
     self.alpha = alpha
     self.use_memory = use_memory
     self.dtype = dtype
-    op = functools.partial(attention.block_local_attention, block_size=block_size)
+    op = functools.partial(ops.block_local_attention, block_size=block_size)
     self.attn = layers.SelfAttention(d_model, num_heads, op, use_rope=use_rope,
                                      rope_base=rope_base, dtype=dtype, rngs=rngs)
     if use_memory:
@@ -63,18 +65,22 @@ class Bcmt(nnx.Module):
     gate_BTD = jax.nn.sigmoid(self.gate_h(h_BTD) + expand(self.gate_p(p_BND)))
     return h_BTD + gate_BTD * expand(p_BND)
 
+  def summaries(self, h_BNLD: jax.Array) -> jax.Array:
+    """s_BND: each block's tokens pooled by a learned softmax (float32)."""
+    weights_BNL = jax.nn.softmax(self.pool(h_BNLD)[..., 0].astype(jnp.float32), axis=-1)
+    return jnp.einsum("bnl,bnld->bnd", weights_BNL, h_BNLD.astype(jnp.float32))
+
   def block_memory(self, h_BTD: jax.Array) -> jax.Array:
     """p_BND: block b's injected memory, the projection of m[b - 1] (zeros for b = 0)."""
     h_BNLD = blockwise.split_blocks(h_BTD, self.block_size)  # a ragged last block is never read
     N = h_BNLD.shape[1]
     if N == 1:
       return jnp.zeros((h_BTD.shape[0], 1, self.d_model), h_BTD.dtype)
-    h_BNLD = h_BNLD[:, :N - 1]  # the last block's summary would only feed block N
-    weights_BNL = jax.nn.softmax(self.pool(h_BNLD)[..., 0].astype(jnp.float32), axis=-1)
-    s_BND = jnp.einsum("bnl,bnld->bnd", weights_BNL, h_BNLD.astype(jnp.float32))
-    m_BND = memory.exponential_memory(s_BND, self.alpha)
+    # Every block's summary, though the last one's only feeds block N (the shift drops it):
+    # N then stays a multiple of the context-parallel devices.
+    m_BND = self.ops.exponential_memory(self.summaries(h_BNLD), self.alpha)
     p_BND = self.memory_proj(m_BND.astype(h_BTD.dtype))
-    return jnp.pad(p_BND, [(0, 0), (1, 0), (0, 0)])
+    return self.ops.shift_right(p_BND, 1)
 
   def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array) -> jax.Array:
     h_BTD = self.attn(x_BTD, positions_BT)
@@ -84,10 +90,11 @@ class Bcmt(nnx.Module):
 
   # Streaming decoding.
 
-  def init_cache(self, batch_size: int) -> dict:
+  def init_cache(self, batch_size: int, max_len: int = 0) -> dict:
+    """Constant size: `max_len` is not needed."""
+    del max_len
     B, L, H, D = batch_size, self.block_size, self.num_heads, self.d_model
-    cache = {"k": jnp.zeros((B, L, H, D // H), self.dtype),
-             "v": jnp.zeros((B, L, H, D // H), self.dtype)}
+    cache = layers.ring_init(B, L, H, D // H, self.dtype)  # the open block's keys/values
     if self.use_memory:
       f32 = jnp.float32
       cache.update(pool_max=jnp.full((B,), -jnp.inf, f32), pool_norm=jnp.zeros((B,), f32),
@@ -100,14 +107,13 @@ class Bcmt(nnx.Module):
     B, _, D = x_B1D.shape
     L = self.block_size
     offset = position % L
-    q_B1HK, k_B1HK, v_B1HK = self.attn.project(x_B1D, jnp.full((B, 1), position, jnp.int32))
-    k_BLHK = jax.lax.dynamic_update_slice_in_dim(cache["k"], k_B1HK.astype(cache["k"].dtype),
-                                                 offset, axis=1)
-    v_BLHK = jax.lax.dynamic_update_slice_in_dim(cache["v"], v_B1HK.astype(cache["v"].dtype),
-                                                 offset, axis=1)
-    o_B1HK = layers.attend_cached(q_B1HK, k_BLHK, v_BLHK, jnp.arange(L) <= offset)
+    pos_1, positions_B1 = layers.chunk_positions(position, B, 1)
+    q_B1HK, k_B1HK, v_B1HK = self.attn.project(x_B1D, positions_B1)
+    k_NLK, v_NLK, pos_L, ring = layers.ring_extend(cache, k_B1HK, v_B1HK, pos_1)
+    visible_1L = layers.KeyRule(block_size=L).visible(pos_1[:, None], pos_L[None])
+    o_B1HK = layers.attend_cache(q_B1HK, k_NLK, v_NLK, visible_1L)
     h_B1D = self.attn.out(o_B1HK.reshape(B, 1, D))
-    cache = dict(cache, k=k_BLHK, v=v_BLHK)
+    cache = dict(cache, **ring)
     if not self.use_memory:
       return h_B1D, cache
 
@@ -137,21 +143,68 @@ class Bcmt(nnx.Module):
     return y_B1D, cache
 
 
-def _mixer(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs, *, use_memory: bool) -> Bcmt:
+  def extend(self, x_BCD: jax.Array, start: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+    """C tokens from `start`, one `step` after another (the state is sequential by nature)."""
+    def body(cache, x_and_position):
+      x_BD, position = x_and_position
+      y_B1D, cache = self.step(x_BD[:, None], position, cache)
+      return cache, y_B1D[:, 0]
+
+    C = x_BCD.shape[1]
+    positions_C = jnp.asarray(start, jnp.int32) + jnp.arange(C, dtype=jnp.int32)
+    if C == 1:
+      y_B1D, cache = self.step(x_BCD, positions_C[0], cache)
+      return y_B1D, cache
+    cache, y_CBD = jax.lax.scan(body, cache, (jnp.swapaxes(x_BCD, 0, 1), positions_C))
+    return jnp.swapaxes(y_CBD, 0, 1), cache
+
+  def prefill(self, x_BTD: jax.Array, positions_BT: jax.Array, cache: dict
+              ) -> tuple[jax.Array, dict]:
+    """The parallel pass over a prompt at positions 0..T-1, and the state `step` continues from:
+    the open block's keys/values and pooling, the memory of the closed blocks."""
+    B, T, D = x_BTD.shape
+    L = self.block_size
+    closed = T // L
+    q_BTHK, k_BTHK, v_BTHK = self.attn.project(x_BTD, positions_BT)
+    h_BTD = self.attn.out(self.attn.op(q_BTHK, k_BTHK, v_BTHK).reshape(B, T, D))
+    open_len = T - closed * L
+    cache = dict(cache, **layers.ring_write(cache, k_BTHK, v_BTHK, positions_BT[0]))
+    if not self.use_memory:
+      return h_BTD, cache
+    y_BTD = self.fuse(h_BTD, self.block_memory(h_BTD))
+    if closed:  # num = sum_b alpha^(closed-1-b) s_b, den the same sum of ones
+      s_BND = self.summaries(blockwise.split_blocks(h_BTD[:, :closed * L], L))
+      decay_N = self.alpha ** jnp.arange(closed - 1, -1, -1, dtype=jnp.float32)
+      cache.update(num=jnp.einsum("n,bnd->bd", decay_N, s_BND),
+                   den=jnp.full((B,), decay_N.sum(), jnp.float32))
+    if open_len:  # the open block's pooling so far, as the online softmax `step` keeps
+      h_BOD = h_BTD[:, closed * L:].astype(jnp.float32)
+      logits_BO = self.pool(h_BTD[:, closed * L:])[..., 0].astype(jnp.float32)
+      max_B = logits_BO.max(axis=-1)
+      scale_BO = jnp.exp(logits_BO - max_B[:, None])
+      cache.update(pool_max=max_B, pool_norm=scale_BO.sum(axis=-1),
+                   pool_sum=jnp.einsum("bo,bod->bd", scale_BO, h_BOD))
+    return y_BTD, cache
+
+
+def _mixer(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs, *, use_memory: bool,
+           ops: op_set.OpSet) -> Bcmt:
   return Bcmt(cfg.d_model, cfg.num_heads, block_size=cfg.block_size,
               alpha=cfg.get("alpha", 0.8), use_memory=use_memory,
               use_rope=cfg.position == "rope", rope_base=cfg.rope_base,
-              dtype=layers.dtype_of(cfg.dtype), rngs=rngs)
+              dtype=layers.dtype_of(cfg.dtype), rngs=rngs, ops=ops)
 
 
-def make_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs) -> nnx.Module:
+def make_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
+               ops: op_set.OpSet = op_set.SINGLE_DEVICE) -> nnx.Module:
   del layer  # every layer is the same
-  return _mixer(cfg, rngs, use_memory=True)
+  return _mixer(cfg, rngs, use_memory=True, ops=ops)
 
 
-def make_honly_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs) -> nnx.Module:
+def make_honly_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
+                     ops: op_set.OpSet = op_set.SINGLE_DEVICE) -> nnx.Module:
   del layer
-  return _mixer(cfg, rngs, use_memory=False)
+  return _mixer(cfg, rngs, use_memory=False, ops=ops)
 
 
 def validate_honly(cfg: ml_collections.ConfigDict) -> None:

@@ -40,11 +40,17 @@ class Block(nnx.Module):
     x_BTD = x_BTD + layers.dropout(self.mlp(self.mlp_norm(x_BTD)), self.dropout_rate, mlp_key)
     return x_BTD
 
-  def step(self, x_B1D, position, cache):
-    """One token through the block (no dropout); the mixer carries its own cache."""
-    y_B1D, cache = self.mixer.step(self.mixer_norm(x_B1D), position, cache)
-    x_B1D = x_B1D + y_B1D
-    return x_B1D + self.mlp(self.mlp_norm(x_B1D)), cache
+  def prefill(self, x_BTD, positions_BT, cache):
+    """A prompt through the block (no dropout), filling the mixer's cache."""
+    y_BTD, cache = self.mixer.prefill(self.mixer_norm(x_BTD), positions_BT, cache)
+    x_BTD = x_BTD + y_BTD
+    return x_BTD + self.mlp(self.mlp_norm(x_BTD)), cache
+
+  def extend(self, x_BCD, start, cache):
+    """New tokens at positions start.. through the block, against the mixer's cache."""
+    y_BCD, cache = self.mixer.extend(self.mixer_norm(x_BCD), start, cache)
+    x_BCD = x_BCD + y_BCD
+    return x_BCD + self.mlp(self.mlp_norm(x_BCD)), cache
 
 
 class LanguageModel(nnx.Module):
@@ -53,6 +59,10 @@ class LanguageModel(nnx.Module):
 
   Subclasses build their layers after `super().__init__(cfg, rngs)` and implement `decode`.
   """
+
+  # Generation places a prompt as it comes (after one end-of-document token); a model that needs
+  # a fixed window (Perceiver-AR's history) sets this and gets prompts right-aligned in it.
+  prompt_window: int | None = None
 
   def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
     dtype = layers.dtype_of(cfg.dtype)
@@ -86,6 +96,31 @@ class LanguageModel(nnx.Module):
              dropout_key: jax.Array | None = None) -> jax.Array:
     """Everything after the token lookup; tests differentiate through it to check causality."""
     raise NotImplementedError
+
+  # Cached decoding: every model implements init_cache, prefill and extend.
+
+  def init_cache(self, batch_size: int, max_len: int):
+    """The decoding state for sequences of up to `max_len` tokens (prompt and generated).
+
+    Only the dense baseline's (and Perceiver-AR's latents') size depends on it;
+    the efficient models' caches have a fixed size.
+    """
+    raise NotImplementedError
+
+  def prefill(self, tokens_BT: jax.Array, cache):
+    """(what `model(tokens_BT)` returns, the cache after it): one parallel pass over a prompt
+    at positions 0..T-1, from a fresh cache."""
+    raise NotImplementedError
+
+  def extend(self, tokens_BC: jax.Array, cache, start: jax.Array):
+    """(logits `[B, C, V]`, cache) for C tokens at positions start..start+C-1 after the cached
+    ones: C = 1 is a decoding step, larger C a chunk of a long prompt."""
+    raise NotImplementedError
+
+  def decode_step(self, tokens_B: jax.Array, cache, position: jax.Array):
+    """Logits `[B, V]` for one token per sequence at `position` (a scalar), and the new cache."""
+    logits_B1V, cache = self.extend(tokens_B[:, None], cache, position)
+    return logits_B1V[:, 0], cache
 
   def prepare_input(self, x_BTD: jax.Array, positions_BT: jax.Array | None,
                     dropout_key: jax.Array | None) -> tuple[jax.Array, jax.Array, list]:
@@ -145,36 +180,44 @@ class Decoder(LanguageModel):
 
     return self.logits(x_BTD)
 
-  # Cached (streaming) decoding, for models whose mixer has `init_cache` and `step`.
+  # Cached decoding: every mixer has init_cache, prefill and extend.
 
-  def init_cache(self, batch_size: int):
-    """Every layer's decoding state; stacked along a leading layer axis when layers are scanned."""
+  def init_cache(self, batch_size: int, max_len: int) -> list:
+    """Every layer's decoding state, one entry per layer (separate buffers, updated in place)."""
     if self.scanned:
-      one = self.blocks.mixer.init_cache(batch_size)  # shapes only: no parameter is read
-      return jax.tree.map(lambda a: jnp.broadcast_to(a, (self.num_layers, *a.shape)), one)
-    return [block.mixer.init_cache(batch_size) for block in self.blocks]
+      one = self.blocks.mixer.init_cache(batch_size, max_len)  # shapes only: no parameter is read
+      return [jax.tree.map(jnp.copy, one) for _ in range(self.num_layers)]
+    return [block.mixer.init_cache(batch_size, max_len) for block in self.blocks]
 
-  def decode_step(self, tokens_B: jax.Array, cache, position: jax.Array):
-    """Logits `[B, V]` for tokens at `position` (a scalar, the same for the batch), and the new cache.
+  def layer_blocks(self) -> list:
+    """The blocks one by one (a scanned stack sliced per layer)."""
+    if not self.scanned:
+      return list(self.blocks)
+    graphdef, state = nnx.split(self.blocks)
+    return [nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state)) for i in range(self.num_layers)]
 
-    Feeding a sequence one token at a time from position 0 gives the logits
-    `__call__` gives for it at every position.
+  def _through_blocks(self, method: str, x_BTD: jax.Array, where, cache: list):
+    """`Block.<method>(x, where, layer_cache)` through every layer, the caches updated.
+
+    Unrolled over the layers even when they are scanned for training: with the
+    layer caches as slices of one stacked buffer, XLA copied every layer's cache
+    in and out of the loop at each decoding step.
     """
-    B = tokens_B.shape[0]
-    position = jnp.asarray(position, jnp.int32)
-    x_B1D = self.embed_tokens(tokens_B[:, None])
-    if self.pos_embed is not None:
-      x_B1D = x_B1D + self.pos_embed(jnp.full((B, 1), position, jnp.int32))
-    if self.scanned:
-      @nnx.scan(in_axes=(nnx.Carry, 0, 0, None), out_axes=(nnx.Carry, 0))
-      def step_blocks(x_B1D, block, layer_cache, position):
-        return block.step(x_B1D, position, layer_cache)
+    new_cache = []
+    for block, layer_cache in zip(self.layer_blocks(), cache):
+      x_BTD, layer_cache = getattr(block, method)(x_BTD, where, layer_cache)
+      new_cache.append(layer_cache)
+    return x_BTD, new_cache
 
-      x_B1D, cache = step_blocks(x_B1D, self.blocks, cache, position)
-    else:
-      new_cache = []
-      for block, layer_cache in zip(self.blocks, cache):
-        x_B1D, layer_cache = block.step(x_B1D, position, layer_cache)
-        new_cache.append(layer_cache)
-      cache = new_cache
-    return self.logits(x_B1D)[:, 0], cache
+  def prefill(self, tokens_BT: jax.Array, cache):
+    x_BTD, positions_BT, _ = self.prepare_input(self.embed_tokens(tokens_BT), None, None)
+    x_BTD, cache = self._through_blocks("prefill", x_BTD, positions_BT, cache)
+    return self.logits(x_BTD), cache
+
+  def extend(self, tokens_BC: jax.Array, cache, start: jax.Array):
+    B, C = tokens_BC.shape
+    start = jnp.asarray(start, jnp.int32)
+    _, positions_BC = layers.chunk_positions(start, B, C)
+    x_BCD, _, _ = self.prepare_input(self.embed_tokens(tokens_BC), positions_BC, None)
+    x_BCD, cache = self._through_blocks("extend", x_BCD, start, cache)
+    return self.logits(x_BCD), cache

@@ -1,14 +1,19 @@
-"""The dense Transformer baseline: causal softmax attention over the whole context."""
+"""The dense Transformer baseline: causal softmax attention over the whole context.
+
+Decoding keeps every key/value (a cache of `max_len` slots per layer): the
+baseline whose decode memory and per-token time grow with the context.
+"""
 
 import ml_collections
 from flax import nnx
 
 from efficient_lm.models import layers
-from efficient_lm.ops import attention
+from efficient_lm.ops import op_set
 
 
-def make_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs) -> nnx.Module:
+def make_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
+               ops: op_set.OpSet = op_set.SINGLE_DEVICE) -> nnx.Module:
   del layer  # every layer is the same
-  return layers.SelfAttention(cfg.d_model, cfg.num_heads, attention.causal_attention,
+  return layers.SelfAttention(cfg.d_model, cfg.num_heads, ops.causal_attention,
                               use_rope=cfg.position == "rope", rope_base=cfg.rope_base,
-                              dtype=layers.dtype_of(cfg.dtype), rngs=rngs)
+                              dtype=layers.dtype_of(cfg.dtype), rngs=rngs, keys=layers.KeyRule())

@@ -7,6 +7,9 @@ A pair of consecutive pieces is the paper's PAR block ("history" half, then
 "latent" half); every position is a query and every position is trained.
 Information travels one piece further back per layer.
 
+Decoding keeps the previous and the current piece's keys/values (2L slots per
+layer, a ring): memory independent of the context length.
+
 Options from the authors' code, default off: `shared_kv` (keys and values
 from one projection; RoPE rotates the keys only) and `rope_first_layer_only`.
 """
@@ -18,7 +21,7 @@ import ml_collections
 from flax import nnx
 
 from efficient_lm.models import layers
-from efficient_lm.ops import attention
+from efficient_lm.ops import op_set
 from efficient_lm.validation import require, require_positive_int
 
 
@@ -37,9 +40,10 @@ def identical_layers(cfg: ml_collections.ConfigDict) -> bool:
   return not (cfg.rope_first_layer_only and cfg.position == "rope")
 
 
-def ecp_op(cfg: ml_collections.ConfigDict) -> layers.AttentionOp:
+def ecp_op(cfg: ml_collections.ConfigDict, ops: op_set.OpSet = op_set.SINGLE_DEVICE
+           ) -> layers.AttentionOp:
   """Each piece attends to the previous piece and causally to itself."""
-  return functools.partial(attention.block_local_attention,
+  return functools.partial(ops.block_local_attention,
                            block_size=cfg.seq_len // cfg.num_segments, lookback=1)
 
 
@@ -47,9 +51,9 @@ class SharedKVAttention(layers.SelfAttention):
   """SelfAttention whose keys and values come from one projection (v is the un-rotated k)."""
 
   def __init__(self, d_model: int, num_heads: int, op: layers.AttentionOp, *, use_rope: bool,
-               rope_base: float, dtype, rngs: nnx.Rngs):
+               rope_base: float, dtype, rngs: nnx.Rngs, keys: layers.KeyRule | None = None):
     super().__init__(d_model, num_heads, op, use_rope=use_rope, rope_base=rope_base, dtype=dtype,
-                     rngs=rngs)
+                     rngs=rngs, keys=keys)
     self.qkv = nnx.Linear(d_model, 2 * d_model, use_bias=False, dtype=dtype, rngs=rngs)
 
   def project(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, ...]:
@@ -64,9 +68,11 @@ class SharedKVAttention(layers.SelfAttention):
 
 
 def make_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
-               op: layers.AttentionOp | None = None) -> nnx.Module:
+               op: layers.AttentionOp | None = None,
+               ops: op_set.OpSet = op_set.SINGLE_DEVICE) -> nnx.Module:
   """ECP's attention for `layer`; `op` replaces the ECP op (tests pass a dense masked reference)."""
   use_rope = cfg.position == "rope" and (layer == 0 or not cfg.rope_first_layer_only)
   module = SharedKVAttention if cfg.shared_kv else layers.SelfAttention
-  return module(cfg.d_model, cfg.num_heads, op or ecp_op(cfg), use_rope=use_rope,
-                rope_base=cfg.rope_base, dtype=layers.dtype_of(cfg.dtype), rngs=rngs)
+  return module(cfg.d_model, cfg.num_heads, op or ecp_op(cfg, ops), use_rope=use_rope,
+                rope_base=cfg.rope_base, dtype=layers.dtype_of(cfg.dtype), rngs=rngs,
+                keys=layers.KeyRule(block_size=cfg.seq_len // cfg.num_segments, lookback=1))

@@ -1,5 +1,6 @@
-"""Building blocks shared by every model: projections, RoPE, MLP, dropout."""
+"""Building blocks shared by every model: projections, RoPE, MLP, dropout, decoding caches."""
 
+import dataclasses
 from typing import Callable
 
 import jax
@@ -33,19 +34,123 @@ def rope(x_BTHK: jax.Array, positions_BT: jax.Array, base: float) -> jax.Array:
   return rotated.astype(x_BTHK.dtype)
 
 
-def attend_cached(q_B1HK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array, valid_S: jax.Array,
-                  *, scale: float | None = None, bias_BHS: jax.Array | None = None) -> jax.Array:
-  """One query per sequence over S cached keys, of which `valid_S` are visible (decoding).
+def attend_chunk(q_BCHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array, visible_CS: jax.Array,
+                 *, scale: float | None = None, bias_BHCS: jax.Array | None = None) -> jax.Array:
+  """C queries over S keys (a cache and the chunk's own), `visible_CS` saying which (decoding).
 
-  `bias_BHS` is added to the logits (π-Attention's log-prior gate).
+  `bias_BHCS` is added to the logits (π-Attention's log-prior gate). Cost O(C * S):
+  decoding feeds C = 1, chunked prefill a bounded C.
   """
-  scale = q_B1HK.shape[-1] ** -0.5 if scale is None else scale
-  logits_BHS = jnp.einsum("bhk,bshk->bhs", q_B1HK[:, 0], k_BSHK,
-                          preferred_element_type=jnp.float32) * scale
-  if bias_BHS is not None:
-    logits_BHS = logits_BHS + bias_BHS
-  probs_BHS = jax.nn.softmax(jnp.where(valid_S, logits_BHS, -jnp.inf), axis=-1)
-  return jnp.einsum("bhs,bshk->bhk", probs_BHS.astype(v_BSHK.dtype), v_BSHK)[:, None]
+  scale = q_BCHK.shape[-1] ** -0.5 if scale is None else scale
+  logits_BHCS = jnp.einsum("bchk,bshk->bhcs", q_BCHK, k_BSHK,
+                           preferred_element_type=jnp.float32) * scale
+  if bias_BHCS is not None:
+    logits_BHCS = logits_BHCS + bias_BHCS
+  logits_BHCS = jnp.where(visible_CS, logits_BHCS, -jnp.inf)
+  probs_BHCS = jax.nn.softmax(logits_BHCS, axis=-1)
+  return jnp.einsum("bhcs,bshk->bchk", probs_BHCS.astype(v_BSHK.dtype), v_BSHK)
+
+
+# Key/value ring buffers for decoding: `span` slots, position p in slot p % span, `pos` = -1 when
+# empty. Keys and values are stored heads-first and rank 3, `[B * H, span, K]` (N = B * H): XLA on CPU
+# then updates the slot in place and reads the buffer straight into the attention's matmul (with
+# `[B, S, H, K]` it copied the whole cache every step: decoding time grew with the cache's size).
+
+def heads_first(x_BCHK: jax.Array) -> jax.Array:
+  """`[B, C, H, K]` -> `[B * H, C, K]`, the cache layout."""
+  B, C, H, K = x_BCHK.shape
+  return jnp.swapaxes(x_BCHK, 1, 2).reshape(B * H, C, K)
+
+
+def attend_cache(q_BCHK: jax.Array, k_NSK: jax.Array, v_NSK: jax.Array, visible_CS: jax.Array,
+                 *, bias_BHCS: jax.Array | None = None) -> jax.Array:
+  """`attend_chunk` over keys/values in the cache layout `[B * H, S, K]`; returns `[B, C, H, K]`."""
+  B, C, H, K = q_BCHK.shape
+  logits_NCS = jnp.einsum("nck,nsk->ncs", heads_first(q_BCHK), k_NSK,
+                          preferred_element_type=jnp.float32) * K ** -0.5
+  if bias_BHCS is not None:
+    logits_NCS = logits_NCS + bias_BHCS.reshape(B * H, C, -1)
+  probs_NCS = jax.nn.softmax(jnp.where(visible_CS, logits_NCS, -jnp.inf), axis=-1)
+  o_NCK = jnp.einsum("ncs,nsk->nck", probs_NCS.astype(v_NSK.dtype), v_NSK)
+  return jnp.swapaxes(o_NCK.reshape(B, H, C, K), 1, 2)
+
+
+def ring_init(batch_size: int, span: int, num_heads: int, head_dim: int, dtype) -> dict:
+  shape = (batch_size * num_heads, span, head_dim)
+  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+          "pos": jnp.full((span,), -1, jnp.int32)}
+
+
+def ring_extend(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: jax.Array
+                ) -> tuple[jax.Array, jax.Array, jax.Array, dict]:
+  """(keys `[B * H, S, K]`, values, their positions `[S]`, the new cache) for C new tokens.
+
+  One token (decoding) is written into its slot first and attends over the
+  cache in place: the slot it overwrites (position - span) is out of every
+  rule's reach. A chunk attends over the old cache followed by itself, then is
+  written.
+  """
+  new_cache = ring_write(cache, k_BCHK, v_BCHK, pos_C)
+  if k_BCHK.shape[1] == 1:
+    return new_cache["k"], new_cache["v"], new_cache["pos"], new_cache
+  as_cached = lambda x_BCHK, a: heads_first(x_BCHK).astype(a.dtype)
+  return (jnp.concatenate([cache["k"], as_cached(k_BCHK, cache["k"])], axis=1),
+          jnp.concatenate([cache["v"], as_cached(v_BCHK, cache["v"])], axis=1),
+          jnp.concatenate([cache["pos"], pos_C]), new_cache)
+
+
+def ring_write(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: jax.Array) -> dict:
+  """The cache after storing the chunk (only its last `span` tokens when the chunk is longer)."""
+  span = cache["pos"].shape[0]
+  k_NCK, v_NCK = heads_first(k_BCHK), heads_first(v_BCHK)
+  if k_NCK.shape[1] == 1:  # a decoding step: an in-place slice update
+    slot = pos_C[0] % span
+    put = lambda a, x, axis: jax.lax.dynamic_update_slice_in_dim(a, x.astype(a.dtype), slot, axis)
+    return {"k": put(cache["k"], k_NCK, 1), "v": put(cache["v"], v_NCK, 1),
+            "pos": put(cache["pos"], pos_C, 0)}
+  if k_NCK.shape[1] > span:
+    k_NCK, v_NCK, pos_C = k_NCK[:, -span:], v_NCK[:, -span:], pos_C[-span:]
+  slots_C = pos_C % span
+  return {"k": cache["k"].at[:, slots_C].set(k_NCK.astype(cache["k"].dtype)),
+          "v": cache["v"].at[:, slots_C].set(v_NCK.astype(cache["v"].dtype)),
+          "pos": cache["pos"].at[slots_C].set(pos_C)}
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyRule:
+  """Which earlier keys a query sees when decoding, and so how many a cache keeps.
+
+  Query position q sees key position k <= q with q - window < k (`window=None`:
+  no limit) and, with `block_size`, k // block_size >= q // block_size - lookback.
+  Dense attention is `KeyRule()`, a sliding window `KeyRule(window=W)`, ECP's pair
+  of segments `KeyRule(block_size=L, lookback=1)`.
+  """
+  window: int | None = None
+  block_size: int | None = None
+  lookback: int = 0
+
+  def span(self, max_len: int) -> int:
+    """Cache slots: enough for every key any later query can see (`max_len` bounds dense)."""
+    spans = [max_len]
+    if self.window is not None:
+      spans.append(self.window)
+    if self.block_size is not None:
+      spans.append((self.lookback + 1) * self.block_size)
+    return min(spans)
+
+  def visible(self, q_pos_C1: jax.Array, k_pos_1S: jax.Array) -> jax.Array:
+    seen = (k_pos_1S >= 0) & (k_pos_1S <= q_pos_C1)
+    if self.window is not None:
+      seen &= k_pos_1S > q_pos_C1 - self.window
+    if self.block_size is not None:
+      seen &= k_pos_1S // self.block_size >= q_pos_C1 // self.block_size - self.lookback
+    return seen
+
+
+def chunk_positions(start: jax.Array, batch_size: int, length: int) -> tuple[jax.Array, jax.Array]:
+  """Positions start..start+length-1: `[length]` and broadcast to `[B, length]`."""
+  pos_C = jnp.asarray(start, jnp.int32) + jnp.arange(length, dtype=jnp.int32)
+  return pos_C, jnp.broadcast_to(pos_C, (batch_size, length))
 
 
 class Mlp(nnx.Module):
@@ -67,12 +172,17 @@ class SelfAttention(nnx.Module):
   attention for the baseline, a windowed or blockwise op for the efficient
   models. Models whose mixer needs more (a gate, a memory) wrap this module,
   call `project` and `out` themselves and may pass `op=None`.
+
+  With `keys` (a KeyRule matching the op) the module also decodes: `init_cache`,
+  `prefill` (the op over a prompt, keeping its last keys/values) and `extend`
+  (new tokens against the cache: decoding and chunked prefill).
   """
 
   def __init__(self, d_model: int, num_heads: int, op: AttentionOp | None, *, use_rope: bool,
-               rope_base: float, dtype, rngs: nnx.Rngs):
+               rope_base: float, dtype, rngs: nnx.Rngs, keys: KeyRule | None = None):
     self.num_heads = num_heads
     self.op = op
+    self.keys = keys
     self.use_rope = use_rope
     self.rope_base = rope_base
     self.qkv = nnx.Linear(d_model, 3 * d_model, use_bias=False, dtype=dtype, rngs=rngs)
@@ -91,3 +201,26 @@ class SelfAttention(nnx.Module):
     B, T, D = x_BTD.shape
     o_BTHK = self.op(*self.project(x_BTD, positions_BT))
     return self.out(o_BTHK.reshape(B, T, D))
+
+  # Cached decoding (modules built with `keys`).
+
+  def init_cache(self, batch_size: int, max_len: int) -> dict:
+    D = self.out.in_features
+    return ring_init(batch_size, self.keys.span(max_len), self.num_heads, D // self.num_heads,
+                     self.qkv.dtype or jnp.float32)
+
+  def prefill(self, x_BTD: jax.Array, positions_BT: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+    """The ordinary pass over a prompt from an empty cache; the cache keeps its last keys/values."""
+    B, T, D = x_BTD.shape
+    q_BTHK, k_BTHK, v_BTHK = self.project(x_BTD, positions_BT)
+    y_BTD = self.out(self.op(q_BTHK, k_BTHK, v_BTHK).reshape(B, T, D))
+    return y_BTD, ring_write(cache, k_BTHK, v_BTHK, positions_BT[0])
+
+  def extend(self, x_BCD: jax.Array, start: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+    """C tokens at positions start.. against the cached keys and each other."""
+    B, C, D = x_BCD.shape
+    pos_C, positions_BC = chunk_positions(start, B, C)
+    q_BCHK, k_BCHK, v_BCHK = self.project(x_BCD, positions_BC)
+    k_NSK, v_NSK, pos_S, cache = ring_extend(cache, k_BCHK, v_BCHK, pos_C)
+    o_BCHK = attend_cache(q_BCHK, k_NSK, v_NSK, self.keys.visible(pos_C[:, None], pos_S[None]))
+    return self.out(o_BCHK.reshape(B, C, D)), cache

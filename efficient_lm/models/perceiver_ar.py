@@ -19,6 +19,26 @@ The model returns logits for the latent positions only, `[B, Z, V]`; the
 training loop scores them against the last Z targets, so only latents are
 trained. History and latents share each layer's weights (one q/k/v
 projection, one MLP).
+
+Decoding (`init_cache`, `prefill`, `extend`), the paper's scheme made exact:
+the history is fixed at prefill and every later token is a new latent. A
+prompt of P tokens has history h = P - min(Z, P) (a prompt shorter than Z is
+all latents) and `prefill` returns `model(prompt)`. Then every decoded
+position's logits equal one full pass over the whole sequence (N tokens) with
+the same history, i.e. with num_latents = N - h; the latents grow past Z (the
+model is exact, not a window of the last Z). The history never changes once
+prefilled (its self-attention does not see latents), so the cache holds, per
+layer, the keys/values of that layer's stream in one buffer of
+`max_len` slots, slot = position: layer 1's history and latents; in layers
+2.. the latents only for `perceiver_ar` (slots h.. used), history and latents
+for the double variants (each layer's history keys computed once, at
+prefill). A decoding step costs O(max_len) per layer. `compressed_double_attention`
+keeps (seq_len - Z) / compression history slots, not seq_len - Z, and, its
+compression being tied to a history of seq_len - Z, prefills exactly
+`seq_len` tokens (another length is a clear error); `ssplit_double_attention`
+needs h to be a multiple of `num_history_segments`. A prompt left-padded with
+end-of-document tokens (or cut) to `seq_len` tokens, the training window,
+suits every variant. Learned positions limit max_len to seq_len.
 """
 
 import dataclasses
@@ -77,19 +97,20 @@ def mean_pool_matrix(history: int, compression: int) -> jax.Array:
 
 
 class PerceiverBlock(nnx.Module):
-  """One layer over `x_BSD` = [history; latents] (history may be empty); returns what is kept.
+  """One layer over `x_BSD` = [history; latents] (history may be empty); returns what is kept
+  and the layer's keys/values (the cache of decoding).
 
   Latent queries: `causal_cross_attention` over the whole stream. History
   queries (if `refine_history`): `segment_attention` over the history. Without
   `refine_history` the history is dropped after serving as keys/values. Then
   the MLP on the kept stream. Pre-norm residual branches with dropout, as the
-  shared decoder's Block.
+  shared decoder's Block. The number of latents is an argument (not a setting
+  of the layer): a prompt shorter than `model.num_latents` is all latents.
   """
 
   def __init__(self, cfg: ml_collections.ConfigDict, *, refine_history: bool,
                history_segments: int, rngs: nnx.Rngs):
     dtype = layers.dtype_of(cfg.dtype)
-    self.num_latents = cfg.num_latents
     self.refine_history = refine_history
     self.history_segments = history_segments
     self.dropout_rate = cfg.dropout
@@ -100,9 +121,10 @@ class PerceiverBlock(nnx.Module):
     self.mlp_norm = nnx.RMSNorm(cfg.d_model, dtype=dtype, rngs=rngs)
     self.mlp = layers.Mlp(cfg.d_model, cfg.mlp_ratio, dtype=dtype, rngs=rngs)
 
-  def __call__(self, x_BSD: jax.Array, positions_BS: jax.Array, key: jax.Array | None) -> jax.Array:
+  def __call__(self, x_BSD: jax.Array, positions_BS: jax.Array, key: jax.Array | None,
+               num_latents: int) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
     B, S, D = x_BSD.shape
-    history = S - self.num_latents
+    history = S - num_latents
     mixer_key = mlp_key = None
     if key is not None:
       mixer_key, mlp_key = jax.random.split(key)
@@ -117,7 +139,24 @@ class PerceiverBlock(nnx.Module):
     x_BSD = x_BSD + layers.dropout(self.attn.out(o_BSHK.reshape(B, x_BSD.shape[1], D)),
                                    self.dropout_rate, mixer_key)
     x_BSD = x_BSD + layers.dropout(self.mlp(self.mlp_norm(x_BSD)), self.dropout_rate, mlp_key)
-    return x_BSD
+    return x_BSD, (k_BSHK, v_BSHK)
+
+  def extend(self, x_BCD: jax.Array, positions_BC: jax.Array, cache: dict, first_slot: jax.Array,
+             lowest_slot: jax.Array) -> tuple[jax.Array, dict]:
+    """C new latents (no dropout): their keys/values enter the layer's cache at slots
+    first_slot.., and latent i attends to the cached slots lowest_slot..first_slot + i."""
+    B, C, D = x_BCD.shape
+    q_BCHK, k_BCHK, v_BCHK = self.attn.project(self.mixer_norm(x_BCD), positions_BC)
+    k_BSHK = jax.lax.dynamic_update_slice_in_dim(cache["k"], k_BCHK.astype(cache["k"].dtype),
+                                                 first_slot, axis=1)
+    v_BSHK = jax.lax.dynamic_update_slice_in_dim(cache["v"], v_BCHK.astype(cache["v"].dtype),
+                                                 first_slot, axis=1)
+    slot_1S = jnp.arange(k_BSHK.shape[1])[None]
+    visible_CS = (slot_1S >= lowest_slot) & (slot_1S <= first_slot + jnp.arange(C)[:, None])
+    o_BCHK = layers.attend_chunk(q_BCHK, k_BSHK, v_BSHK, visible_CS)
+    x_BCD = x_BCD + self.attn.out(o_BCHK.reshape(B, C, D))
+    x_BCD = x_BCD + self.mlp(self.mlp_norm(x_BCD))
+    return x_BCD, {"k": k_BSHK, "v": v_BSHK}
 
 
 class PerceiverAR(decoder.LanguageModel):
@@ -126,14 +165,20 @@ class PerceiverAR(decoder.LanguageModel):
   def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
     super().__init__(cfg, rngs)
     variant = VARIANTS[cfg.name]
+    self.variant = cfg.name
+    self.seq_len = cfg.seq_len
+    self.prompt_window = cfg.seq_len  # generation: prompts right-aligned in the training window
     self.num_latents = cfg.num_latents
     self.refine_history = variant.refine_history
+    self.num_heads = cfg.num_heads
+    self.dtype = layers.dtype_of(cfg.dtype)
     history = cfg.seq_len - cfg.num_latents
     self.compression = cfg.compression if variant.compress else 1
     self.compress = nnx.data(None)
     if variant.compress and history > 0:  # learned, initialized to mean pooling of consecutive tokens
       self.compress = nnx.Param(mean_pool_matrix(history, self.compression))
     segments = cfg.num_history_segments if variant.split_history else 1
+    self.history_segments = segments
 
     def make_block(rngs: nnx.Rngs) -> PerceiverBlock:
       return PerceiverBlock(cfg, refine_history=variant.refine_history, history_segments=segments,
@@ -151,10 +196,21 @@ class PerceiverAR(decoder.LanguageModel):
   def decode(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
              dropout_key: jax.Array | None = None) -> jax.Array:
     """Everything after the token lookup; logits `[B, Z, V]` of the latent positions."""
-    B, T, _ = x_BTD.shape
-    Z = self.num_latents
+    T, Z = x_BTD.shape[1], self.num_latents
     if T < Z:
       raise ValueError(f"sequence length {T} is shorter than model.num_latents={Z}")
+    x_BZD, _ = self.run_layers(x_BTD, positions_BT, dropout_key, Z, keep_cache=False)
+    return self.logits(x_BZD)
+
+  def run_layers(self, x_BTD: jax.Array, positions_BT: jax.Array | None,
+                 dropout_key: jax.Array | None, num_latents: int, *, keep_cache: bool):
+    """(the last `num_latents` positions' outputs `[B, Z, D]`, every layer's keys/values or None).
+
+    Keys/values are `(k, v)` pairs over the layer's stream: `[B, S, H, K]` for layer 1 and
+    `[num_layers - 1, B, S', H, K]` for the scanned rest (S' = Z for perceiver_ar).
+    """
+    B, T, _ = x_BTD.shape
+    Z = num_latents
     x_BSD, positions_BT, layer_keys = self.prepare_input(x_BTD, positions_BT, dropout_key)
     positions_BS = positions_BT
 
@@ -170,19 +226,114 @@ class PerceiverAR(decoder.LanguageModel):
       positions_BS = jnp.concatenate([positions_BT[:, c - 1:history:c], positions_BT[:, history:]],
                                      axis=1)
 
-    x_BSD = self.first(x_BSD, positions_BS, layer_keys[0])
+    x_BSD, first_kv = self.first(x_BSD, positions_BS, layer_keys[0], Z)
     if not self.refine_history:
       positions_BS = positions_BS[:, -Z:]
+    rest_kv = None
     if self.rest is not None:
       keys = None if layer_keys[0] is None else layer_keys[1:]
 
-      @nnx.scan(in_axes=(nnx.Carry, 0, None, 0 if keys is not None else None), out_axes=nnx.Carry)
+      @nnx.scan(in_axes=(nnx.Carry, 0, None, 0 if keys is not None else None),
+                out_axes=(nnx.Carry, 0))
       def apply_blocks(x_BSD, block, positions_BS, key):
-        return block(x_BSD, positions_BS, key)
+        x_BSD, kv = block(x_BSD, positions_BS, key, Z)
+        return x_BSD, (kv if keep_cache else None)
 
-      x_BSD = apply_blocks(x_BSD, self.rest, positions_BS, keys)
+      x_BSD, rest_kv = apply_blocks(x_BSD, self.rest, positions_BS, keys)
 
-    return self.logits(x_BSD[:, -Z:])
+    return x_BSD[:, -Z:], ((first_kv, rest_kv) if keep_cache else None)
+
+  # Cached decoding (see "Decoding" in the module docstring).
+
+  def _slot_shift(self) -> int:
+    """Absolute position minus stream slot of a latent: the history tokens compression removed."""
+    if self.compress is None:
+      return 0
+    history = self.compress.shape[0]
+    return history - history // self.compression
+
+  def init_cache(self, batch_size: int, max_len: int) -> dict:
+    """Zeroed key/value buffers, one slot per stream position (compressed history + latents)."""
+    require_positive_int("max_len", max_len)
+    if self.pos_embed is not None and max_len > self.seq_len:
+      raise ValueError(f"max_len={max_len} exceeds model.seq_len={self.seq_len}, the number of "
+                       f"learned position embeddings; decode at most {self.seq_len} tokens")
+    if self.compress is not None and max_len < self.seq_len:
+      raise ValueError(f"max_len={max_len} is below model.seq_len={self.seq_len}: {self.variant} "
+                       f"prefills exactly seq_len tokens; set max_len >= {self.seq_len}")
+    D = self.embed.features
+    shape = (batch_size, max_len - self._slot_shift(), self.num_heads, D // self.num_heads)
+    kv = lambda *lead: {"k": jnp.zeros((*lead, *shape), self.dtype),
+                        "v": jnp.zeros((*lead, *shape), self.dtype)}
+    cache = {"history": jnp.zeros((), jnp.int32), "first": kv()}
+    if self.rest is not None:
+      cache["rest"] = kv(self.num_layers - 1)
+    return cache
+
+  def _max_len(self, cache: dict) -> int:
+    return cache["first"]["k"].shape[1] + self._slot_shift()
+
+  def prefill(self, tokens_BT: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+    """(`model(tokens_BT)`: logits `[B, min(Z, T), V]`, the cache) from a fresh cache; the prompt's
+    history, h = T - min(Z, T) tokens, is fixed from now on."""
+    T = tokens_BT.shape[1]
+    max_len, Z = self._max_len(cache), self.num_latents
+    if not 1 <= T <= max_len:
+      raise ValueError(f"a prompt of {T} tokens does not fit the cache: it holds 1..max_len="
+                       f"{max_len} tokens; init_cache with a larger max_len or a shorter prompt")
+    latents = min(Z, T)
+    history = T - latents
+    if self.compress is not None and history != self.compress.shape[0]:
+      raise ValueError(f"{self.variant} prefills exactly model.seq_len={self.seq_len} tokens (its "
+                       f"compression is tied to a history of {self.compress.shape[0]}), got {T}: "
+                       f"left-pad the prompt with the end-of-document id (or keep its last "
+                       f"{self.seq_len} tokens)")
+    if history % self.history_segments:
+      raise ValueError(f"a prompt of {T} tokens leaves a history of {history}, not a multiple of "
+                       f"model.num_history_segments={self.history_segments}; left-pad the prompt "
+                       f"with {self.history_segments - history % self.history_segments} "
+                       f"end-of-document tokens")
+    x_BZD, (first_kv, rest_kv) = self.run_layers(self.embed_tokens(tokens_BT), None, None, latents,
+                                                 keep_cache=True)
+    put = lambda buffer, kv, at: buffer.at[..., at:at + kv.shape[-3], :, :].set(
+        kv.astype(buffer.dtype))
+    cache = dict(cache, history=jnp.asarray(history, jnp.int32))
+    cache["first"] = {"k": put(cache["first"]["k"], first_kv[0], 0),
+                      "v": put(cache["first"]["v"], first_kv[1], 0)}
+    if rest_kv is not None:
+      at = 0 if self.refine_history else history  # perceiver_ar: later layers hold latents only
+      cache["rest"] = {"k": put(cache["rest"]["k"], rest_kv[0], at),
+                       "v": put(cache["rest"]["v"], rest_kv[1], at)}
+    return self.logits(x_BZD), cache
+
+  def extend(self, tokens_BC: jax.Array, cache: dict, start: jax.Array) -> tuple[jax.Array, dict]:
+    """Logits `[B, C, V]` for C new latents at positions start.. (after the prefilled prompt)."""
+    B, C = tokens_BC.shape
+    max_len = self._max_len(cache)
+    try:  # checked when known before tracing; a traced start must keep start + C <= max_len
+      known_start = int(start)
+    except (jax.errors.ConcretizationTypeError, TypeError):
+      known_start = None
+    if C > max_len or (known_start is not None and not 0 <= known_start <= max_len - C):
+      raise ValueError(f"{C} tokens at position {known_start} do not fit the cache of max_len="
+                       f"{max_len} tokens; init_cache with a larger max_len")
+    start = jnp.asarray(start, jnp.int32)
+    _, positions_BC = layers.chunk_positions(start, B, C)
+    x_BCD, _, _ = self.prepare_input(self.embed_tokens(tokens_BC), positions_BC, None)
+    first_slot = start - self._slot_shift()
+    zero = jnp.zeros((), jnp.int32)
+    x_BCD, first_cache = self.first.extend(x_BCD, positions_BC, cache["first"], first_slot, zero)
+    cache = dict(cache, first=first_cache)
+    if self.rest is not None:
+      lowest_slot = zero if self.refine_history else cache["history"]
+
+      @nnx.scan(in_axes=(nnx.Carry, 0, 0, None, None, None), out_axes=(nnx.Carry, 0))
+      def extend_blocks(x_BCD, block, layer_cache, positions_BC, first_slot, lowest_slot):
+        return block.extend(x_BCD, positions_BC, layer_cache, first_slot, lowest_slot)
+
+      x_BCD, cache["rest"] = extend_blocks(x_BCD, self.rest, cache["rest"], positions_BC,
+                                           first_slot, lowest_slot)
+    return self.logits(x_BCD), cache
 
 
 def build(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:

@@ -19,6 +19,7 @@ from flax import nnx
 
 from efficient_lm.models import layers
 from efficient_lm.ops import attention
+from efficient_lm.ops import op_set
 from efficient_lm.validation import require, require_positive_int
 
 PERIOD_SCHEDULES = ("constant", "doubling")
@@ -31,14 +32,17 @@ def layer_period(cfg: ml_collections.ConfigDict, layer: int) -> int:
 class LocalMixer(nnx.Module):
   """The π mixer (`gated=True`) and the sliding-window one (`gated=False`, no skips).
 
-  Cached decoding keeps a ring buffer of the last `window + num_skips * period`
-  keys and values (the farthest skip's distance bounds it): memory independent
-  of the context length.
+  Cached decoding keeps a ring buffer of the last max(window, num_skips * period + 1)
+  keys and values per layer (the window and the farthest skip bound what any
+  later token reads): memory independent of the context length, not of the
+  period (with a doubling period deeper layers hold more).
   """
 
   def __init__(self, cfg: ml_collections.ConfigDict, *, window: int, period: int = 1,
-               num_skips: int = 0, gated: bool, rngs: nnx.Rngs):
+               num_skips: int = 0, gated: bool, rngs: nnx.Rngs,
+               ops: op_set.OpSet = op_set.SINGLE_DEVICE):
     dtype = layers.dtype_of(cfg.dtype)
+    self.ops = ops
     self.window, self.period, self.num_skips, self.gated = window, period, num_skips, gated
     self.num_heads = cfg.num_heads
     self.attn = layers.SelfAttention(cfg.d_model, cfg.num_heads, op=None,
@@ -55,13 +59,15 @@ class LocalMixer(nnx.Module):
     return jax.nn.sigmoid(self.gate_out(jax.nn.gelu(self.gate_in(x_BTD))))
 
   def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array) -> jax.Array:
+    return self.attend(x_BTD, *self.attn.project(x_BTD, positions_BT))
+
+  def attend(self, x_BTD, q_BTHK, k_BTHK, v_BTHK) -> jax.Array:
     B, T, D = x_BTD.shape
-    q_BTHK, k_BTHK, v_BTHK = self.attn.project(x_BTD, positions_BT)
     if self.gated:
-      o_BTHK = attention.pi_attention(q_BTHK, k_BTHK, v_BTHK, self.gate(x_BTD), window=self.window,
-                                      period=self.period, num_skips=self.num_skips)
+      o_BTHK = self.ops.pi_attention(q_BTHK, k_BTHK, v_BTHK, self.gate(x_BTD), window=self.window,
+                                     period=self.period, num_skips=self.num_skips)
     else:
-      o_BTHK = attention.sliding_window_attention(q_BTHK, k_BTHK, v_BTHK, window=self.window)
+      o_BTHK = self.ops.sliding_window_attention(q_BTHK, k_BTHK, v_BTHK, window=self.window)
     return self.attn.out(o_BTHK.reshape(B, T, D))
 
   # Cached decoding: a ring buffer indexed by position % span.
@@ -75,45 +81,49 @@ class LocalMixer(nnx.Module):
     """Keys any future token can still attend to: its window and its farthest skip."""
     return max([self.window] + [d + 1 for d in self.skip_offsets])
 
-  def init_cache(self, batch_size: int) -> dict:
+  def init_cache(self, batch_size: int, max_len: int = 0) -> dict:
+    """`max_len` is not needed: the span is fixed by the window and the skips."""
+    del max_len
     D = self.attn.out.in_features
-    K = D // self.num_heads
-    shape = (batch_size, self.cache_span, self.num_heads, K)
-    return {"k": jnp.zeros(shape, self.attn.qkv.dtype or jnp.float32),
-            "v": jnp.zeros(shape, self.attn.qkv.dtype or jnp.float32),
-            "pos": jnp.full((self.cache_span,), -1, jnp.int32)}
+    return layers.ring_init(batch_size, self.cache_span, self.num_heads, D // self.num_heads,
+                            self.attn.qkv.dtype or jnp.float32)
 
-  def step(self, x_B1D: jax.Array, position: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
-    B, _, D = x_B1D.shape
-    q_B1HK, k_B1HK, v_B1HK = self.attn.project(x_B1D, jnp.full((B, 1), position, jnp.int32))
-    slot = position % self.cache_span
-    k_BSHK = jax.lax.dynamic_update_slice_in_dim(cache["k"], k_B1HK.astype(cache["k"].dtype), slot, 1)
-    v_BSHK = jax.lax.dynamic_update_slice_in_dim(cache["v"], v_B1HK.astype(cache["v"].dtype), slot, 1)
-    pos_S = jax.lax.dynamic_update_slice_in_dim(cache["pos"], position[None], slot, 0)
-    distance_S = position - pos_S
-    local_S = (pos_S >= 0) & (distance_S < self.window)
-    visible_S, bias_BHS = local_S, None
+  def prefill(self, x_BTD: jax.Array, positions_BT: jax.Array, cache: dict
+              ) -> tuple[jax.Array, dict]:
+    q_BTHK, k_BTHK, v_BTHK = self.attn.project(x_BTD, positions_BT)
+    y_BTD = self.attend(x_BTD, q_BTHK, k_BTHK, v_BTHK)
+    return y_BTD, layers.ring_write(cache, k_BTHK, v_BTHK, positions_BT[0])
+
+  def extend(self, x_BCD: jax.Array, start: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+    B, C, D = x_BCD.shape
+    pos_C, positions_BC = layers.chunk_positions(start, B, C)
+    q_BCHK, k_BCHK, v_BCHK = self.attn.project(x_BCD, positions_BC)
+    k_NSK, v_NSK, pos_S, cache = layers.ring_extend(cache, k_BCHK, v_BCHK, pos_C)
+    distance_CS = pos_C[:, None] - pos_S[None]
+    local_CS = (pos_S[None] >= 0) & (distance_CS >= 0) & (distance_CS < self.window)
+    visible_CS, bias_BHCS = local_CS, None
     if self.gated:
-      skip_S = jnp.zeros_like(local_S)
+      skip_CS = jnp.zeros_like(local_CS)
       for d in self.skip_offsets:
-        skip_S |= (pos_S >= 0) & (distance_S == d)
-      g_BH1 = jnp.clip(self.gate(x_B1D)[:, 0].astype(jnp.float32), attention.GATE_EPS,
-                       1.0 - attention.GATE_EPS)[..., None]
-      bias_BHS = jnp.where(local_S, jnp.log(g_BH1), jnp.log1p(-g_BH1))
-      visible_S = local_S | skip_S
-    o_B1HK = layers.attend_cached(q_B1HK, k_BSHK, v_BSHK, visible_S, bias_BHS=bias_BHS)
-    return self.attn.out(o_B1HK.reshape(B, 1, D)), {"k": k_BSHK, "v": v_BSHK, "pos": pos_S}
+        skip_CS |= (pos_S[None] >= 0) & (distance_CS == d)
+      g_BHC1 = jnp.clip(jnp.swapaxes(self.gate(x_BCD), 1, 2).astype(jnp.float32),
+                        attention.GATE_EPS, 1.0 - attention.GATE_EPS)[..., None]
+      bias_BHCS = jnp.where(local_CS, jnp.log(g_BHC1), jnp.log1p(-g_BHC1))
+      visible_CS = local_CS | skip_CS
+    o_BCHK = layers.attend_cache(q_BCHK, k_NSK, v_NSK, visible_CS, bias_BHCS=bias_BHCS)
+    return self.attn.out(o_BCHK.reshape(B, C, D)), cache
 
 
-def make_pi_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs) -> nnx.Module:
+def make_pi_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
+                  ops: op_set.OpSet = op_set.SINGLE_DEVICE) -> nnx.Module:
   return LocalMixer(cfg, window=cfg.window, period=layer_period(cfg, layer),
-                    num_skips=cfg.num_skips, gated=True, rngs=rngs)
+                    num_skips=cfg.num_skips, gated=True, rngs=rngs, ops=ops)
 
 
-def make_sliding_window_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs
-                              ) -> nnx.Module:
+def make_sliding_window_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
+                              ops: op_set.OpSet = op_set.SINGLE_DEVICE) -> nnx.Module:
   del layer
-  return LocalMixer(cfg, window=cfg.window, gated=False, rngs=rngs)
+  return LocalMixer(cfg, window=cfg.window, gated=False, rngs=rngs, ops=ops)
 
 
 def validate_sliding_window(cfg: ml_collections.ConfigDict) -> None:

@@ -1,0 +1,182 @@
+"""Cached decoding equals the full forward pass for every decoder model; sampling and the CLI.
+
+(The Perceiver-AR family's caches are tested in test_perceiver_decoding.py.)
+"""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from conftest import REPO
+from efficient_lm import models, sample, train
+from test_models import tiny_model_config
+
+DECODER_MODELS = [
+    ("dense", {}),
+    ("sliding_window", dict(window=6)),
+    ("pi_attention", dict(window=5, period=2, num_skips=4)),  # P < W: some skips inside the window
+    ("pi_attention", dict(window=3, period=4, num_skips=3, period_schedule="doubling")),
+    ("ecp", dict(num_segments=4)),
+    ("ecp", dict(num_segments=4, shared_kv=True, rope_first_layer_only=True)),  # unrolled layers
+    ("bcmt", dict(block_size=8)),
+    ("bcmt", dict(block_size=8, position="learned", tie_embeddings=False)),
+    ("honly", dict(block_size=8)),
+]
+IDS = [f"{name}-{i}" for i, (name, _) in enumerate(DECODER_MODELS)]
+
+
+def decode_all(model, tokens_BT, *, prompt_len: int, chunk: int):
+  """Logits at every position: prefill `prompt_len` tokens, one chunk of `chunk`, then one
+  token at a time in a jitted scan."""
+  B, T = tokens_BT.shape
+  graphdef, params = nnx.split(model)
+
+  @jax.jit
+  def run(params, tokens_BT):
+    model = nnx.merge(graphdef, params)
+    cache = model.init_cache(B, T)
+    prompt_BPV, cache = model.prefill(tokens_BT[:, :prompt_len], cache)
+    chunk_BCV, cache = model.extend(tokens_BT[:, prompt_len:prompt_len + chunk], cache, prompt_len)
+
+    def body(carry, t):
+      params, cache = carry
+      logits_BV, cache = nnx.merge(graphdef, params).decode_step(tokens_BT[:, t], cache, t)
+      return (params, cache), logits_BV
+
+    _, steps_TBV = jax.lax.scan(body, (params, cache), jnp.arange(prompt_len + chunk, T))
+    return jnp.concatenate([prompt_BPV, chunk_BCV, jnp.swapaxes(steps_TBV, 0, 1)], axis=1)
+
+  return run(params, tokens_BT)
+
+
+@pytest.mark.parametrize("name,fields", DECODER_MODELS, ids=IDS)
+def test_prefill_chunk_and_steps_equal_the_full_pass(name, fields):
+  """Across block/segment boundaries and beyond the window: 40 tokens, prompt 13, chunk 5."""
+  cfg = tiny_model_config(name, **fields)
+  model = models.create(cfg, rngs=nnx.Rngs(3))
+  tokens_BT = jax.random.randint(jax.random.key(4), (2, 40), 0, cfg.vocab_size)
+  expected_BTV = jax.jit(lambda m, x: m(x))(model, tokens_BT)
+  got_BTV = decode_all(model, tokens_BT, prompt_len=13, chunk=5)
+  np.testing.assert_allclose(got_BTV, expected_BTV, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("name,fields", [DECODER_MODELS[0], DECODER_MODELS[3], DECODER_MODELS[6]],
+                         ids=["dense", "pi", "bcmt"])
+def test_chunked_prefill_equals_one_pass(name, fields):
+  cfg = tiny_model_config(name, **fields)
+  model = models.create(cfg, rngs=nnx.Rngs(5))
+  tokens_BT = jax.random.randint(jax.random.key(6), (1, 29), 0, cfg.vocab_size)
+  one_BV, _ = sample.prefill(model, tokens_BT, model.init_cache(1, 29))
+  chunked_BV, _ = sample.prefill(model, tokens_BT, model.init_cache(1, 29), chunk=6)
+  np.testing.assert_allclose(chunked_BV, one_BV, atol=2e-4, rtol=2e-4)
+  np.testing.assert_allclose(one_BV, model(tokens_BT)[:, -1], atol=2e-4, rtol=2e-4)
+
+
+def cache_bytes(cache) -> int:
+  return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(cache))
+
+
+@pytest.mark.parametrize("name,fields", DECODER_MODELS[1:], ids=IDS[1:])
+def test_efficient_caches_do_not_grow_with_the_context(name, fields):
+  model = models.create(tiny_model_config(name, **fields), rngs=nnx.Rngs(0))
+  assert cache_bytes(model.init_cache(1, 64)) == cache_bytes(model.init_cache(1, 65536))
+
+
+def test_dense_cache_holds_every_token():
+  model = models.create(tiny_model_config("dense"), rngs=nnx.Rngs(0))
+  assert cache_bytes(model.init_cache(1, 2048)) > 30 * cache_bytes(model.init_cache(1, 64))
+
+
+def test_pi_cache_span_follows_the_layer_period():
+  cfg = tiny_model_config("pi_attention", window=4, period=8, num_skips=2,
+                          period_schedule="doubling", num_layers=3)
+  model = models.create(cfg, rngs=nnx.Rngs(0))
+  spans = [leaf.shape[1] for leaf in jax.tree.leaves(model.init_cache(1, 1000)) if leaf.ndim == 3]
+  # Layer periods 8, 16, 32: the farthest skip is 2 * period back; k and v per layer.
+  assert spans == [17, 17, 33, 33, 65, 65]
+
+
+# Sampling.
+
+@pytest.fixture(scope="module")
+def small_model():
+  return models.create(tiny_model_config("pi_attention", window=4, period=4, num_skips=2),
+                       rngs=nnx.Rngs(7))
+
+
+def test_greedy_is_deterministic_and_follows_the_full_pass(small_model):
+  prompt = [5, 9, 11, 2]
+  first = sample.generate(small_model, prompt, num_tokens=12, eos_id=1, temperature=0.0)
+  again = sample.generate(small_model, prompt, num_tokens=12, eos_id=1, temperature=0.0)
+  np.testing.assert_array_equal(first, again)
+  # Every greedy token is the argmax of the full pass over the finished sequence.
+  sequence = np.concatenate([[1], prompt, first])[None]
+  logits_TV = small_model(jnp.asarray(sequence))[0]
+  np.testing.assert_array_equal(np.argmax(logits_TV[len(prompt):-1], axis=-1), first)
+
+
+def test_cached_greedy_equals_the_reference_decoder():
+  model = models.create(tiny_model_config("dense"), rngs=nnx.Rngs(8))
+  prompt = [3, 4, 5]
+  cached = sample.generate(model, prompt, num_tokens=10, eos_id=1, temperature=0.0)
+  reference = sample.reference_generate(model, prompt, num_tokens=10, seq_len=32, eos_id=1,
+                                        pad_id=0, temperature=0.0)
+  np.testing.assert_array_equal(cached, reference)
+
+
+def test_seeded_sampling_is_reproducible(small_model):
+  run = lambda seed: sample.generate(small_model, [5, 9], num_tokens=24, eos_id=1,
+                                     temperature=1.0, top_k=0, seed=seed)
+  np.testing.assert_array_equal(run(3), run(3))
+  assert not np.array_equal(run(3), run(4))
+
+
+def test_top_k_and_top_p_keep_only_the_likely_tokens():
+  logits_1V = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]]))
+  draw = lambda **kw: np.asarray(jax.vmap(lambda key: sample.sample_logits(
+      logits_1V, key, temperature=1.0, **kw)[0])(jax.random.split(jax.random.key(0), 2000)))
+  assert set(draw(top_k=2)) == {0, 1}
+  assert set(draw(top_p=0.75)) == {0, 1}  # 0.5 + 0.3 reaches 0.75
+  assert set(draw(top_p=0.85)) == {0, 1, 2}
+  assert set(draw(top_p=0.1)) == {0}      # the most likely token always stays
+  assert set(draw()) == {0, 1, 2, 3}
+  with pytest.raises(ValueError, match="top_p"):
+    sample.check_sampling(1.0, 0, 1.5)
+
+
+# The command line.
+
+def run_cli(*args):
+  return subprocess.run([sys.executable, "-m", "efficient_lm.sample", *args], cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_cli_samples_a_workdir(tiny_config, tmp_path):
+  config = tiny_config("pi_attention", num_steps=10, sample_tokens=0)
+  config.model.update(window=8, period=8, num_skips=2)
+  workdir = str(tmp_path / "run")
+  train.train_and_evaluate(config, workdir)
+  args = [f"--workdir={workdir}", "--prompt=thou art", "--max_new_tokens=12", "--temperature=0"]
+  first, second = run_cli(*args), run_cli(*args)
+  assert first.returncode == 0, first.stderr
+  assert first.stdout.startswith("thou art") and len(first.stdout) > len("thou art\n")
+  assert first.stdout == second.stdout  # greedy: the same text twice, and nothing else on stdout
+  assert "from " + workdir in first.stderr
+
+
+def test_cli_refuses_a_directory_that_is_not_a_workdir(tmp_path):
+  result = run_cli(f"--workdir={tmp_path}", "--prompt=x")
+  assert result.returncode == 2
+  assert "config.json" in result.stderr and "not a training workdir" in result.stderr
+  assert result.stdout == ""
+
+
+def test_cli_refuses_bad_sampling_settings(tmp_path):
+  result = run_cli(f"--workdir={tmp_path}", "--temperature=-1")
+  assert result.returncode == 2 and "temperature" in result.stderr
