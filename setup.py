@@ -23,8 +23,10 @@ setuptools.setup(
         "importlib_resources>=6.0",  # tfds' epath needs it, TensorFlow does not come in
         "tensorboardX>=2.6.2",  # TensorBoard event files without TensorFlow
         "numpy>=1.26",
+        "matplotlib>=3.8",  # experiments/: the benchmark and probe plots
     ],
     extras_require={
-        "test": ["pytest>=8.0", "pytest-xdist>=3.5"],
+        "test": ["pytest>=8.0", "pytest-xdist>=3.5",
+                 "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],  # the notebook tests
     },
 )

@@ -7,11 +7,13 @@ Every config gets the same shared settings (the flags); each model's own fields
 keep their config values. The train step (forward, backward, AdamW update) is
 the one `efficient_lm.train` runs, on random tokens. Reported: median step time
 over --repeats after compilation, tokens/s, the compiled step's temporary memory
-(`compiled.memory_analysis()`) and FLOPs (`compiled.cost_analysis()`), and each
-figure relative to the first config.
+(`compiled.memory_analysis()`) and FLOPs (`train_step_flops`: the cost analysis
+with every layer counted), and each figure relative to the first config.
 """
 
 import argparse
+import contextlib
+import dataclasses
 import statistics
 import time
 
@@ -25,30 +27,89 @@ from efficient_lm import train
 from experiments.common import load_config
 
 
-def measure(spec: str, args) -> dict:
-  config = load_config(spec)
+def compile_train_step(config, *, seed: int = 0):
+  """The train step `efficient_lm.train` runs, compiled for `config` on random tokens.
+
+  Returns (compiled, state, batch, memory_analysis, cost_analysis); shared by the
+  benchmark harness and the paper tables.
+  """
+  B, T, V = config.data.batch_size, config.data.seq_len, config.data.vocab_size
+  model = models.create(config.model, rngs=nnx.Rngs(seed))
+  graphdef, params = nnx.split(model)
+  tx, schedule = train.make_optimizer(config.train)
+  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+  step = train.make_train_step(graphdef, tx, schedule, seed=seed)
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, V, (B, T + 1)).astype(np.int32)
+  batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": np.ones((B, T), np.float32)}
+  compiled = step.lower(state, batch).compile()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return compiled, state, batch, compiled.memory_analysis(), cost
+
+
+@contextlib.contextmanager
+def _unrolled_layers():
+  """Registry models build their layers unrolled (no `nnx.scan`) inside the block."""
+  saved = dict(models.REGISTRY)
+  for name, entry in saved.items():
+    models.REGISTRY[name] = dataclasses.replace(entry, identical_layers=lambda cfg: False)
+  try:
+    yield
+  finally:
+    models.REGISTRY.update(saved)
+
+
+def _lowered_flops(config, seed: int) -> float:
+  B, T = config.data.batch_size, config.data.seq_len
+  graphdef, params = nnx.split(models.create(config.model, rngs=nnx.Rngs(seed)))
+  tx, schedule = train.make_optimizer(config.train)
+  state = jax.eval_shape(lambda p: train.TrainState(step=jnp.zeros((), jnp.int32), params=p,
+                                                    opt_state=tx.init(p)), params)
+  batch = {"inputs": jax.ShapeDtypeStruct((B, T), jnp.int32), "targets": jax.ShapeDtypeStruct((B, T), jnp.int32),
+           "weights": jax.ShapeDtypeStruct((B, T), jnp.float32)}
+  cost = train.make_train_step(graphdef, tx, schedule, seed=seed).lower(state, batch).cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost.get("flops", float("nan"))) if cost else float("nan")
+
+
+def train_step_flops(config, *, seed: int = 0) -> float:
+  """FLOPs of one train step with every layer counted.
+
+  XLA's cost analysis counts a loop body once, whatever its trip count, so the
+  `compiled.cost_analysis()` of a model whose layers run under `nnx.scan` misses
+  all but one layer. Here the decoder models are built unrolled; the
+  Perceiver-AR family (whose layers 2.. always scan; a scan of one layer is
+  counted right) is counted as f(1 layer) + (num_layers - 1) * (f(2) - f(1)).
+  """
+  if models.REGISTRY[config.model.name].build is None or config.model.num_layers <= 2:
+    with _unrolled_layers():
+      return _lowered_flops(config, seed)
+  f = {}
+  for layers in (1, 2):
+    small = config.copy_and_resolve_references()
+    small.model.num_layers = layers
+    f[layers] = _lowered_flops(small, seed)
+  return f[1] + (config.model.num_layers - 1) * (f[2] - f[1])
+
+
+def apply_settings(config, args) -> None:
+  """The shared flags onto a config; --set overrides only where the model has the field."""
   config.data.seq_len = args.seq_len
   config.data.batch_size = args.batch_size
   config.data.vocab_size = args.vocab_size
   for field in ("d_model", "num_layers", "num_heads"):
     config.model[field] = getattr(args, field)
-  for override in args.set:  # applied where the model has the field
+  for override in args.set:
     field, value = override.split("=")
     if field in config.model:
       config.model[field] = type(config.model[field])(value)
-  model = models.create(config.model, rngs=nnx.Rngs(0))
-  graphdef, params = nnx.split(model)
-  tx, schedule = train.make_optimizer(config.train)
-  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-  step = train.make_train_step(graphdef, tx, schedule, seed=0)
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(0, args.vocab_size, (args.batch_size, args.seq_len + 1)).astype(np.int32)
-  batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
-           "weights": np.ones((args.batch_size, args.seq_len), np.float32)}
-  compiled = step.lower(state, batch).compile()
-  memory = compiled.memory_analysis()
-  cost = compiled.cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+
+
+def measure(spec: str, args) -> dict:
+  config = load_config(spec)
+  apply_settings(config, args)
+  compiled, state, batch, memory, cost = compile_train_step(config)
   state, metrics = compiled(state, batch)
   jax.block_until_ready(metrics)
   times = []
@@ -61,7 +122,7 @@ def measure(spec: str, args) -> dict:
   return {"config": spec, "model": config.model.name, "step_seconds": seconds,
           "tokens_per_sec": args.batch_size * args.seq_len / seconds,
           "temp_bytes": getattr(memory, "temp_size_in_bytes", float("nan")),
-          "flops": float(cost.get("flops", float("nan"))) if cost else float("nan")}
+          "flops": train_step_flops(config)}
 
 
 def main():
