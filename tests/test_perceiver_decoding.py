@@ -106,8 +106,8 @@ def test_cache_slots_follow_max_len():
   for name, slots in (("double_attention", 48), ("compressed_double_attention", 48 - 24 + 6)):
     model = models.create(tiny_model_config(name), rngs=nnx.Rngs(0))
     cache = model.init_cache(3, 48)
-    assert cache["first"]["k"].shape == (3, slots, 4, 8)
-    assert cache["rest"]["v"].shape == (1, 3, slots, 4, 8)
+    assert cache["first"]["k"].shape == (3 * 4, slots, 8)  # [B * H, slots, K]
+    assert [layer["v"].shape for layer in cache["rest"]] == [(3 * 4, slots, 8)]
 
 
 @pytest.mark.parametrize("name,fields,P,max_len,match", [

@@ -147,16 +147,15 @@ class PerceiverBlock(nnx.Module):
     first_slot.., and latent i attends to the cached slots lowest_slot..first_slot + i."""
     B, C, D = x_BCD.shape
     q_BCHK, k_BCHK, v_BCHK = self.attn.project(self.mixer_norm(x_BCD), positions_BC)
-    k_BSHK = jax.lax.dynamic_update_slice_in_dim(cache["k"], k_BCHK.astype(cache["k"].dtype),
-                                                 first_slot, axis=1)
-    v_BSHK = jax.lax.dynamic_update_slice_in_dim(cache["v"], v_BCHK.astype(cache["v"].dtype),
-                                                 first_slot, axis=1)
-    slot_1S = jnp.arange(k_BSHK.shape[1])[None]
+    put = lambda buffer, x_BCHK: jax.lax.dynamic_update_slice_in_dim(
+        buffer, layers.heads_first(x_BCHK).astype(buffer.dtype), first_slot, axis=1)
+    k_NSK, v_NSK = put(cache["k"], k_BCHK), put(cache["v"], v_BCHK)
+    slot_1S = jnp.arange(k_NSK.shape[1])[None]
     visible_CS = (slot_1S >= lowest_slot) & (slot_1S <= first_slot + jnp.arange(C)[:, None])
-    o_BCHK = layers.attend_chunk(q_BCHK, k_BSHK, v_BSHK, visible_CS)
+    o_BCHK = layers.attend_cache(q_BCHK, k_NSK, v_NSK, visible_CS)
     x_BCD = x_BCD + self.attn.out(o_BCHK.reshape(B, C, D))
     x_BCD = x_BCD + self.mlp(self.mlp_norm(x_BCD))
-    return x_BCD, {"k": k_BSHK, "v": v_BSHK}
+    return x_BCD, {"k": k_NSK, "v": v_NSK}
 
 
 class PerceiverAR(decoder.LanguageModel):
@@ -262,12 +261,12 @@ class PerceiverAR(decoder.LanguageModel):
       raise ValueError(f"max_len={max_len} is below model.seq_len={self.seq_len}: {self.variant} "
                        f"prefills exactly seq_len tokens; set max_len >= {self.seq_len}")
     D = self.embed.features
-    shape = (batch_size, max_len - self._slot_shift(), self.num_heads, D // self.num_heads)
-    kv = lambda *lead: {"k": jnp.zeros((*lead, *shape), self.dtype),
-                        "v": jnp.zeros((*lead, *shape), self.dtype)}
+    # The decoder's cache layout, [B * H, slots, K], one buffer per layer: updated in place.
+    shape = (batch_size * self.num_heads, max_len - self._slot_shift(), D // self.num_heads)
+    kv = lambda: {"k": jnp.zeros(shape, self.dtype), "v": jnp.zeros(shape, self.dtype)}
     cache = {"history": jnp.zeros((), jnp.int32), "first": kv()}
     if self.rest is not None:
-      cache["rest"] = kv(self.num_layers - 1)
+      cache["rest"] = [kv() for _ in range(self.num_layers - 1)]
     return cache
 
   def _max_len(self, cache: dict) -> int:
@@ -295,15 +294,16 @@ class PerceiverAR(decoder.LanguageModel):
                        f"end-of-document tokens")
     x_BZD, (first_kv, rest_kv) = self.run_layers(self.embed_tokens(tokens_BT), None, None, latents,
                                                  keep_cache=True)
-    put = lambda buffer, kv, at: buffer.at[..., at:at + kv.shape[-3], :, :].set(
-        kv.astype(buffer.dtype))
+    put = lambda buffer, kv_BSHK, at: buffer.at[:, at:at + kv_BSHK.shape[1]].set(
+        layers.heads_first(kv_BSHK).astype(buffer.dtype))
     cache = dict(cache, history=jnp.asarray(history, jnp.int32))
     cache["first"] = {"k": put(cache["first"]["k"], first_kv[0], 0),
                       "v": put(cache["first"]["v"], first_kv[1], 0)}
     if rest_kv is not None:
       at = 0 if self.refine_history else history  # perceiver_ar: later layers hold latents only
-      cache["rest"] = {"k": put(cache["rest"]["k"], rest_kv[0], at),
-                       "v": put(cache["rest"]["v"], rest_kv[1], at)}
+      cache["rest"] = [{"k": put(layer["k"], rest_kv[0][i], at),
+                        "v": put(layer["v"], rest_kv[1][i], at)}
+                       for i, layer in enumerate(cache["rest"])]
     return self.logits(x_BZD), cache
 
   def extend(self, tokens_BC: jax.Array, cache: dict, start: jax.Array) -> tuple[jax.Array, dict]:
@@ -327,12 +327,15 @@ class PerceiverAR(decoder.LanguageModel):
     if self.rest is not None:
       lowest_slot = zero if self.refine_history else cache["history"]
 
-      @nnx.scan(in_axes=(nnx.Carry, 0, 0, None, None, None), out_axes=(nnx.Carry, 0))
-      def extend_blocks(x_BCD, block, layer_cache, positions_BC, first_slot, lowest_slot):
-        return block.extend(x_BCD, positions_BC, layer_cache, first_slot, lowest_slot)
-
-      x_BCD, cache["rest"] = extend_blocks(x_BCD, self.rest, cache["rest"], positions_BC,
-                                           first_slot, lowest_slot)
+      # Unrolled, one cache per layer (a scan over stacked caches copied them every step).
+      graphdef, state = nnx.split(self.rest)
+      rest = []
+      for i, layer_cache in enumerate(cache["rest"]):
+        block = nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state))
+        x_BCD, layer_cache = block.extend(x_BCD, positions_BC, layer_cache, first_slot,
+                                          lowest_slot)
+        rest.append(layer_cache)
+      cache["rest"] = rest
     return self.logits(x_BCD), cache
 
 
