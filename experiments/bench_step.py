@@ -106,19 +106,28 @@ def apply_settings(config, args) -> None:
       config.model[field] = type(config.model[field])(value)
 
 
-def measure(spec: str, args) -> dict:
-  config = load_config(spec)
-  apply_settings(config, args)
-  compiled, state, batch, memory, cost = compile_train_step(config)
+def time_steps(compiled, state, batch, repeats: int, give_up_seconds: float = float("inf")
+               ) -> list[float]:
+  """Seconds of `repeats` train steps after one warm-up step; stops early once a step takes longer
+  than `give_up_seconds` (one timing is enough to say a model is far too slow)."""
   state, metrics = compiled(state, batch)
   jax.block_until_ready(metrics)
   times = []
-  for _ in range(args.repeats):
+  for _ in range(repeats):
     start = time.perf_counter()
     state, metrics = compiled(state, batch)
     jax.block_until_ready(metrics)
     times.append(time.perf_counter() - start)
-  seconds = statistics.median(times)
+    if times[-1] > give_up_seconds:
+      break
+  return times
+
+
+def measure(spec: str, args) -> dict:
+  config = load_config(spec)
+  apply_settings(config, args)
+  compiled, state, batch, memory, cost = compile_train_step(config)
+  seconds = statistics.median(time_steps(compiled, state, batch, args.repeats))
   return {"config": spec, "model": config.model.name, "step_seconds": seconds,
           "tokens_per_sec": args.batch_size * args.seq_len / seconds,
           "temp_bytes": getattr(memory, "temp_size_in_bytes", float("nan")),

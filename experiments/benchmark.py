@@ -131,16 +131,8 @@ def measure(key: str, T: int, args, peak_flops: float) -> dict:
     row["skipped"] = f"compiled temp memory {temp_bytes / 2**30:.1f} GiB > --max_memory_gib={args.max_memory_gib}"
     return row
   rss_reset = peak_rss_reset()
-  state, metrics = compiled(state, batch)
-  jax.block_until_ready(metrics)
-  times = []
-  for _ in range(args.repeats):
-    start = time.perf_counter()
-    state, metrics = compiled(state, batch)
-    jax.block_until_ready(metrics)
-    times.append(time.perf_counter() - start)
-    if times[-1] > 3 * args.max_step_seconds:
-      break  # far too slow: one timing is enough to say so
+  times = bench_step.time_steps(compiled, state, batch, args.repeats,
+                                give_up_seconds=3 * args.max_step_seconds)
   seconds = statistics.median(times)
   row.update({"step_seconds": seconds, "tokens_per_sec": T / seconds,
               "peak_rss_mib": peak_rss_mib(), "peak_rss_is_per_run": rss_reset,
