@@ -40,8 +40,12 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   config.train = train = ml_collections.ConfigDict()
   train.num_steps = 700             # optimizer steps (a resumed run continues up to this)
   train.learning_rate = 2e-3        # peak AdamW learning rate
-  train.warmup_steps = 50           # linear warmup, then cosine decay to 10% of the peak
-  train.weight_decay = 0.1          # AdamW decoupled weight decay (not on norms or biases)
+  train.warmup_steps = 50           # linear warmup from 0 to the peak
+  train.schedule = "cosine"         # 'cosine': decay to 10% of the peak at num_steps; 'wsd': constant,
+                                    # then linear decay to 10% over the last decay_fraction (extendable)
+  train.decay_fraction = 0.2        # wsd: the fraction of num_steps spent decaying
+  train.weight_decay = 0.1          # AdamW decoupled decay of every kernel and embedding table;
+                                    # norm scales, biases and Perceiver-AR's compression map do not decay
   train.grad_clip = 1.0             # global gradient-norm clip
   train.log_every = 50              # steps between train-metric lines
   train.eval_every = 350            # steps between evaluations on train.eval_split

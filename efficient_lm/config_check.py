@@ -7,6 +7,7 @@ import ml_collections
 
 from efficient_lm import data
 from efficient_lm import models
+from efficient_lm import optimizer
 from efficient_lm import sharding
 from efficient_lm.validation import require, require_positive_int
 
@@ -18,6 +19,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
   data.validate(config.data)
   models.validate(config.model)
   _validate_train(config.train)
+  splits = data.known_splits(config.data.dataset)
+  require(splits is None or config.train.eval_split in splits, "train.eval_split",
+          config.train.eval_split, f"is not a split of {config.data.dataset}",
+          f"set train.eval_split to one of {', '.join(splits or ())}")
   _validate_mesh(config.mesh, config.data)
   models.validate_context(config.model, config.mesh.context)  # ring ops: support, block alignment
 
@@ -28,6 +33,11 @@ def _validate_train(t: ml_collections.ConfigDict) -> None:
           t.learning_rate, "must be positive", "set train.learning_rate to e.g. 1e-3")
   require(isinstance(t.warmup_steps, int) and 0 <= t.warmup_steps, "train.warmup_steps",
           t.warmup_steps, "must be a non-negative integer", "set train.warmup_steps to e.g. 100")
+  require(t.get("schedule", "cosine") in optimizer.SCHEDULES, "train.schedule", t.get("schedule"),
+          "is not a known schedule", f"use one of {', '.join(optimizer.SCHEDULES)}")
+  fraction = t.get("decay_fraction", 0.2)
+  require(isinstance(fraction, (int, float)) and 0.0 < fraction <= 1.0, "train.decay_fraction",
+          fraction, "must be in (0, 1]", "set train.decay_fraction to e.g. 0.2")
   require(t.weight_decay >= 0, "train.weight_decay", t.weight_decay, "must be >= 0",
           "set train.weight_decay to e.g. 0.1")
   require(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "must be >= 0 (0 = no clipping)",

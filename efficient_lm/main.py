@@ -72,5 +72,10 @@ def main(argv):
     sys.exit(2)
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """The `efficient-lm-train` console script."""
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

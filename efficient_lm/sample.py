@@ -17,6 +17,7 @@ token over a window of `seq_len` tokens); tests compare the two.
 
 import json
 import os
+import re
 import sys
 
 import jax
@@ -24,6 +25,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
+
+from efficient_lm import checkpoint
+from efficient_lm import models
+from efficient_lm import train_state
 
 
 def sample_logits(logits_BV: jax.Array, key: jax.Array, *, temperature: float, top_k: int = 0,
@@ -55,6 +60,16 @@ def check_sampling(temperature: float, top_k: int, top_p: float) -> None:
     raise ValueError(f"top_p={top_p} must be in (0, 1] (1 = no nucleus cut)")
 
 
+def context_room(model: nnx.Module, prompt_len: int) -> int:
+  """How many tokens can follow a prompt of `prompt_len` tokens (and the end-of-document token
+  before it): unbounded with RoPE, the rest of the position table with learned positions."""
+  max_positions = getattr(model, "max_positions", None)
+  if max_positions is None:
+    return sys.maxsize
+  window = getattr(model, "prompt_window", None) or 0
+  return max_positions - max(prompt_len + 1, window)
+
+
 def prefill(model: nnx.Module, tokens_BT: jax.Array, cache, chunk: int | None = None):
   """(logits at the last prompt position `[B, V]`, cache): one parallel pass, or chunks of `chunk`
   tokens (the first by `prefill`, the rest by `extend`) when the prompt is longer."""
@@ -76,6 +91,12 @@ def generate(model: nnx.Module, prompt_ids, *, num_tokens: int, eos_id: int,
   if num_tokens < 1:
     raise ValueError(f"num_tokens={num_tokens} must be at least 1")
   context = [eos_id] + [int(t) for t in prompt_ids]
+  room = context_room(model, len(context) - 1)
+  if num_tokens > room:
+    raise ValueError(f"{num_tokens} new tokens after a prompt of {len(context) - 1} do not fit the "
+                     f"model's learned positions (model.seq_len={model.max_positions} in all, the "
+                     f"end-of-document token that starts the context included): generate at most "
+                     f"{max(room, 0)}, or train with model.position='rope'")
   window = getattr(model, "prompt_window", None)
   if window:  # left-padded with end-of-document tokens (or cut) to the model's window
     context = ([eos_id] * (window - len(context)) + context)[-window:]
@@ -154,9 +175,12 @@ class WorkdirError(RuntimeError):
 
 
 def load_workdir(workdir: str) -> tuple[nnx.Module, "object", ml_collections.ConfigDict, int]:
-  """(model with the latest checkpoint's parameters, tokenizer, config, step) from a workdir."""
-  from efficient_lm import checkpoint, models, train  # train imports this module
-  from efficient_lm.data.tokenizer import Tokenizer
+  """(model with the latest checkpoint's parameters, tokenizer, config, step) from a workdir.
+
+  The model uses the single-device ops whatever mesh it was trained on; the
+  parameters are restored onto one device.
+  """
+  from efficient_lm.data.tokenizer import Tokenizer  # pylint: disable=import-outside-toplevel
 
   for name in ("config.json", "tokenizer.model"):
     if not os.path.exists(os.path.join(workdir, name)):
@@ -164,23 +188,43 @@ def load_workdir(workdir: str) -> tuple[nnx.Module, "object", ml_collections.Con
                          "--workdir a `python -m efficient_lm.main` run wrote)")
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
     config = ml_collections.ConfigDict(json.load(f))
-  model = models.create(config.model, rngs=nnx.Rngs(0))
-  graphdef, params = nnx.split(model)
-  tx, _ = train.make_optimizer(config.train)
-  abstract = jax.eval_shape(lambda p: train.TrainState(
-      step=jnp.zeros((), jnp.int32), params=p, opt_state=tx.init(p)), params)
+  built = train_state.build(config, abstract=True)
   if not os.path.isdir(os.path.join(workdir, "checkpoints")):
     raise WorkdirError(f"{workdir} has no checkpoints yet: train first, or wait for the first save "
                        "(train.checkpoint_every)")
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=None)
-  restored = ckpt.restore_latest(abstract, lambda meta: None, set_aside=False)
+  restored = ckpt.restore_latest(built.state, lambda meta: None, set_aside=False)
   ckpt.close()
   if restored is None:
     raise WorkdirError(f"{workdir}/checkpoints has no checkpoint yet: train first, or wait for "
                        "the first save (train.checkpoint_every)")
   step, state, _ = restored
-  return nnx.merge(graphdef, state.params), Tokenizer(os.path.join(workdir, "tokenizer.model")), \
+  return nnx.merge(built.graphdef, state.params), Tokenizer(os.path.join(workdir, "tokenizer.model")), \
       config, step
+
+
+def sample_from_state(config: ml_collections.ConfigDict, params, tokenizer, prompt: str, *,
+                      num_tokens: int, seed: int = 0) -> str | None:
+  """A sample from trained `params` (any mesh) with the single-device model of `config`.
+
+  With learned positions the sample stops where the position table ends
+  (`model.seq_len` tokens in all, the prompt included); None if no token fits.
+  """
+  graphdef = nnx.graphdef(nnx.eval_shape(lambda: models.create(config.model, rngs=nnx.Rngs(0))))
+  model = nnx.merge(graphdef, params)
+  room = context_room(model, len(tokenizer.encode(prompt)))
+  if room < 1:
+    return None
+  return generate_text(model, tokenizer, prompt, num_tokens=min(num_tokens, room), seed=seed)
+
+
+_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
+
+
+def unescape(text: str) -> str:
+  r"""`\n`, `\t` and `\\` in a command-line prompt as a newline, a tab and a backslash; every other
+  character (any Unicode text included) as it is."""
+  return re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m.group(1)], text)
 
 
 def main(argv) -> None:
@@ -197,10 +241,14 @@ def main(argv) -> None:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   print(f"{config.model.name} at step {step} from {FLAGS.workdir}", file=sys.stderr)
-  prompt = FLAGS.prompt.encode("utf-8").decode("unicode_escape") if FLAGS.escapes else FLAGS.prompt
-  text = generate_text(model, tokenizer, prompt, num_tokens=FLAGS.max_new_tokens, seed=FLAGS.seed,
-                       temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p,
-                       prefill_chunk=FLAGS.prefill_chunk or None)
+  prompt = unescape(FLAGS.prompt) if FLAGS.escapes else FLAGS.prompt
+  try:
+    text = generate_text(model, tokenizer, prompt, num_tokens=FLAGS.max_new_tokens,
+                         seed=FLAGS.seed, temperature=FLAGS.temperature, top_k=FLAGS.top_k,
+                         top_p=FLAGS.top_p, prefill_chunk=FLAGS.prefill_chunk or None)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
   sys.stdout.write(text + "\n")
 
 
@@ -219,7 +267,12 @@ def _define_flags() -> None:
   flags.mark_flags_as_required(["workdir"])
 
 
-if __name__ == "__main__":
+def run() -> None:
+  """The `efficient-lm-sample` console script."""
   from absl import app  # pylint: disable=import-outside-toplevel
   _define_flags()
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

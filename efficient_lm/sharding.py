@@ -55,6 +55,12 @@ def make_mesh(mesh_cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:
                        devices=jax.devices()[:data * context])
 
 
+def single_device_mesh() -> jax.sharding.Mesh:
+  """A 1 x 1 mesh on the first device (what one-device code paths place arrays on)."""
+  return jax.make_mesh((1, 1), ("data", "context"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
+                       devices=jax.devices()[:1])
+
+
 def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 

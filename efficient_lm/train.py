@@ -1,26 +1,28 @@
-"""The training loop: AdamW (warmup + cosine), jitted train step, eval, checkpoints, resume.
+"""The training loop: `train_and_evaluate(config, workdir)`.
 
-Knows nothing of any particular model: it builds `models.create(config.model)`
-and trains the logits it returns against the shifted tokens. Randomness is a
-function of `train.seed` and the step only (dropout key = fold_in(seed, step)),
-so a resumed run sees exactly what an uninterrupted one would.
+    setup         data, mesh, the train state (`train_state.build`), resume from the workdir
+    train_steps   the step loop: progress, periodic evaluation and checkpoints, preemption
+    evaluate      loss, perplexity and bits per byte over a whole split
+    report        the final evaluation, the summary line and a text sample
+
+Knows nothing of any particular model (`train_step` scores the logits a model
+returns against the shifted tokens). Everything a run writes goes to its
+workdir: `metrics.jsonl`, `tensorboard/`, `config.json`, `tokenizer.model` and
+`checkpoints/`.
 """
 
-import json
+import dataclasses
 import logging
 import math
 import os
 import shutil
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
-from flax import nnx
-from flax import struct
 
 from efficient_lm import checkpoint
 from efficient_lm import config_check
@@ -31,16 +33,18 @@ from efficient_lm import models
 from efficient_lm import preemption
 from efficient_lm import sample
 from efficient_lm import sharding
+from efficient_lm import train_state
+from efficient_lm import train_step as train_step_lib
 from efficient_lm.ops import ring
+from efficient_lm.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
-
-@struct.dataclass
-class TrainState:
-  step: jax.Array
-  params: Any
-  opt_state: Any
+# Kept importable from here: tests and experiments use them.
+TrainState = train_state.TrainState
+weighted_nll = train_step_lib.weighted_nll
+make_train_step = train_step_lib.make_train_step
+make_eval_step = train_step_lib.make_eval_step
 
 
 class WorkdirMismatchError(RuntimeError):
@@ -55,58 +59,6 @@ class NonFiniteError(FloatingPointError):
 def _track_first_bad(first_bad_step, step_metrics, step):
   finite = jnp.isfinite(step_metrics["loss"]) & jnp.isfinite(step_metrics["grad_norm"])
   return jnp.where((first_bad_step < 0) & ~finite, step, first_bad_step)
-
-
-def make_optimizer(t: ml_collections.ConfigDict) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """AdamW with linear warmup and cosine decay to 10% of the peak; clipping; no decay on norms/biases."""
-  schedule = optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=t.learning_rate, warmup_steps=t.warmup_steps,
-      decay_steps=max(t.num_steps, t.warmup_steps + 1), end_value=0.1 * t.learning_rate)
-
-  def decay_mask(params):
-    return jax.tree_util.tree_map_with_path(
-        lambda path, _: str(getattr(path[-1], "key", path[-1])) in ("kernel", "embedding"), params)
-
-  adamw = optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=t.weight_decay, mask=decay_mask)
-  clip = optax.clip_by_global_norm(t.grad_clip) if t.grad_clip > 0 else optax.identity()
-  return optax.chain(clip, adamw), schedule
-
-
-def weighted_nll(logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.Array
-                 ) -> tuple[jax.Array, jax.Array]:
-  """(summed NLL in nats, summed weights) over the positions the logits cover (the last T')."""
-  T = logits_BTV.shape[1]
-  targets_BT, weights_BT = targets_BT[:, -T:], weights_BT[:, -T:]
-  nll_BT = optax.softmax_cross_entropy_with_integer_labels(logits_BTV, targets_BT)
-  return jnp.sum(nll_BT * weights_BT), jnp.sum(weights_BT)
-
-
-def make_train_step(graphdef, tx, schedule, seed: int):
-  def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-    dropout_key = jax.random.fold_in(jax.random.key(seed), state.step)
-
-    def loss_fn(params):
-      logits = nnx.merge(graphdef, params)(batch["inputs"], positions_BT=batch.get("positions"),
-                                           dropout_key=dropout_key)
-      nll, weight = weighted_nll(logits, batch["targets"], batch["weights"])
-      return nll / jnp.maximum(weight, 1.0)
-
-    loss, grads = jax.value_and_grad(loss_fn)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    step_metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
-                    "learning_rate": schedule(state.step)}
-    return TrainState(step=state.step + 1, params=params, opt_state=opt_state), step_metrics
-
-  return jax.jit(train_step, donate_argnums=0)
-
-
-def make_eval_step(graphdef):
-  @jax.jit
-  def eval_step(params, batch):
-    logits = nnx.merge(graphdef, params)(batch["inputs"], positions_BT=batch.get("positions"))
-    return weighted_nll(logits, batch["targets"], batch["weights"])
-  return eval_step
 
 
 def place_batch(batch: dict, mesh: jax.sharding.Mesh, layout: str = "natural") -> dict:
@@ -143,14 +95,16 @@ def model_meta(config: ml_collections.ConfigDict, params) -> dict:
 
 
 def _check_same_model(saved: dict, current: dict, workdir: str) -> None:
+  saved = {k: saved.get(k) for k in current}
   if saved == current:
     return
   if saved.get("model_name") != current["model_name"]:
     what = f"model.name={saved.get('model_name')!r}, the config has {current['model_name']!r}"
   else:
-    diff = sorted(k for k in set(saved["param_shapes"]) | set(current["param_shapes"])
-                  if saved["param_shapes"].get(k) != current["param_shapes"].get(k))
-    what = (f"parameter shapes differ at {diff[0]}: saved {saved['param_shapes'].get(diff[0])}, "
+    saved_shapes = saved.get("param_shapes") or {}
+    diff = sorted(k for k in set(saved_shapes) | set(current["param_shapes"])
+                  if saved_shapes.get(k) != current["param_shapes"].get(k))
+    what = (f"parameter shapes differ at {diff[0]}: saved {saved_shapes.get(diff[0])}, "
             f"config gives {current['param_shapes'].get(diff[0])}")
   raise WorkdirMismatchError(
       f"workdir {workdir} holds checkpoints of another model ({what}); use a new --workdir, "
@@ -165,46 +119,88 @@ def _write_workdir_files(config, workdir: str, tokenizer) -> None:
     shutil.copyfile(tokenizer.model_path, target)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the final eval."""
-  config_check.validate(config)
-  workdir = os.path.abspath(os.path.expanduser(workdir))
-  os.makedirs(workdir, exist_ok=True)
-  t = config.train
+def check_eval_split(config: ml_collections.ConfigDict, splits) -> None:
+  """`train.eval_split` against the corpus's splits (before any step runs)."""
+  split = config.train.eval_split
+  if split not in splits:
+    raise ConfigError(f"train.eval_split={split!r} is not a split of {config.data.dataset}; "
+                      f"set train.eval_split to one of {', '.join(splits)}")
 
+
+@dataclasses.dataclass
+class Run:
+  """What the step loop works with; built by `setup`."""
+  config: ml_collections.ConfigDict
+  workdir: str
+  corpus: Any
+  mesh: jax.sharding.Mesh
+  layout: str
+  built: train_state.Built
+  state: train_state.TrainState
+  ckpt: checkpoint.Checkpointer
+  train_iter: Any
+  writer: Any
+  meta: dict
+
+
+def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
+  """Data, mesh and train state; the state and data position restored from the workdir if it has
+  checkpoints (a workdir of another model is refused)."""
+  t = config.train
   corpus = distributed.primary_first(lambda: data.load(config.data), "data prepared")
+  check_eval_split(config, corpus.splits)
   if distributed.is_primary():
     _write_workdir_files(config, workdir, corpus.tokenizer)
   mesh = sharding.make_mesh(config.mesh)
-  model = models.create(config.model, rngs=nnx.Rngs(t.seed), mesh=mesh)
-  layout = models.sequence_layout(config.model, mesh)
-  graphdef, params = nnx.split(model)
-  num_params = sum(x.size for x in jax.tree.leaves(params))
-  tx, schedule = make_optimizer(t)
-  state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-  state = jax.device_put(state, sharding.replicated(mesh))
-  meta = model_meta(config, params)
+  built = train_state.build(config, mesh)
+  meta = model_meta(config, built.state.params)
 
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=t.keep_checkpoints)
   train_iter = corpus.train_iterator(batch_size=config.data.batch_size, seed=t.seed)
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-  restored = ckpt.restore_latest(abstract, lambda saved: _check_same_model(saved, meta, workdir))
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                          built.state)
+  saved_meta = {}
+
+  def check_meta(saved: dict) -> None:
+    _check_same_model(saved, meta, workdir)
+    saved_meta.update(saved)
+
+  state = built.state
+  restored = ckpt.restore_latest(abstract, check_meta)
   if restored is not None:
     latest, state, data_state = restored
     train_iter.set_state(data_state)
     log.info("resumed from %s at step %d", ckpt.directory, latest)
-  start_step = int(state.step)
-
+    _warn_if_rate_jumps(saved_meta.get("learning_rate"), float(built.schedule(latest)), latest)
   log.info("model %s: %s parameters; %s train tokens; workdir %s", config.model.name,
-           f"{num_params:,}", f"{corpus.num_tokens('train'):,}", workdir)
+           f"{built.num_params:,}", f"{corpus.num_tokens('train'):,}", workdir)
   writer = metrics_lib.MetricWriter(workdir) if distributed.is_primary() else metrics_lib.NullWriter()
-  train_step = make_train_step(graphdef, tx, schedule, t.seed)
-  eval_step = make_eval_step(graphdef)
-  tokens_per_step = config.data.batch_size * config.data.seq_len
-  progress = metrics_lib.Progress(start_step, t.num_steps, tokens_per_step)
-  eval_metrics: dict[str, float] = {}
-  start_time = time.perf_counter()
+  return Run(config=config, workdir=workdir, corpus=corpus, mesh=mesh,
+             layout=models.sequence_layout(config.model, mesh), built=built, state=state, ckpt=ckpt,
+             train_iter=train_iter, writer=writer, meta=meta)
 
+
+def _warn_if_rate_jumps(saved_rate: float | None, new_rate: float, step: int) -> None:
+  """One warning line when the resumed schedule's rate at `step` is >10% off the saved run's."""
+  if saved_rate is None:
+    return
+  if abs(new_rate - saved_rate) > 0.1 * max(abs(saved_rate), 1e-12):
+    log.warning("the learning rate jumps on resume at step %d: %.3g in the checkpoint's run, %.3g "
+                "now (train.num_steps or the schedule changed; train.schedule='wsd' keeps the rate "
+                "when a run is extended in its stable phase)", step, saved_rate, new_rate)
+
+
+def train_steps(run: Run) -> tuple[dict[str, float], dict | None]:
+  """Trains from the restored step to `train.num_steps`: (the last evaluation's metrics, or {}; a
+  preemption summary if a stop signal ended the loop early, else None)."""
+  t = run.config.train
+  built = run.built
+  train_step = train_step_lib.make_train_step(built.graphdef, built.tx, built.schedule, t.seed)
+  eval_step = train_step_lib.make_eval_step(built.graphdef)
+  start_step = int(run.state.step)
+  progress = metrics_lib.Progress(start_step, t.num_steps,
+                                  run.config.data.batch_size * run.config.data.seq_len)
+  eval_metrics: dict[str, float] = {}
   # The first step whose loss or gradient norm was not finite, tracked on device so that
   # no step waits for the host; checked before anything is logged or saved.
   first_bad_step = jnp.array(-1, jnp.int32)
@@ -214,18 +210,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if bad >= 0:
       raise NonFiniteError(
           f"non-finite loss or gradient norm at step {bad}; stopped without saving it: the last "
-          f"good checkpoint is step {ckpt.latest_step()}. Lower train.learning_rate, raise "
+          f"good checkpoint is step {run.ckpt.latest_step()}. Lower train.learning_rate, raise "
           "train.warmup_steps or lower train.grad_clip, then rerun to resume from it")
 
   def save(step: int) -> None:
     check_finite()
-    ckpt.save(step, state, train_iter.get_state(), meta)
+    run.ckpt.save(step, run.state, run.train_iter.get_state(),
+                  {**run.meta, "learning_rate": float(built.schedule(step))})
 
   stop = preemption.StopRequest()
   with stop:
     for step in range(start_step, t.num_steps):
-      batch = place_batch(next(train_iter), mesh, layout)
-      state, step_metrics = train_step(state, batch)
+      batch = place_batch(next(run.train_iter), run.mesh, run.layout)
+      run.state, step_metrics = train_step(run.state, batch)
       done = step + 1
       first_bad_step = _track_first_bad(first_bad_step, step_metrics, done)
       if step == start_step:  # the first step includes compilation: keep it out of the rate
@@ -237,21 +234,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         save(done)
         signal_name = stop.signal_name or "a stop signal on another process"
         log.warning("received %s at step %d: saved checkpoint %d in %s; rerun the same command "
-                    "to resume", signal_name, done, done, ckpt.directory)
-        writer.close()
-        ckpt.close()
-        return {"step": done, "preempted": signal_name}
+                    "to resume", signal_name, done, done, run.ckpt.directory)
+        return eval_metrics, {"step": done, "preempted": signal_name}
       if done % t.log_every == 0 or done == t.num_steps:
         check_finite()
         step_metrics = jax.device_get(step_metrics)
         rate = progress.tokens_per_sec(done)
-        writer.write(done, {**step_metrics, "tokens_per_sec": rate})
+        run.writer.write(done, {**step_metrics, "tokens_per_sec": rate})
         log.info(progress.line(done, float(step_metrics["loss"]), rate))
       if done % t.eval_every == 0 or done == t.num_steps:
         check_finite()
-        eval_metrics = evaluate(eval_step, state.params, corpus, t.eval_split,
-                                config.data.batch_size, mesh, layout)
-        writer.write(done, eval_metrics)
+        eval_metrics = evaluate(eval_step, run.state.params, run.corpus, t.eval_split,
+                                run.config.data.batch_size, run.mesh, run.layout)
+        run.writer.write(done, eval_metrics)
         log.info("eval at step %d: loss %.4f  perplexity %.2f  bits/byte %.4f", done,
                  eval_metrics["eval_loss"], eval_metrics["eval_perplexity"],
                  eval_metrics["eval_bits_per_byte"])
@@ -259,23 +254,43 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         save(done)
       if done % t.eval_every == 0 or done % t.checkpoint_every == 0:
         progress.reset_clock(done)  # evaluation and checkpoint time stay out of tokens/s
+  return eval_metrics, None
 
-  if not eval_metrics:  # nothing left to train: report the restored model
-    eval_metrics = evaluate(eval_step, state.params, corpus, t.eval_split,
-                            config.data.batch_size, mesh, layout)
-  elapsed = time.perf_counter() - start_time
-  summary = {"step": int(state.step), **eval_metrics, "train_seconds": elapsed}
-  log.info("done: step %d in %.0f s; %s loss %.4f, bits/byte %.4f", summary["step"], elapsed,
+
+def report(run: Run, eval_metrics: dict[str, float], seconds: float) -> dict:
+  """The summary of a finished run (evaluating a restored one that had nothing left to train),
+  logged, with a text sample from the final parameters."""
+  t = run.config.train
+  if not eval_metrics:
+    eval_step = train_step_lib.make_eval_step(run.built.graphdef)
+    eval_metrics = evaluate(eval_step, run.state.params, run.corpus, t.eval_split,
+                            run.config.data.batch_size, run.mesh, run.layout)
+  summary = {"step": int(run.state.step), **eval_metrics, "train_seconds": seconds}
+  log.info("done: step %d in %.0f s; %s loss %.4f, bits/byte %.4f", summary["step"], seconds,
            t.eval_split, eval_metrics["eval_loss"], eval_metrics["eval_bits_per_byte"])
   if t.sample_prompt and t.sample_tokens:
-    sample_graphdef = graphdef  # one window on one device: the single-device ops
-    if mesh.shape["context"] > 1:
-      sample_graphdef = nnx.graphdef(nnx.eval_shape(lambda: models.create(config.model,
-                                                                          rngs=nnx.Rngs(0))))
-    text = sample.generate_text(nnx.merge(sample_graphdef, state.params), corpus.tokenizer,
-                                t.sample_prompt, num_tokens=t.sample_tokens, seed=t.seed)
-    log.info("sample:\n%s", text)
-    summary["sample"] = text
-  writer.close()
-  ckpt.close()
+    text = sample.sample_from_state(run.config, run.state.params, run.corpus.tokenizer,
+                                    t.sample_prompt, num_tokens=t.sample_tokens, seed=t.seed)
+    if text is None:
+      log.info("no sample: the prompt fills the model's learned positions (model.seq_len)")
+    else:
+      log.info("sample:\n%s", text)
+      summary["sample"] = text
   return summary
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the final eval."""
+  config_check.validate(config)
+  workdir = os.path.abspath(os.path.expanduser(workdir))
+  os.makedirs(workdir, exist_ok=True)
+  run = setup(config, workdir)
+  try:
+    start = time.perf_counter()
+    eval_metrics, preempted = train_steps(run)
+    if preempted is not None:
+      return preempted
+    return report(run, eval_metrics, time.perf_counter() - start)
+  finally:
+    run.writer.close()
+    run.ckpt.close()

@@ -40,12 +40,11 @@ def parse_args(argv=None):
 def measure(args, context: int) -> dict:
   """Compiles the train step at T = context x chunk on a (1, context) mesh; per-device figures."""
   import jax
-  import jax.numpy as jnp
   import numpy as np
-  from flax import nnx
 
-  from efficient_lm import models
   from efficient_lm import train
+  from efficient_lm import train_state
+  from efficient_lm import train_step
   from experiments.common import load_config
 
   config = load_config("configs/pi_attention.py")
@@ -55,15 +54,12 @@ def measure(args, context: int) -> dict:
                       window=args.window, period=args.period, num_skips=args.num_skips)
   mesh = jax.make_mesh((1, context), ("data", "context"),
                        axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=jax.devices()[:context])
-  model = models.create(config.model, rngs=nnx.Rngs(0), mesh=mesh)
-  graphdef, params = nnx.split(model)
-  tx, schedule = train.make_optimizer(config.train)
-  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-  state = jax.device_put(state, jax.sharding.NamedSharding(mesh, jax.P()))
+  built = train_state.build(config, mesh, seed=0)
   tokens = np.random.default_rng(0).integers(0, args.vocab_size, (1, T + 1)).astype(np.int32)
   batch = train.place_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
                              "weights": np.ones((1, T), np.float32)}, mesh)
-  compiled = train.make_train_step(graphdef, tx, schedule, seed=0).lower(state, batch).compile()
+  compiled = train_step.make_train_step(built.graphdef, built.tx, built.schedule, seed=0).lower(
+      built.state, batch).compile()
   memory = compiled.memory_analysis()
   hlo = compiled.as_text()
   count = lambda op: len(re.findall(rf"= [^=]*\b{op}(-start)?\(", hlo))

@@ -20,10 +20,10 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from efficient_lm import models
-from efficient_lm import train
+from efficient_lm import train_state
+from efficient_lm import train_step
 from experiments.common import load_config
 
 
@@ -34,11 +34,9 @@ def compile_train_step(config, *, seed: int = 0):
   benchmark harness and the paper tables.
   """
   B, T, V = config.data.batch_size, config.data.seq_len, config.data.vocab_size
-  model = models.create(config.model, rngs=nnx.Rngs(seed))
-  graphdef, params = nnx.split(model)
-  tx, schedule = train.make_optimizer(config.train)
-  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-  step = train.make_train_step(graphdef, tx, schedule, seed=seed)
+  built = train_state.build(config, seed=seed)
+  state = built.state
+  step = train_step.make_train_step(built.graphdef, built.tx, built.schedule, seed=seed)
   rng = np.random.default_rng(seed)
   tokens = rng.integers(0, V, (B, T + 1)).astype(np.int32)
   batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": np.ones((B, T), np.float32)}
@@ -62,13 +60,11 @@ def _unrolled_layers():
 
 def _lowered_flops(config, seed: int) -> float:
   B, T = config.data.batch_size, config.data.seq_len
-  graphdef, params = nnx.split(models.create(config.model, rngs=nnx.Rngs(seed)))
-  tx, schedule = train.make_optimizer(config.train)
-  state = jax.eval_shape(lambda p: train.TrainState(step=jnp.zeros((), jnp.int32), params=p,
-                                                    opt_state=tx.init(p)), params)
+  built = train_state.build(config, abstract=True, seed=seed)
   batch = {"inputs": jax.ShapeDtypeStruct((B, T), jnp.int32), "targets": jax.ShapeDtypeStruct((B, T), jnp.int32),
            "weights": jax.ShapeDtypeStruct((B, T), jnp.float32)}
-  cost = train.make_train_step(graphdef, tx, schedule, seed=seed).lower(state, batch).cost_analysis()
+  step = train_step.make_train_step(built.graphdef, built.tx, built.schedule, seed=seed)
+  cost = step.lower(built.state, batch).cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return float(cost.get("flops", float("nan"))) if cost else float("nan")
 

@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from efficient_lm import models
-from efficient_lm import train
+from efficient_lm import train_state
+from efficient_lm import train_step
 from experiments.common import REPO, load_config
 
 MODELS = "dense,bcmt,sliding_window,pi_attention,pi_attention:doubling"
@@ -84,11 +84,9 @@ def train_distances(rng: np.random.Generator, args) -> np.ndarray:
 
 def run_model(key: str, args) -> dict:
   config = probe_config(key, args)
-  model = models.create(config.model, rngs=nnx.Rngs(args.seed))
-  graphdef, params = nnx.split(model)
-  tx, schedule = train.make_optimizer(config.train)
-  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-  step = train.make_train_step(graphdef, tx, schedule, seed=args.seed)
+  built = train_state.build(config, seed=args.seed)
+  graphdef, state = built.graphdef, built.state
+  step = train_step.make_train_step(graphdef, built.tx, built.schedule, seed=args.seed)
   rng = np.random.default_rng(args.seed)
   start = time.perf_counter()
   losses = []

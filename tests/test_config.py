@@ -36,6 +36,9 @@ def test_dense_config_is_valid_and_linked():
     ("model", "d_model", 250),
     ("mesh", "data", 3),
     ("mesh", "context", 3),
+    ("train", "eval_split", "valdation"),
+    ("train", "schedule", "linear"),
+    ("train", "decay_fraction", 0.0),
 ])
 def test_bad_field_is_named(section, field, value):
   config = load_config("dense")
@@ -61,3 +64,10 @@ def test_cli_bad_config_fails_fast_with_one_line(tmp_path):
   assert result.stderr.strip().splitlines()[-1].startswith("error: model.d_model=250 must be divisible")
   assert not workdir.exists()  # nothing prepared, nothing written
   assert time.time() - start < 30
+
+
+def test_eval_split_typo_lists_the_splits():
+  config = load_config("dense")
+  config.train.eval_split = "valdation"
+  with pytest.raises(ConfigError, match="one of train, validation, test, test_milton"):
+    config_check.validate(config)

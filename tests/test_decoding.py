@@ -25,7 +25,7 @@ DECODER_MODELS = [
     ("ecp", dict(num_segments=4)),
     ("ecp", dict(num_segments=4, shared_kv=True, rope_first_layer_only=True)),  # unrolled layers
     ("bcmt", dict(block_size=8)),
-    ("bcmt", dict(block_size=8, position="learned", tie_embeddings=False)),
+    ("bcmt", dict(block_size=8, position="learned", tie_embeddings=False, seq_len=40)),
     ("honly", dict(block_size=8)),
 ]
 IDS = [f"{name}-{i}" for i, (name, _) in enumerate(DECODER_MODELS)]
@@ -84,8 +84,10 @@ def cache_bytes(cache) -> int:
 
 @pytest.mark.parametrize("name,fields", DECODER_MODELS[1:], ids=IDS[1:])
 def test_efficient_caches_do_not_grow_with_the_context(name, fields):
-  model = models.create(tiny_model_config(name, **fields), rngs=nnx.Rngs(0))
-  assert cache_bytes(model.init_cache(1, 64)) == cache_bytes(model.init_cache(1, 65536))
+  cfg = tiny_model_config(name, **fields)
+  model = models.create(cfg, rngs=nnx.Rngs(0))
+  longest = cfg.seq_len if cfg.position == "learned" else 65536  # learned positions end at seq_len
+  assert cache_bytes(model.init_cache(1, min(64, longest))) == cache_bytes(model.init_cache(1, longest))
 
 
 def test_dense_cache_holds_every_token():
@@ -168,6 +170,29 @@ def test_cli_samples_a_workdir(tiny_config, tmp_path):
   assert first.stdout.startswith("thou art") and len(first.stdout) > len("thou art\n")
   assert first.stdout == second.stdout  # greedy: the same text twice, and nothing else on stdout
   assert "from " + workdir in first.stderr
+  # Non-ASCII text stays as typed; only \\n, \\t and \\\\ are escapes.
+  unicode = run_cli(f"--workdir={workdir}", "--prompt=café\\nÆsop’s\\tx\\\\n", "--max_new_tokens=3",
+                    "--temperature=0")
+  assert unicode.returncode == 0, unicode.stderr
+  assert unicode.stdout.startswith("café\nÆsop’s\tx\\n")
+
+
+def test_unescape_reads_only_newline_tab_and_backslash():
+  assert sample.unescape("caf\u00e9 \\n\\t\\\\ \\u00e9 \\x") == "caf\u00e9 \n\t\\ \\u00e9 \\x"
+
+
+def test_learned_positions_refuse_to_generate_past_seq_len():
+  cfg = tiny_model_config("dense", position="learned", seq_len=16)
+  model = models.create(cfg, rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="learned positions"):
+    sample.generate(model, [5, 6, 7], num_tokens=13, eos_id=2, temperature=0.0)
+  with pytest.raises(ValueError, match="max_len=17 exceeds model.seq_len=16"):
+    model.init_cache(1, 17)
+  # What fits is generated, with finite logits (the pad id is never forced out of NaNs).
+  out = sample.generate(model, [5, 6, 7], num_tokens=12, eos_id=2, temperature=0.0)
+  assert out.shape == (12,)
+  logits, _ = model.prefill(jnp.asarray([[2, 5, 6, 7]]), model.init_cache(1, 16))
+  assert np.all(np.isfinite(logits))
 
 
 def test_cli_refuses_a_directory_that_is_not_a_workdir(tmp_path):

@@ -52,13 +52,17 @@ def test_loss_falls_and_workdir_has_everything(finished_run):
   assert summary["sample"].startswith("ROMEO:\n") and len(summary["sample"]) > len("ROMEO:\n")
 
 
-def test_more_steps_continue_from_the_latest_checkpoint(tiny_config, tmp_path):
+def test_more_steps_continue_from_the_latest_checkpoint(tiny_config, tmp_path, caplog):
   workdir = str(tmp_path / "extended")
   train.train_and_evaluate(tiny_config(num_steps=20), workdir)
-  summary = train.train_and_evaluate(tiny_config(num_steps=30), workdir)
+  with caplog.at_level("WARNING", logger="efficient_lm.train"):
+    summary = train.train_and_evaluate(tiny_config(num_steps=30), workdir)
   steps = [r["step"] for r in read_metrics(workdir) if "loss" in r]
   assert steps == [5, 10, 15, 20, 25, 30]  # appended to the same file, continuing at step 21
   assert summary["step"] == 30
+  # The cosine schedule ended at 10% of the peak at step 20; over 30 steps step 20 is higher.
+  jumps = [r.getMessage() for r in caplog.records if "learning rate jumps" in r.getMessage()]
+  assert len(jumps) == 1 and "0.0003 in the checkpoint's run, 0.00123 now" in jumps[0], jumps
 
 
 def test_resumed_run_equals_uninterrupted_run(finished_run, tiny_config, tmp_path):

@@ -7,8 +7,8 @@
 Heavy imports (tensorflow_datasets, grain) happen inside `load`, so `validate` stays cheap.
 """
 
-from efficient_lm.data.pipeline import Corpus, DataError, KNOWN_DATASETS, MIN_VOCAB_SIZE, load, validate
+from efficient_lm.data.pipeline import Corpus, DataError, KNOWN_DATASETS, MIN_VOCAB_SIZE, known_splits, load, validate
 from efficient_lm.data.archives import DownloadError
 from efficient_lm.data.tokenizer import Tokenizer
 
-__all__ = ['Corpus', 'DataError', 'DownloadError', 'KNOWN_DATASETS', 'MIN_VOCAB_SIZE', 'Tokenizer', 'load', 'validate']
+__all__ = ['Corpus', 'DataError', 'DownloadError', 'KNOWN_DATASETS', 'MIN_VOCAB_SIZE', 'Tokenizer', 'known_splits', 'load', 'validate']

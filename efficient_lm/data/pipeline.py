@@ -27,6 +27,9 @@ from efficient_lm.validation import ConfigError, require, require_positive_int
 log = logging.getLogger(__name__)
 
 KNOWN_DATASETS = ('shakespeare', 'wikitext103')
+# The splits each built-in dataset has (a tfds:<name> dataset's are known once it is prepared).
+KNOWN_SPLITS = {'shakespeare': ('train', 'validation', 'test', 'test_milton'),
+                'wikitext103': ('train', 'validation', 'test')}
 TFDS_PREFIX = 'tfds:'
 MIN_VOCAB_SIZE = 260  # the tokenizer's reserved pieces: <pad>, <unk>, </s>, '\n', 256 bytes
 FIELDS = ('dataset', 'seq_len', 'batch_size', 'vocab_size', 'data_dir', 'archive', 'archive_sha256',
@@ -44,6 +47,11 @@ def _field(cfg, name: str):
     return cfg[name]
   except (KeyError, AttributeError) as e:
     raise ConfigError(f'data.{name} is missing; add it to config.data') from e
+
+
+def known_splits(dataset: str) -> tuple[str, ...] | None:
+  """The splits of `data.dataset` known without preparing it; None when only the prepared data says."""
+  return KNOWN_SPLITS.get(dataset)
 
 
 def _is_int(v) -> bool:

@@ -1,4 +1,4 @@
-"""The shared decoder (SPEC section 3): embedding, pre-norm residual blocks, norm, head.
+"""The shared decoder: embedding, pre-norm residual blocks, norm, head.
 
 Models differ in their *mixer*, built per layer by a factory
 `make_mixer(layer, rngs) -> nnx.Module` whose modules are called as
@@ -72,6 +72,8 @@ class LanguageModel(nnx.Module):
                            embedding_init=nnx.initializers.normal(stddev=cfg.d_model ** -0.5),
                            rngs=rngs)
     self.pos_embed = nnx.data(None)
+    # Learned positions end at seq_len: no model may be fed (or generate) past it.
+    self.max_positions = cfg.seq_len if cfg.position == "learned" else None
     if cfg.position == "learned":
       self.pos_embed = nnx.Embed(cfg.seq_len, cfg.d_model, dtype=dtype,
                                  embedding_init=nnx.initializers.normal(stddev=0.02), rngs=rngs)
@@ -126,6 +128,9 @@ class LanguageModel(nnx.Module):
                     dropout_key: jax.Array | None) -> tuple[jax.Array, jax.Array, list]:
     """(x with position embeddings and dropout, positions, one dropout key per layer or Nones)."""
     B, T, _ = x_BTD.shape
+    if self.max_positions is not None and T > self.max_positions:
+      raise ValueError(f"{T} tokens exceed model.seq_len={self.max_positions}, the number of learned "
+                       "position embeddings; feed at most that many, or use model.position='rope'")
     if positions_BT is None:
       positions_BT = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     if self.pos_embed is not None:
@@ -184,6 +189,9 @@ class Decoder(LanguageModel):
 
   def init_cache(self, batch_size: int, max_len: int) -> list:
     """Every layer's decoding state, one entry per layer (separate buffers, updated in place)."""
+    if self.max_positions is not None and max_len > self.max_positions:
+      raise ValueError(f"max_len={max_len} exceeds model.seq_len={self.max_positions}, the number of "
+                       f"learned position embeddings; decode at most {self.max_positions} tokens")
     if self.scanned:
       one = self.blocks.mixer.init_cache(batch_size, max_len)  # shapes only: no parameter is read
       return [jax.tree.map(jnp.copy, one) for _ in range(self.num_layers)]
