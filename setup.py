@@ -1,11 +1,26 @@
 """efficient_lm: efficient long-context language models in JAX/Flax."""
 
+import os
+import re
+
 import setuptools
+
+
+def read_version() -> str:
+  """`__version__` from efficient_lm/__init__.py, read as text (nothing is imported)."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "efficient_lm", "__init__.py")
+  with open(path, encoding="utf-8") as f:
+    match = re.search(r'^__version__ = "([^"]+)"$', f.read(), re.MULTILINE)
+  if match is None:
+    raise RuntimeError(f"no __version__ = \"...\" line in {path}")
+  return match.group(1)
+
 
 setuptools.setup(
     name="efficient_lm",
-    version="0.1.0",
+    version=read_version(),
     description="A JAX/Flax model zoo of efficient long-context language models.",
+    license="Apache-2.0",
     packages=setuptools.find_packages(include=["efficient_lm", "efficient_lm.*"]),
     python_requires=">=3.10",
     install_requires=[
@@ -28,5 +43,12 @@ setuptools.setup(
     extras_require={
         "test": ["pytest>=8.0", "pytest-xdist>=3.5",
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],  # the notebook tests
+    },
+    entry_points={
+        "console_scripts": [
+            "efficient-lm-train = efficient_lm.main:run",
+            "efficient-lm-sample = efficient_lm.sample:run",
+            "efficient-lm-eval = efficient_lm.evaluate:run",
+        ],
     },
 )

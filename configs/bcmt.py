@@ -1,21 +1,24 @@
-"""BCMT: blockwise local attention + exponential causal memory (SPEC section 5), and HOnly.
+"""BCMT: blockwise local attention + exponential causal memory (docs/architecture.md), and HOnly.
+
+From "Blockwise Causal Memory Transformer" (the BCMT paper; HOnly is its ablation).
 
     python -m efficient_lm.main --config=configs/bcmt.py            # block 256 (the paper's pick)
     python -m efficient_lm.main --config=configs/bcmt.py:128        # presets: 64, 128, 256, 512
     python -m efficient_lm.main --config=configs/bcmt.py:honly      # ablation: no memory, block 256
     python -m efficient_lm.main --config=configs/bcmt.py:honly128   # ablation at another block size
 
-The context is 1024 tokens (the paper's), 2 windows per step: the same 2,048
+The context is 1024 tokens (the BCMT paper's), 2 windows per step: the same 2,048
 tokens per step, steps, optimizer and model width as configs/dense.py (256
 tokens x 8), so the two runs see the same data in the same number of steps. At
 block 256 a window holds 4 blocks, so the memory has blocks to carry; at 256
 tokens a block would be the whole window and BCMT would be HOnly.
 
-Measured on the project's 2-core CPU (2026-11-29), shared with two other
-training jobs (so the wall clock is about 2.5x an idle machine's): the default
-(block 256) ran 700 steps in 2,987 s at 400-690 tokens/s; validation (hamlet,
+Measured with the first command above on a 2-core x86 CPU shared with two
+other training jobs (so the wall clock is about 2.5x an idle machine's): the
+default (block 256) ran 700 steps in 2,987 s at 400-690 tokens/s; validation (hamlet,
 twelfth_night) loss 4.449 nats/token, 2.133 bits per byte (dense at 256 tokens:
 4.425, 2.122). At step 350 BCMT had 4.696 vs HOnly's 4.713 (same settings).
+All default runs side by side: README.md, "Results on the embedded corpus".
 """
 
 import ml_collections

@@ -2,6 +2,9 @@
 
     python -m efficient_lm.main --config=configs/ecp.py
 
+From "Efficient Context Propagating Perceiver Architectures for Auto-Regressive
+Language Modeling" (the ECP paper).
+
 Pieces of seq_len / num_segments tokens; each piece attends to the previous
 piece and causally to itself, so context travels one piece further back per
 layer. Every position is trained. Presets:

@@ -5,6 +5,11 @@
     python -m efficient_lm.main --config=configs/perceiver_ar.py:compressed
     python -m efficient_lm.main --config=configs/perceiver_ar.py:ssplit
 
+Perceiver AR is from "General-purpose, long-context autoregressive modeling with
+Perceiver AR" (Hawthorne et al., 2022); the three double-attention variants from
+"Efficient Context Propagating Perceiver Architectures for Auto-Regressive
+Language Modeling" (the ECP paper).
+
 Only the last num_latents positions of each window are predicted and trained
 (and scored in evaluation). Presets:
   (default)   perceiver_ar: layer 1 cross-attends from the latents to the whole window,

@@ -1,4 +1,4 @@
-"""Sliding-window attention, π-Attention's baseline ("RingAttention" in the paper's tables).
+"""Sliding-window attention, π's baseline ("RingAttention" in the π-Attention paper's tables).
 
     python -m efficient_lm.main --config=configs/sliding_window.py
 

@@ -13,7 +13,7 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 
   config.data = data = ml_collections.ConfigDict()
-  data.dataset = "shakespeare"      # 'shakespeare', 'wikitext103', or 'tfds:<name>'
+  data.dataset = "shakespeare"      # 'shakespeare', 'wikitext103', 'tfds:<name>', or 'text:<glob>'
   data.seq_len = 256                # tokens per training window (the model's context)
   data.batch_size = 8               # windows per step
   data.vocab_size = 8192            # sentencepiece vocabulary size (trained on the train split)
@@ -22,6 +22,8 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   data.archive_sha256 = ""          # expected sha256 of the archive; '' = the official one
   data.text_key = "text"            # text feature of a 'tfds:<name>' dataset
   data.tokenizer_train_bytes = 0    # cap on the text the tokenizer trains on; 0 = all of train
+  data.validation_fraction = 0.05   # 'text:<glob>': share of the files (or bytes) held out for validation
+  data.test_fraction = 0.05         # 'text:<glob>': share held out for test; 0 = no such split
 
   config.model = model = ml_collections.ConfigDict()
   model.name = model_name           # registry key in efficient_lm.models.REGISTRY

@@ -19,7 +19,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
   data.validate(config.data)
   models.validate(config.model)
   _validate_train(config.train)
-  splits = data.known_splits(config.data.dataset)
+  splits = data.known_splits(config.data)
   require(splits is None or config.train.eval_split in splits, "train.eval_split",
           config.train.eval_split, f"is not a split of {config.data.dataset}",
           f"set train.eval_split to one of {', '.join(splits or ())}")

@@ -71,3 +71,11 @@ def test_eval_split_typo_lists_the_splits():
   config.train.eval_split = "valdation"
   with pytest.raises(ConfigError, match="one of train, validation, test, test_milton"):
     config_check.validate(config)
+
+
+def test_eval_split_of_a_text_folder_without_validation_is_refused():
+  config = load_config("dense")
+  config.data.dataset = "text:~/notes/*.txt"
+  config.data.validation_fraction = 0.0
+  with pytest.raises(ConfigError, match=r"train.eval_split='validation' is not a split .*one of train, test"):
+    config_check.validate(config)

@@ -1,6 +1,6 @@
 """block_local, sliding window and π attention against plain dense masked references.
 
-The references build the full `[T, T]` mask from the SPEC's definitions, one
+The references build the full `[T, T]` mask from the ops' definitions (docs/architecture.md), one
 position pair at a time; the ops must agree forward and in every gradient.
 """
 

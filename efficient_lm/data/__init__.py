@@ -1,4 +1,4 @@
-"""Data: TFDS builders (shakespeare, wikitext103, any TFDS text set), tokenizer, Grain pipeline.
+"""Data: TFDS builders (shakespeare, wikitext103, any TFDS text set, text:<glob> files), tokenizer, Grain.
 
     corpus = data.load(config.data)
     it = corpus.train_iterator(batch_size=..., seed=...)

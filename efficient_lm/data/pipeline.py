@@ -31,6 +31,8 @@ KNOWN_DATASETS = ('shakespeare', 'wikitext103')
 KNOWN_SPLITS = {'shakespeare': ('train', 'validation', 'test', 'test_milton'),
                 'wikitext103': ('train', 'validation', 'test')}
 TFDS_PREFIX = 'tfds:'
+TEXT_PREFIX = 'text:'  # a folder of your own text files: efficient_lm/data/text_files.py
+FRACTION_DEFAULTS = {'validation_fraction': 0.05, 'test_fraction': 0.05}  # text: held-out shares
 MIN_VOCAB_SIZE = 260  # the tokenizer's reserved pieces: <pad>, <unk>, </s>, '\n', 256 bytes
 FIELDS = ('dataset', 'seq_len', 'batch_size', 'vocab_size', 'data_dir', 'archive', 'archive_sha256',
           'text_key', 'tokenizer_train_bytes')
@@ -49,8 +51,13 @@ def _field(cfg, name: str):
     raise ConfigError(f'data.{name} is missing; add it to config.data') from e
 
 
-def known_splits(dataset: str) -> tuple[str, ...] | None:
-  """The splits of `data.dataset` known without preparing it; None when only the prepared data says."""
+def known_splits(data_config) -> tuple[str, ...] | None:
+  """The splits `config.data` will have, known without preparing anything; None when only the
+  prepared data can say (a tfds:<name> dataset). A text: split with a fraction of 0 is not made."""
+  dataset = data_config['dataset']
+  if isinstance(dataset, str) and dataset.startswith(TEXT_PREFIX):
+    held_out = [s for s in ('validation', 'test') if fraction(data_config, f'{s}_fraction') > 0]
+    return ('train', *held_out)
   return KNOWN_SPLITS.get(dataset)
 
 
@@ -64,10 +71,19 @@ def validate(data_config) -> None:
     _field(data_config, name)
   ds = data_config['dataset']
   known = ', '.join(KNOWN_DATASETS)
-  require(isinstance(ds, str) and (ds in KNOWN_DATASETS or
-                                   (ds.startswith(TFDS_PREFIX) and ds[len(TFDS_PREFIX):].strip() != '')),
+  require(isinstance(ds, str) and (ds in KNOWN_DATASETS or any(
+      ds.startswith(prefix) and ds[len(prefix):].strip() != '' for prefix in (TFDS_PREFIX, TEXT_PREFIX))),
           'data.dataset', ds, 'is not a known dataset',
-          f'use one of {known} or tfds:<name> (e.g. tfds:pg19)')
+          f'use one of {known} or tfds:<name> (e.g. tfds:pg19), or text:<glob> for your own files '
+          "(e.g. 'text:~/notes/**/*.txt')")
+  fractions = [fraction(data_config, name) for name in FRACTION_DEFAULTS]
+  for name, value in zip(FRACTION_DEFAULTS, fractions):
+    require(isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+            and 0 <= value < 1, f'data.{name}', value, 'must be a number in [0, 1)',
+            f'set data.{name} to e.g. {FRACTION_DEFAULTS[name]} (0 = no such split)')
+  require(sum(fractions) < 1, 'data.validation_fraction', fractions[0],
+          f'plus data.test_fraction={fractions[1]!r} must be below 1 (train keeps the rest)',
+          'lower data.validation_fraction or data.test_fraction')
   for name in ('seq_len', 'batch_size', 'vocab_size'):
     require_positive_int(f'data.{name}', data_config[name])
   vocab = data_config['vocab_size']
@@ -104,20 +120,34 @@ def validate(data_config) -> None:
 # Preparation: TFDS builder, tokenizer, token streams.
 
 
+def fraction(data_config, name: str):
+  """`data.<name>` (validation_fraction, test_fraction), or its default if the config lacks it."""
+  try:
+    return data_config[name]
+  except (KeyError, AttributeError):
+    return FRACTION_DEFAULTS[name]
+
+
 def _slug(name: str) -> str:
-  return re.sub(r'[^A-Za-z0-9_.-]+', '_', name).strip('_')
+  return re.sub(r'[^A-Za-z0-9_.-]+', '_', name).strip('_')[:64]  # a directory name: bounded
 
 
 def _key(obj: Any) -> str:
   return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _make_builder(data_config, tfds_dir: str):
-  """The prepared TFDS builder for `data.dataset` (prepares it on first use)."""
+def _make_builder(data_config, tfds_dir: str, text_scan=None):
+  """The prepared TFDS builder for `data.dataset` (prepares it on first use).
+
+  `text_scan`: for text:<glob>, the checked file list (text_files.scan), made before anything is written.
+  """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   ds = data_config['dataset']
-  if ds in KNOWN_DATASETS:
+  if text_scan is not None:
+    from efficient_lm.data import text_files  # pylint: disable=g-import-not-at-top
+    builder = text_files.make_builder(text_scan, tfds_dir)
+  elif ds in KNOWN_DATASETS:
     if ds == 'shakespeare':
       from efficient_lm.data.shakespeare import Shakespeare as cls  # pylint: disable=g-import-not-at-top
     else:
@@ -389,6 +419,11 @@ def load(data_config) -> Corpus:
   Everything is cached under data.data_dir; a second call only memory-maps the token files.
   """
   validate(data_config)
+  text_scan = None
+  if data_config['dataset'].startswith(TEXT_PREFIX):  # glob, binary and empty checks: nothing written yet
+    from efficient_lm.data import text_files  # pylint: disable=g-import-not-at-top
+    text_scan = text_files.scan(data_config['dataset'],
+                                *(fraction(data_config, n) for n in FRACTION_DEFAULTS))
   root = os.path.abspath(os.path.expanduser(data_config['data_dir']))
   try:
     os.makedirs(root, exist_ok=True)
@@ -400,7 +435,7 @@ def load(data_config) -> Corpus:
     raise ConfigError(f"data.data_dir={data_config['data_dir']!r} is not a writable directory "
                       f"({type(e).__name__}: {e.strerror or e}); set data.data_dir to a directory "
                       'you can write') from e
-  builder = _make_builder(data_config, os.path.join(root, 'tfds'))
+  builder = _make_builder(data_config, os.path.join(root, 'tfds'), text_scan)
   name = data_config['dataset']
   info = builder.info
   features = info.features.keys() if hasattr(info.features, 'keys') else ()
@@ -415,6 +450,8 @@ def load(data_config) -> Corpus:
   corpus_id = {'name': name, 'version': str(builder.version),
                'splits': {s: [info.splits[s].num_examples, info.splits[s].num_bytes]
                           for s in sorted(info.splits)}}
+  if text_scan is not None:  # the files' paths, sizes, mtimes and the fractions: one cache per folder state
+    corpus_id['files'] = text_scan.cache_key
   tokenizer, key = _load_tokenizer(data_config, builder, corpus_id, root)
   token_dir = os.path.join(root, 'tokens', f'{_slug(name)}-{key}')
   os.makedirs(token_dir, exist_ok=True)

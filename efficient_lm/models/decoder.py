@@ -1,4 +1,4 @@
-"""The shared decoder: embedding, pre-norm residual blocks, norm, head.
+"""The shared decoder (docs/architecture.md): embedding, pre-norm residual blocks, norm, head.
 
 Models differ in their *mixer*, built per layer by a factory
 `make_mixer(layer, rngs) -> nnx.Module` whose modules are called as

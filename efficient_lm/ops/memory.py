@@ -1,4 +1,4 @@
-"""Exponential causal memory over block summaries (BCMT, SPEC section 4).
+"""Exponential causal memory over block summaries (BCMT; docs/architecture.md, "BCMT and HOnly").
 
     m[:, i] = sum_{j<=i} alpha^(i-j) s[:, j] / sum_{j<=i} alpha^(i-j)
 
