@@ -42,5 +42,8 @@ def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
   model = config.model
   model.num_latents = 128           # latents: the last num_latents positions, the only ones predicted
   model.compression = 4             # compressed: history length / compression slots (must divide it)
+  model.compression_op = "learned"  # compressed: 'learned' (the paper's map over the whole history:
+                                    # O(T^2) parameters) or 'strided' (per group of compression
+                                    # tokens: O(compression * d_model) parameters)
   model.num_history_segments = 4    # ssplit: history segments (must divide seq_len - num_latents)
   return config

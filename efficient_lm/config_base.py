@@ -8,6 +8,8 @@ data's, so one override changes both.
 
 import ml_collections
 
+from efficient_lm import sharding
+
 
 def base_config(model_name: str) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
@@ -38,6 +40,13 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   model.rope_base = 10000.0         # RoPE frequency base
   model.tie_embeddings = True       # output head shares the token embedding
   model.dtype = "float32"           # compute dtype: float32 on CPU, bfloat16 on accelerators
+                                    # (parameters, residual stream, softmax and loss stay float32)
+  model.remat = "none"              # rematerialize each block in the backward pass: 'none',
+                                    # 'block' (keep only block inputs), 'dots' (also matmul outputs)
+  model.seq_chunk = 0               # run each block's position-wise parts (norms, projections,
+                                    # queries, MLP) over chunks of this many tokens (0 = all at once)
+  model.attention_impl = "flash"    # dense model's attention: 'flash' (blockwise core, O(T) memory),
+                                    # 'reference' (dense [T, T] einsum), 'cudnn' (GPU + bfloat16 only)
 
   config.train = train = ml_collections.ConfigDict()
   train.num_steps = 700             # optimizer steps (a resumed run continues up to this)
@@ -49,6 +58,10 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   train.weight_decay = 0.1          # AdamW decoupled decay of every kernel and embedding table;
                                     # norm scales, biases and Perceiver-AR's compression map do not decay
   train.grad_clip = 1.0             # global gradient-norm clip
+  train.grad_accum_steps = 1        # microbatches per step (summed in a scan: less memory, same
+                                    # loss and gradients); must divide the per-device batch
+  train.loss_chunk = 0              # positions per chunk of the head + loss (0 = all at once); a
+                                    # chunk never holds more than [batch, loss_chunk, vocab] logits
   train.log_every = 50              # steps between train-metric lines
   train.eval_every = 350            # steps between evaluations on train.eval_split
   train.checkpoint_every = 350      # steps between checkpoints
@@ -59,6 +72,12 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   train.sample_tokens = 64          # tokens generated for that sample
 
   config.mesh = mesh = ml_collections.ConfigDict()
-  mesh.data = -1                    # devices along the batch axis; -1 = all that context leaves
-  mesh.context = 1                  # devices along the sequence axis (context parallelism)
+  # Devices along each mesh axis; exactly one may be -1 (every device the others leave).
+  mesh.data = 1                     # batch split, parameters replicated (plain data parallelism)
+  mesh.fsdp = -1                    # batch split and parameters / optimizer state sharded (FSDP)
+  mesh.tensor = 1                   # heads, MLP width and vocabulary split (tensor parallelism)
+  mesh.context = 1                  # the sequence split (context parallelism, ring ops)
+  mesh.shard_optimizer_over_data = False  # also split the optimizer state over `data` (ZeRO-1)
+  # Logical parameter axes -> mesh axes ('' = replicated; 'data,fsdp' = both): see sharding.py.
+  mesh.rules = sharding.default_rules()
   return config

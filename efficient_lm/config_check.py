@@ -23,8 +23,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
   require(splits is None or config.train.eval_split in splits, "train.eval_split",
           config.train.eval_split, f"is not a split of {config.data.dataset}",
           f"set train.eval_split to one of {', '.join(splits or ())}")
-  _validate_mesh(config.mesh, config.data)
-  models.validate_context(config.model, config.mesh.context)  # ring ops: support, block alignment
+  sizes = sharding.validate(config.mesh, config.data,
+                            grad_accum_steps=config.train.get("grad_accum_steps", 1))
+  models.validate_context(config.model, sizes["context"])  # ring ops: support, block alignment
+  sharding.check_divisible(models.abstract_params(config.model), config.mesh, sizes)
 
 
 def _validate_train(t: ml_collections.ConfigDict) -> None:
@@ -45,9 +47,11 @@ def _validate_train(t: ml_collections.ConfigDict) -> None:
   for field in ("log_every", "eval_every", "checkpoint_every", "keep_checkpoints"):
     require_positive_int(f"train.{field}", t[field])
   require(isinstance(t.seed, int), "train.seed", t.seed, "must be an integer", "set train.seed=0")
+  require_positive_int("train.grad_accum_steps", t.get("grad_accum_steps", 1))
+  chunk = t.get("loss_chunk", 0)
+  require(isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 0, "train.loss_chunk",
+          chunk, "must be an integer >= 0 (0 = the whole window at once)",
+          "set train.loss_chunk to e.g. 4096, or 0")
   require(t.sample_tokens >= 0, "train.sample_tokens", t.sample_tokens, "must be >= 0",
           "set train.sample_tokens to 0 to skip the final sample")
 
-
-def _validate_mesh(mesh: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict) -> None:
-  sharding.validate(mesh, data_cfg)

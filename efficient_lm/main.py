@@ -7,6 +7,7 @@ job when each runs the same command with `--coordinator_address`, `--num_process
 and its own `--process_id`, or under SLURM / Open MPI / a Cloud TPU slice with none.
 """
 
+import json
 import logging as std_logging
 import os
 import sys
@@ -20,6 +21,7 @@ from ml_collections import config_flags
 from efficient_lm import checkpoint
 from efficient_lm import data
 from efficient_lm import distributed
+from efficient_lm import step_memory
 from efficient_lm import train
 from efficient_lm.validation import ConfigError
 
@@ -32,6 +34,9 @@ flags.DEFINE_integer("num_processes", None, "Processes in the job; default $JAX_
                      "cluster's; none of the three flags and no cluster: one process.")
 flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes); default "
                      "$JAX_PROCESS_ID or the cluster's.")
+flags.DEFINE_bool("compile_only", False, "Validate the config, compile the real train step for the "
+                  "configured mesh from shapes only (no data, no training) and print what it needs "
+                  "per device; the last stdout line is JSON.")
 flags.mark_flags_as_required(["config"])
 FLAGS = flags.FLAGS
 logger = std_logging.getLogger("efficient_lm.main")
@@ -65,9 +70,15 @@ def main(argv):
       setup_logging(primary=distributed.is_primary())
       logger.info("one job of %d processes over %d devices (%d here)", jax.process_count(),
                   jax.device_count(), jax.local_device_count())
+    if FLAGS.compile_only:
+      memory = train.compile_only(FLAGS.config)
+      print(step_memory.describe(memory) + ("" if memory["fits"] else " -- does not fit"))
+      print(json.dumps(memory))
+      return
     train.train_and_evaluate(FLAGS.config, workdir)
   except (ConfigError, data.DataError, data.DownloadError, train.WorkdirMismatchError,
-          checkpoint.NoRestorableCheckpointError, train.NonFiniteError) as e:
+          checkpoint.NoRestorableCheckpointError, train.NonFiniteError,
+          step_memory.StepTooLargeError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
 

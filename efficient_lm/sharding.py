@@ -1,63 +1,215 @@
-"""The device mesh: a `data` axis (batch) and a `context` axis (sequence).
+"""The device mesh, logical axis rules, and where every array of a run lives.
 
-Parameters and optimizer state are replicated; a `[B, T]` batch is sharded
-`P('data', 'context')`. With several processes every process's iterator yields the
-same global batch and `shard_batch` places only the slices its own devices hold:
-correct for any mesh layout (a context axis spanning hosts included), the iterator
-state is the same on every process (one data checkpoint), and a run's batches do
-not depend on the number of processes. Reading a global batch of token windows on
-each host costs little next to a training step.
+The mesh has four axes, sized by `mesh.data`, `mesh.fsdp`, `mesh.tensor` and
+`mesh.context` (exactly one may be -1: it takes the devices the others leave;
+by default `mesh.fsdp=-1`, so a plain multi-device run shards its parameters):
+
+- `data`: plain data parallelism: the batch is split, parameters replicated.
+- `fsdp`: the batch is split and so are the parameters and optimizer state
+  (each device keeps 1/fsdp; XLA gathers a layer's weights when it runs and
+  reduce-scatters their gradients).
+- `tensor`: tensor parallelism: heads, MLP width and vocabulary split.
+- `context`: the sequence split (context parallelism, `ops.ring`).
+
+Parameters carry logical axis names in their Flax metadata (`out_sharding`:
+`embed`, `mlp`, `heads`, `kv`, `vocab`, `layers`, and the family-specific ones
+below); `mesh.rules` maps each name to a mesh axis ('' = replicated). A `[B, T]`
+batch is sharded `P(('data', 'fsdp'), 'context')`. With several processes every
+process's iterator yields the same global batch and `shard_batch` places only
+the slices its own devices hold.
 """
+
+import math
 
 import jax
 import ml_collections
 import numpy as np
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from efficient_lm.validation import require
+from efficient_lm.validation import ConfigError, require
+
+AXES = ("data", "fsdp", "tensor", "context")
+BATCH_AXES = ("data", "fsdp")  # the axes the batch is split over
+
+# Every logical axis name a parameter may carry, and the config field that sets its size.
+LOGICAL_AXES = {
+    "embed": "model.d_model",
+    "mlp": "model.mlp_ratio * model.d_model",
+    "heads": "model.num_heads",
+    "kv": "model.d_model / model.num_heads",
+    "vocab": "data.vocab_size",
+    "positions": "data.seq_len",          # learned position embeddings
+    "layers": "model.num_layers",         # the stacked layers of nnx.scan: never sharded
+    "norm": "model.d_model",              # norm scales
+    "gate_hidden": "model.gate_hidden",   # π's gate MLP
+    "pool": "1",                          # BCMT's pooling logit
+    "memory": "model.d_model",            # BCMT's memory projection output
+    "gate": "model.d_model",              # BCMT's gate
+    "history": "model.seq_len - model.num_latents",  # Perceiver-AR's compression
+    "compressed": "(model.seq_len - model.num_latents) / model.compression",
+    "group": "model.compression",
+    "qkv": "3",                           # the q/k/v (or k/v) index of fused projections
+}
 
 
-def mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int | None = None
-               ) -> tuple[int, int]:
-  """(data, context) sizes; `mesh.data=-1` takes every device the context axis leaves."""
+def default_rules() -> ml_collections.ConfigDict:
+  """`embed` over `fsdp`; `mlp`, `heads` and `vocab` over `tensor`; everything else replicated."""
+  rules = {name: "" for name in LOGICAL_AXES}
+  rules.update(embed="fsdp", mlp="tensor", heads="tensor", vocab="tensor")
+  return ml_collections.ConfigDict(rules)
+
+
+def _cfg(mesh_cfg, name: str, default):
+  try:
+    return mesh_cfg[name]
+  except (KeyError, AttributeError):
+    return default
+
+
+def mesh_sizes(mesh_cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> dict[str, int]:
+  """{axis: size} for the four axes; the one at -1 takes every device the others leave.
+
+  One process may use the first devices of a divisor of its device count (the
+  tests run 1-device meshes on 8 fake CPU devices); several processes use all.
+  """
   devices = jax.device_count() if num_devices is None else num_devices
-  context = mesh_cfg.context
-  require(isinstance(context, int) and context >= 1 and devices % context == 0, "mesh.context",
-          context, f"must be a positive divisor of the {devices} available device(s)",
-          "set mesh.context=1 or a divisor of the device count")
-  data = devices // context if mesh_cfg.data == -1 else mesh_cfg.data
-  # One process may use the first data * context devices when that divides the count (tests
-  # run on 8 fake CPU devices with mesh.data=1); several processes use every device.
-  used = data * context if isinstance(data, int) and data >= 1 else 0
-  require(used == devices or (used and devices % used == 0 and jax.process_count() == 1),
-          "mesh.data", mesh_cfg.data,
-          f"times mesh.context={context} must equal the {devices} available device(s)",
-          f"set mesh.data=-1 (all devices) or mesh.data={devices // context}")
-  return data, context
+  sizes = {axis: _cfg(mesh_cfg, axis, 1) for axis in AXES}
+  for axis, size in sizes.items():
+    require(isinstance(size, int) and not isinstance(size, bool) and (size >= 1 or size == -1),
+            f"mesh.{axis}", size, "must be a positive integer or -1 (the devices the other axes "
+            "leave)", f"set mesh.{axis}=1, or -1 on one axis")
+  free = [axis for axis, size in sizes.items() if size == -1]
+  require(len(free) <= 1, f"mesh.{free[-1] if free else ''}", -1,
+          f"is not the only axis at -1 ({', '.join('mesh.' + a for a in free)})",
+          f"keep -1 on one axis, e.g. set mesh.{free[-1] if free else ''}=1")
+  fixed = math.prod(size for size in sizes.values() if size != -1)
+  others = lambda axis: " x ".join(f"{a}={sizes[a]}" for a in AXES if a != axis)
+  culprit = next((a for a in AXES if sizes[a] > 1 and devices % sizes[a]), None) or next(
+      (a for a in reversed(AXES) if sizes[a] > 1), "data")
+  if free:
+    require(devices % fixed == 0, f"mesh.{culprit}", sizes[culprit],
+            f"must be a positive divisor of the {devices} available device(s), together with the "
+            f"other axes ({others(culprit)})",
+            f"set mesh.{culprit} so that data x fsdp x tensor x context divides {devices}")
+    sizes[free[0]] = devices // fixed
+  used = math.prod(sizes.values())
+  rest = used // sizes[culprit]
+  hint = (f"mesh.{culprit}={devices // rest}" if devices % rest == 0
+          else f"mesh.{culprit} to a divisor of {devices}")
+  require(used == devices or (devices % used == 0 and jax.process_count() == 1),
+          f"mesh.{culprit}", sizes[culprit],
+          f"times the other axes ({others(culprit)}) must equal the {devices} available device(s)",
+          f"set {hint}, or one axis to -1 (all the devices the others leave)")
+  return sizes
 
 
-def validate(mesh_cfg: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict,
-             num_devices: int | None = None) -> None:
-  """The mesh against the device count, `data.batch_size` and `data.seq_len`; raises ConfigError."""
-  data, context = mesh_shape(mesh_cfg, num_devices)
-  require(data_cfg.seq_len % context == 0, "mesh.context", context,
-          f"must divide data.seq_len={data_cfg.seq_len} (each device holds seq_len / context tokens)",
-          f"set mesh.context to a divisor of {data_cfg.seq_len} or data.seq_len to a multiple of {context}")
-  require(data_cfg.batch_size % data == 0, "data.batch_size", data_cfg.batch_size,
-          f"must be divisible by the mesh's data axis ({data} devices)",
-          f"set data.batch_size to a multiple of {data} or lower mesh.data")
+def _product(sizes: dict) -> str:
+  return " x ".join(f"{a}={s}" for a, s in sizes.items())
+
+
+def parse_rules(mesh_cfg: ml_collections.ConfigDict) -> dict[str, tuple[str, ...]]:
+  """`mesh.rules` as {logical name: mesh axes}; '' (or 'none') is replicated, 'data,fsdp' two axes."""
+  rules = _cfg(mesh_cfg, "rules", None)
+  rules = default_rules() if rules is None else rules
+  out = {}
+  for name in LOGICAL_AXES:
+    value = _cfg(rules, name, "")
+    value = "" if value is None else value
+    require(isinstance(value, str), f"mesh.rules.{name}", value, "must be a string",
+            f"set mesh.rules.{name} to a mesh axis ({', '.join(AXES)}) or '' (replicated)")
+    axes = tuple(a.strip() for a in value.split(",") if a.strip() and a.strip().lower() != "none")
+    for axis in axes:
+      require(axis in AXES, f"mesh.rules.{name}", value, "names an axis the mesh does not have",
+              f"use one of {', '.join(AXES)} or '' (replicated)")
+    out[name] = axes
+  require(not out["layers"], "mesh.rules.layers", rules.get("layers"),
+          "must be '': the stacked layers of nnx.scan are never sharded",
+          "set mesh.rules.layers=''")
+  unknown = sorted(set(rules.keys()) - set(LOGICAL_AXES))
+  require(not unknown, f"mesh.rules.{unknown[0] if unknown else ''}", None,
+          "is not a logical axis of any parameter", f"use one of {', '.join(LOGICAL_AXES)}")
+  return out
+
+
+def logical_spec(names: tuple | None, rules: dict[str, tuple[str, ...]]) -> P:
+  """A parameter's logical names -> its PartitionSpec. A mesh axis is used once per array (a later
+  dimension mapped to an axis already used stays replicated)."""
+  if not names:
+    return P()
+  used, spec = set(), []
+  for name in names:
+    axes = tuple(a for a in rules.get(name, ()) if a not in used) if name else ()
+    used.update(axes)
+    spec.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+  return P(*spec)
+
+
+def is_variable(x) -> bool:
+  return isinstance(x, nnx.Variable)
+
+
+def variable_names(x) -> tuple | None:
+  """The logical axis names a Variable carries (its `out_sharding` metadata), or None."""
+  return x.get_metadata().get("out_sharding") if is_variable(x) else None
+
+
+def _fits(shape, spec: P, sizes: dict[str, int]) -> P:
+  """The spec, with any dimension its axes do not divide left replicated."""
+  out = []
+  for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
+    names = () if axes is None else (axes,) if isinstance(axes, str) else axes
+    out.append(axes if dim % math.prod(sizes[a] for a in names) == 0 else None)
+  return P(*out)
+
+
+def tree_shardings(tree, mesh: jax.sharding.Mesh, rules: dict, *, extra_axis: str | None = None):
+  """NamedShardings for every leaf of `tree` (an abstract train state): Variables by their logical
+  names; other leaves (step counters) replicated. `extra_axis` (ZeRO-1: 'data') also splits the
+  largest dimension it divides."""
+  sizes = dict(mesh.shape)
+
+  def one(x):
+    value = x.get_value() if is_variable(x) else x
+    shape = getattr(value, "shape", ())
+    spec = logical_spec(variable_names(x), rules)
+    spec = _fits(shape, spec, sizes)
+    if extra_axis and sizes.get(extra_axis, 1) > 1 and extra_axis not in _axes_of(spec):
+      spec = _add_axis(shape, spec, extra_axis, sizes)
+    sharding = NamedSharding(mesh, spec)
+    return x.replace(sharding) if is_variable(x) else sharding
+
+  return jax.tree.map(one, tree, is_leaf=is_variable)
+
+
+def _axes_of(spec: P) -> set[str]:
+  out = set()
+  for axes in spec:
+    if axes is not None:
+      out.update((axes,) if isinstance(axes, str) else axes)
+  return out
+
+
+def _add_axis(shape, spec: P, axis: str, sizes: dict[str, int]) -> P:
+  entries = list(tuple(spec) + (None,) * (len(shape) - len(spec)))
+  for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
+    current = () if entries[dim] is None else (
+        (entries[dim],) if isinstance(entries[dim], str) else tuple(entries[dim]))
+    if shape[dim] % (math.prod(sizes[a] for a in current) * sizes[axis]) == 0:
+      entries[dim] = current + (axis,) if current else axis
+      return P(*entries)
+  return spec
 
 
 def make_mesh(mesh_cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:
-  data, context = mesh_shape(mesh_cfg)
-  return jax.make_mesh((data, context), ("data", "context"),
-                       axis_types=(jax.sharding.AxisType.Auto,) * 2,
-                       devices=jax.devices()[:data * context])
+  sizes = mesh_sizes(mesh_cfg)
+  return jax.make_mesh(tuple(sizes.values()), AXES, axis_types=(jax.sharding.AxisType.Auto,) * 4,
+                       devices=jax.devices()[:math.prod(sizes.values())])
 
 
 def single_device_mesh() -> jax.sharding.Mesh:
-  """A 1 x 1 mesh on the first device (what one-device code paths place arrays on)."""
-  return jax.make_mesh((1, 1), ("data", "context"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
+  """A mesh of one device with the four axes (what one-device code paths place arrays on)."""
+  return jax.make_mesh((1, 1, 1, 1), AXES, axis_types=(jax.sharding.AxisType.Auto,) * 4,
                        devices=jax.devices()[:1])
 
 
@@ -65,16 +217,75 @@ def replicated(mesh: jax.sharding.Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
+def batch_axes(mesh: jax.sharding.Mesh) -> tuple[str, ...] | None:
+  """The mesh axes a batch dimension is split over (those of `BATCH_AXES` the mesh has)."""
+  axes = tuple(a for a in BATCH_AXES if a in mesh.axis_names)
+  return axes or None
+
+
 def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
-  """`[B, T]` arrays: B over `data`, T over `context`."""
-  return NamedSharding(mesh, P("data", "context"))
+  """`[B, T]` arrays: B over (`data`, `fsdp`), T over `context`."""
+  return NamedSharding(mesh, P(batch_axes(mesh), "context" if "context" in mesh.axis_names else None))
 
 
 def shard_batch(batch: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
-  """The global host batch (the same on every process) as global arrays sharded `P('data', 'context')`.
-
-  Each process copies only the slices its own devices hold; works for one process or many.
-  """
+  """The global host batch (the same on every process) as global arrays, B over (data, fsdp) and T
+  over context. Each process copies only the slices its own devices hold."""
   sharding = batch_sharding(mesh)
   return {name: jax.make_array_from_callback(x_BT.shape, sharding, lambda index, x_BT=x_BT: x_BT[index])
           for name, x_BT in batch.items()}
+
+
+def per_device_bytes(tree) -> tuple[int, float]:
+  """(bytes one device holds of `tree`'s arrays or abstract arrays with shardings, the fraction of
+  them that are replicated on every device)."""
+  total = replicated_bytes = 0
+  for x in jax.tree.leaves(tree):
+    sharding = getattr(x, "sharding", None)
+    shape = sharding.shard_shape(x.shape) if sharding is not None else x.shape
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+    total += nbytes
+    if sharding is None or sharding.is_fully_replicated:
+      replicated_bytes += nbytes
+  return total, (replicated_bytes / total if total else 0.0)
+
+
+def check_divisible(abstract_params, mesh_cfg: ml_collections.ConfigDict, sizes: dict[str, int]) -> None:
+  """Every parameter dimension a rule shards must be divisible by its mesh axes; raises ConfigError
+  naming the config field that sets the dimension."""
+  rules = parse_rules(mesh_cfg)
+  for x in jax.tree.leaves(abstract_params, is_leaf=is_variable):
+    names = variable_names(x)
+    if not names:
+      continue
+    shape = x.get_value().shape
+    for dim, name in zip(shape, names):
+      axes = rules.get(name, ()) if name else ()
+      size = math.prod(sizes[a] for a in axes)
+      require(dim % size == 0, LOGICAL_AXES.get(name, name), dim,
+              f"is not divisible by {' x '.join(f'mesh.{a}={sizes[a]}' for a in axes)} "
+              f"(mesh.rules.{name}={','.join(axes)!r} shards it)",
+              f"make it a multiple of {size}, or set mesh.rules.{name}='' to keep it replicated")
+
+
+def validate(mesh_cfg: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict,
+             num_devices: int | None = None, grad_accum_steps: int = 1) -> dict[str, int]:
+  """The mesh against the device count, `data.batch_size` and `data.seq_len`; raises ConfigError."""
+  sizes = mesh_sizes(mesh_cfg, num_devices)
+  parse_rules(mesh_cfg)
+  context = sizes["context"]
+  require(data_cfg.seq_len % context == 0, "mesh.context", context,
+          f"must divide data.seq_len={data_cfg.seq_len} (each device holds seq_len / context tokens)",
+          f"set mesh.context to a divisor of {data_cfg.seq_len} or data.seq_len to a multiple of {context}")
+  split = sizes["data"] * sizes["fsdp"]
+  require(data_cfg.batch_size % (split * grad_accum_steps) == 0, "data.batch_size",
+          data_cfg.batch_size,
+          f"must be divisible by the mesh's batch axes (data={sizes['data']} x fsdp={sizes['fsdp']})"
+          + (f" times train.grad_accum_steps={grad_accum_steps}" if grad_accum_steps > 1 else ""),
+          f"set data.batch_size to a multiple of {split * grad_accum_steps}, or lower mesh.data / "
+          "mesh.fsdp" + (" / train.grad_accum_steps" if grad_accum_steps > 1 else ""))
+  return sizes
+
+
+__all__ = ["AXES", "BATCH_AXES", "ConfigError", "batch_sharding", "make_mesh", "mesh_sizes",
+           "per_device_bytes", "replicated", "shard_batch", "tree_shardings", "validate"]

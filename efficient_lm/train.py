@@ -33,6 +33,7 @@ from efficient_lm import models
 from efficient_lm import preemption
 from efficient_lm import sample
 from efficient_lm import sharding
+from efficient_lm import step_memory
 from efficient_lm import train_state
 from efficient_lm import train_step as train_step_lib
 from efficient_lm.ops import ring
@@ -87,6 +88,25 @@ def evaluate(eval_step, params, corpus, split: str, batch_size: int, mesh,
           "eval_bits_per_byte": metrics_lib.bits_per_byte(total_nll, num_bytes)}
 
 
+def make_sharded_eval_step(config: ml_collections.ConfigDict, built: train_state.Built):
+  """The eval step with the train state's parameter shardings and the batch's."""
+  return train_step_lib.make_eval_step(built.graphdef, params_shardings=built.shardings.params,
+                                       batch_sharding=sharding.batch_sharding(built.mesh),
+                                       loss_chunk=config.train.get("loss_chunk", 0))
+
+
+def compile_only(config: ml_collections.ConfigDict) -> dict:
+  """`main --compile_only`: the config validated, the train step compiled from shapes (no data,
+  no parameters), and what it needs per device; nothing is trained or written."""
+  config_check.validate(config)
+  mesh = sharding.make_mesh(config.mesh)
+  built = train_state.build(config, mesh, abstract=True)
+  memory = step_memory.report(step_memory.compile_train_step(config, built), config, built)
+  memory["fits"] = (memory["per_device_available_bytes"] is None
+                    or memory["per_device_total_bytes"] <= memory["per_device_available_bytes"])
+  return memory
+
+
 def model_meta(config: ml_collections.ConfigDict, params) -> dict:
   """What a checkpoint's model is: its name and every parameter's shape."""
   shapes = {jax.tree_util.keystr(path): list(np.shape(x))
@@ -137,6 +157,7 @@ class Run:
   layout: str
   built: train_state.Built
   state: train_state.TrainState
+  train_step: Any               # the compiled step (checked to fit before anything ran)
   ckpt: checkpoint.Checkpointer
   train_iter: Any
   writer: Any
@@ -147,18 +168,24 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   """Data, mesh and train state; the state and data position restored from the workdir if it has
   checkpoints (a workdir of another model is refused)."""
   t = config.train
+  mesh = sharding.make_mesh(config.mesh)
+  # Compile the step first, from shapes only: a step that cannot fit stops here, before any data.
+  abstract = train_state.build(config, mesh, abstract=True)
+  compiled = step_memory.compile_train_step(config, abstract)
+  memory = step_memory.report(compiled, config, abstract)
+  log.info("%s", step_memory.describe(memory))
+  step_memory.check_fits(memory)
+  log.info("%s", abstract.describe())
+
   corpus = distributed.primary_first(lambda: data.load(config.data), "data prepared")
   check_eval_split(config, corpus.splits)
   if distributed.is_primary():
     _write_workdir_files(config, workdir, corpus.tokenizer)
-  mesh = sharding.make_mesh(config.mesh)
   built = train_state.build(config, mesh)
   meta = model_meta(config, built.state.params)
 
   ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=t.keep_checkpoints)
   train_iter = corpus.train_iterator(batch_size=config.data.batch_size, seed=t.seed)
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                          built.state)
   saved_meta = {}
 
   def check_meta(saved: dict) -> None:
@@ -166,7 +193,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     saved_meta.update(saved)
 
   state = built.state
-  restored = ckpt.restore_latest(abstract, check_meta)
+  restored = ckpt.restore_latest(abstract.state, check_meta)
   if restored is not None:
     latest, state, data_state = restored
     train_iter.set_state(data_state)
@@ -176,8 +203,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
            f"{built.num_params:,}", f"{corpus.num_tokens('train'):,}", workdir)
   writer = metrics_lib.MetricWriter(workdir) if distributed.is_primary() else metrics_lib.NullWriter()
   return Run(config=config, workdir=workdir, corpus=corpus, mesh=mesh,
-             layout=models.sequence_layout(config.model, mesh), built=built, state=state, ckpt=ckpt,
-             train_iter=train_iter, writer=writer, meta=meta)
+             layout=models.sequence_layout(config.model, mesh), built=built, state=state,
+             train_step=compiled, ckpt=ckpt, train_iter=train_iter, writer=writer, meta=meta)
 
 
 def _warn_if_rate_jumps(saved_rate: float | None, new_rate: float, step: int) -> None:
@@ -195,8 +222,8 @@ def train_steps(run: Run) -> tuple[dict[str, float], dict | None]:
   preemption summary if a stop signal ended the loop early, else None)."""
   t = run.config.train
   built = run.built
-  train_step = train_step_lib.make_train_step(built.graphdef, built.tx, built.schedule, t.seed)
-  eval_step = train_step_lib.make_eval_step(built.graphdef)
+  train_step = run.train_step
+  eval_step = make_sharded_eval_step(run.config, built)
   start_step = int(run.state.step)
   progress = metrics_lib.Progress(start_step, t.num_steps,
                                   run.config.data.batch_size * run.config.data.seq_len)
@@ -262,7 +289,7 @@ def report(run: Run, eval_metrics: dict[str, float], seconds: float) -> dict:
   logged, with a text sample from the final parameters."""
   t = run.config.train
   if not eval_metrics:
-    eval_step = train_step_lib.make_eval_step(run.built.graphdef)
+    eval_step = make_sharded_eval_step(run.config, run.built)
     eval_metrics = evaluate(eval_step, run.state.params, run.corpus, t.eval_split,
                             run.config.data.batch_size, run.mesh, run.layout)
   summary = {"step": int(run.state.step), **eval_metrics, "train_seconds": seconds}

@@ -39,6 +39,16 @@ class Built:
   tx: optax.GradientTransformation
   schedule: optax.Schedule
   shardings: TrainState         # NamedSharding of every leaf of `state`
+  mesh: jax.sharding.Mesh
+
+  def describe(self) -> str:
+    """Parameters and optimizer state per device: bytes and the replicated share."""
+    params, params_replicated = sharding.per_device_bytes(self.state.params)
+    opt, opt_replicated = sharding.per_device_bytes(self.state.opt_state)
+    mib = lambda b: f"{b / 2**20:,.1f} MiB"
+    return (f"per device: parameters {mib(params)} ({params_replicated:.0%} replicated), optimizer "
+            f"state {mib(opt)} ({opt_replicated:.0%} replicated) on a "
+            f"{' x '.join(f'{a}={n}' for a, n in self.mesh.shape.items())} mesh")
 
   @property
   def num_params(self) -> int:
@@ -47,29 +57,36 @@ class Built:
 
 def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None, *,
           abstract: bool = False, seed: int | None = None) -> Built:
-  """The train state of `config` (parameters from `train.seed`, or `seed`), placed on `mesh`.
+  """The train state of `config` (parameters from `train.seed`, or `seed`), sharded on `mesh`.
 
+  Every parameter is placed by its logical axis names and `mesh.rules`
+  (`sharding.tree_shardings`); the optimizer state like its parameter (also
+  over `data` with `mesh.shard_optimizer_over_data`); the step replicated.
   With a mesh whose `context` axis has several devices the model calls the
   ring ops. `abstract=True` gives shapes, dtypes and shardings only (nothing is
   computed): what a checkpoint restores onto, or what `--compile_only` compiles.
   """
   seed = config.train.seed if seed is None else seed
+  mesh = sharding.single_device_mesh() if mesh is None else mesh
+  rules = sharding.parse_rules(config.mesh)
   tx, schedule = optimizer.make_optimizer(config.train)
+  make_model = lambda: models.create(config.model, rngs=nnx.Rngs(seed), mesh=mesh)
 
   def init() -> TrainState:
-    model = models.create(config.model, rngs=nnx.Rngs(seed), mesh=mesh)
-    params = nnx.state(model)
+    params = nnx.state(make_model())
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
-  graphdef = nnx.graphdef(nnx.eval_shape(
-      lambda: models.create(config.model, rngs=nnx.Rngs(seed), mesh=mesh)))
+  graphdef = nnx.graphdef(nnx.eval_shape(make_model))
   shapes = jax.eval_shape(init)
-  if mesh is None:
-    mesh = sharding.single_device_mesh()
-  shardings = jax.tree.map(lambda _: sharding.replicated(mesh), shapes)
+  zero1 = "data" if config.mesh.get("shard_optimizer_over_data", False) else None
+  shardings = TrainState(
+      step=sharding.replicated(mesh),
+      params=sharding.tree_shardings(shapes.params, mesh, rules),
+      opt_state=sharding.tree_shardings(shapes.opt_state, mesh, rules, extra_axis=zero1))
   if abstract:
     state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                          shapes, shardings)
   else:
     state = jax.jit(init, out_shardings=shardings)()
-  return Built(graphdef=graphdef, state=state, tx=tx, schedule=schedule, shardings=shardings)
+  return Built(graphdef=graphdef, state=state, tx=tx, schedule=schedule, shardings=shardings,
+               mesh=mesh)

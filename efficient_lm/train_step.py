@@ -34,34 +34,104 @@ def weighted_nll(logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.A
   return jnp.sum(nll_BT * weights_BT), jnp.sum(weights_BT)
 
 
-def make_train_step(graphdef, tx, schedule, seed: int):
-  """`train_step(state, batch) -> (state, metrics)`, jitted, the state donated."""
+def chunked_weighted_nll(model, x_BTD: jax.Array, targets_BT: jax.Array, weights_BT: jax.Array,
+                         chunk: int) -> tuple[jax.Array, jax.Array]:
+  """`weighted_nll(model.logits(x), ...)` without ever holding `[B, T, V]` logits when `chunk` > 0:
+  the final norm, the head and the cross-entropy run over chunks of `chunk` positions in a
+  `lax.scan`, each chunk rematerialized in the backward pass. Equal to the unchunked loss."""
+  B, T, D = x_BTD.shape
+  targets_BT, weights_BT = targets_BT[:, -T:], weights_BT[:, -T:]
+  if not chunk or chunk >= T:
+    return weighted_nll(model.logits(x_BTD), targets_BT, weights_BT)
+  n = -(-T // chunk)
+  pad = n * chunk - T  # padded positions have weight 0
+  split = lambda a: jnp.moveaxis(jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2)).reshape(
+      B, n, chunk, *a.shape[2:]), 1, 0)
+
+  @jax.checkpoint
+  def body(carry, chunk_inputs):
+    x_BCD, t_BC, w_BC = chunk_inputs
+    nll, weight = weighted_nll(model.logits(x_BCD), t_BC, w_BC)
+    return (carry[0] + nll, carry[1] + weight), None
+
+  zero = jnp.zeros((), jnp.float32)
+  (nll, weight), _ = jax.lax.scan(body, (zero, zero),
+                                  (split(x_BTD), split(targets_BT), split(weights_BT)))
+  return nll, weight
+
+
+def model_nll(model, batch: dict, *, loss_chunk: int = 0, dropout_key=None
+              ) -> tuple[jax.Array, jax.Array]:
+  """(summed NLL, summed weight) of a batch under `model` (chunked over positions when asked)."""
+  x_BTD = model.hidden(batch["inputs"], positions_BT=batch.get("positions"), dropout_key=dropout_key)
+  return chunked_weighted_nll(model, x_BTD, batch["targets"], batch["weights"], loss_chunk)
+
+
+def make_train_step(graphdef, tx, schedule, seed: int, *, state_shardings=None,
+                    batch_sharding=None, grad_accum_steps: int = 1, loss_chunk: int = 0):
+  """`train_step(state, batch) -> (state, metrics)`, jitted, the state donated.
+
+  With shardings (`train_state.Built.shardings`, `sharding.batch_sharding`) the
+  step is jitted with them as in and out shardings: the state stays where it
+  was created, the batch is split over the batch axes. `grad_accum_steps` = k
+  splits the batch into k microbatches (rows j with j % k == i: a device's own
+  rows, so no data moves) whose summed NLL and gradients a `lax.scan`
+  accumulates: the same loss and gradients as the whole batch in one pass, for
+  the memory of one microbatch.
+  """
+
+  def nll_and_weight(params, batch, key):
+    return model_nll(nnx.merge(graphdef, params), batch, loss_chunk=loss_chunk, dropout_key=key)
+
+  def summed_grads(params, batch, key):
+    """(summed NLL, summed weight, gradient of the summed NLL)."""
+    nll = nll_and_weight  # (value, aux) = (summed NLL, summed weight)
+    if grad_accum_steps == 1:
+      (total, weight), grads = jax.value_and_grad(nll, has_aux=True)(params, batch, key)
+      return total, weight, grads
+    k = grad_accum_steps
+    micro = jax.tree.map(lambda x: jnp.moveaxis(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 1, 0),
+                         batch)
+
+    def body(carry, i_and_batch):
+      i, microbatch = i_and_batch
+      total, weight, grads = carry
+      (t, w), g = jax.value_and_grad(nll, has_aux=True)(params, microbatch,
+                                                         jax.random.fold_in(key, i))
+      return (total + t, weight + w, jax.tree.map(jnp.add, grads, g)), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    (total, weight, grads), _ = jax.lax.scan(
+        body, (jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32), zeros),
+        (jnp.arange(k), micro))
+    return total, weight, grads
 
   def train_step(state: TrainState, batch: dict) -> tuple[TrainState, dict]:
     key = dropout_key(seed, state.step)
-
-    def loss_fn(params):
-      logits = nnx.merge(graphdef, params)(batch["inputs"], positions_BT=batch.get("positions"),
-                                           dropout_key=key)
-      nll, weight = weighted_nll(logits, batch["targets"], batch["weights"])
-      return nll / jnp.maximum(weight, 1.0)
-
-    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    total, weight, grads = summed_grads(state.params, batch, key)
+    scale = 1.0 / jnp.maximum(weight, 1.0)
+    loss = total * scale
+    grads = jax.tree.map(lambda g: g * scale, grads)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     step_metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
                     "learning_rate": schedule(state.step)}
     return TrainState(step=state.step + 1, params=params, opt_state=opt_state), step_metrics
 
-  return jax.jit(train_step, donate_argnums=0)
+  if state_shardings is None:
+    return jax.jit(train_step, donate_argnums=0)
+  replicated = jax.sharding.NamedSharding(batch_sharding.mesh, jax.sharding.PartitionSpec())
+  return jax.jit(train_step, donate_argnums=0, in_shardings=(state_shardings, batch_sharding),
+                 out_shardings=(state_shardings, replicated))
 
 
-def make_eval_step(graphdef):
-  """`eval_step(params, batch) -> (summed NLL, summed weights)`, jitted."""
+def make_eval_step(graphdef, *, params_shardings=None, batch_sharding=None, loss_chunk: int = 0):
+  """`eval_step(params, batch) -> (summed NLL, summed weights)`, jitted (with the shardings, when
+  given, as in shardings)."""
 
-  @jax.jit
   def eval_step(params, batch):
-    logits = nnx.merge(graphdef, params)(batch["inputs"], positions_BT=batch.get("positions"))
-    return weighted_nll(logits, batch["targets"], batch["weights"])
+    return model_nll(nnx.merge(graphdef, params), batch, loss_chunk=loss_chunk)
 
-  return eval_step
+  if params_shardings is None:
+    return jax.jit(eval_step)
+  return jax.jit(eval_step, in_shardings=(params_shardings, batch_sharding))

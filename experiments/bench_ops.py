@@ -1,7 +1,7 @@
 """Times attention ops, forward + backward, against T: the linear-vs-quadratic check.
 
     python -m experiments.bench_ops --ops=causal,block_local:256,sliding:256,pi:256:512:4 \
-        --seq_lens=2048,4096,16384 --repeats=5
+        --seq_lens=2048,4096,16384 --repeats=5 [--baseline_rev=c450ccc] [--memory]
 
 Each op runs jitted on random `[B, T, H, K]` inputs (B=1, H=4, K=64 by default);
 the figure is the median wall time of `repeats` calls after compilation. The
@@ -10,11 +10,25 @@ doubles it per doubling of T) and, at each T, over `causal` at that T.
 Measured side by side in one process, so the ratios are meaningful on a noisy
 machine even when the absolute times are not. Ops that do not fit (causal at
 long T) can be limited with --max_causal_len.
+
+`--baseline_rev=REV` also times `efficient_lm/ops` as it was at git revision
+REV (extracted with `git show` into a temporary package), interleaved call by
+call with the current ops, and reports current / baseline. `--memory` compiles
+only and reports the compiled fwd+bwd temporary bytes (`memory_analysis()`),
+total and per token.
+
+Op specs: 'causal' (impl flash), 'causal_ref' (the dense reference einsum),
+'block_local:L[:lookback]', 'sliding:W', 'pi:W:P:S'.
 """
 
 import argparse
+import importlib
 import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import jax
@@ -22,37 +36,72 @@ import jax.numpy as jnp
 
 from efficient_lm.ops import attention
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-def make_op(spec: str):
-  """'causal' | 'block_local:L[:lookback]' | 'sliding:W' | 'pi:W:P:S' -> f(q, k, v)."""
+
+def load_baseline(rev: str):
+  """The `attention` module of `efficient_lm/ops` at git revision `rev`, under another package name."""
+  git = lambda *a: subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True,
+                                  check=True).stdout
+  package = "baseline_ops_" + "".join(c if c.isalnum() else "_" for c in rev)
+  root = tempfile.mkdtemp(prefix="bench_ops_")
+  os.makedirs(os.path.join(root, package))
+  for path in git("ls-tree", "--name-only", rev, "efficient_lm/ops/").split():
+    if path.endswith(".py"):
+      source = git("show", f"{rev}:{path}").replace("efficient_lm.ops", package)
+      with open(os.path.join(root, package, os.path.basename(path)), "w", encoding="utf-8") as f:
+        f.write(source)
+  sys.path.insert(0, root)
+  return importlib.import_module(f"{package}.attention")
+
+
+def make_op(spec: str, module=attention):
+  """An op spec (see the module docstring) -> f(q, k, v) from `module`."""
   name, *args = spec.split(":")
   nums = [int(a) for a in args]
   if name == "causal":
-    return attention.causal_attention
+    return module.causal_attention
+  if name == "causal_ref":
+    return lambda q, k, v: module.causal_attention(q, k, v, impl="reference")
   if name == "block_local":
-    return lambda q, k, v: attention.block_local_attention(
+    return lambda q, k, v: module.block_local_attention(
         q, k, v, block_size=nums[0], lookback=nums[1] if len(nums) > 1 else 0)
   if name == "sliding":
-    return lambda q, k, v: attention.sliding_window_attention(q, k, v, window=nums[0])
+    return lambda q, k, v: module.sliding_window_attention(q, k, v, window=nums[0])
   if name == "pi":
     def pi(q, k, v):
       gate = jnp.full(q.shape[:3], 0.5, q.dtype)
-      return attention.pi_attention(q, k, v, gate, window=nums[0], period=nums[1], num_skips=nums[2])
+      return module.pi_attention(q, k, v, gate, window=nums[0], period=nums[1], num_skips=nums[2])
     return pi
   raise ValueError(f"unknown op spec {spec!r}")
 
 
-def time_fwd_bwd(op, T: int, *, batch: int, heads: int, head_dim: int, repeats: int) -> float:
+def inputs(T: int, *, batch: int, heads: int, head_dim: int, dtype=jnp.float32):
   keys = jax.random.split(jax.random.key(0), 3)
-  q, k, v = (jax.random.normal(key, (batch, T, heads, head_dim), jnp.float32) for key in keys)
-  step = jax.jit(jax.grad(lambda q, k, v: jnp.sum(op(q, k, v) ** 2), argnums=(0, 1, 2)))
-  jax.block_until_ready(step(q, k, v))  # compile
-  times = []
+  return [jax.random.normal(key, (batch, T, heads, head_dim), dtype) for key in keys]
+
+
+def fwd_bwd(op):
+  return jax.jit(jax.grad(lambda q, k, v: jnp.sum(op(q, k, v) ** 2), argnums=(0, 1, 2)))
+
+
+def compiled_temp_bytes(op, T: int, *, batch: int, heads: int, head_dim: int) -> int:
+  shape = jax.ShapeDtypeStruct((batch, T, heads, head_dim), jnp.float32)
+  compiled = fwd_bwd(op).lower(shape, shape, shape).compile()
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
+def time_calls(steps: list, args, repeats: int) -> list[float]:
+  """Median seconds of each compiled step, called in turn (interleaved) `repeats` times."""
+  for step in steps:
+    jax.block_until_ready(step(*args))  # compile
+  times = [[] for _ in steps]
   for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(step(q, k, v))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+    for step, out in zip(steps, times):
+      start = time.perf_counter()
+      jax.block_until_ready(step(*args))
+      out.append(time.perf_counter() - start)
+  return [statistics.median(t) for t in times]
 
 
 def main():
@@ -64,29 +113,67 @@ def main():
   parser.add_argument("--head_dim", type=int, default=64)
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--max_causal_len", type=int, default=8192)
+  parser.add_argument("--baseline_rev", default="",
+                      help="also time efficient_lm/ops at this git revision, interleaved")
+  parser.add_argument("--memory", action="store_true",
+                      help="compile only; report fwd+bwd temporary bytes")
   parser.add_argument("--json", default="", help="also write the results to this file")
   args = parser.parse_args()
   specs = args.ops.split(",")
   seq_lens = [int(t) for t in args.seq_lens.split(",")]
-  results = {}
+  shape = dict(batch=args.batch, heads=args.heads, head_dim=args.head_dim)
+  baseline = load_baseline(args.baseline_rev) if args.baseline_rev else None
+  print(f"uptime: {os.getloadavg()} (1, 5, 15 min load averages)", flush=True)
+
+  if args.memory:
+    rows = []
+    print("| op | T | temp MiB | bytes / token |\n| --- | --- | --- | --- |")
+    for spec in specs:
+      for T in seq_lens:
+        temp = compiled_temp_bytes(make_op(spec), T, **shape)
+        rows.append({"op": spec, "seq_len": T, "temp_bytes": temp})
+        print(f"| {spec} | {T} | {temp / 2**20:,.1f} | {temp / T:,.0f} |", flush=True)
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump(rows, f, indent=1)
+    return
+
+  results, base_results = {}, {}
   for spec in specs:
     for T in seq_lens:
-      if spec == "causal" and T > args.max_causal_len:
+      if spec.startswith("causal") and T > args.max_causal_len:
         continue
-      results[(spec, T)] = time_fwd_bwd(make_op(spec), T, batch=args.batch, heads=args.heads,
-                                        head_dim=args.head_dim, repeats=args.repeats)
-      print(f"{spec:>20} T={T:>6}: {1e3 * results[(spec, T)]:9.1f} ms", flush=True)
-  print(f"\nfwd+bwd median of {args.repeats}, B={args.batch} H={args.heads} K={args.head_dim}\n")
-  print(f"| op | T | ms | vs T={seq_lens[0]} | causal / op |")
-  print("| --- | --- | --- | --- | --- |")
+      steps = [fwd_bwd(make_op(spec))]
+      if baseline is not None and spec != "causal_ref":
+        steps.append(fwd_bwd(make_op(spec, baseline)))
+      times = time_calls(steps, inputs(T, **shape), args.repeats)
+      results[(spec, T)] = times[0]
+      line = f"{spec:>20} T={T:>6}: {1e3 * times[0]:9.1f} ms"
+      if len(times) > 1:
+        base_results[(spec, T)] = times[1]
+        line += f"   baseline {1e3 * times[1]:9.1f} ms   current / baseline {times[0] / times[1]:.3f}"
+      print(line, flush=True)
+  print(f"\nfwd+bwd median of {args.repeats}, B={args.batch} H={args.heads} K={args.head_dim}"
+        + (f"; baseline = efficient_lm/ops at {args.baseline_rev}" if baseline else "") + "\n")
+  print("| op | T | ms | vs T=" + str(seq_lens[0]) + " | causal / op |"
+        + (" baseline ms | baseline vs T=" + str(seq_lens[0]) + " | current / baseline |"
+           if baseline else ""))
+  print("| --- | --- | --- | --- | --- |" + (" --- | --- | --- |" if baseline else ""))
   for (spec, T), seconds in results.items():
     base = results.get((spec, seq_lens[0]))
     causal = results.get(("causal", T))
-    print(f"| {spec} | {T} | {1e3 * seconds:.1f} | {seconds / base:.2f} | "
-          f"{'' if causal is None else f'{causal / seconds:.2f}'} |")
+    line = (f"| {spec} | {T} | {1e3 * seconds:.1f} | {seconds / base:.2f} | "
+            f"{'' if causal is None else f'{causal / seconds:.2f}'} |")
+    if baseline:
+      old, old_first = base_results.get((spec, T)), base_results.get((spec, seq_lens[0]))
+      line += ("   |   |   |" if old is None else
+               f" {1e3 * old:.1f} | {old / old_first:.2f} | {seconds / old:.3f} |")
+    print(line)
+  print(f"\nuptime: {os.getloadavg()}")
   if args.json:
     with open(args.json, "w") as f:
-      json.dump([{"op": s, "seq_len": T, "seconds": v} for (s, T), v in results.items()], f, indent=1)
+      json.dump([{"op": s, "seq_len": T, "seconds": v, "baseline_seconds": base_results.get((s, T))}
+                 for (s, T), v in results.items()], f, indent=1)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Every test process sees 8 fake CPU devices (set here, before anything imports
 jax) so the context-parallel tests can build meshes; the tiny training configs
-pin `mesh.data=1`, so the other tests run on one device as before.
+pin `mesh.fsdp=1` (and data, tensor, context 1), so the other tests run on one device.
 """
 
 import os
@@ -80,7 +80,7 @@ def load_config(name: str, preset: str | None = None):
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   config = module.get_config(preset)
-  config.mesh.data = 1  # as on one device: the tests see 8 fake ones (mesh.data=-1 would take all)
+  config.mesh.fsdp = 1  # as on one device: the tests see 8 fake ones (mesh.fsdp=-1 would take all)
   return config
 
 
@@ -96,7 +96,7 @@ TINY = {
     'model': dict(d_model=32, num_layers=2, num_heads=2, mlp_ratio=2),
     'train': dict(num_steps=40, learning_rate=3e-3, warmup_steps=5, log_every=5, eval_every=20,
                   checkpoint_every=10, sample_tokens=8),
-    'mesh': dict(data=1, context=1),  # one of the 8 fake devices
+    'mesh': dict(data=1, fsdp=1, tensor=1, context=1),  # one of the 8 fake devices
 }
 
 

@@ -1,8 +1,6 @@
 """BCMT and HOnly: causality at block boundaries, streaming decoding, config checks, training."""
 
 import functools
-import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -12,8 +10,9 @@ from flax import nnx
 
 from conftest import load_config
 from efficient_lm import models
-from efficient_lm import train
+from efficient_lm.models import bcmt
 from efficient_lm.models import decoder
+from efficient_lm.models import layers
 from efficient_lm.validation import ConfigError
 from test_models import tiny_model_config
 
@@ -34,7 +33,7 @@ def grads_of_output(name, ts=BOUNDARIES):
 
   @jax.jit
   def grad_norms(params, x_BTD, t):
-    out = lambda x, p: jnp.sum(nnx.merge(graphdef, p).decode(x)[0, t])
+    out = lambda x, p: jnp.sum(nnx.merge(graphdef, p).from_embeddings(x)[0, t])
     return jnp.linalg.norm(jax.grad(out, argnums=(0, 1))(x_BTD, params)[0][0], axis=-1)
 
   return {t: np.asarray(grad_norms(params, x_BTD, t)) for t in ts}
@@ -126,11 +125,57 @@ def test_unknown_preset_is_refused():
     load_config("bcmt", "100")
 
 
-def test_tiny_training_run_loss_falls(tiny_config, tmp_path):
-  config = tiny_config("bcmt", num_steps=30, eval_every=30, checkpoint_every=30)
-  config.model.block_size = L
-  summary = train.train_and_evaluate(config, str(tmp_path))
-  with open(os.path.join(tmp_path, "metrics.jsonl")) as f:
-    losses = [r["loss"] for r in map(json.loads, f) if "loss" in r]
-  assert losses[-1] < losses[0] - 0.5
-  assert np.isfinite(summary["eval_loss"])
+def plain_bcmt_mixer(p, x_BTD, *, num_heads, block_size, alpha, rope_base):
+  """BCMT's five steps written out plainly from the mixer's parameters `p` (a nested dict):
+  dense masked block-local attention, pool, memory (a double sum), project, shift, gate."""
+  B, T, D = x_BTD.shape
+  L, N, H = block_size, T // block_size, num_heads
+  qkv = (x_BTD @ p["attn"]["qkv"]["kernel"]).reshape(B, T, 3, H, D // H)
+  positions = jnp.broadcast_to(jnp.arange(T), (B, T))
+  q, k = (layers.rope(qkv[:, :, i], positions, rope_base) for i in range(2))
+  v = qkv[:, :, 2]
+  i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+  allowed = (j <= i) & (j // L == i // L)
+  logits = jnp.einsum("bihk,bjhk->bhij", q, k) / np.sqrt(D // H)
+  probs = jax.nn.softmax(jnp.where(allowed, logits, -jnp.inf), axis=-1)
+  h = jnp.einsum("bhij,bjhk->bihk", probs, v).reshape(B, T, D) @ p["attn"]["out"]["kernel"]
+  # 1. pool: softmax over each block's tokens of h . w_pool, then the weighted sum.
+  h_BNLD = h.reshape(B, N, L, D)
+  a = jax.nn.softmax(jnp.einsum("bnld,do->bnl", h_BNLD, p["pool"]["kernel"]), axis=-1)
+  s = jnp.einsum("bnl,bnld->bnd", a, h_BNLD)
+  # 2. memory: m[b] = sum_{c<=b} alpha^(b-c) s[c] / sum_{c<=b} alpha^(b-c).
+  m = jnp.stack([sum(alpha ** (b - c) * s[:, c] for c in range(b + 1))
+                 / sum(alpha ** (b - c) for c in range(b + 1)) for b in range(N)], axis=1)
+  # 3. project, 4. shift by one block (block 0 gets zeros).
+  proj = m @ p["memory_proj"]["kernel"]
+  shifted = jnp.concatenate([jnp.zeros_like(proj[:, :1]), proj[:, :-1]], axis=1)
+  p_BTD = jnp.repeat(shifted, L, axis=1)
+  # 5. gate: out = h + sigmoid(W_g [h; p] + b_g) * p.
+  g = jax.nn.sigmoid(h @ p["gate_h"]["kernel"] + p["gate_h"]["bias"] + p_BTD @ p["gate_p"]["kernel"])
+  return h + g * p_BTD
+
+
+def test_mixer_equals_its_five_steps_written_plainly():
+  """The BCMT mixer against the plain reference, value and every gradient, on random weights."""
+  cfg = tiny_model_config("bcmt", block_size=L, alpha=0.7)
+  mixer = bcmt.make_mixer(cfg, 0, nnx.Rngs(5))
+  graphdef, state = nnx.split(mixer)
+  # Random weights everywhere (the initializers leave biases at zero).
+  leaves, treedef = jax.tree.flatten(state)
+  keys = jax.random.split(jax.random.key(6), len(leaves))
+  state = jax.tree.unflatten(treedef, [0.3 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
+  x_BTD = jax.random.normal(jax.random.key(7), (2, cfg.seq_len, cfg.d_model))
+  positions = jnp.broadcast_to(jnp.arange(cfg.seq_len), (2, cfg.seq_len))
+  cot = jax.random.normal(jax.random.key(8), x_BTD.shape)
+
+  fast = lambda s, x: jnp.sum(cot * nnx.merge(graphdef, s)(x, positions))
+  plain = lambda s, x: jnp.sum(cot * plain_bcmt_mixer(
+      nnx.to_pure_dict(s), x, num_heads=cfg.num_heads, block_size=L, alpha=0.7,
+      rope_base=cfg.rope_base))
+  (got, got_grads), (want, want_grads) = (jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(state, x_BTD)
+                                          for f in (fast, plain))
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  flat_got, flat_want = (jax.tree_util.tree_leaves_with_path(g) for g in (got_grads, want_grads))
+  assert len(flat_got) == len(flat_want) == len(leaves) + 1
+  for (path, g), (_, w) in zip(flat_got, flat_want):
+    np.testing.assert_allclose(g, w, atol=2e-5, rtol=2e-4, err_msg=jax.tree_util.keystr(path))

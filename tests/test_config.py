@@ -1,6 +1,5 @@
 """Config files and their validation: one clear line naming the field, before any work."""
 
-import os
 import subprocess
 import sys
 import time
@@ -35,6 +34,8 @@ def test_dense_config_is_valid_and_linked():
     ("model", "num_layers", 0),
     ("model", "d_model", 250),
     ("mesh", "data", 3),
+    ("mesh", "fsdp", 0),
+    ("mesh", "tensor", 3),
     ("mesh", "context", 3),
     ("train", "eval_split", "valdation"),
     ("train", "schedule", "linear"),

@@ -3,7 +3,6 @@
 (The Perceiver-AR family's caches are tested in test_perceiver_decoding.py.)
 """
 
-import os
 import subprocess
 import sys
 

@@ -4,7 +4,6 @@ The references build the full `[T, T]` mask from the ops' definitions (docs/arch
 position pair at a time; the ops must agree forward and in every gradient.
 """
 
-import itertools
 
 import jax
 import jax.numpy as jnp

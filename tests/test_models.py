@@ -49,7 +49,7 @@ def test_causal_through_gradients(name, position):
 
   @jax.jit
   def grad_of_output(params, x_BTD, t):
-    out = lambda x, p: jnp.sum(nnx.merge(graphdef, p).decode(x)[0, t - (T - Tp)])
+    out = lambda x, p: jnp.sum(nnx.merge(graphdef, p).from_embeddings(x)[0, t - (T - Tp)])
     return jax.grad(out, argnums=(0, 1))(x_BTD, params)[0]
 
   for t in sorted({T - Tp, T - Tp + 1, (2 * T - Tp) // 2, T - 2, T - 1}):

@@ -1,4 +1,4 @@
-"""Many processes, one job: two local processes (gloo) train like one 4-device process; the mesh's checks."""
+"""Many processes, one job: two local processes (gloo) train like one 4-device process."""
 
 import json
 import os
@@ -10,15 +10,10 @@ import sys
 import time
 
 import jax
-import ml_collections
-import numpy as np
 import pytest
 
 from conftest import REPO
-from efficient_lm import config_check
 from efficient_lm import distributed
-from efficient_lm import sharding
-from efficient_lm import train
 from efficient_lm.validation import ConfigError
 
 # Environment that would make a child (or this process) join some other job.
@@ -84,10 +79,11 @@ def launch(args, log_dir, *, num_processes: int, devices_per_process: int, timeo
 
 
 def cli_args(archive, data_dir, workdir, **train_overrides):
-  """The tiny dense config on every device of the job (`mesh.data=-1`: 4-way data parallel)."""
+  """The tiny dense config on every device of the job (`mesh.fsdp=-1`: parameters and optimizer
+  state sharded 4 ways, across the two processes)."""
   from conftest import _tiny_sections  # the CLI fixture is function-scoped
   sections = _tiny_sections(archive, data_dir, train_overrides)
-  sections["mesh"] = dict(data=-1, context=1)
+  sections["mesh"] = dict(data=1, fsdp=-1, tensor=1, context=1)
   return ["--config=configs/dense.py", f"--workdir={workdir}"] + [
       f"--config.{section}.{k}={v}" for section, fields in sections.items() for k, v in fields.items()]
 
@@ -191,71 +187,6 @@ def test_sigterm_to_one_process_stops_the_whole_job_at_one_step(runs, shakespear
   assert step % 5 == 0 and 15 <= step < 3000  # a log step after the one seen
   saved = [d for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
   assert saved == [str(step)]
-
-
-# ---------------------------------------------------------------------------------------------
-# The mesh: sizes checked against the devices, the batch and the sequence, before anything compiles.
-
-
-def mesh_cfg(data, context):
-  return ml_collections.ConfigDict(dict(data=data, context=context))
-
-
-def data_cfg(seq_len=32, batch_size=8):
-  return ml_collections.ConfigDict(dict(seq_len=seq_len, batch_size=batch_size))
-
-
-@pytest.mark.parametrize("data, context, seq_len, batch_size, message", [
-    (-1, 3, 32, 8, "mesh.context=3 must be a positive divisor of the 8 available device(s); set"),
-    (3, 2, 32, 8, "mesh.data=3 times mesh.context=2 must equal the 8 available device(s); set "
-     "mesh.data=-1 (all devices) or mesh.data=4"),
-    (-1, 4, 30, 8, "mesh.context=4 must divide data.seq_len=30 (each device holds seq_len / context "
-     "tokens); set mesh.context to a divisor of 30 or data.seq_len to a multiple of 4"),
-    (4, 2, 32, 6, "data.batch_size=6 must be divisible by the mesh's data axis (4 devices); set "
-     "data.batch_size to a multiple of 4 or lower mesh.data"),
-    (-1, 0, 32, 8, "mesh.context=0 must be a positive divisor"),
-])
-def test_bad_mesh_is_named_with_the_fix(data, context, seq_len, batch_size, message):
-  with pytest.raises(ConfigError) as error:
-    sharding.validate(mesh_cfg(data, context), data_cfg(seq_len, batch_size), num_devices=8)
-  assert str(error.value).startswith(message), str(error.value)
-
-
-@pytest.mark.parametrize("data, context, expected", [(-1, 1, (8, 1)), (-1, 2, (4, 2)), (2, 4, (2, 4)),
-                                                     (1, 8, (1, 8))])
-def test_good_mesh_shapes(data, context, expected):
-  assert sharding.mesh_shape(mesh_cfg(data, context), num_devices=8) == expected
-  sharding.validate(mesh_cfg(data, context), data_cfg(), num_devices=8)
-
-
-def test_bad_mesh_stops_training_before_data_or_compile(tiny_config, tmp_path):
-  config = tiny_config()
-  config.mesh.context = jax.device_count() + 1
-  config.data.data_dir = str(tmp_path / "data")
-  with pytest.raises(ConfigError, match=r"^mesh\.context="):
-    train.train_and_evaluate(config, str(tmp_path / "run"))
-  assert not (tmp_path / "data").exists() and not (tmp_path / "run").exists()
-  config.mesh.context = 1
-  config.mesh.data = jax.device_count() + 1
-  with pytest.raises(ConfigError, match=r"^mesh\.data="):
-    config_check.validate(config)
-
-
-def test_shard_batch_places_the_global_batch_data_by_context():
-  devices = jax.device_count()
-  context = 2 if devices % 2 == 0 else 1
-  data = devices // context
-  mesh = sharding.make_mesh(mesh_cfg(-1, context))
-  rng = np.random.default_rng(0)
-  batch = {"inputs": rng.integers(0, 100, (2 * data, 4 * context), dtype=np.int32),
-           "weights": rng.random((2 * data, 4 * context), dtype=np.float32)}
-  placed = sharding.shard_batch(batch, mesh)
-  for name, x in placed.items():
-    assert x.sharding.spec == jax.P("data", "context")
-    np.testing.assert_array_equal(np.asarray(x), batch[name])
-    for shard in x.addressable_shards:  # each device holds its [B / data, T / context] block
-      assert shard.data.shape == (2, 4)
-      np.testing.assert_array_equal(np.asarray(shard.data), batch[name][shard.index])
 
 
 # ---------------------------------------------------------------------------------------------

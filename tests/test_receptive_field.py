@@ -19,7 +19,7 @@ def gradient_support(cfg) -> np.ndarray:
 
   @jax.jit
   def grad(params, x_BTD):
-    out = lambda x, p: jnp.sum(nnx.merge(graphdef, p).decode(x)[0, -1])
+    out = lambda x, p: jnp.sum(nnx.merge(graphdef, p).from_embeddings(x)[0, -1])
     return jax.grad(out, argnums=(0, 1))(x_BTD, params)[0]
 
   return np.linalg.norm(np.asarray(grad(params, model.embed_tokens(tokens))[0]), axis=-1) > 0

@@ -18,6 +18,7 @@ from efficient_lm.models import dense
 from efficient_lm.models import ecp
 from efficient_lm.models import perceiver_ar
 from efficient_lm.models import pi_attention
+from efficient_lm.ops import attention
 from efficient_lm.ops import op_set
 from efficient_lm.validation import ConfigError, require, require_positive_int
 
@@ -30,7 +31,8 @@ class ModelEntry:
   layer, rngs)`, with `identical_layers(cfg)` saying whether the layers can be
   scanned. A model with another structure (Perceiver-AR) gives `build(cfg,
   rngs)` instead. Either way the module has `__call__(tokens_BT)`,
-  `embed_tokens(tokens_BT)` and `decode(x_BTD)` (tests differentiate through it).
+  `hidden(tokens_BT)`, `embed_tokens(tokens_BT)` and `from_embeddings(x_BTD)` (tests differentiate
+  through it).
 
   Context parallelism (`mesh.context > 1`): `make_mixer` gets the ring ops as
   `ops=`; `context_block(cfg)` is (size, what) that each device's chunk of
@@ -87,6 +89,23 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
           "is not a known position encoding", "use 'rope' or 'learned'")
   require(cfg.dtype in ("float32", "bfloat16"), "model.dtype", cfg.dtype,
           "is not a supported compute dtype", "use 'float32' (CPU) or 'bfloat16' (accelerators)")
+  impl = cfg.get("attention_impl", "flash")
+  require(impl in attention.CAUSAL_IMPLS, "model.attention_impl", impl,
+          "is not a known attention implementation", f"use one of {', '.join(attention.CAUSAL_IMPLS)}")
+  if impl == "cudnn":
+    require(cfg.dtype == "bfloat16", "model.attention_impl", impl, f"needs model.dtype='bfloat16' "
+            f"(got {cfg.dtype!r})", "set model.dtype=bfloat16 or model.attention_impl=flash")
+    require(jax.default_backend() == "gpu", "model.attention_impl", impl,
+            f"needs a GPU backend (this one is {jax.default_backend()!r})",
+            "set model.attention_impl=flash")
+  remat = cfg.get("remat", "none")
+  require(remat in ("none", *decoder.REMAT_POLICIES), "model.remat", remat,
+          "is not a rematerialization policy",
+          "use 'none', 'block' (keep only block inputs) or 'dots' (also keep matmul outputs)")
+  seq_chunk = cfg.get("seq_chunk", 0)
+  require(isinstance(seq_chunk, int) and not isinstance(seq_chunk, bool) and seq_chunk >= 0,
+          "model.seq_chunk", seq_chunk, "must be an integer >= 0 (0 = the whole window at once)",
+          "set model.seq_chunk to e.g. 8192, or 0")
   REGISTRY[cfg.name].validate(cfg)
 
 
@@ -126,20 +145,28 @@ def create(cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs, mesh: jax.sharding
   """Builds the model `cfg.name`; its `__call__(tokens_BT)` returns logits `[B, T', V]`.
 
   `T'` is T for every causal LM; a model that predicts only some positions
-  (Perceiver-AR) returns the last `T'` of them. Parameters are replicated.
-  With a `mesh` whose `context` axis has several devices the mixers call the
-  ring ops (`ops.op_set.for_mesh`); the batch must then come in
+  (Perceiver-AR) returns the last `T'` of them. Every parameter carries its
+  logical axis names (`out_sharding` metadata, see `efficient_lm.sharding`);
+  the model itself is created unplaced (`train_state.build` places it). With a
+  `mesh` whose `context` axis has several devices the mixers call the ring ops
+  (`ops.op_set.for_mesh`); the batch must then come in
   `sequence_layout(cfg, mesh)` order with its positions.
   """
   validate(cfg)
   validate_context(cfg, op_set.context_size(mesh))
   entry = REGISTRY[cfg.name]
-  if entry.build is not None:
-    return entry.build(cfg, rngs)
-  ops = op_set.for_mesh(mesh, layout=sequence_layout(cfg, mesh))
-  return decoder.Decoder(cfg, lambda layer, rngs: entry.make_mixer(cfg, layer, rngs, ops=ops),
-                         identical_layers=entry.identical_layers(cfg), rngs=rngs)
+  with nnx.use_eager_sharding(False):  # logical names, placed later by train_state.build
+    if entry.build is not None:
+      return entry.build(cfg, rngs)
+    ops = op_set.for_mesh(mesh, layout=sequence_layout(cfg, mesh))
+    return decoder.Decoder(cfg, lambda layer, rngs: entry.make_mixer(cfg, layer, rngs, ops=ops),
+                           identical_layers=entry.identical_layers(cfg), rngs=rngs)
 
 
-__all__ = ["ConfigError", "REGISTRY", "ModelEntry", "create", "sequence_layout", "validate",
-           "validate_context"]
+def abstract_params(cfg: ml_collections.ConfigDict):
+  """The model's parameters as shapes with their logical axis names; nothing is allocated."""
+  return nnx.state(nnx.eval_shape(lambda: create(cfg, rngs=nnx.Rngs(0))))
+
+
+__all__ = ["ConfigError", "REGISTRY", "ModelEntry", "abstract_params", "create", "sequence_layout",
+           "validate", "validate_context"]

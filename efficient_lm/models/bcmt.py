@@ -1,4 +1,4 @@
-"""BCMT (SPEC section 5): blockwise local attention plus an exponential causal memory.
+"""BCMT, the Blockwise Causal Memory Transformer: block-local attention plus an exponential memory.
 
 Per layer, for x_BTD cut into N blocks of L tokens:
 
@@ -27,9 +27,11 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from efficient_lm.models import chunking
 from efficient_lm.models import layers
 from efficient_lm.ops import blockwise
 from efficient_lm.ops import op_set
+from efficient_lm.ops.pattern import Pattern
 from efficient_lm.validation import require, require_positive_int
 
 
@@ -65,9 +67,14 @@ class Bcmt(nnx.Module):
     gate_BTD = jax.nn.sigmoid(self.gate_h(h_BTD) + expand(self.gate_p(p_BND)))
     return h_BTD + gate_BTD * expand(p_BND)
 
+  def pool_logits(self, h_BND: jax.Array) -> jax.Array:
+    """The pooling logit h . w_pool of every token, computed in float32 (`[B, N]` for `[B, N, D]`)."""
+    return jnp.einsum("...d,d->...", h_BND.astype(jnp.float32),
+                      self.pool.kernel[...][:, 0].astype(jnp.float32))
+
   def summaries(self, h_BNLD: jax.Array) -> jax.Array:
-    """s_BND: each block's tokens pooled by a learned softmax (float32)."""
-    weights_BNL = jax.nn.softmax(self.pool(h_BNLD)[..., 0].astype(jnp.float32), axis=-1)
+    """s_BND: each block's tokens pooled by a learned softmax, all in float32."""
+    weights_BNL = jax.nn.softmax(self.pool_logits(h_BNLD), axis=-1)
     return jnp.einsum("bnl,bnld->bnd", weights_BNL, h_BNLD.astype(jnp.float32))
 
   def block_memory(self, h_BTD: jax.Array) -> jax.Array:
@@ -78,9 +85,7 @@ class Bcmt(nnx.Module):
       return jnp.zeros((h_BTD.shape[0], 1, self.d_model), h_BTD.dtype)
     # Every block's summary, though the last one's only feeds block N (the shift drops it):
     # N then stays a multiple of the context-parallel devices.
-    m_BND = self.ops.exponential_memory(self.summaries(h_BNLD), self.alpha)
-    p_BND = self.memory_proj(m_BND.astype(h_BTD.dtype))
-    return self.ops.shift_right(p_BND, 1)
+    return self.memory_from_summaries(self.summaries(h_BNLD), h_BTD.dtype)
 
   def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array) -> jax.Array:
     h_BTD = self.attn(x_BTD, positions_BT)
@@ -88,13 +93,53 @@ class Bcmt(nnx.Module):
       return h_BTD
     return self.fuse(h_BTD, self.block_memory(h_BTD))
 
+  def memory_from_summaries(self, s_BND: jax.Array, dtype) -> jax.Array:
+    """p_BND: block b's injected memory, the projection of m[b - 1] (zeros for b = 0)."""
+    m_BND = self.ops.exponential_memory(s_BND, self.alpha)
+    return self.ops.shift_right(self.memory_proj(m_BND.astype(dtype)), 1)
+
+  # Sequence-chunked blocks (`models/chunking.py`): chunks hold whole blocks. A first pass over the
+  # chunks pools each block's summary; the memory runs over all of them; a second pass (the block
+  # itself) recomputes each chunk's local attention and fuses it with that chunk's memory.
+
+  @property
+  def chunk_pattern(self) -> Pattern:
+    return Pattern.blocks(self.block_size)
+
+  def keys_values(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return self.attn.keys_values(x_BTD, positions_BT)
+
+  def _local(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_start) -> jax.Array:
+    return self.attn.attend_window(self.attn.queries(x_BCD, positions_BC), k_BWHK, v_BWHK,
+                                   q_start, k_start, self.chunk_pattern)
+
+  def chunk_context(self, norm, x_nBCD, positions_nBC, keys, values, starts_n, halo: int):
+    """The memory each chunk's blocks receive, `[n, B, C / L, D]` (None for HOnly); `norm` is the
+    block's pre-mixer norm, applied per chunk; `keys` / `values` are (halos, chunks)."""
+    if not self.use_memory:
+      return None
+    L = self.block_size
+
+    def summaries(x_BCD, positions_BC, kh, k, vh, v, start):
+      h_BCD = self._local(norm(x_BCD), positions_BC, chunking.window(kh, k),
+                          chunking.window(vh, v), start, start - halo)
+      return self.summaries(blockwise.split_blocks(h_BCD, L))
+
+    s_nBcD = chunking.map_chunks(summaries, x_nBCD, positions_nBC, *keys, *values, starts_n)
+    p_BND = self.memory_from_summaries(chunking.merge(s_nBcD), x_nBCD.dtype)
+    return chunking.split(p_BND, x_nBCD.shape[2] // L)
+
+  def attend_chunk(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_start, context=None):
+    h_BCD = self._local(x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_start)
+    return h_BCD if context is None else self.fuse(h_BCD, context)
+
   # Streaming decoding.
 
   def init_cache(self, batch_size: int, max_len: int = 0) -> dict:
     """Constant size: `max_len` is not needed."""
     del max_len
     B, L, H, D = batch_size, self.block_size, self.num_heads, self.d_model
-    cache = layers.ring_init(B, L, H, D // H, self.dtype)  # the open block's keys/values
+    cache = layers.kv_cache_init(B, L, H, D // H, self.dtype)  # the open block's keys/values
     if self.use_memory:
       f32 = jnp.float32
       cache.update(pool_max=jnp.full((B,), -jnp.inf, f32), pool_norm=jnp.zeros((B,), f32),
@@ -109,9 +154,8 @@ class Bcmt(nnx.Module):
     offset = position % L
     pos_1, positions_B1 = layers.chunk_positions(position, B, 1)
     q_B1HK, k_B1HK, v_B1HK = self.attn.project(x_B1D, positions_B1)
-    k_NLK, v_NLK, pos_L, ring = layers.ring_extend(cache, k_B1HK, v_B1HK, pos_1)
-    visible_1L = layers.KeyRule(block_size=L).visible(pos_1[:, None], pos_L[None])
-    o_B1HK = layers.attend_cache(q_B1HK, k_NLK, v_NLK, visible_1L)
+    k_NLK, v_NLK, pos_L, ring = layers.kv_cache_extend(cache, k_B1HK, v_B1HK, pos_1)
+    o_B1HK = layers.cached_attention(q_B1HK, k_NLK, v_NLK, pos_L, Pattern.blocks(L), position)
     h_B1D = self.attn.out(o_B1HK.reshape(B, 1, D))
     cache = dict(cache, **ring)
     if not self.use_memory:
@@ -125,7 +169,7 @@ class Bcmt(nnx.Module):
     y_B1D = h_B1D + gate_B1D * p_B1D
 
     # This block's pooled summary, as an online softmax; at the block's end it enters the memory.
-    logit_B = self.pool(h_B1D)[:, 0, 0].astype(jnp.float32)
+    logit_B = self.pool_logits(h_B1D)[:, 0]
     new_max_B = jnp.maximum(cache["pool_max"], logit_B)
     old_scale_B = jnp.exp(cache["pool_max"] - new_max_B)
     new_scale_B = jnp.exp(logit_B - new_max_B)
@@ -168,7 +212,7 @@ class Bcmt(nnx.Module):
     q_BTHK, k_BTHK, v_BTHK = self.attn.project(x_BTD, positions_BT)
     h_BTD = self.attn.out(self.attn.op(q_BTHK, k_BTHK, v_BTHK).reshape(B, T, D))
     open_len = T - closed * L
-    cache = dict(cache, **layers.ring_write(cache, k_BTHK, v_BTHK, positions_BT[0]))
+    cache = dict(cache, **layers.kv_cache_write(cache, k_BTHK, v_BTHK, positions_BT[0]))
     if not self.use_memory:
       return h_BTD, cache
     y_BTD = self.fuse(h_BTD, self.block_memory(h_BTD))
@@ -179,7 +223,7 @@ class Bcmt(nnx.Module):
                    den=jnp.full((B,), decay_N.sum(), jnp.float32))
     if open_len:  # the open block's pooling so far, as the online softmax `step` keeps
       h_BOD = h_BTD[:, closed * L:].astype(jnp.float32)
-      logits_BO = self.pool(h_BTD[:, closed * L:])[..., 0].astype(jnp.float32)
+      logits_BO = self.pool_logits(h_BTD[:, closed * L:])
       max_B = logits_BO.max(axis=-1)
       scale_BO = jnp.exp(logits_BO - max_B[:, None])
       cache.update(pool_max=max_B, pool_norm=scale_BO.sum(axis=-1),

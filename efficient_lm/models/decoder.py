@@ -15,23 +15,52 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from efficient_lm.models import chunking
 from efficient_lm.models import layers
+from efficient_lm.ops import precision
 
 MixerFactory = Callable[[int, nnx.Rngs], nnx.Module]
 
+# Stacked (scanned) layers carry a leading `layers` axis in their logical axis names, never sharded.
+LAYERS_AXIS = {nnx.PARTITION_NAME: "layers"}
+
+REMAT_POLICIES = {
+    "block": jax.checkpoint_policies.nothing_saveable,       # keep each block's input only
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # and its projections
+}
+
+
+def rematerialized(fn: Callable, remat: str, *, in_loop: bool) -> Callable:
+  """`fn` under `nnx.remat` with `model.remat`'s policy ('none': `fn` itself). Inside a scan the
+  common-subexpression guard is not needed (and costs speed)."""
+  if remat == "none":
+    return fn
+  return nnx.remat(fn, policy=REMAT_POLICIES[remat], prevent_cse=not in_loop)
+
 
 class Block(nnx.Module):
-  """x + mixer(norm(x)), then x + mlp(norm(x)); dropout on both branches."""
+  """x + mixer(norm(x)), then x + mlp(norm(x)); dropout on both branches.
+
+  With `model.seq_chunk` = C (and a mixer of bounded reach) the block runs over
+  chunks of C tokens: the keys and values of the whole sequence first, then
+  every chunk's queries, attention, gate, residual adds and MLP in a `lax.map`,
+  each chunk rematerialized (`models/chunking.py`). The same function; the
+  activations one chunk at a time.
+  """
 
   def __init__(self, cfg: ml_collections.ConfigDict, mixer: nnx.Module, *, rngs: nnx.Rngs):
     dtype = layers.dtype_of(cfg.dtype)
     self.dropout_rate = cfg.dropout
+    self.seq_chunk = cfg.get("seq_chunk", 0)
     self.mixer_norm = nnx.RMSNorm(cfg.d_model, dtype=dtype, rngs=rngs)
     self.mixer = mixer
     self.mlp_norm = nnx.RMSNorm(cfg.d_model, dtype=dtype, rngs=rngs)
     self.mlp = layers.Mlp(cfg.d_model, cfg.mlp_ratio, dtype=dtype, rngs=rngs)
 
   def __call__(self, x_BTD, positions_BT, key):
+    T = x_BTD.shape[1]
+    if self.seq_chunk and T > self.seq_chunk and T % self.seq_chunk == 0:
+      return self.chunked(x_BTD, positions_BT, key)
     mixer_key = mlp_key = None
     if key is not None:
       mixer_key, mlp_key = jax.random.split(key)
@@ -39,6 +68,35 @@ class Block(nnx.Module):
                                    self.dropout_rate, mixer_key)
     x_BTD = x_BTD + layers.dropout(self.mlp(self.mlp_norm(x_BTD)), self.dropout_rate, mlp_key)
     return x_BTD
+
+  def chunked(self, x_BTD, positions_BT, key):
+    """`__call__` over chunks of `seq_chunk` tokens (see the class docstring)."""
+    C = self.seq_chunk
+    n = x_BTD.shape[1] // C
+    halo = chunking.halo(self.mixer.chunk_pattern, C)
+    x_nBCD, positions_nBC = chunking.split(x_BTD, C), chunking.split(positions_BT, C)
+    starts_n = jnp.arange(n, dtype=jnp.int32) * C
+    k_nBCHK, v_nBCHK = chunking.map_chunks(
+        lambda x_BCD, positions_BC: self.mixer.keys_values(self.mixer_norm(x_BCD), positions_BC),
+        x_nBCD, positions_nBC)
+    kh_nBHHK, vh_nBHHK = (chunking.halos(a, halo) for a in (k_nBCHK, v_nBCHK))
+    context_n = None
+    if hasattr(self.mixer, "chunk_context"):
+      context_n = self.mixer.chunk_context(self.mixer_norm, x_nBCD, positions_nBC,
+                                           (kh_nBHHK, k_nBCHK), (vh_nBHHK, v_nBCHK), starts_n, halo)
+
+    def one_chunk(x_BCD, positions_BC, k_BCHK, v_BCHK, kh_BHHK, vh_BHHK, start, context):
+      mixer_key = mlp_key = None
+      if key is not None:
+        mixer_key, mlp_key = jax.random.split(jax.random.fold_in(key, start))
+      y_BCD = self.mixer.attend_chunk(self.mixer_norm(x_BCD), positions_BC,
+                                      chunking.window(kh_BHHK, k_BCHK),
+                                      chunking.window(vh_BHHK, v_BCHK), start, start - halo, context)
+      x_BCD = x_BCD + layers.dropout(y_BCD, self.dropout_rate, mixer_key)
+      return x_BCD + layers.dropout(self.mlp(self.mlp_norm(x_BCD)), self.dropout_rate, mlp_key)
+
+    return chunking.merge(chunking.map_chunks(one_chunk, x_nBCD, positions_nBC, k_nBCHK, v_nBCHK,
+                                              kh_nBHHK, vh_nBHHK, starts_n, context_n))
 
   def prefill(self, x_BTD, positions_BT, cache):
     """A prompt through the block (no dropout), filling the mixer's cache."""
@@ -57,7 +115,13 @@ class LanguageModel(nnx.Module):
   """What every model shares around its layers: token (and position) embeddings, input dropout,
   final norm and the output head (tied to the embedding or not).
 
-  Subclasses build their layers after `super().__init__(cfg, rngs)` and implement `decode`.
+  Subclasses build their layers after `super().__init__(cfg, rngs)` and implement
+  `apply_layers` (everything between the embeddings and the final norm).
+
+  Precision (`model.dtype` is the compute dtype): parameters are float32; the
+  residual stream (the embeddings and every block's sum) is float32; matmuls
+  run in the compute dtype; norms compute their statistics in float32; the
+  output logits are accumulated and returned in float32.
   """
 
   # Generation places a prompt as it comes (after one end-of-document token); a model that needs
@@ -66,16 +130,18 @@ class LanguageModel(nnx.Module):
 
   def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
     dtype = layers.dtype_of(cfg.dtype)
+    self.compute_dtype = dtype
     self.num_layers = cfg.num_layers
     self.dropout_rate = cfg.dropout
-    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype,
+    # Embedding lookups stay float32: they start the float32 residual stream.
+    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=jnp.float32,
                            embedding_init=nnx.initializers.normal(stddev=cfg.d_model ** -0.5),
                            rngs=rngs)
     self.pos_embed = nnx.data(None)
     # Learned positions end at seq_len: no model may be fed (or generate) past it.
     self.max_positions = cfg.seq_len if cfg.position == "learned" else None
     if cfg.position == "learned":
-      self.pos_embed = nnx.Embed(cfg.seq_len, cfg.d_model, dtype=dtype,
+      self.pos_embed = nnx.Embed(cfg.seq_len, cfg.d_model, dtype=jnp.float32,
                                  embedding_init=nnx.initializers.normal(stddev=0.02), rngs=rngs)
     self.final_norm = nnx.RMSNorm(cfg.d_model, dtype=dtype, rngs=rngs)
     self.head = nnx.data(None)
@@ -87,16 +153,28 @@ class LanguageModel(nnx.Module):
     """Logits `[B, T', V]` (float32) for int tokens `[B, T]`: the last T' positions (T' = T but
     for Perceiver-AR). `dropout_key=None` means no dropout (evaluation); `positions_BT`
     defaults to 0..T-1 (a context-parallel layout passes its own)."""
-    return self.decode(self.embed_tokens(tokens_BT), positions_BT=positions_BT,
-                       dropout_key=dropout_key)
+    return self.logits(self.hidden(tokens_BT, positions_BT=positions_BT, dropout_key=dropout_key))
+
+  def hidden(self, tokens_BT: jax.Array, *, positions_BT: jax.Array | None = None,
+             dropout_key: jax.Array | None = None) -> jax.Array:
+    """The last layer's outputs `[B, T', D]` (float32), before the final norm and the head: what a
+    chunked loss (`train_step.chunked_weighted_nll`) turns into logits a chunk at a time."""
+    return self.apply_layers(self.embed_tokens(tokens_BT), positions_BT=positions_BT,
+                             dropout_key=dropout_key)
+
+  def from_embeddings(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
+                      dropout_key: jax.Array | None = None) -> jax.Array:
+    """Logits from token embeddings `[B, T, D]` (`embed_tokens`'s output): tests differentiate
+    through it to check causality."""
+    return self.logits(self.apply_layers(x_BTD, positions_BT=positions_BT, dropout_key=dropout_key))
 
   def embed_tokens(self, tokens_BT: jax.Array) -> jax.Array:
-    """Scaled token embeddings `[B, T, D]` (the input of `decode`)."""
-    return self.embed(tokens_BT) * jnp.sqrt(self.embed.features).astype(self.embed.dtype or jnp.float32)
+    """Scaled token embeddings `[B, T, D]`, float32 (the input of `apply_layers`)."""
+    return self.embed(tokens_BT) * jnp.sqrt(jnp.float32(self.embed.features))
 
-  def decode(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
-             dropout_key: jax.Array | None = None) -> jax.Array:
-    """Everything after the token lookup; tests differentiate through it to check causality."""
+  def apply_layers(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
+                   dropout_key: jax.Array | None = None) -> jax.Array:
+    """Embeddings `[B, T, D]` -> the last layer's outputs `[B, T', D]` (T' = T but for Perceiver-AR)."""
     raise NotImplementedError
 
   # Cached decoding: every model implements init_cache, prefill and extend.
@@ -143,12 +221,13 @@ class LanguageModel(nnx.Module):
     return layers.dropout(x_BTD, self.dropout_rate, embed_key), positions_BT, layer_keys
 
   def logits(self, x_BTD: jax.Array) -> jax.Array:
-    x_BTD = self.final_norm(x_BTD)
+    """Float32 logits `[B, T, V]`: the final norm, then the head's matmul in the compute dtype
+    accumulated in float32 (never rounded to the compute dtype on the way)."""
+    x_BTD = self.final_norm(x_BTD).astype(self.compute_dtype)
     if self.head is None:
-      logits_BTV = self.embed.attend(x_BTD)
-    else:
-      logits_BTV = self.head(x_BTD)
-    return logits_BTV.astype(jnp.float32)
+      embedding_VD = self.embed.embedding[...].astype(self.compute_dtype)
+      return precision.einsum_f32("btd,vd->btv", x_BTD, embedding_VD)
+    return precision.einsum_f32("btd,dv->btv", x_BTD, self.head.kernel[...].astype(self.compute_dtype))
 
 
 class Decoder(LanguageModel):
@@ -158,9 +237,10 @@ class Decoder(LanguageModel):
                identical_layers: bool, rngs: nnx.Rngs):
     super().__init__(cfg, rngs)
     self.scanned = identical_layers
+    self.remat = cfg.get("remat", "none")
     if identical_layers:
       @nnx.split_rngs(splits=cfg.num_layers)
-      @nnx.vmap(in_axes=(0,), out_axes=0)
+      @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata=LAYERS_AXIS)
       def make_blocks(rngs: nnx.Rngs) -> Block:
         return Block(cfg, make_mixer(0, rngs), rngs=rngs)
       self.blocks = make_blocks(rngs)
@@ -168,22 +248,23 @@ class Decoder(LanguageModel):
       self.blocks = nnx.List([Block(cfg, make_mixer(i, rngs), rngs=rngs)
                               for i in range(cfg.num_layers)])
 
-  def decode(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
-             dropout_key: jax.Array | None = None) -> jax.Array:
+  def apply_layers(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
+                   dropout_key: jax.Array | None = None) -> jax.Array:
     x_BTD, positions_BT, layer_keys = self.prepare_input(x_BTD, positions_BT, dropout_key)
+    apply_block = rematerialized(lambda block, x, positions, key: block(x, positions, key),
+                                 self.remat, in_loop=self.scanned)
     if self.scanned:
       keys = None if layer_keys[0] is None else layer_keys
 
-      @nnx.scan(in_axes=(nnx.Carry, 0, None, 0 if keys is not None else None), out_axes=nnx.Carry)
+      @nnx.scan(in_axes=(nnx.Carry, 0, None, 0 if keys is not None else None), out_axes=nnx.Carry,
+                transform_metadata=LAYERS_AXIS)
       def apply_blocks(x_BTD, block, positions_BT, key):
-        return block(x_BTD, positions_BT, key)
+        return apply_block(block, x_BTD, positions_BT, key)
 
-      x_BTD = apply_blocks(x_BTD, self.blocks, positions_BT, keys)
-    else:
-      for block, key in zip(self.blocks, layer_keys):
-        x_BTD = block(x_BTD, positions_BT, key)
-
-    return self.logits(x_BTD)
+      return apply_blocks(x_BTD, self.blocks, positions_BT, keys)
+    for block, key in zip(self.blocks, layer_keys):
+      x_BTD = apply_block(block, x_BTD, positions_BT, key)
+    return x_BTD
 
   # Cached decoding: every mixer has init_cache, prefill and extend.
 
@@ -204,8 +285,8 @@ class Decoder(LanguageModel):
     graphdef, state = nnx.split(self.blocks)
     return [nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state)) for i in range(self.num_layers)]
 
-  def _through_blocks(self, method: str, x_BTD: jax.Array, where, cache: list):
-    """`Block.<method>(x, where, layer_cache)` through every layer, the caches updated.
+  def _through_blocks(self, apply: Callable, x_BTD: jax.Array, cache: list):
+    """`apply(block, x, layer_cache) -> (x, layer_cache)` through every layer, the caches updated.
 
     Unrolled over the layers even when they are scanned for training: with the
     layer caches as slices of one stacked buffer, XLA copied every layer's cache
@@ -213,13 +294,14 @@ class Decoder(LanguageModel):
     """
     new_cache = []
     for block, layer_cache in zip(self.layer_blocks(), cache):
-      x_BTD, layer_cache = getattr(block, method)(x_BTD, where, layer_cache)
+      x_BTD, layer_cache = apply(block, x_BTD, layer_cache)
       new_cache.append(layer_cache)
     return x_BTD, new_cache
 
   def prefill(self, tokens_BT: jax.Array, cache):
     x_BTD, positions_BT, _ = self.prepare_input(self.embed_tokens(tokens_BT), None, None)
-    x_BTD, cache = self._through_blocks("prefill", x_BTD, positions_BT, cache)
+    x_BTD, cache = self._through_blocks(
+        lambda block, x, c: block.prefill(x, positions_BT, c), x_BTD, cache)
     return self.logits(x_BTD), cache
 
   def extend(self, tokens_BC: jax.Array, cache, start: jax.Array):
@@ -227,5 +309,5 @@ class Decoder(LanguageModel):
     start = jnp.asarray(start, jnp.int32)
     _, positions_BC = layers.chunk_positions(start, B, C)
     x_BCD, _, _ = self.prepare_input(self.embed_tokens(tokens_BC), positions_BC, None)
-    x_BCD, cache = self._through_blocks("extend", x_BCD, start, cache)
+    x_BCD, cache = self._through_blocks(lambda block, x, c: block.extend(x, start, c), x_BCD, cache)
     return self.logits(x_BCD), cache

@@ -1,4 +1,4 @@
-"""ECP, Efficient Context Propagating Perceiver (SPEC section 6), as a mixer of the shared decoder.
+"""ECP, the Efficient Context Propagating Perceiver (docs/architecture.md), as a decoder mixer.
 
 The sequence is cut into `num_segments` pieces of L = T / num_segments tokens.
 Piece t's queries attend to all of piece t - 1 and causally to piece t (piece
@@ -22,6 +22,7 @@ from flax import nnx
 
 from efficient_lm.models import layers
 from efficient_lm.ops import op_set
+from efficient_lm.ops.pattern import Pattern
 from efficient_lm.validation import require, require_positive_int
 
 
@@ -51,7 +52,7 @@ class SharedKVAttention(layers.SelfAttention):
   """SelfAttention whose keys and values come from one projection (v is the un-rotated k)."""
 
   def __init__(self, d_model: int, num_heads: int, op: layers.AttentionOp, *, use_rope: bool,
-               rope_base: float, dtype, rngs: nnx.Rngs, keys: layers.KeyRule | None = None):
+               rope_base: float, dtype, rngs: nnx.Rngs, keys: Pattern | None = None):
     super().__init__(d_model, num_heads, op, use_rope=use_rope, rope_base=rope_base, dtype=dtype,
                      rngs=rngs, keys=keys)
     self.qkv = nnx.Linear(d_model, 2 * d_model, use_bias=False, dtype=dtype, rngs=rngs)
@@ -66,6 +67,17 @@ class SharedKVAttention(layers.SelfAttention):
       k_BTHK = layers.rope(kv_BTHK, positions_BT, self.rope_base)
     return q_BTHK, k_BTHK, kv_BTHK
 
+  def queries(self, x_BTD: jax.Array, positions_BT: jax.Array) -> jax.Array:
+    D = x_BTD.shape[-1]
+    q_BTHK = self._heads(x_BTD, slice(0, D), 1)[:, :, 0]
+    return layers.rope(q_BTHK, positions_BT, self.rope_base) if self.use_rope else q_BTHK
+
+  def keys_values(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
+    D = x_BTD.shape[-1]
+    kv_BTHK = self._heads(x_BTD, slice(D, 2 * D), 1)[:, :, 0]
+    k_BTHK = layers.rope(kv_BTHK, positions_BT, self.rope_base) if self.use_rope else kv_BTHK
+    return k_BTHK, kv_BTHK
+
 
 def make_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
                op: layers.AttentionOp | None = None,
@@ -75,4 +87,4 @@ def make_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
   module = SharedKVAttention if cfg.shared_kv else layers.SelfAttention
   return module(cfg.d_model, cfg.num_heads, op or ecp_op(cfg, ops), use_rope=use_rope,
                 rope_base=cfg.rope_base, dtype=layers.dtype_of(cfg.dtype), rngs=rngs,
-                keys=layers.KeyRule(block_size=cfg.seq_len // cfg.num_segments, lookback=1))
+                keys=Pattern.blocks(cfg.seq_len // cfg.num_segments, lookback=1))

@@ -1,11 +1,13 @@
 """Building blocks shared by every model: projections, RoPE, MLP, dropout, decoding caches."""
 
-import dataclasses
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from efficient_lm.ops import core
+from efficient_lm.ops.pattern import Pattern
 
 AttentionOp = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
@@ -34,27 +36,11 @@ def rope(x_BTHK: jax.Array, positions_BT: jax.Array, base: float) -> jax.Array:
   return rotated.astype(x_BTHK.dtype)
 
 
-def attend_chunk(q_BCHK: jax.Array, k_BSHK: jax.Array, v_BSHK: jax.Array, visible_CS: jax.Array,
-                 *, scale: float | None = None, bias_BHCS: jax.Array | None = None) -> jax.Array:
-  """C queries over S keys (a cache and the chunk's own), `visible_CS` saying which (decoding).
-
-  `bias_BHCS` is added to the logits (π-Attention's log-prior gate). Cost O(C * S):
-  decoding feeds C = 1, chunked prefill a bounded C.
-  """
-  scale = q_BCHK.shape[-1] ** -0.5 if scale is None else scale
-  logits_BHCS = jnp.einsum("bchk,bshk->bhcs", q_BCHK, k_BSHK,
-                           preferred_element_type=jnp.float32) * scale
-  if bias_BHCS is not None:
-    logits_BHCS = logits_BHCS + bias_BHCS
-  logits_BHCS = jnp.where(visible_CS, logits_BHCS, -jnp.inf)
-  probs_BHCS = jax.nn.softmax(logits_BHCS, axis=-1)
-  return jnp.einsum("bhcs,bshk->bchk", probs_BHCS.astype(v_BSHK.dtype), v_BSHK)
-
-
-# Key/value ring buffers for decoding: `span` slots, position p in slot p % span, `pos` = -1 when
-# empty. Keys and values are stored heads-first and rank 3, `[B * H, span, K]` (N = B * H): XLA on CPU
-# then updates the slot in place and reads the buffer straight into the attention's matmul (with
-# `[B, S, H, K]` it copied the whole cache every step: decoding time grew with the cache's size).
+# Key/value buffers for decoding: `span` slots, position p in slot p % span, `pos` = -1 when empty.
+# Keys and values are stored heads-first and rank 3, `[B * H, span, K]` (N = B * H): XLA on CPU
+# then updates the slot in place and the core (layout "BHTK", a free reshape) reads the buffer
+# straight into its matmul (with `[B, S, H, K]` it copied the whole cache every step: decoding
+# time grew with the cache's size).
 
 def heads_first(x_BCHK: jax.Array) -> jax.Array:
   """`[B, C, H, K]` -> `[B * H, C, K]`, the cache layout."""
@@ -62,35 +48,40 @@ def heads_first(x_BCHK: jax.Array) -> jax.Array:
   return jnp.swapaxes(x_BCHK, 1, 2).reshape(B * H, C, K)
 
 
-def attend_cache(q_BCHK: jax.Array, k_NSK: jax.Array, v_NSK: jax.Array, visible_CS: jax.Array,
-                 *, bias_BHCS: jax.Array | None = None) -> jax.Array:
-  """`attend_chunk` over keys/values in the cache layout `[B * H, S, K]`; returns `[B, C, H, K]`."""
+def cached_attention(q_BCHK: jax.Array, k_NSK: jax.Array, v_NSK: jax.Array, pos_S: jax.Array,
+                     pattern: Pattern, start: jax.Array, *,
+                     local_prior_BCH: jax.Array | None = None,
+                     skip_prior_BCH: jax.Array | None = None) -> jax.Array:
+  """C queries at positions start.. over cached keys/values `[B * H, S, K]` at slot positions
+  `pos_S` (-1 = empty), as `pattern` allows: the core in the cache layout. Returns `[B, C, H, K]`.
+
+  The priors (`[B, C, H]`, π's log-gates) are added to the local / skip logits.
+  """
   B, C, H, K = q_BCHK.shape
-  logits_NCS = jnp.einsum("nck,nsk->ncs", heads_first(q_BCHK), k_NSK,
-                          preferred_element_type=jnp.float32) * K ** -0.5
-  if bias_BHCS is not None:
-    logits_NCS = logits_NCS + bias_BHCS.reshape(B * H, C, -1)
-  probs_NCS = jax.nn.softmax(jnp.where(visible_CS, logits_NCS, -jnp.inf), axis=-1)
-  o_NCK = jnp.einsum("ncs,nsk->nck", probs_NCS.astype(v_NSK.dtype), v_NSK)
-  return jnp.swapaxes(o_NCK.reshape(B, H, C, K), 1, 2)
+  heads = lambda x_NSK: x_NSK.reshape(B, H, x_NSK.shape[1], x_NSK.shape[2])
+  prior = lambda p_BCH: None if p_BCH is None else jnp.swapaxes(p_BCH, 1, 2)
+  o_BHCK, _ = core.attend(jnp.swapaxes(q_BCHK, 1, 2), heads(k_NSK), heads(v_NSK), pattern,
+                          q_start=start, k_positions=pos_S, layout="BHTK",
+                          local_prior=prior(local_prior_BCH), skip_prior=prior(skip_prior_BCH))
+  return jnp.swapaxes(o_BHCK, 1, 2)
 
 
-def ring_init(batch_size: int, span: int, num_heads: int, head_dim: int, dtype) -> dict:
+def kv_cache_init(batch_size: int, span: int, num_heads: int, head_dim: int, dtype) -> dict:
   shape = (batch_size * num_heads, span, head_dim)
   return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
           "pos": jnp.full((span,), -1, jnp.int32)}
 
 
-def ring_extend(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: jax.Array
-                ) -> tuple[jax.Array, jax.Array, jax.Array, dict]:
+def kv_cache_extend(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: jax.Array
+                    ) -> tuple[jax.Array, jax.Array, jax.Array, dict]:
   """(keys `[B * H, S, K]`, values, their positions `[S]`, the new cache) for C new tokens.
 
   One token (decoding) is written into its slot first and attends over the
   cache in place: the slot it overwrites (position - span) is out of every
-  rule's reach. A chunk attends over the old cache followed by itself, then is
-  written.
+  pattern's reach. A chunk attends over the old cache followed by itself, then
+  is written.
   """
-  new_cache = ring_write(cache, k_BCHK, v_BCHK, pos_C)
+  new_cache = kv_cache_write(cache, k_BCHK, v_BCHK, pos_C)
   if k_BCHK.shape[1] == 1:
     return new_cache["k"], new_cache["v"], new_cache["pos"], new_cache
   as_cached = lambda x_BCHK, a: heads_first(x_BCHK).astype(a.dtype)
@@ -99,7 +90,7 @@ def ring_extend(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: jax.Ar
           jnp.concatenate([cache["pos"], pos_C]), new_cache)
 
 
-def ring_write(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: jax.Array) -> dict:
+def kv_cache_write(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: jax.Array) -> dict:
   """The cache after storing the chunk (only its last `span` tokens when the chunk is longer)."""
   span = cache["pos"].shape[0]
   k_NCK, v_NCK = heads_first(k_BCHK), heads_first(v_BCHK)
@@ -114,37 +105,6 @@ def ring_write(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: jax.Arr
   return {"k": cache["k"].at[:, slots_C].set(k_NCK.astype(cache["k"].dtype)),
           "v": cache["v"].at[:, slots_C].set(v_NCK.astype(cache["v"].dtype)),
           "pos": cache["pos"].at[slots_C].set(pos_C)}
-
-
-@dataclasses.dataclass(frozen=True)
-class KeyRule:
-  """Which earlier keys a query sees when decoding, and so how many a cache keeps.
-
-  Query position q sees key position k <= q with q - window < k (`window=None`:
-  no limit) and, with `block_size`, k // block_size >= q // block_size - lookback.
-  Dense attention is `KeyRule()`, a sliding window `KeyRule(window=W)`, ECP's pair
-  of segments `KeyRule(block_size=L, lookback=1)`.
-  """
-  window: int | None = None
-  block_size: int | None = None
-  lookback: int = 0
-
-  def span(self, max_len: int) -> int:
-    """Cache slots: enough for every key any later query can see (`max_len` bounds dense)."""
-    spans = [max_len]
-    if self.window is not None:
-      spans.append(self.window)
-    if self.block_size is not None:
-      spans.append((self.lookback + 1) * self.block_size)
-    return min(spans)
-
-  def visible(self, q_pos_C1: jax.Array, k_pos_1S: jax.Array) -> jax.Array:
-    seen = (k_pos_1S >= 0) & (k_pos_1S <= q_pos_C1)
-    if self.window is not None:
-      seen &= k_pos_1S > q_pos_C1 - self.window
-    if self.block_size is not None:
-      seen &= k_pos_1S // self.block_size >= q_pos_C1 // self.block_size - self.lookback
-    return seen
 
 
 def chunk_positions(start: jax.Array, batch_size: int, length: int) -> tuple[jax.Array, jax.Array]:
@@ -173,13 +133,13 @@ class SelfAttention(nnx.Module):
   models. Models whose mixer needs more (a gate, a memory) wrap this module,
   call `project` and `out` themselves and may pass `op=None`.
 
-  With `keys` (a KeyRule matching the op) the module also decodes: `init_cache`,
+  With `keys` (the op's `Pattern`) the module also decodes: `init_cache`,
   `prefill` (the op over a prompt, keeping its last keys/values) and `extend`
   (new tokens against the cache: decoding and chunked prefill).
   """
 
   def __init__(self, d_model: int, num_heads: int, op: AttentionOp | None, *, use_rope: bool,
-               rope_base: float, dtype, rngs: nnx.Rngs, keys: KeyRule | None = None):
+               rope_base: float, dtype, rngs: nnx.Rngs, keys: Pattern | None = None):
     self.num_heads = num_heads
     self.op = op
     self.keys = keys
@@ -202,11 +162,48 @@ class SelfAttention(nnx.Module):
     o_BTHK = self.op(*self.project(x_BTD, positions_BT))
     return self.out(o_BTHK.reshape(B, T, D))
 
+  # The same projections one part at a time (sequence-chunked blocks, `models/chunking.py`):
+  # the keys and values of the whole sequence, the queries of a chunk.
+
+  def _heads(self, x_BTD: jax.Array, part: slice, count: int) -> jax.Array:
+    B, T, D = x_BTD.shape
+    kernel = self.qkv.kernel[...][:, part].astype(self.qkv.dtype or x_BTD.dtype)
+    y = jnp.einsum("btd,de->bte", x_BTD.astype(kernel.dtype), kernel)
+    return y.reshape(B, T, count, self.num_heads, D // self.num_heads)
+
+  def queries(self, x_BTD: jax.Array, positions_BT: jax.Array) -> jax.Array:
+    D = x_BTD.shape[-1]
+    q_BTHK = self._heads(x_BTD, slice(0, D), 1)[:, :, 0]
+    return rope(q_BTHK, positions_BT, self.rope_base) if self.use_rope else q_BTHK
+
+  def keys_values(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
+    D = x_BTD.shape[-1]
+    kv_BT2HK = self._heads(x_BTD, slice(D, 3 * D), 2)
+    k_BTHK, v_BTHK = kv_BT2HK[:, :, 0], kv_BT2HK[:, :, 1]
+    return (rope(k_BTHK, positions_BT, self.rope_base) if self.use_rope else k_BTHK), v_BTHK
+
+  def attend_window(self, q_BCHK: jax.Array, k_BWHK: jax.Array, v_BWHK: jax.Array, q_start,
+                    k_start, pattern: Pattern | None = None, **priors) -> jax.Array:
+    """Output projection of a chunk of queries' attention over its key window `[B, C, D]`."""
+    B, C, H, K = q_BCHK.shape
+    o_BCHK, _ = core.attend(q_BCHK, k_BWHK, v_BWHK, pattern or self.keys, q_start=q_start,
+                            k_start=k_start, **priors)
+    return self.out(o_BCHK.reshape(B, C, H * K))
+
+  def attend_chunk(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_start, context=None):
+    """The mixer's output for a chunk of tokens, given its key window (`models/chunking.py`)."""
+    del context
+    return self.attend_window(self.queries(x_BCD, positions_BC), k_BWHK, v_BWHK, q_start, k_start)
+
+  @property
+  def chunk_pattern(self) -> Pattern | None:
+    return self.keys
+
   # Cached decoding (modules built with `keys`).
 
   def init_cache(self, batch_size: int, max_len: int) -> dict:
     D = self.out.in_features
-    return ring_init(batch_size, self.keys.span(max_len), self.num_heads, D // self.num_heads,
+    return kv_cache_init(batch_size, self.keys.span(max_len), self.num_heads, D // self.num_heads,
                      self.qkv.dtype or jnp.float32)
 
   def prefill(self, x_BTD: jax.Array, positions_BT: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
@@ -214,13 +211,13 @@ class SelfAttention(nnx.Module):
     B, T, D = x_BTD.shape
     q_BTHK, k_BTHK, v_BTHK = self.project(x_BTD, positions_BT)
     y_BTD = self.out(self.op(q_BTHK, k_BTHK, v_BTHK).reshape(B, T, D))
-    return y_BTD, ring_write(cache, k_BTHK, v_BTHK, positions_BT[0])
+    return y_BTD, kv_cache_write(cache, k_BTHK, v_BTHK, positions_BT[0])
 
   def extend(self, x_BCD: jax.Array, start: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
     """C tokens at positions start.. against the cached keys and each other."""
     B, C, D = x_BCD.shape
     pos_C, positions_BC = chunk_positions(start, B, C)
     q_BCHK, k_BCHK, v_BCHK = self.project(x_BCD, positions_BC)
-    k_NSK, v_NSK, pos_S, cache = ring_extend(cache, k_BCHK, v_BCHK, pos_C)
-    o_BCHK = attend_cache(q_BCHK, k_NSK, v_NSK, self.keys.visible(pos_C[:, None], pos_S[None]))
+    k_NSK, v_NSK, pos_S, cache = kv_cache_extend(cache, k_BCHK, v_BCHK, pos_C)
+    o_BCHK = cached_attention(q_BCHK, k_NSK, v_NSK, pos_S, self.keys, pos_C[0])
     return self.out(o_BCHK.reshape(B, C, D)), cache

@@ -1,4 +1,4 @@
-"""The Perceiver-AR family (SPEC section 6): PerceiverAR and the three double-attention variants.
+"""The Perceiver-AR family (docs/architecture.md): PerceiverAR and three double-attention variants.
 
 Every layer works on a stream `[history; latents]`: the latents are the last
 Z = `num_latents` positions, the history the T - Z before them. The latent
@@ -11,7 +11,14 @@ the one primitive all four share). What differs is what becomes of the history:
 - `double_attention`: kept in every layer and refined by its own
   bidirectional self-attention (no history position is ever predicted).
 - `compressed_double_attention`: as double, on a history first compressed
-  along the sequence by a learned linear map (T - Z -> (T - Z) / compression).
+  along the sequence by `compression` (`model.compression_op`):
+  `learned` (the paper's): a learned linear map over the whole history,
+  T - Z -> (T - Z) / compression, initialized to mean pooling. It has
+  (T - Z)^2 / compression parameters: O(T^2) (268M at a 32K context), so it is
+  not efficient in T. `strided`: a learned weight per position of each group
+  of `compression` consecutive tokens and per channel (`[compression, D]`,
+  initialized to mean pooling), applied to every group: O(compression * D)
+  parameters, whatever T.
 - `ssplit_double_attention`: as double, the history's self-attention kept
   inside `num_history_segments` disjoint segments.
 
@@ -50,7 +57,9 @@ from flax import nnx
 
 from efficient_lm.models import decoder
 from efficient_lm.models import layers
+from efficient_lm.ops import precision
 from efficient_lm.ops.cross_attention import causal_cross_attention, segment_attention
+from efficient_lm.ops.pattern import Pattern
 from efficient_lm.validation import require, require_positive_int
 
 
@@ -69,6 +78,9 @@ VARIANTS = {
 }
 
 
+COMPRESSION_OPS = ("learned", "strided")
+
+
 def _divisor_hint(n: int, near: int) -> int:
   """The divisor of n closest to `near` (for error messages)."""
   return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - near), default=1)
@@ -81,6 +93,11 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
           f"set model.num_latents to at most {cfg.seq_len}, e.g. {max(1, cfg.seq_len // 2)}")
   history = cfg.seq_len - cfg.num_latents
   variant = VARIANTS[cfg.name]
+  if variant.compress:
+    op = cfg.get("compression_op", "learned")
+    require(op in COMPRESSION_OPS, "model.compression_op", op, "is not a known compression",
+            "use 'learned' (the paper's map over the whole history, O(T^2) parameters) or "
+            "'strided' (one weight per position of each group, O(compression * d_model))")
   for used, field in ((variant.compress, "compression"), (variant.split_history, "num_history_segments")):
     if used:
       require_positive_int(f"model.{field}", cfg[field])
@@ -150,9 +167,9 @@ class PerceiverBlock(nnx.Module):
     put = lambda buffer, x_BCHK: jax.lax.dynamic_update_slice_in_dim(
         buffer, layers.heads_first(x_BCHK).astype(buffer.dtype), first_slot, axis=1)
     k_NSK, v_NSK = put(cache["k"], k_BCHK), put(cache["v"], v_BCHK)
-    slot_1S = jnp.arange(k_NSK.shape[1])[None]
-    visible_CS = (slot_1S >= lowest_slot) & (slot_1S <= first_slot + jnp.arange(C)[:, None])
-    o_BCHK = layers.attend_cache(q_BCHK, k_NSK, v_NSK, visible_CS)
+    slot_S = jnp.arange(k_NSK.shape[1], dtype=jnp.int32)
+    slot_S = jnp.where(slot_S >= lowest_slot, slot_S, -1)  # slots below lowest_slot: not seen
+    o_BCHK = layers.cached_attention(q_BCHK, k_NSK, v_NSK, slot_S, Pattern.dense(), first_slot)
     x_BCD = x_BCD + self.attn.out(o_BCHK.reshape(B, C, D))
     x_BCD = x_BCD + self.mlp(self.mlp_norm(x_BCD))
     return x_BCD, {"k": k_NSK, "v": v_NSK}
@@ -173,9 +190,14 @@ class PerceiverAR(decoder.LanguageModel):
     self.dtype = layers.dtype_of(cfg.dtype)
     history = cfg.seq_len - cfg.num_latents
     self.compression = cfg.compression if variant.compress else 1
+    self.history = history
+    self.compression_op = cfg.get("compression_op", "learned")
     self.compress = nnx.data(None)
-    if variant.compress and history > 0:  # learned, initialized to mean pooling of consecutive tokens
-      self.compress = nnx.Param(mean_pool_matrix(history, self.compression))
+    if variant.compress and history > 0:  # initialized to mean pooling of consecutive tokens
+      if self.compression_op == "learned":
+        self.compress = nnx.Param(mean_pool_matrix(history, self.compression))
+      else:
+        self.compress = nnx.Param(jnp.full((self.compression, cfg.d_model), 1.0 / self.compression))
     segments = cfg.num_history_segments if variant.split_history else 1
     self.history_segments = segments
 
@@ -192,14 +214,14 @@ class PerceiverAR(decoder.LanguageModel):
         return make_block(rngs)
       self.rest = make_rest(rngs)
 
-  def decode(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
-             dropout_key: jax.Array | None = None) -> jax.Array:
-    """Everything after the token lookup; logits `[B, Z, V]` of the latent positions."""
+  def apply_layers(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
+                   dropout_key: jax.Array | None = None) -> jax.Array:
+    """Embeddings `[B, T, D]` -> the latent positions' outputs `[B, Z, D]`."""
     T, Z = x_BTD.shape[1], self.num_latents
     if T < Z:
       raise ValueError(f"sequence length {T} is shorter than model.num_latents={Z}")
     x_BZD, _ = self.run_layers(x_BTD, positions_BT, dropout_key, Z, keep_cache=False)
-    return self.logits(x_BZD)
+    return x_BZD
 
   def run_layers(self, x_BTD: jax.Array, positions_BT: jax.Array | None,
                  dropout_key: jax.Array | None, num_latents: int, *, keep_cache: bool):
@@ -215,11 +237,16 @@ class PerceiverAR(decoder.LanguageModel):
 
     if self.compress is not None:
       history, c = T - Z, self.compression
-      if history != self.compress.shape[0]:
-        raise ValueError(f"the compressed model was built for a history of {self.compress.shape[0]} "
+      if history != self.history:
+        raise ValueError(f"the compressed model was built for a history of {self.history} "
                          f"tokens (model.seq_len - model.num_latents), got {history}")
-      compressed_BCD = jnp.einsum("bhd,hc->bcd", x_BSD[:, :history],
-                                  self.compress[...].astype(x_BSD.dtype))
+      history_BHD = x_BSD[:, :history].astype(self.dtype)
+      weights = self.compress[...].astype(self.dtype)
+      if self.compression_op == "learned":
+        compressed_BCD = precision.einsum_f32("bhd,hc->bcd", history_BHD, weights)
+      else:  # each group of c consecutive tokens, weighted per position and channel
+        groups_BNcD = history_BHD.reshape(B, history // c, c, history_BHD.shape[-1])
+        compressed_BCD = precision.einsum_f32("bncd,cd->bnd", groups_BNcD, weights)
       x_BSD = jnp.concatenate([compressed_BCD, x_BSD[:, history:]], axis=1)
       # A compressed slot takes the position of the last token of the chunk it was initialized to pool.
       positions_BS = jnp.concatenate([positions_BT[:, c - 1:history:c], positions_BT[:, history:]],
@@ -248,8 +275,7 @@ class PerceiverAR(decoder.LanguageModel):
     """Absolute position minus stream slot of a latent: the history tokens compression removed."""
     if self.compress is None:
       return 0
-    history = self.compress.shape[0]
-    return history - history // self.compression
+    return self.history - self.history // self.compression
 
   def init_cache(self, batch_size: int, max_len: int) -> dict:
     """Zeroed key/value buffers, one slot per stream position (compressed history + latents)."""
@@ -282,9 +308,9 @@ class PerceiverAR(decoder.LanguageModel):
                        f"{max_len} tokens; init_cache with a larger max_len or a shorter prompt")
     latents = min(Z, T)
     history = T - latents
-    if self.compress is not None and history != self.compress.shape[0]:
+    if self.compress is not None and history != self.history:
       raise ValueError(f"{self.variant} prefills exactly model.seq_len={self.seq_len} tokens (its "
-                       f"compression is tied to a history of {self.compress.shape[0]}), got {T}: "
+                       f"compression is tied to a history of {self.history}), got {T}: "
                        f"left-pad the prompt with the end-of-document id (or keep its last "
                        f"{self.seq_len} tokens)")
     if history % self.history_segments:

@@ -1,4 +1,4 @@
-"""π-Attention (SPEC section 7) and its baseline, sliding-window attention.
+"""π-Attention (docs/architecture.md, "π-Attention") and its baseline, sliding-window attention.
 
 π mixer: q, k, v; a per-token, per-head gate from a small MLP on the token's
 representation; `ops.attention.pi_attention` (local window + periodic skips,
@@ -20,6 +20,8 @@ from flax import nnx
 from efficient_lm.models import layers
 from efficient_lm.ops import attention
 from efficient_lm.ops import op_set
+from efficient_lm.ops import precision
+from efficient_lm.ops.pattern import Pattern
 from efficient_lm.validation import require, require_positive_int
 
 PERIOD_SCHEDULES = ("constant", "doubling")
@@ -54,9 +56,22 @@ class LocalMixer(nnx.Module):
       self.gate_in = nnx.Linear(cfg.d_model, cfg.gate_hidden, dtype=dtype, rngs=rngs)
       self.gate_out = nnx.Linear(cfg.gate_hidden, cfg.num_heads, dtype=dtype, rngs=rngs)
 
+  def gate_logits(self, x_BTD: jax.Array) -> jax.Array:
+    """The logit z of the local part's prior weight g = sigmoid(z), per token and head, float32:
+    the priors are log_sigmoid(+-z), exact at any z (a sigmoid rounds g to 1 from z ~ 17 in
+    float32, from z ~ 6 in bfloat16). The gate MLP's hidden layer runs in the compute dtype."""
+    hidden_BTG = jax.nn.gelu(self.gate_in(x_BTD))
+    kernel_GH = self.gate_out.kernel[...].astype(hidden_BTG.dtype)
+    return (precision.einsum_f32("btg,gh->bth", hidden_BTG, kernel_GH)
+            + self.gate_out.bias[...].astype(jnp.float32))
+
   def gate(self, x_BTD: jax.Array) -> jax.Array:
     """The prior weight of the local part, per token and head, in (0, 1)."""
-    return jax.nn.sigmoid(self.gate_out(jax.nn.gelu(self.gate_in(x_BTD))))
+    return jax.nn.sigmoid(self.gate_logits(x_BTD))
+
+  def priors(self, x_BTD: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(local, skip) log-priors `[B, T, H]`, float32: log g and log(1 - g)."""
+    return attention.gate_priors(gate_logits_BTH=self.gate_logits(x_BTD))
 
   def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array) -> jax.Array:
     return self.attend(x_BTD, *self.attn.project(x_BTD, positions_BT))
@@ -64,53 +79,70 @@ class LocalMixer(nnx.Module):
   def attend(self, x_BTD, q_BTHK, k_BTHK, v_BTHK) -> jax.Array:
     B, T, D = x_BTD.shape
     if self.gated:
-      o_BTHK = self.ops.pi_attention(q_BTHK, k_BTHK, v_BTHK, self.gate(x_BTD), window=self.window,
+      o_BTHK = self.ops.pi_attention(q_BTHK, k_BTHK, v_BTHK, None,
+                                     gate_logits_BTH=self.gate_logits(x_BTD), window=self.window,
                                      period=self.period, num_skips=self.num_skips)
     else:
       o_BTHK = self.ops.sliding_window_attention(q_BTHK, k_BTHK, v_BTHK, window=self.window)
     return self.attn.out(o_BTHK.reshape(B, T, D))
 
+  # Sequence-chunked blocks (`models/chunking.py`).
+
+  @property
+  def chunk_pattern(self) -> Pattern:
+    return self.pattern
+
+  def keys_values(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return self.attn.keys_values(x_BTD, positions_BT)
+
+  def attend_chunk(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_start, context=None):
+    del context
+    priors = {}
+    if self.gated:
+      priors = dict(zip(("local_prior", "skip_prior"), self.priors(x_BCD)))
+    return self.attn.attend_window(self.attn.queries(x_BCD, positions_BC), k_BWHK, v_BWHK,
+                                   q_start, k_start, self.pattern, **priors)
+
   # Cached decoding: a ring buffer indexed by position % span.
 
   @property
+  def pattern(self) -> Pattern:
+    """Who sees whom: π's window and skips (any length), or the window alone."""
+    if self.gated:
+      return Pattern.pi(self.window, self.period, self.num_skips)
+    return Pattern.sliding(self.window)
+
+  @property
   def skip_offsets(self) -> list[int]:
-    return [m * self.period for m in range(1, self.num_skips + 1) if m * self.period >= self.window]
+    return list(self.pattern.skips)
 
   @property
   def cache_span(self) -> int:
     """Keys any future token can still attend to: its window and its farthest skip."""
-    return max([self.window] + [d + 1 for d in self.skip_offsets])
+    return self.pattern.reach + 1
 
   def init_cache(self, batch_size: int, max_len: int = 0) -> dict:
     """`max_len` is not needed: the span is fixed by the window and the skips."""
     del max_len
     D = self.attn.out.in_features
-    return layers.ring_init(batch_size, self.cache_span, self.num_heads, D // self.num_heads,
-                            self.attn.qkv.dtype or jnp.float32)
+    return layers.kv_cache_init(batch_size, self.cache_span, self.num_heads, D // self.num_heads,
+                               self.attn.qkv.dtype or jnp.float32)
 
   def prefill(self, x_BTD: jax.Array, positions_BT: jax.Array, cache: dict
               ) -> tuple[jax.Array, dict]:
     q_BTHK, k_BTHK, v_BTHK = self.attn.project(x_BTD, positions_BT)
     y_BTD = self.attend(x_BTD, q_BTHK, k_BTHK, v_BTHK)
-    return y_BTD, layers.ring_write(cache, k_BTHK, v_BTHK, positions_BT[0])
+    return y_BTD, layers.kv_cache_write(cache, k_BTHK, v_BTHK, positions_BT[0])
 
   def extend(self, x_BCD: jax.Array, start: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
     B, C, D = x_BCD.shape
     pos_C, positions_BC = layers.chunk_positions(start, B, C)
     q_BCHK, k_BCHK, v_BCHK = self.attn.project(x_BCD, positions_BC)
-    k_NSK, v_NSK, pos_S, cache = layers.ring_extend(cache, k_BCHK, v_BCHK, pos_C)
-    distance_CS = pos_C[:, None] - pos_S[None]
-    local_CS = (pos_S[None] >= 0) & (distance_CS >= 0) & (distance_CS < self.window)
-    visible_CS, bias_BHCS = local_CS, None
-    if self.gated:
-      skip_CS = jnp.zeros_like(local_CS)
-      for d in self.skip_offsets:
-        skip_CS |= (pos_S[None] >= 0) & (distance_CS == d)
-      g_BHC1 = jnp.clip(jnp.swapaxes(self.gate(x_BCD), 1, 2).astype(jnp.float32),
-                        attention.GATE_EPS, 1.0 - attention.GATE_EPS)[..., None]
-      bias_BHCS = jnp.where(local_CS, jnp.log(g_BHC1), jnp.log1p(-g_BHC1))
-      visible_CS = local_CS | skip_CS
-    o_BCHK = layers.attend_cache(q_BCHK, k_NSK, v_NSK, visible_CS, bias_BHCS=bias_BHCS)
+    k_NSK, v_NSK, pos_S, cache = layers.kv_cache_extend(cache, k_BCHK, v_BCHK, pos_C)
+    priors = {}
+    if self.gated:  # the same log-priors as the parallel pass
+      priors = dict(zip(("local_prior_BCH", "skip_prior_BCH"), self.priors(x_BCD)))
+    o_BCHK = layers.cached_attention(q_BCHK, k_NSK, v_NSK, pos_S, self.pattern, pos_C[0], **priors)
     return self.attn.out(o_BCHK.reshape(B, C, D)), cache
 
 

@@ -1,8 +1,8 @@
-"""The two attentions of the Perceiver-AR family, on `[B, T, H, K]` arrays.
+"""The two attentions of the Perceiver-AR family, on `[B, T, H, K]` arrays, on the core.
 
 - `causal_cross_attention`: Z latent queries, the last of a stream of T keys,
-  each seeing the keys up to its own position. Cost O(Z * T): the `[Z, T]`
-  score block, never `[T, T]` (unless Z = T, when it is plain causal attention).
+  each seeing the keys up to its own position. Cost O(Z * T) time, O(Z + T)
+  memory (the core's blocks), never a `[T, T]` array.
 - `segment_attention`: bidirectional attention inside disjoint equal segments
   (the refined history of the double-attention models: no history position is
   predicted, so it may look both ways). Cost O(T^2 / num_segments).
@@ -10,6 +10,9 @@
 
 import jax
 import jax.numpy as jnp
+
+from efficient_lm.ops import core
+from efficient_lm.ops.pattern import Pattern
 
 
 def causal_cross_attention(
@@ -29,13 +32,8 @@ def causal_cross_attention(
   Z, T = q_BZHK.shape[1], k_BTHK.shape[1]
   if not isinstance(query_offset, int) or not 0 <= query_offset <= T - Z:
     raise ValueError(f"query_offset={query_offset!r} must be an integer in [0, T - Z] = [0, {T - Z}]")
-  scale = q_BZHK.shape[-1] ** -0.5 if scale is None else scale
-  logits_BHZT = jnp.einsum("bzhk,bthk->bhzt", q_BZHK, k_BTHK,
-                           preferred_element_type=jnp.float32) * scale
-  visible_ZT = jnp.arange(T)[None, :] <= query_offset + jnp.arange(Z)[:, None]
-  logits_BHZT = jnp.where(visible_ZT, logits_BHZT, -jnp.inf)
-  probs_BHZT = jax.nn.softmax(logits_BHZT, axis=-1)
-  return jnp.einsum("bhzt,bthk->bzhk", probs_BHZT.astype(v_BTHK.dtype), v_BTHK)
+  return core.attend(q_BZHK, k_BTHK, v_BTHK, Pattern.dense(), q_start=query_offset,
+                     scale=scale)[0]
 
 
 def segment_attention(
@@ -51,15 +49,9 @@ def segment_attention(
   num_segments=1 is full bidirectional attention. T must be a multiple of
   num_segments; T = 0 (no history) returns an empty array.
   """
-  B, T, H, K = q_BTHK.shape
+  T = q_BTHK.shape[1]
   if not isinstance(num_segments, int) or num_segments < 1 or T % num_segments:
     raise ValueError(f"num_segments={num_segments!r} must be a positive divisor of T={T}")
   if T == 0:
     return jnp.zeros_like(q_BTHK)
-  scale = K ** -0.5 if scale is None else scale
-  split = lambda x: x.reshape(B, num_segments, T // num_segments, H, K)
-  logits_BSHLM = jnp.einsum("bslhk,bsmhk->bshlm", split(q_BTHK), split(k_BTHK),
-                            preferred_element_type=jnp.float32) * scale
-  probs_BSHLM = jax.nn.softmax(logits_BSHLM, axis=-1)
-  o_BSLHK = jnp.einsum("bshlm,bsmhk->bslhk", probs_BSHLM.astype(v_BTHK.dtype), split(v_BTHK))
-  return o_BSLHK.reshape(B, T, H, K)
+  return core.attend(q_BTHK, k_BTHK, v_BTHK, Pattern.segments(T // num_segments), scale=scale)[0]

@@ -1,4 +1,4 @@
-"""Context-parallel (ring) versions of the ops (SPEC section 8).
+"""Context-parallel (ring) versions of the ops (docs/architecture.md, "Context parallelism").
 
 Each op has the signature of its single-device twin plus keyword-only `mesh`
 and `axis_name`: it takes and returns *global* arrays whose T axis is sharded
@@ -7,20 +7,21 @@ axis), and equals the single-device op. Inside `jax.shard_map` every device
 holds C = T / devices tokens and receives what it needs from the devices
 behind it with `jax.lax.ppermute`; no device ever gathers the whole sequence.
 
-- `sliding_window_attention`, `pi_attention`: a halo of the previous window - 1
-  keys/values (from several devices back when the window is wider than C); a
-  skip at distance d = h*C + r comes from the devices h and h + 1 back. The
-  local chunk plus halo runs through the single-device blockwise core.
-- `block_local_attention`: blocks aligned with the chunks (C a multiple of
-  block_size); lookback b > 0 is a halo of b blocks.
+- `sliding_window_attention`, `pi_attention`, `block_local_attention`: a halo
+  of the keys/values the chunk's queries can see from behind (the pattern's
+  reach: window - 1, π's farthest skip, `lookback` blocks), fetched from as
+  many devices back as it spans; then the core (`ops.core.attend`) on chunk +
+  halo at their global positions. Block-local needs C a multiple of
+  block_size (blocks never straddle devices).
 - `exponential_memory`: each device's (numerator, denominator) totals,
   combined into an exclusive prefix by a log-step (Hillis-Steele) ppermute
   scan over devices: ceil(log2 devices) + 1 exchanges.
-- `causal_attention`: ring attention. Keys/values rotate around the ring with
-  an online log-sum-exp softmax; pieces of work that are entirely in the
-  future are skipped (`lax.cond`). `layout='zigzag'` (each device holds
-  chunks i and 2n-1-i of 2n) balances that work: use `to_layout` /
-  `permute_batch` once on the batch and pass the matching positions to RoPE.
+- `causal_attention`: ring attention. Keys/values rotate around the ring;
+  each step is a core call per (query piece, key piece) at their positions,
+  combined with `core.merge`; pieces of work entirely in the future see no key
+  block and cost nothing. `layout='zigzag'` (each device holds chunks i and
+  2n-1-i of 2n) balances that work: use `to_layout` / `permute_batch` once on
+  the batch and pass the matching positions to RoPE.
 - `shift_right`: x[:, i - distance], the sharded twin of `attention.shift_right`.
 """
 
@@ -32,8 +33,9 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from efficient_lm.ops import attention
-from efficient_lm.ops import blockwise
+from efficient_lm.ops import core
 from efficient_lm.ops import memory
+from efficient_lm.ops.pattern import Pattern
 
 LAYOUTS = ("natural", "zigzag")
 
@@ -135,36 +137,32 @@ def _with_halo(x_BC: jax.Array, halo: int, axis_name: str, n: int) -> jax.Array:
   return jnp.concatenate(pieces + [x_BC], axis=1)
 
 
-def _pad_front(x_BC: jax.Array | None, size: int, value: float = 0.0) -> jax.Array | None:
-  if x_BC is None or size == 0:
-    return x_BC
-  pad = [(0, 0), (size, 0)] + [(0, 0)] * (x_BC.ndim - 2)
-  return jnp.pad(x_BC, pad, constant_values=value)
+def _halo(pattern: Pattern, C: int, T: int) -> int:
+  """Keys from behind a chunk of C tokens that its queries can see (never more than T - C).
+
+  From the pattern: the distance from a chunk's first query to the lowest key
+  `pattern.key_range` lets the chunk see (its reach, for windows and π).
+  """
+  unit = C * (pattern.block_size or 1)
+  first = unit * (T // unit + 1)  # a chunk start far from the sequence start
+  lowest, _ = pattern.key_range(first, first + C - 1)
+  return min(first - lowest, T - C)
 
 
-def _local_band(q_BCHK, k_BCHK, v_BCHK, *, halo: int, block_size: int, lookback: int,
-                window: int | None, axis_name: str, n: int, scale, local_bias_BCH=None,
-                extra_logits_BCHS=None, extra_v_BCSHK=None) -> jax.Array:
-  """The blockwise core on this device's chunk, its keys extended by a `halo` from behind.
+def _local_band(q_BCHK, k_BCHK, v_BCHK, local_prior_BCH=None, skip_prior_BCH=None, *,
+                pattern: Pattern, halo: int, axis_name: str, n: int, scale) -> jax.Array:
+  """The core on this device's chunk, its keys extended by a `halo` from behind.
 
-  Queries are padded in front by `halo` (their outputs dropped); keys before
-  the sequence start (device 0's halo) are masked with `first_key`.
+  Queries sit at idx * C + arange(C), keys at idx * C - halo + arange(halo + C):
+  on device 0 the halo's positions are negative, so never visible.
   """
   C = q_BCHK.shape[1]
-  first_key = jnp.maximum(halo - jax.lax.axis_index(axis_name) * C, 0)
-  o_BXHK = blockwise.blockwise_attention(
-      _pad_front(q_BCHK, halo), _with_halo(k_BCHK, halo, axis_name, n),
-      _with_halo(v_BCHK, halo, axis_name, n), block_size=block_size, lookback=lookback,
-      window=window, scale=scale, local_bias_BTH=_pad_front(local_bias_BCH, halo),
-      extra_logits_BTHS=_pad_front(extra_logits_BCHS, halo, blockwise.MASKED),
-      extra_v_BTSHK=_pad_front(extra_v_BCSHK, halo), first_key=first_key)
-  return o_BXHK[:, halo:]
-
-
-def _window_band(C: int, T: int, window: int) -> dict:
-  """Halo and block settings for i - window < j <= i on a chunk of C tokens."""
-  halo = min(window - 1, T - C)  # never more than all the tokens before the last device
-  return dict(halo=halo, **attention._window_blocks(halo + C, window))  # pylint: disable=protected-access
+  q_start = jax.lax.axis_index(axis_name) * C
+  o_BCHK, _ = core.attend(q_BCHK, _with_halo(k_BCHK, halo, axis_name, n),
+                          _with_halo(v_BCHK, halo, axis_name, n), pattern, q_start=q_start,
+                          k_start=q_start - halo, scale=scale, local_prior=local_prior_BCH,
+                          skip_prior=skip_prior_BCH)
+  return o_BCHK
 
 
 # The ops.
@@ -179,57 +177,40 @@ def shift_right(x_BT: jax.Array, distance: int, *, mesh: jax.sharding.Mesh,
   return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(x_BT)
 
 
+def _local_op(pattern: Pattern, mesh: jax.sharding.Mesh, axis_name: str, scale, arrays: tuple
+              ) -> jax.Array:
+  """`pattern` over global arrays (q, k, v, then optional [B, T, H] priors), T sharded."""
+  n = _num_devices(mesh, axis_name)
+  T = arrays[0].shape[1]
+  C = _check_length(T, n)
+  spec = _seq_spec(mesh, axis_name)
+  body = functools.partial(_local_band, pattern=pattern, halo=_halo(pattern, C, T),
+                           axis_name=axis_name, n=n, scale=scale)
+  return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * len(arrays), out_specs=spec)(*arrays)
+
+
 def sliding_window_attention(q_BTHK, k_BTHK, v_BTHK, *, window: int, scale: float | None = None,
                              mesh: jax.sharding.Mesh, axis_name: str = "context") -> jax.Array:
   """`attention.sliding_window_attention` with T sharded: a halo of window - 1 keys/values."""
   attention._check_positive("window", window)  # pylint: disable=protected-access
-  n = _num_devices(mesh, axis_name)
-  T = q_BTHK.shape[1]
-  C = _check_length(T, n)
-  band = _window_band(C, T, window)
-  spec = _seq_spec(mesh, axis_name)
-  body = functools.partial(_local_band, axis_name=axis_name, n=n, scale=scale, **band)
-  return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)(
-      q_BTHK, k_BTHK, v_BTHK)
+  return _local_op(Pattern.sliding(window), mesh, axis_name, scale, (q_BTHK, k_BTHK, v_BTHK))
 
 
-def pi_attention(q_BTHK, k_BTHK, v_BTHK, gate_BTH, *, window: int, period: int, num_skips: int,
-                 scale: float | None = None, mesh: jax.sharding.Mesh,
-                 axis_name: str = "context") -> jax.Array:
+def pi_attention(q_BTHK, k_BTHK, v_BTHK, gate_BTH=None, *, window: int, period: int,
+                 num_skips: int, scale: float | None = None, gate_logits_BTH=None,
+                 mesh: jax.sharding.Mesh, axis_name: str = "context") -> jax.Array:
   """`attention.pi_attention` with T sharded.
 
-  The window's halo comes from the devices behind; the skip keys/values at
-  distance d = m * period from the devices floor(d / C) and floor(d / C) + 1
-  behind (any period: below C, several Cs, past the start).
+  The halo is the pattern's reach, max(window - 1, farthest skip) keys/values
+  from the devices behind (any period: below C, several Cs, past the start);
+  the core then reads the window and the skips from chunk + halo.
   """
-  attention._check_positive("window", window)  # pylint: disable=protected-access
-  attention._check_positive("period", period)  # pylint: disable=protected-access
-  if not isinstance(num_skips, int) or num_skips < 0:
-    raise ValueError(f"num_skips={num_skips!r} must be a non-negative integer")
-  n = _num_devices(mesh, axis_name)
-  B, T, H, K = q_BTHK.shape
-  C = _check_length(T, n)
-  scale = K ** -0.5 if scale is None else scale
-  offsets = attention.skip_offsets(T, window=window, period=period, num_skips=num_skips)
-  if not offsets:  # no skip ever lands: the gate shifts every logit of a row equally
-    return sliding_window_attention(q_BTHK, k_BTHK, v_BTHK, window=window, scale=scale, mesh=mesh,
-                                    axis_name=axis_name)
-  band = _window_band(C, T, window)
-
-  def body(q_BCHK, k_BCHK, v_BCHK, gate_BCH):
-    gate_BCH = jnp.clip(gate_BCH.astype(jnp.float32), attention.GATE_EPS, 1.0 - attention.GATE_EPS)
-    skip_k_BCSHK = jnp.stack([_shifted(k_BCHK, d, axis_name, n) for d in offsets], axis=2)
-    skip_v_BCSHK = jnp.stack([_shifted(v_BCHK, d, axis_name, n) for d in offsets], axis=2)
-    position_C = jax.lax.axis_index(axis_name) * C + jnp.arange(C)
-    present_CS = position_C[:, None] >= jnp.asarray(offsets)[None, :]
-    skip_logits_BCHS = attention.gated_skip_logits(q_BCHK, skip_k_BCSHK, gate_BCH, present_CS, scale)
-    return _local_band(q_BCHK, k_BCHK, v_BCHK, axis_name=axis_name, n=n, scale=scale,
-                       local_bias_BCH=jnp.log(gate_BCH), extra_logits_BCHS=skip_logits_BCHS,
-                       extra_v_BCSHK=skip_v_BCSHK, **band)
-
-  spec = _seq_spec(mesh, axis_name)
-  return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 4, out_specs=spec)(
-      q_BTHK, k_BTHK, v_BTHK, gate_BTH)
+  attention.check_pi_settings(window, period, num_skips)
+  local_BTH, skip_BTH = attention.gate_priors(gate_BTH, gate_logits_BTH)
+  pattern = Pattern.pi(window, period, num_skips, seq_len=q_BTHK.shape[1])
+  if not pattern.skips:  # no skip ever lands: the gate shifts every logit of a row equally
+    return _local_op(pattern, mesh, axis_name, scale, (q_BTHK, k_BTHK, v_BTHK))
+  return _local_op(pattern, mesh, axis_name, scale, (q_BTHK, k_BTHK, v_BTHK, local_BTH, skip_BTH))
 
 
 def block_local_attention(q_BTHK, k_BTHK, v_BTHK, *, block_size: int, lookback: int = 0,
@@ -240,22 +221,15 @@ def block_local_attention(q_BTHK, k_BTHK, v_BTHK, *, block_size: int, lookback: 
   Blocks never straddle devices; `lookback` blocks come in as a halo.
   """
   attention._check_positive("block_size", block_size)  # pylint: disable=protected-access
-  if not isinstance(lookback, int) or lookback < 0:
-    raise ValueError(f"lookback={lookback!r} must be a non-negative integer")
+  attention._check_lookback(lookback)  # pylint: disable=protected-access
   n = _num_devices(mesh, axis_name)
   T = q_BTHK.shape[1]
   C = _check_length(T, n)
   if C % block_size:
     raise ValueError(f"block_size={block_size} must divide the {C} tokens each of the {n} devices "
                      f"holds (T={T}): blocks may not straddle devices")
-  halo = min(lookback * block_size, T - C)
-  halo -= halo % block_size
-  spec = _seq_spec(mesh, axis_name)
-  body = functools.partial(_local_band, halo=halo, block_size=block_size,
-                           lookback=halo // block_size, window=None, axis_name=axis_name, n=n,
-                           scale=scale)
-  return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)(
-      q_BTHK, k_BTHK, v_BTHK)
+  return _local_op(Pattern.blocks(block_size, lookback), mesh, axis_name, scale,
+                   (q_BTHK, k_BTHK, v_BTHK))
 
 
 def exponential_memory(s_BND: jax.Array, alpha: float | jax.Array, *, mesh: jax.sharding.Mesh,
@@ -299,22 +273,6 @@ def exponential_memory(s_BND: jax.Array, alpha: float | jax.Array, *, mesh: jax.
       s_BND, jnp.asarray(alpha, jnp.float32))
 
 
-def _attend_piece(carry, q_BQHK, k_BKHK, v_BKHK, q_pos_Q, k_pos_K, scale):
-  """One online-softmax update of (o, running max, normalizer) with a masked [Q, K] score block."""
-  o_BQHK, max_BHQ, norm_BHQ = carry
-  logits_BHQK = jnp.einsum("bqhk,bshk->bhqs", q_BQHK, k_BKHK,
-                           preferred_element_type=jnp.float32) * scale
-  visible_QK = q_pos_Q[:, None] >= k_pos_K[None, :]
-  logits_BHQK = jnp.where(visible_QK, logits_BHQK, blockwise.MASKED)
-  new_max_BHQ = jnp.maximum(max_BHQ, jnp.max(logits_BHQK, axis=-1))
-  probs_BHQK = jnp.where(visible_QK, jnp.exp(logits_BHQK - new_max_BHQ[..., None]), 0.0)
-  correction_BHQ = jnp.exp(max_BHQ - new_max_BHQ)
-  norm_BHQ = norm_BHQ * correction_BHQ + jnp.sum(probs_BHQK, axis=-1)
-  o_BQHK = (o_BQHK * jnp.transpose(correction_BHQ, (0, 2, 1))[..., None]
-            + jnp.einsum("bhqs,bshk->bqhk", probs_BHQK, v_BKHK.astype(jnp.float32)))
-  return o_BQHK, new_max_BHQ, norm_BHQ
-
-
 def _chunk_pieces(C: int, layout: str) -> list[tuple[int, int]]:
   """(start, length) of the contiguous runs of positions in a device's chunk."""
   return [(0, C)] if layout == "natural" else [(0, C // 2), (C // 2, C // 2)]
@@ -323,60 +281,104 @@ def _chunk_pieces(C: int, layout: str) -> list[tuple[int, int]]:
 def causal_attention(q_BTHK, k_BTHK, v_BTHK, *, scale: float | None = None,
                      mesh: jax.sharding.Mesh, axis_name: str = "context",
                      layout: str = "natural") -> jax.Array:
-  """`attention.causal_attention` with T sharded: ring attention.
+  """`attention.causal_attention` with T sharded: ring attention, with a ring backward.
 
   For n steps each device attends its queries to the keys/values it holds,
-  then passes them on (ppermute i -> i + 1); an online log-sum-exp softmax
-  combines the steps. Work pieces wholly in the future are skipped, so with
-  `layout='natural'` device i works i + 1 steps; with `layout='zigzag'`
+  then passes them on (ppermute i -> i + 1). Each step is a core call per
+  (query piece, key piece) at their positions, and `core.merge` combines them:
+  pieces wholly in the future see no key block, so their work is skipped, and
+  with `layout='natural'` device i works i + 1 steps; with `layout='zigzag'`
   (arrays already in that order: see `to_layout`) every device does the same
-  work. Cost O(T * C) per device; the [C, C] score block is the largest array.
-  The backward pass is autodiff through the unrolled ring (each step
-  rematerialized), which keeps every step's keys/values: O(T) per device.
+  work. Cost O(T * C) per device, no `[C, C]` array (the core's blocks).
+
+  The backward pass is hand-written (a custom VJP per device): it keeps only
+  the device's q, k, v, o and lse (O(C)), and rotates the keys/values around
+  the ring again with their gradients travelling alongside, each step the
+  core's flash backward of a piece at the final o and lse (`core.attend_backward`);
+  after n rotations every device holds the gradients of its own keys/values.
   """
   n = _num_devices(mesh, axis_name)
   B, T, H, K = q_BTHK.shape
   C = _check_length(T, n)
-  positions_T = jnp.asarray(layout_positions(T, n, layout))
-  scale = K ** -0.5 if scale is None else scale
+  positions_T = layout_positions(T, n, layout)  # numpy: the custom VJP rules may close over it
   pieces = _chunk_pieces(C, layout)
+  dense = Pattern.dense()
+  ring = [(i, (i + 1) % n) for i in range(n)]
 
-  def body(q_BCHK, k_BCHK, v_BCHK):
+  def positions(step):
+    """This device's query positions and, at `step`, the positions of the keys it holds."""
     idx = jax.lax.axis_index(axis_name)
-    position_C = jax.lax.dynamic_slice_in_dim(positions_T, idx * C, C)
-    carries = []  # (o, running max, normalizer) per query piece; zeros_like keeps them device-varying
-    for start, length in pieces:
-      zero_BHQ = jnp.zeros_like(jnp.swapaxes(q_BCHK[:, start:start + length, :, 0], 1, 2), jnp.float32)
-      carries.append((jnp.zeros_like(q_BCHK[:, start:start + length], jnp.float32),
-                      zero_BHQ + blockwise.MASKED, zero_BHQ))
+    at = lambda device: jax.lax.dynamic_slice_in_dim(positions_T, device * C, C)
+    return at(idx), at((idx - step) % n)
 
-    @jax.checkpoint
-    def step(carries, kv, source):
-      k_BCHK, v_BCHK = kv
-      k_position_C = jax.lax.dynamic_slice_in_dim(positions_T, source * C, C)
-      new = []
-      for (qs, ql), carry in zip(pieces, carries):
-        q_pos = position_C[qs:qs + ql]
-        for ks, kl in pieces:
-          k_pos = k_position_C[ks:ks + kl]
-          update = functools.partial(_attend_piece, q_BQHK=q_BCHK[:, qs:qs + ql],
-                                     k_BKHK=k_BCHK[:, ks:ks + kl], v_BKHK=v_BCHK[:, ks:ks + kl],
-                                     q_pos_Q=q_pos, k_pos_K=k_pos, scale=scale)
-          # Positions are ascending within a piece: skip it when its first key is after the last query.
-          carry = jax.lax.cond(k_pos[0] <= q_pos[-1], update, lambda c: c, carry)
-        new.append(carry)
-      return new
+  def pairs(step):
+    """(query piece, key piece, their starting positions) of one step; positions ascend in a piece."""
+    q_pos, k_pos = positions(step)
+    return [((qs, ql), (ks, kl), q_pos[qs], k_pos[ks]) for qs, ql in pieces for ks, kl in pieces]
 
-    kv = (k_BCHK, v_BCHK)
-    ring = [(i, (i + 1) % n) for i in range(n)]
-    for s in range(n):  # n is small and static; unrolled so the last step sends nothing
-      carries = step(carries, kv, (idx - s) % n)
-      if s + 1 < n:
-        kv = jax.lax.ppermute(kv, axis_name, ring)
-    outs = [o_BQHK / jnp.transpose(norm_BHQ, (0, 2, 1))[..., None]
-            for o_BQHK, _, norm_BHQ in carries]
-    return jnp.concatenate(outs, axis=1).astype(v_BCHK.dtype)
+  def forward(q_BCHK, k_BCHK, v_BCHK):
+    def step(s, kv, merged):
+      """Attend to the keys/values held at step s; merge into the running (o, lse) per piece."""
+      merged = list(merged)
+      for (qs, ql), (ks, kl), q_start, k_start in pairs(s):
+        part = core.attend(q_BCHK[:, qs:qs + ql], kv[0][:, ks:ks + kl], kv[1][:, ks:ks + kl],
+                           dense, q_start=q_start, k_start=k_start, scale=scale)
+        i = pieces.index((qs, ql))
+        merged[i] = core.merge([merged[i], part])
+      return tuple(merged)
 
+    def step_and_pass(s, carry):
+      kv, merged = carry
+      return jax.lax.ppermute(kv, axis_name, ring), step(s, kv, merged)
+
+    # Nothing seen yet: o = 0, lse = NO_KEY_LSE (weight 0 in the first merge).
+    empty = tuple((jnp.zeros_like(q_BCHK[:, qs:qs + ql]),
+                   jnp.full_like(q_BCHK[:, qs:qs + ql, :, 0], core.NO_KEY_LSE, jnp.float32))
+                  for qs, ql in pieces)
+    # A loop over the steps (fixed buffers); the last step, outside it, sends nothing.
+    kv, merged = jax.lax.fori_loop(0, n - 1, step_and_pass, ((k_BCHK, v_BCHK), empty))
+    merged = step(n - 1, kv, merged)
+    return (jnp.concatenate([o for o, _ in merged], axis=1),
+            jnp.concatenate([lse for _, lse in merged], axis=1))
+
+  @jax.custom_vjp
+  def body(q_BCHK, k_BCHK, v_BCHK):
+    return forward(q_BCHK, k_BCHK, v_BCHK)[0]
+
+  def body_fwd(q_BCHK, k_BCHK, v_BCHK):
+    o_BCHK, lse_BCH = forward(q_BCHK, k_BCHK, v_BCHK)
+    return o_BCHK, (q_BCHK, k_BCHK, v_BCHK, o_BCHK, lse_BCH)
+
+  def body_bwd(residuals, do_BCHK):
+    q_BCHK, k_BCHK, v_BCHK, o_BCHK, lse_BCH = residuals
+
+    def step(s, carry):
+      """The gradients from the keys/values held at step s: dq stays, dk/dv travel with them."""
+      dq_BCHK, (k_BCHK, v_BCHK, dk_BCHK, dv_BCHK) = carry
+      for (qs, ql), (ks, kl), q_start, k_start in pairs(s):
+        rows, cols = slice(qs, qs + ql), slice(ks, ks + kl)
+        dq, dk, dv, _, _ = core.attend_backward(
+            q_BCHK[:, rows], k_BCHK[:, cols], v_BCHK[:, cols], dense, o_BCHK[:, rows],
+            lse_BCH[:, rows], do_BCHK[:, rows], q_start=q_start, k_start=k_start, scale=scale)
+        dq_BCHK = dq_BCHK.at[:, rows].add(dq.astype(jnp.float32))
+        dk_BCHK = dk_BCHK.at[:, cols].add(dk.astype(jnp.float32))
+        dv_BCHK = dv_BCHK.at[:, cols].add(dv.astype(jnp.float32))
+      return dq_BCHK, (k_BCHK, v_BCHK, dk_BCHK, dv_BCHK)
+
+    def step_and_pass(s, carry):
+      dq_BCHK, travelling = step(s, carry)
+      return dq_BCHK, jax.lax.ppermute(travelling, axis_name, ring)
+
+    f32 = lambda x: jnp.zeros_like(x, jnp.float32)
+    carry = (f32(q_BCHK), (k_BCHK, v_BCHK, f32(k_BCHK), f32(v_BCHK)))
+    carry = jax.lax.fori_loop(0, n - 1, step_and_pass, carry)
+    dq_BCHK, (_, _, dk_BCHK, dv_BCHK) = step(n - 1, carry)
+    # After the last step only the gradients travel: one hop brings them home to their owner.
+    dk_BCHK, dv_BCHK = jax.lax.ppermute((dk_BCHK, dv_BCHK), axis_name, ring)
+    return (dq_BCHK.astype(q_BCHK.dtype), dk_BCHK.astype(k_BCHK.dtype),
+            dv_BCHK.astype(v_BCHK.dtype))
+
+  body.defvjp(body_fwd, body_bwd)
   spec = _seq_spec(mesh, axis_name)
   return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)(
       q_BTHK, k_BTHK, v_BTHK)

@@ -1,0 +1,68 @@
+"""A block's sequence in chunks: what lets one device train at a million tokens of context.
+
+With `model.seq_chunk = C`, a decoder block computes its keys and values for
+the whole sequence (the only tensors attention needs whole), then runs
+everything else position-wise over chunks of C tokens in a `lax.map`, each
+chunk rematerialized in the backward pass: the norms, the queries, the
+attention of the chunk's queries over the keys it can see, the output
+projection, the gate, the residual adds and the MLP. Nothing of the chunk's
+activations outlives it, so a block's temporaries are the keys and values and
+their gradients plus one chunk's work, whatever T.
+
+The keys and values themselves are computed chunk by chunk, straight into the
+`[n, B, C, H, K]` layout the map reads (no sequence-wide projection output).
+Each chunk's queries see a *window*: the chunk's own C keys after the `halo`
+keys before it (the attention pattern's reach: the window, the previous
+blocks, the farthest π skip), cut by static slices of the chunks before it
+(no gather); only the small halos are copied for the whole sequence. A pattern
+with unbounded reach (dense attention) cannot be chunked this way.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from efficient_lm.ops.pattern import Pattern
+
+
+def halo(pattern: Pattern, chunk: int) -> int:
+  """Keys before a chunk (of `chunk` queries, starting at a multiple of it) its queries may see."""
+  if pattern.reach is None:
+    raise ValueError("a pattern of unbounded reach (dense attention) cannot be chunked; set "
+                     "model.seq_chunk=0 for it")
+  q_first = chunk * (2 + pattern.reach // chunk)  # far from the start: nothing is clipped at 0
+  lowest, _ = pattern.key_range(q_first, q_first + chunk - 1)
+  return q_first - lowest
+
+
+def split(x_BT: jax.Array, chunk: int) -> jax.Array:
+  """`[B, T, ...]` -> `[n, B, C, ...]` (T a multiple of C)."""
+  B, T = x_BT.shape[:2]
+  return jnp.moveaxis(x_BT.reshape(B, T // chunk, chunk, *x_BT.shape[2:]), 1, 0)
+
+
+def merge(x_nBC: jax.Array) -> jax.Array:
+  """`[n, B, C, ...]` -> `[B, n * C, ...]` (the inverse of `split`)."""
+  n, B, C = x_nBC.shape[:3]
+  return jnp.moveaxis(x_nBC, 0, 1).reshape(B, n * C, *x_nBC.shape[3:])
+
+
+def halos(chunks_nBC: jax.Array, halo_len: int) -> jax.Array:
+  """`[n, B, halo, ...]`: the `halo` positions before each chunk, from the chunks before it (zeros
+  before the sequence start, which the attention masks by position). Static slices only."""
+  n, chunk = chunks_nBC.shape[:3:2]
+  if halo_len == 0:
+    return chunks_nBC[:, :, :0]
+  back = -(-halo_len // chunk)  # chunks a halo reaches back into
+  shifted = lambda s: jnp.pad(chunks_nBC, [(s, 0)] + [(0, 0)] * (chunks_nBC.ndim - 1))[:n]
+  pieces = [shifted(s) for s in range(back, 0, -1)]
+  return jnp.concatenate(pieces, axis=2)[:, :, back * chunk - halo_len:]
+
+
+def window(halo_BHD: jax.Array, chunk_BCD: jax.Array) -> jax.Array:
+  """A chunk's keys after its halo: `[B, halo + C, ...]` (one chunk's copy, inside the map)."""
+  return chunk_BCD if halo_BHD.shape[1] == 0 else jnp.concatenate([halo_BHD, chunk_BCD], axis=1)
+
+
+def map_chunks(fn, *xs_n):
+  """`lax.map` of `fn(*chunk_inputs)` over the leading axis, each chunk rematerialized."""
+  return jax.lax.map(lambda args: jax.checkpoint(fn)(*args), xs_n)

@@ -1,0 +1,823 @@
+"""One blockwise online-softmax attention for every attention in the library, with a flash backward.
+
+`attend(q, k, v, pattern, ...)` returns `(o, lse)`: the softmax attention of
+each query over the keys `pattern` lets it see, and the log-sum-exp of its
+logits. Queries sit at positions `q_start + arange(Tq)`, keys at
+`k_start + arange(Tk)` or at explicit `k_positions` (decoding caches: slot
+positions, -1 = empty); both starts may be traced scalars. `merge` combines
+attentions over disjoint key sets (ring steps, pieces) into the one over their
+union.
+
+Two block schedules, chosen from the pattern:
+
+- banded (bounded reach: block-local, sliding window, segments, π's local
+  part): queries in blocks of L tokens; each block sees a fixed number of key
+  blocks around it, gathered by shifting whole blocks, vectorized over a group
+  of about `GROUP_TOKENS` query tokens; a loop over groups keeps the working
+  set small. π's skip keys (p - d for d in `pattern.skips`) are shifted slices
+  of the keys, read per group.
+- looped (unbounded reach: dense causal, cross-attention, ring steps, explicit
+  key positions): each block of queries loops over the key blocks
+  `pattern.key_range` allows (traced bounds), with an online softmax; blocks
+  wholly in the future are never visited.
+
+Memory: O(T) with a small constant. The custom VJP keeps only q, k, v, the
+priors, o and lse; the backward recomputes the probabilities block by block
+(the flash-attention backward) and handles a cotangent on lse. Logits,
+softmax, lse and priors are float32 whatever the input dtype; the q.k and p.v
+matmuls run in the input dtype with float32 accumulation.
+
+With `k` longer than the keys the queries can see (a chunk of queries at a
+traced `q_start` against the whole sequence's keys), the banded schedule
+slices the key window it needs itself (O(window) work, never a copy of all of
+k). The cotangent of k is still a full `[B, Tk, H, K]` array, zeros outside
+the window: each chunk's backward writes O(Tk) and autodiff adds it into k's
+gradient, so n chunks against one long k cost O(n Tk) memory traffic. Where
+that matters, slice k to the chunk's window before the call
+(`pattern.key_range` gives it) and pass its `k_start`.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from efficient_lm.ops.pattern import Pattern
+
+MASKED = -1e30       # the logit of a key a query does not see
+NO_KEY_LSE = -1e29   # lse of a row that sees no key: exp(MASKED - NO_KEY_LSE) == 0, merge weight 0
+
+# Schedule sizes, tuned with experiments/bench_ops.py on a 2-core CPU.
+Q_BLOCK = 512          # looped schedule: queries per block
+K_BLOCK = 512          # looped schedule: keys per block
+GROUP_TOKENS = 512     # banded schedule: query tokens processed together
+MAX_BAND = 4096        # banded schedule: widest key band per query block (else looped) ...
+MAX_BAND_TILE = 1 << 20  # ... and most logits per query block (L x band)
+SINGLE_BLOCK = 1 << 22  # explicit key positions: one block while Tq * Tk is at most this
+
+LAYOUTS = ("BTHK", "BHTK")
+F32 = jnp.float32
+
+
+def _cdiv(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+def _is_static(x) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool)
+
+
+def window_block(window: int) -> int:
+  """Query block length of the banded schedule for a sliding window."""
+  return max(16, min(512, window // 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """Everything static about one call (hashable: the custom VJP's static argument)."""
+  pattern: Pattern
+  scale: float
+  Tq: int
+  Tk: int
+  q_start: int | None  # the static start, or None when it is a traced argument
+  k_start: int | None
+  explicit: bool       # explicit key positions
+  schedule: str        # "band" or "loop"
+  layout: str = "BHTK"  # the caller's q/k/v/o layout (both schedules compute heads-first)
+  # Banded schedule.
+  block: int = 0       # L: query block length (and key block length)
+  align: int = 1       # the query grid starts at a multiple of this
+  group: int = 1       # G: query blocks per group
+  groups: int = 1      # groups
+  back: int = 0        # key blocks before a query block's own
+  fwd: int = 0         # key blocks after it
+  front: int = 0       # key rows before the grid origin (band and skips)
+  skips: tuple[int, ...] = ()
+  # Looped schedule.
+  q_block: int = 0
+  k_block: int = 0
+
+  @property
+  def t_axis(self) -> int:
+    return _t_axis(self.layout)
+
+  @property
+  def key_rows(self) -> int:
+    return self.front + (self.groups * self.group + self.fwd) * self.block
+
+
+# Slicing helpers: a window of an axis, zeros outside (static or traced start).
+
+def _pad_axis(x: jax.Array, axis: int, before: int, after: int, value=0) -> jax.Array:
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (before, after)
+  return jnp.pad(x, pad, constant_values=value)
+
+
+def _window(x: jax.Array, start, size: int, axis: int = 2, value=0) -> jax.Array:
+  """x[start:start + size] along `axis`, `value` where that is outside x."""
+  n = x.shape[axis]
+  if _is_static(start):
+    lo, hi = max(start, 0), min(start + size, n)
+    if lo >= hi:
+      shape = list(x.shape)
+      shape[axis] = size
+      return jnp.full(shape, value, x.dtype)
+    piece = jax.lax.slice_in_dim(x, lo, hi, axis=axis)
+    return _pad_axis(piece, axis, lo - start, start + size - hi, value)
+  if size > n:  # x is the smaller: padded by `size` on both sides, any overlapping window fits
+    padded = _pad_axis(x, axis, size, size, value)
+    return jax.lax.dynamic_slice_in_dim(padded, start + size, size, axis=axis)
+  # Only the window is copied, never all of x: the in-range slice nearest `start`, then shifted
+  # (non-zero shift only at x's ends) with `value` filled in.
+  inside = jnp.clip(start, 0, n - size)
+  piece = _pad_axis(jax.lax.dynamic_slice_in_dim(x, inside, size, axis=axis), axis, size, size, value)
+  return jax.lax.dynamic_slice_in_dim(piece, start - inside + size, size, axis=axis)
+
+
+def _window_transpose(y: jax.Array, start, n: int, axis: int = 2) -> jax.Array:
+  """The adjoint of `_window(x, start, y.shape[axis])` for an x of length n: y placed back at
+  `start` (the zero-extended shift the other way)."""
+  return _window(y, -start, n, axis)
+
+
+def _slice(x: jax.Array, start, size: int, axis: int) -> jax.Array:
+  if _is_static(start):
+    return jax.lax.slice_in_dim(x, start, start + size, axis=axis)
+  return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
+
+
+def _add_at(buf: jax.Array, start, update: jax.Array, axis: int = 2) -> jax.Array:
+  """buf with `update` added at [start:start + len] along `axis` (in place under a loop)."""
+  size = update.shape[axis]
+  current = _slice(buf, start, size, axis)
+  return jax.lax.dynamic_update_slice_in_dim(buf, current + update, start, axis=axis)
+
+
+def _vma_zero(*xs) -> jax.Array:
+  """A float32 scalar 0 varying over every mesh axis any of xs varies over: loop carries
+  initialized from it match their bodies' types inside `shard_map`."""
+  zero = jnp.zeros((), F32)
+  for x in xs:
+    if x is not None and not _is_static(x):
+      zero = zero + jnp.zeros_like(x, shape=(), dtype=F32)
+  return zero
+
+
+# Planning.
+
+def _band_plan(pattern: Pattern, scale: float, Tq: int, Tk: int, q_start, k_start,
+               layout: str) -> _Plan | None:
+  """The banded schedule for this call, or None when the local reach is unbounded or too wide."""
+  local = pattern.local
+  if local.window is None and local.block_size is None:
+    return None
+  if not local.causal and local.block_size is None:
+    return None
+  align = local.block_size or 1
+  L = local.block_size if local.block_size is not None else window_block(local.window)
+  static_q = _is_static(q_start)
+  phase = q_start % align if static_q else align - 1  # the worst case when traced
+  L = max(1, min(L, phase + Tq))
+  N = _cdiv(phase + Tq, L)
+  # Key extent of every query block: exact for static positions, the worst case over the
+  # (unknown, align-multiple) grid origin otherwise.
+  origin = q_start - phase if static_q else align * (10 ** 9 // align)
+  back = fwd = 0
+  for i in range(N):
+    a = origin + i * L
+    first, last = a, a + L - 1
+    if static_q:
+      first, last = max(first, q_start), min(last, q_start + Tq - 1)
+    if first > last:
+      continue
+    lo, hi = local.key_range(first, last)
+    if _is_static(k_start) and static_q:
+      lo, hi = max(lo, k_start), min(hi, k_start + Tk - 1)
+    if lo > hi:
+      continue
+    back, fwd = max(back, a - lo), max(fwd, hi - (a + L - 1))
+  nb_back, nb_fwd = _cdiv(back, L), _cdiv(fwd, L)
+  band = (nb_back + nb_fwd + 1) * L
+  if band > MAX_BAND or L * band > MAX_BAND_TILE:
+    return None
+  skips = pattern.skips
+  if static_q:
+    skips = tuple(d for d in skips if q_start + Tq - 1 - d >= 0)
+  G = max(1, GROUP_TOKENS // L)
+  groups = _cdiv(N, G)
+  G = _cdiv(N, groups)
+  front = max([nb_back * L, *skips])
+  return _Plan(pattern=pattern, scale=scale, Tq=Tq, Tk=Tk,
+               q_start=q_start if static_q else None,
+               k_start=k_start if _is_static(k_start) else None, explicit=False, schedule="band",
+               layout=layout, block=L, align=align, group=G, groups=groups, back=nb_back, fwd=nb_fwd,
+               front=front, skips=skips)
+
+
+def _loop_plan(pattern: Pattern, scale: float, Tq: int, Tk: int, q_start, k_start,
+               explicit: bool, layout: str) -> _Plan:
+  if explicit and Tq * Tk <= SINGLE_BLOCK:
+    Lq, Lk = Tq, Tk
+  else:
+    Lq, Lk = min(Q_BLOCK, Tq), min(K_BLOCK, Tk)
+  return _Plan(pattern=pattern, scale=scale, Tq=Tq, Tk=Tk,
+               q_start=q_start if _is_static(q_start) else None,
+               k_start=k_start if _is_static(k_start) else None, explicit=explicit,
+               schedule="loop", layout=layout, q_block=Lq, k_block=Lk)
+
+
+def plan_for(pattern: Pattern, Tq: int, Tk: int, *, q_start=0, k_start=0, explicit: bool = False,
+             scale: float = 1.0, layout: str = "BTHK") -> _Plan:
+  """The schedule `attend` would use (exposed for tests and benchmarks)."""
+  if not explicit:
+    band = _band_plan(pattern, scale, Tq, Tk, q_start, k_start, layout)
+    if band is not None:
+      return band
+  return _loop_plan(pattern, scale, Tq, Tk, q_start, k_start, explicit, layout)
+
+
+# The banded schedule. It runs heads-first (`_forward` transposes "BTHK" calls); its helpers
+# take the sequence axis `plan.t_axis` as a parameter. Row quantities (lse, priors, delta) are
+# `[B, H, rows]`.
+
+_BAND_SPECS = {  # einsum specs: g groups' blocks, q queries, m band keys, s skips
+    "BHTK": dict(qk="bhgqk,bhgmk->bhgqm", pv="bhgqm,bhgmk->bhgqk", dkv="bhgqm,bhgqk->bhgmk",
+                 skip_qk="bhtk,bhtsk->bhts", skip_pv="bhts,bhtsk->bhtk", skip_dkv="bhts,bhtk->bhtsk"),
+}
+
+
+def _t_axis(layout: str) -> int:
+  return 1 if layout == "BTHK" else 2
+
+
+def _rows_to_layout(x_BHR: jax.Array, layout: str) -> jax.Array:
+  """`[B, H, rows]` -> broadcastable against a `layout` array's `[B, rows, H]` / `[B, H, rows]`."""
+  return jnp.swapaxes(x_BHR, 1, 2) if layout == "BTHK" else x_BHR
+
+
+def _blocks(x: jax.Array, t: int, count: int, L: int) -> jax.Array:
+  """Split the sequence axis t into `count` blocks of L."""
+  return x.reshape(*x.shape[:t], count, L, *x.shape[t + 1:])
+
+
+def _unblocks(x: jax.Array, t: int) -> jax.Array:
+  return x.reshape(*x.shape[:t], x.shape[t] * x.shape[t + 1], *x.shape[t + 2:])
+
+
+def _band_grid(plan: _Plan, q_start, k_start):
+  """(grid origin, query phase, key-window offset into k): ints when static, else traced."""
+  qs = plan.q_start if plan.q_start is not None else q_start
+  ks = plan.k_start if plan.k_start is not None else k_start
+  phase = qs % plan.align if _is_static(qs) else (qs % plan.align if plan.align > 1 else 0)
+  origin = qs - phase
+  return origin, phase, origin - plan.front - ks
+
+
+def _band_key_positions(plan: _Plan, origin, key_offset) -> jax.Array:
+  """`[key_rows]` int32: each key row's position, -1 where the row is outside k."""
+  e = jnp.arange(plan.key_rows, dtype=jnp.int32)
+  index = key_offset + e
+  pos = origin - plan.front + e
+  return jnp.where((index >= 0) & (index < plan.Tk), pos, -1)
+
+
+def _with_previous(x: jax.Array, count: int, extra: int, axis: int) -> jax.Array:
+  """Blocks s..s+count-1 for s = 0..extra, concatenated along the block's row axis (axis + 1)."""
+  parts = [jax.lax.slice_in_dim(x, s, s + count, axis=axis) for s in range(extra + 1)]
+  return jnp.concatenate(parts, axis=axis + 1)
+
+
+def _band_group(plan: _Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, sp_grid):
+  """One group's q slab, masked local logits `[B, H, G, L, M]` with the band's keys and values,
+  and (π) skip logits `[B, H, GL, S]` with the skip keys and values (stacked after the t axis)."""
+  t, spec = plan.t_axis, _BAND_SPECS[plan.layout]
+  L, G, nb = plan.block, plan.group, plan.back + plan.fwd
+  B, H = q_grid.shape[0], q_grid.shape[3 - t]
+  start = g * G * L
+  q_g = _slice(q_grid, start, G * L, t)
+  qpos = origin + start + jnp.arange(G * L, dtype=jnp.int32)
+  band_start = start + plan.front - plan.back * L
+  size = (G + nb) * L
+  band = lambda buf: _with_previous(_blocks(_slice(buf, band_start, size, t), t, G + nb, L), G, nb, t)
+  k_band, v_band = band(k_buf), band(v_buf)
+  kpos_band = _with_previous(_slice(kpos_buf, band_start, size, 0).reshape(G + nb, L), G, nb, 0)
+  local_GLM = plan.pattern.local.local_visible(qpos.reshape(G, L)[:, :, None], kpos_band[:, None, :])
+  s = jnp.einsum(spec["qk"], _blocks(q_g, t, G, L), k_band, preferred_element_type=F32) * plan.scale
+  if lp_grid is not None:
+    s = s + _slice(lp_grid, start, G * L, 2).reshape(B, H, G, L)[..., None]
+  s = jnp.where(local_GLM, s, MASKED)
+  if not plan.skips:
+    return q_g, s, k_band, v_band, None, None, None
+  at = [start + plan.front - d for d in plan.skips]
+  k_skip = jnp.stack([_slice(k_buf, a, G * L, t) for a in at], axis=t + 1)
+  v_skip = jnp.stack([_slice(v_buf, a, G * L, t) for a in at], axis=t + 1)
+  present = jnp.stack([_slice(kpos_buf, a, G * L, 0) >= 0 for a in at], axis=1)  # [GL, S]
+  s_skip = jnp.einsum(spec["skip_qk"], q_g, k_skip, preferred_element_type=F32) * plan.scale
+  if sp_grid is not None:
+    s_skip = s_skip + _slice(sp_grid, start, G * L, 2)[..., None]
+  s_skip = jnp.where(present, s_skip, MASKED)
+  return q_g, s, k_band, v_band, s_skip, k_skip, v_skip
+
+
+def _band_inputs(plan: _Plan, q, k, v, q_start, k_start, lp, sp):
+  origin, phase, key_offset = _band_grid(plan, q_start, k_start)
+  rows = plan.groups * plan.group * plan.block
+  t = plan.t_axis
+  q_grid = _window(q, -phase, rows, t)
+  k_buf = _window(k, key_offset, plan.key_rows, t)
+  v_buf = _window(v, key_offset, plan.key_rows, t)
+  kpos_buf = _band_key_positions(plan, origin, key_offset)
+  lp_grid = None if lp is None else _window(lp, -phase, rows)
+  sp_grid = None if sp is None else _window(sp, -phase, rows)
+  return origin, phase, key_offset, q_grid, k_buf, v_buf, kpos_buf, lp_grid, sp_grid
+
+
+def _groups_loop(plan: _Plan, body, carry):
+  """body(g, carry) over the groups: a fori_loop, or one static call for a single group."""
+  if plan.groups == 1:
+    return body(0, carry)
+  return jax.lax.fori_loop(0, plan.groups, body, carry)
+
+
+def _band_forward(plan: _Plan, q, k, v, q_start, k_start, lp, sp):
+  origin, phase, _, q_grid, k_buf, v_buf, kpos_buf, lp_grid, sp_grid = _band_inputs(
+      plan, q, k, v, q_start, k_start, lp, sp)
+  t, spec, layout = plan.t_axis, _BAND_SPECS[plan.layout], plan.layout
+  B, H, rows, Kv = q.shape[0], q.shape[3 - t], q_grid.shape[t], v.shape[-1]
+  L, G = plan.block, plan.group
+
+  def body(g, carry):
+    o_grid, lse_grid = carry
+    _, s, _, v_band, s_skip, _, v_skip = _band_group(plan, g, q_grid, k_buf, v_buf, kpos_buf,
+                                                     origin, lp_grid, sp_grid)
+    m = jnp.max(s, axis=-1).reshape(B, H, G * L)
+    if s_skip is not None:
+      m = jnp.maximum(m, jnp.max(s_skip, axis=-1))
+    m = jnp.maximum(m, NO_KEY_LSE)
+    p = jnp.exp(s - m.reshape(B, H, G, L)[..., None])
+    l = jnp.sum(p, axis=-1).reshape(B, H, G * L)
+    acc = _unblocks(jnp.einsum(spec["pv"], p.astype(v.dtype), v_band, preferred_element_type=F32), t)
+    if s_skip is not None:
+      p_skip = jnp.exp(s_skip - m[..., None])
+      l = l + jnp.sum(p_skip, axis=-1)
+      acc = acc + jnp.einsum(spec["skip_pv"], p_skip.astype(v.dtype), v_skip,
+                             preferred_element_type=F32)
+    safe_l = jnp.where(l > 0, l, 1.0)
+    o = (acc / _rows_to_layout(safe_l, layout)[..., None]).astype(q.dtype)
+    lse = jnp.where(l > 0, m + jnp.log(safe_l), NO_KEY_LSE)
+    start = g * G * L
+    return (jax.lax.dynamic_update_slice_in_dim(o_grid, o, start, axis=t),
+            jax.lax.dynamic_update_slice_in_dim(lse_grid, lse, start, axis=2))
+
+  zero = _vma_zero(q, k, v, q_start, k_start, lp, sp)
+  o_shape = list(q_grid.shape[:3]) + [Kv]
+  init = (jnp.zeros(o_shape, q.dtype) + zero.astype(q.dtype), jnp.zeros((B, H, rows), F32) + zero)
+  o_grid, lse_grid = _groups_loop(plan, body, init)
+  return _window(o_grid, phase, plan.Tq, t), _window(lse_grid, phase, plan.Tq)
+
+
+def _scatter_band(x: jax.Array, t: int, G: int, nb: int, L: int) -> jax.Array:
+  """The adjoint of `_with_previous` on a band gradient (blocks on axis t, band on t + 1): the
+  slab gradient, sequence axis t, (G + nb) L long."""
+  out = 0.0
+  for s in range(nb + 1):
+    out = out + _pad_axis(jax.lax.slice_in_dim(x, s * L, (s + 1) * L, axis=t + 1), t, s, nb - s)
+  return _unblocks(out, t)
+
+
+def _band_backward(plan: _Plan, q, k, v, q_start, k_start, lp, sp, o, lse, do, dlse):
+  origin, phase, key_offset, q_grid, k_buf, v_buf, kpos_buf, lp_grid, sp_grid = _band_inputs(
+      plan, q, k, v, q_start, k_start, lp, sp)
+  t, spec, layout = plan.t_axis, _BAND_SPECS[plan.layout], plan.layout
+  B, H, rows = q.shape[0], q.shape[3 - t], q_grid.shape[t]
+  L, G, nb = plan.block, plan.group, plan.back + plan.fwd
+  do_grid = _window(do, -phase, rows, t)
+  lse_grid = _window(lse, -phase, rows)
+  delta = _rows_to_layout(jnp.sum(do.astype(F32) * o.astype(F32), axis=-1), layout) - dlse
+  delta_grid = _window(delta, -phase, rows)
+
+  def body(g, carry):
+    dq_grid, dlp_grid, dsp_grid, dk_buf, dv_buf = carry
+    q_g, s, k_band, v_band, s_skip, k_skip, v_skip = _band_group(
+        plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, sp_grid)
+    start = g * G * L
+    lse_g = _slice(lse_grid, start, G * L, 2)
+    delta_g = _slice(delta_grid, start, G * L, 2)
+    do_g = _slice(do_grid, start, G * L, t)
+    do_blk, q_blk = _blocks(do_g, t, G, L), _blocks(q_g, t, G, L)
+    p = jnp.exp(s - lse_g.reshape(B, H, G, L)[..., None])
+    dp = jnp.einsum(spec["qk"], do_blk, v_band, preferred_element_type=F32)
+    ds = p * (dp - delta_g.reshape(B, H, G, L)[..., None])
+    dq = _unblocks(jnp.einsum(spec["pv"], ds.astype(k.dtype), k_band, preferred_element_type=F32), t)
+    dk_band = jnp.einsum(spec["dkv"], ds.astype(q.dtype), q_blk, preferred_element_type=F32)
+    dv_band = jnp.einsum(spec["dkv"], p.astype(do.dtype), do_blk, preferred_element_type=F32)
+    band_start = start + plan.front - plan.back * L
+    dk_buf = _add_at(dk_buf, band_start, plan.scale * _scatter_band(dk_band, t, G, nb, L), t)
+    dv_buf = _add_at(dv_buf, band_start, _scatter_band(dv_band, t, G, nb, L), t)
+    if lp_grid is not None:
+      dlp_grid = jax.lax.dynamic_update_slice_in_dim(
+          dlp_grid, jnp.sum(ds, axis=-1).reshape(B, H, G * L), start, axis=2)
+    if s_skip is not None:
+      p_skip = jnp.exp(s_skip - lse_g[..., None])
+      dp_skip = jnp.einsum(spec["skip_qk"], do_g, v_skip, preferred_element_type=F32)
+      ds_skip = p_skip * (dp_skip - delta_g[..., None])
+      dq = dq + jnp.einsum(spec["skip_pv"], ds_skip.astype(k.dtype), k_skip,
+                           preferred_element_type=F32)
+      dk_skip = jnp.einsum(spec["skip_dkv"], ds_skip.astype(q.dtype), q_g,
+                           preferred_element_type=F32) * plan.scale
+      dv_skip = jnp.einsum(spec["skip_dkv"], p_skip.astype(do.dtype), do_g,
+                           preferred_element_type=F32)
+      for i, d in enumerate(plan.skips):
+        at = start + plan.front - d
+        take = lambda x: jax.lax.index_in_dim(x, i, axis=t + 1, keepdims=False)
+        dk_buf = _add_at(dk_buf, at, take(dk_skip), t)
+        dv_buf = _add_at(dv_buf, at, take(dv_skip), t)
+      if sp_grid is not None:
+        dsp_grid = jax.lax.dynamic_update_slice_in_dim(dsp_grid, jnp.sum(ds_skip, axis=-1),
+                                                       start, axis=2)
+    dq_grid = jax.lax.dynamic_update_slice_in_dim(dq_grid, dq * plan.scale, start, axis=t)
+    return dq_grid, dlp_grid, dsp_grid, dk_buf, dv_buf
+
+  zero = _vma_zero(q, k, v, q_start, k_start, lp, sp, do, dlse)
+  zeros_rows = jnp.zeros((B, H, rows), F32) + zero
+  buf_shape = lambda x, n: tuple(n if a == t else d for a, d in enumerate(x.shape))
+  init = (jnp.zeros(buf_shape(q, rows), F32) + zero, zeros_rows if lp is not None else None,
+          zeros_rows if sp is not None else None,
+          jnp.zeros(buf_shape(k, plan.key_rows), F32) + zero,
+          jnp.zeros(buf_shape(v, plan.key_rows), F32) + zero)
+  dq_grid, dlp_grid, dsp_grid, dk_buf, dv_buf = _groups_loop(plan, body, init)
+  dq = _window(dq_grid, phase, plan.Tq, t).astype(q.dtype)
+  dk = _window_transpose(dk_buf, key_offset, plan.Tk, t).astype(k.dtype)
+  dv = _window_transpose(dv_buf, key_offset, plan.Tk, t).astype(v.dtype)
+  dlp = None if lp is None else _window(dlp_grid, phase, plan.Tq)
+  dsp = None if sp is None else _window(dsp_grid, phase, plan.Tq)
+  return dq, dk, dv, dlp, dsp
+
+
+# The looped schedule.
+
+def _loop_inputs(plan: _Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
+  Lq, Lk = plan.q_block, plan.k_block
+  NQ, NK = _cdiv(plan.Tq, Lq), _cdiv(plan.Tk, Lk)
+  qs = plan.q_start if plan.q_start is not None else q_start
+  ks = plan.k_start if plan.k_start is not None else k_start
+  q_buf = _window(q, 0, NQ * Lq)
+  k_buf = _window(k, 0, NK * Lk)
+  v_buf = _window(v, 0, NK * Lk)
+  if plan.explicit:
+    kpos_buf = _window(k_pos.astype(jnp.int32), 0, NK * Lk, axis=0, value=-1)
+  else:
+    index = jnp.arange(NK * Lk, dtype=jnp.int32)
+    kpos_buf = jnp.where(index < plan.Tk, ks + index, -1)
+  qpos_buf = qs + jnp.arange(NQ * Lq, dtype=jnp.int32)
+  lp_buf = None if lp is None else _window(lp, 0, NQ * Lq)
+  sp_buf = None if sp is None else _window(sp, 0, NQ * Lq)
+  return qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf
+
+
+def _key_blocks(plan: _Plan, qs, ks, i, NK: int):
+  """[first, last) key blocks query block i may see: from `pattern.key_range` (all for explicit).
+
+  Python ints when every input is static (then a block that sees nothing is skipped at trace
+  time), traced scalars otherwise."""
+  if plan.explicit:
+    return 0, NK
+  Lq, Lk = plan.q_block, plan.k_block
+  first = qs + i * Lq
+  static = all(_is_static(x) for x in (first, ks))
+  if static:
+    last = min(first + Lq - 1, qs + plan.Tq - 1)
+    lo, hi = plan.pattern.key_range(first, last)
+    lo_blk = min(max((lo - ks) // Lk, 0), NK)
+    hi_blk = NK if hi is None else min(max((hi - ks) // Lk + 1, 0), NK)
+    return lo_blk, max(hi_blk, lo_blk)
+  last = jnp.minimum(first + Lq - 1, qs + plan.Tq - 1)
+  lo, hi = plan.pattern.key_range(first, last)
+  lo_blk = jnp.clip(jnp.floor_divide(lo - ks, Lk), 0, NK)
+  hi_blk = NK if hi is None else jnp.clip(jnp.floor_divide(hi - ks, Lk) + 1, 0, NK)
+  return lo_blk, jnp.maximum(hi_blk, lo_blk)
+
+
+def _block_logits(plan: _Plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i):
+  """Masked logits `[B, H, Lq, Lk]` of one block pair, and its local / skip masks."""
+  s = jnp.einsum("bhqk,bhsk->bhqs", q_i, k_j, preferred_element_type=F32) * plan.scale
+  local = plan.pattern.local_visible(qpos_i[:, None], kpos_j[None, :])
+  s_local = s if lp_i is None else s + lp_i[..., None]
+  if not plan.pattern.skips:
+    return jnp.where(local, s_local, MASKED), local, None
+  skip = plan.pattern.skip_visible(qpos_i[:, None], kpos_j[None, :])
+  s_skip = s if sp_i is None else s + sp_i[..., None]
+  return jnp.where(local, s_local, jnp.where(skip, s_skip, MASKED)), local, skip
+
+
+def _loop_over(lo, hi, NK: int, body, carry):
+  """body(j, carry) for key blocks j in [lo, hi): a loop, or one guarded call for one block."""
+  if NK == 1:
+    if _is_static(lo) and _is_static(hi):
+      return body(0, carry) if lo < hi else carry
+    return jax.lax.cond(lo < hi, lambda c: body(0, c), lambda c: c, carry)
+  return jax.lax.fori_loop(lo, hi, body, carry)
+
+
+def _q_loop(NQ: int, body, carry):
+  if NQ == 1:
+    return body(0, carry)
+  return jax.lax.fori_loop(0, NQ, body, carry)
+
+
+def _loop_forward(plan: _Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
+  qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf = _loop_inputs(
+      plan, q, k, v, q_start, k_start, k_pos, lp, sp)
+  B, H, _, _ = q_buf.shape
+  Kv = v.shape[-1]
+  Lq, Lk = plan.q_block, plan.k_block
+  zero = _vma_zero(q, k, v, q_start, k_start, k_pos, lp, sp)
+
+  def q_body(i, carry):
+    o_buf, lse_buf = carry
+    q_i = _slice(q_buf, i * Lq, Lq, 2)
+    qpos_i = _slice(qpos_buf, i * Lq, Lq, 0)
+    lp_i = None if lp_buf is None else _slice(lp_buf, i * Lq, Lq, 2)
+    sp_i = None if sp_buf is None else _slice(sp_buf, i * Lq, Lq, 2)
+
+    def k_body(j, state):
+      m, l, acc = state
+      k_j = k_buf if NK == 1 else _slice(k_buf, j * Lk, Lk, 2)
+      v_j = v_buf if NK == 1 else _slice(v_buf, j * Lk, Lk, 2)
+      kpos_j = kpos_buf if NK == 1 else _slice(kpos_buf, j * Lk, Lk, 0)
+      s, _, _ = _block_logits(plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i)
+      m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+      correction = jnp.exp(m - m_new)
+      p = jnp.exp(s - m_new[..., None])
+      l = l * correction + jnp.sum(p, axis=-1)
+      acc = acc * correction[..., None] + jnp.einsum(
+          "bhqs,bhsk->bhqk", p.astype(v.dtype), v_j, preferred_element_type=F32)
+      return m_new, l, acc
+
+    lo, hi = _key_blocks(plan, qs, ks, i, NK)
+    state = (jnp.full((B, H, Lq), NO_KEY_LSE, F32) + zero, jnp.zeros((B, H, Lq), F32) + zero,
+             jnp.zeros((B, H, Lq, Kv), F32) + zero)
+    m, l, acc = _loop_over(lo, hi, NK, k_body, state)
+    o = (acc / jnp.where(l > 0, l, 1.0)[..., None]).astype(q.dtype)
+    lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), NO_KEY_LSE)
+    if NQ == 1:
+      return o, lse
+    return (jax.lax.dynamic_update_slice_in_dim(o_buf, o, i * Lq, axis=2),
+            jax.lax.dynamic_update_slice_in_dim(lse_buf, lse, i * Lq, axis=2))
+
+  init = (None, None) if NQ == 1 else (jnp.zeros((B, H, NQ * Lq, Kv), q.dtype) + zero.astype(q.dtype),
+                                       jnp.zeros((B, H, NQ * Lq), F32) + zero)
+  o_buf, lse_buf = _q_loop(NQ, q_body, init)
+  if NQ * Lq == plan.Tq:
+    return o_buf, lse_buf
+  return o_buf[:, :, :plan.Tq], lse_buf[:, :, :plan.Tq]
+
+
+def _loop_backward(plan: _Plan, q, k, v, q_start, k_start, k_pos, lp, sp, o, lse, do, dlse):
+  qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf = _loop_inputs(
+      plan, q, k, v, q_start, k_start, k_pos, lp, sp)
+  B, H, _, K = q_buf.shape
+  Lq, Lk = plan.q_block, plan.k_block
+  rows = NQ * Lq
+  zero = _vma_zero(q, k, v, q_start, k_start, k_pos, lp, sp, do, dlse)
+  do_buf = _window(do, 0, rows)
+  lse_buf = _window(lse, 0, rows)
+  delta_buf = _window(jnp.sum(do.astype(F32) * o.astype(F32), axis=-1) - dlse, 0, rows)
+
+  def q_body(i, carry):
+    dq_buf, dlp_buf, dsp_buf, dk_buf, dv_buf = carry
+    q_i = _slice(q_buf, i * Lq, Lq, 2)
+    qpos_i = _slice(qpos_buf, i * Lq, Lq, 0)
+    do_i = _slice(do_buf, i * Lq, Lq, 2)
+    lse_i = _slice(lse_buf, i * Lq, Lq, 2)
+    delta_i = _slice(delta_buf, i * Lq, Lq, 2)
+    lp_i = None if lp_buf is None else _slice(lp_buf, i * Lq, Lq, 2)
+    sp_i = None if sp_buf is None else _slice(sp_buf, i * Lq, Lq, 2)
+
+    def k_body(j, state):
+      dq_i, dlp_i, dsp_i, dk_buf, dv_buf = state
+      k_j = k_buf if NK == 1 else _slice(k_buf, j * Lk, Lk, 2)
+      v_j = v_buf if NK == 1 else _slice(v_buf, j * Lk, Lk, 2)
+      kpos_j = kpos_buf if NK == 1 else _slice(kpos_buf, j * Lk, Lk, 0)
+      s, local, skip = _block_logits(plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i)
+      p = jnp.exp(s - lse_i[..., None])
+      dp = jnp.einsum("bhqk,bhsk->bhqs", do_i, v_j, preferred_element_type=F32)
+      ds = p * (dp - delta_i[..., None])
+      dq_i = dq_i + jnp.einsum("bhqs,bhsk->bhqk", ds.astype(k.dtype), k_j, preferred_element_type=F32)
+      dk_j = jnp.einsum("bhqs,bhqk->bhsk", ds.astype(q.dtype), q_i, preferred_element_type=F32)
+      dv_j = jnp.einsum("bhqs,bhqk->bhsk", p.astype(do.dtype), do_i, preferred_element_type=F32)
+      dk_buf = _add_at(dk_buf, j * Lk, plan.scale * dk_j)
+      dv_buf = _add_at(dv_buf, j * Lk, dv_j)
+      if dlp_i is not None:
+        dlp_i = dlp_i + jnp.sum(ds if skip is None else jnp.where(local, ds, 0.0), axis=-1)
+      if dsp_i is not None:
+        dsp_i = dsp_i + jnp.sum(jnp.where(skip, ds, 0.0), axis=-1)
+      return dq_i, dlp_i, dsp_i, dk_buf, dv_buf
+
+    lo, hi = _key_blocks(plan, qs, ks, i, NK)
+    zero_rows = jnp.zeros((B, H, Lq), F32) + zero
+    state = (jnp.zeros((B, H, Lq, K), F32) + zero, None if lp is None else zero_rows,
+             None if sp is None or _skip_free(plan) else zero_rows, dk_buf, dv_buf)
+    dq_i, dlp_i, dsp_i, dk_buf, dv_buf = _loop_over(lo, hi, NK, k_body, state)
+    put = lambda buf, x: None if buf is None else jax.lax.dynamic_update_slice_in_dim(
+        buf, x, i * Lq, axis=2)
+    return put(dq_buf, dq_i), put(dlp_buf, dlp_i), put(dsp_buf, dsp_i), dk_buf, dv_buf
+
+  zero_rows = jnp.zeros((B, H, rows), F32) + zero
+  init = (jnp.zeros((B, H, rows, K), F32) + zero, None if lp is None else zero_rows,
+          None if sp is None or _skip_free(plan) else zero_rows,
+          jnp.zeros((B, H, NK * Lk, K), F32) + zero,
+          jnp.zeros((B, H, NK * Lk, v.shape[-1]), F32) + zero)
+  dq_buf, dlp_buf, dsp_buf, dk_buf, dv_buf = _q_loop(NQ, q_body, init)
+  dq = (dq_buf[:, :, :plan.Tq] * plan.scale).astype(q.dtype)
+  dk = dk_buf[:, :, :plan.Tk].astype(k.dtype)
+  dv = dv_buf[:, :, :plan.Tk].astype(v.dtype)
+  dlp = None if lp is None else dlp_buf[:, :, :plan.Tq]
+  dsp = None if sp is None else (jnp.zeros_like(sp) if dsp_buf is None else dsp_buf[:, :, :plan.Tq])
+  return dq, dk, dv, dlp, dsp
+
+
+def _skip_free(plan: _Plan) -> bool:
+  return not plan.pattern.skips
+
+
+# The custom VJP: residuals q, k, v, (starts, key positions), priors, o, lse.
+
+def _forward(plan: _Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
+  """(o in the plan's layout, lse `[B, H, Tq]`). Both schedules work heads-first: "BTHK" arrays
+  are transposed here (O(T); measured faster on CPU than einsums over BTHK slabs)."""
+  if plan.layout == "BTHK":
+    o, lse = _forward(dataclasses.replace(plan, layout="BHTK"), *_swap(q, k, v), q_start, k_start,
+                      k_pos, lp, sp)
+    return jnp.swapaxes(o, 1, 2), lse
+  if plan.schedule == "band":
+    return _band_forward(plan, q, k, v, q_start, k_start, lp, sp)
+  return _loop_forward(plan, q, k, v, q_start, k_start, k_pos, lp, sp)
+
+
+def _backward(plan: _Plan, q, k, v, q_start, k_start, k_pos, lp, sp, o, lse, do, dlse):
+  if plan.layout == "BTHK":
+    q_, k_, v_, o_, do_ = _swap(q, k, v, o, do)
+    grads = _backward(dataclasses.replace(plan, layout="BHTK"), q_, k_, v_, q_start, k_start,
+                      k_pos, lp, sp, o_, lse, do_, dlse)
+    return (*_swap(*grads[:3]), *grads[3:])
+  if plan.schedule == "band":
+    return _band_backward(plan, q, k, v, q_start, k_start, lp, sp, o, lse, do, dlse)
+  return _loop_backward(plan, q, k, v, q_start, k_start, k_pos, lp, sp, o, lse, do, dlse)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attend(plan, q, k, v, q_start, k_start, k_pos, lp, sp):
+  return _forward(plan, q, k, v, q_start, k_start, k_pos, lp, sp)
+
+
+def _attend_fwd(plan, q, k, v, q_start, k_start, k_pos, lp, sp):
+  o, lse = _forward(plan, q, k, v, q_start, k_start, k_pos, lp, sp)
+  return (o, lse), (q, k, v, q_start, k_start, k_pos, lp, sp, o, lse)
+
+
+def _attend_bwd(plan, residuals, cotangents):
+  q, k, v, q_start, k_start, k_pos, lp, sp, o, lse = residuals
+  do, dlse = cotangents
+  dlse = dlse.astype(F32)
+  dq, dk, dv, dlp, dsp = _backward(plan, q, k, v, q_start, k_start, k_pos, lp, sp, o, lse, do,
+                                   dlse)
+  return dq, dk, dv, None, None, None, dlp, dsp
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+# The public API.
+
+def _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern):
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout={layout!r} must be one of {LAYOUTS}")
+  if not isinstance(pattern, Pattern):
+    raise ValueError(f"pattern={pattern!r} must be an ops.pattern.Pattern (e.g. Pattern.dense())")
+  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+    raise ValueError(f"q, k, v must be rank 4 ({layout}); got shapes {q.shape}, {k.shape}, {v.shape}")
+  t = 1 if layout == "BTHK" else 2
+  h = 3 - t
+  if k.shape[:3] != v.shape[:3] or k.shape[-1] != q.shape[-1] or k.shape[0] != q.shape[0] \
+      or k.shape[h] != q.shape[h]:
+    raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape} ({layout}) disagree: k and v need "
+                     "q's batch, heads and (k) head width, and one length")
+  rows = (q.shape[0], q.shape[1], q.shape[2])
+  for name, prior in (("local_prior", local_prior), ("skip_prior", skip_prior)):
+    if prior is not None and tuple(prior.shape) != rows:
+      raise ValueError(f"{name} has shape {tuple(prior.shape)}; it must be {rows} (q's "
+                       f"{'[B, Tq, H]' if layout == 'BTHK' else '[B, H, Tq]'}, like lse)")
+  if k_positions is not None and tuple(k_positions.shape) != (k.shape[t],):
+    raise ValueError(f"k_positions has shape {tuple(k_positions.shape)}; it must be "
+                     f"({k.shape[t]},): one position per key slot (-1 = empty)")
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, *,
+           q_start: int | jax.Array = 0, k_start: int | jax.Array = 0,
+           k_positions: jax.Array | None = None, scale: float | None = None,
+           local_prior: jax.Array | None = None, skip_prior: jax.Array | None = None,
+           layout: str = "BTHK") -> tuple[jax.Array, jax.Array]:
+  """Softmax attention of q over the keys `pattern` lets each query see: (o, lse).
+
+  q `[B, Tq, H, K]`, k/v `[B, Tk, H, K]` (layout "BTHK"; "BHTK" is heads-first
+  `[B, H, T, K]`, the decoding caches' layout, read in place). Queries sit at
+  `q_start + arange(Tq)`, keys at `k_start + arange(Tk)` or at `k_positions`
+  `[Tk]` (-1 = an empty slot). `local_prior` / `skip_prior` (float32, lse's
+  shape: `[B, Tq, H]` for "BTHK", `[B, H, Tq]` for "BHTK") are added to every
+  local / skip logit of their row: one softmax over the union. Returns o in
+  q's dtype and lse float32 (`[B, Tq, H]` or `[B, H, Tq]`); a row that sees no
+  key has o = 0 and lse = `NO_KEY_LSE`, which `merge` weights 0.
+  """
+  _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern)
+  scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+  q_start, k_start = _start("q_start", q_start), _start("k_start", k_start)
+  t = _t_axis(layout)
+  if layout == "BTHK":  # priors and lse are [B, H, Tq] inside
+    local_prior, skip_prior = _swap(local_prior, skip_prior)
+  Tq, Tk = q.shape[t], k.shape[t]
+  B, H = q.shape[0], q.shape[3 - t]
+  if Tq == 0 or Tk == 0:
+    o_shape = list(q.shape[:3]) + [v.shape[-1]]
+    o, lse = jnp.zeros(o_shape, q.dtype), jnp.full((B, H, Tq), NO_KEY_LSE, F32)
+  else:
+    plan = plan_for(pattern, Tq, Tk, q_start=q_start, k_start=k_start,
+                    explicit=k_positions is not None, scale=scale, layout=layout)
+    o, lse = _attend(plan, *_call_args(plan, q, k, v, q_start, k_start, k_positions, local_prior,
+                                       skip_prior))
+  return o, (jnp.swapaxes(lse, 1, 2) if layout == "BTHK" else lse)
+
+
+def attend_backward(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, o: jax.Array,
+                    lse: jax.Array, do: jax.Array, dlse: jax.Array | None = None, *,
+                    q_start: int | jax.Array = 0, k_start: int | jax.Array = 0,
+                    k_positions: jax.Array | None = None, scale: float | None = None,
+                    local_prior: jax.Array | None = None, skip_prior: jax.Array | None = None,
+                    layout: str = "BTHK") -> tuple[jax.Array, ...]:
+  """The flash backward of one `attend` call, given the o and lse to differentiate at.
+
+  Returns (dq, dk, dv, d local_prior, d skip_prior) (None for absent priors).
+  With the o and lse of the attention over a *union* of key sets (e.g. a whole
+  ring after `merge`) and that attention's cotangent `do`, this gives the
+  exact contribution of this call's keys: the probabilities exp(s - lse) are
+  the union's. That is how a ring backward runs piece by piece.
+  """
+  _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern)
+  scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+  q_start, k_start = _start("q_start", q_start), _start("k_start", k_start)
+  if dlse is None:
+    dlse = jnp.zeros(lse.shape, F32)
+  t = _t_axis(layout)
+  if layout == "BTHK":
+    local_prior, skip_prior, lse, dlse = _swap(local_prior, skip_prior, lse, dlse)
+  plan = plan_for(pattern, q.shape[t], k.shape[t], q_start=q_start, k_start=k_start,
+                  explicit=k_positions is not None, scale=scale, layout=layout)
+  residuals = (*_call_args(plan, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior),
+               o, lse.astype(F32))
+  dq, dk, dv, _, _, _, dlp, dsp = _attend_bwd(plan, residuals, (do, dlse))
+  if layout == "BTHK":
+    dlp, dsp = _swap(dlp, dsp)
+  return dq, dk, dv, dlp, dsp
+
+
+def _start(name: str, start):
+  if _is_static(start) or isinstance(start, jax.Array):
+    return start
+  try:
+    return int(start)
+  except TypeError:
+    raise ValueError(f"{name}={start!r} must be an integer or an integer scalar array") from None
+
+
+def _swap(*xs):
+  """BTHK <-> BHTK (axes 1 and 2) for every array given (None stays None)."""
+  return tuple(None if x is None else jnp.swapaxes(x, 1, 2) for x in xs)
+
+
+def _call_args(plan: _Plan, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior):
+  """`_attend`'s arguments after the plan: traced starts only where they are not static."""
+  as_arg = lambda s, static: None if static is not None else jnp.asarray(s, jnp.int32)
+  priors = (None if p is None else p.astype(F32) for p in (local_prior, skip_prior))
+  return (q, k, v, as_arg(q_start, plan.q_start), as_arg(k_start, plan.k_start), k_positions,
+          *priors)
+
+
+def merge(parts: list[tuple[jax.Array, jax.Array]]) -> tuple[jax.Array, jax.Array]:
+  """Attention over disjoint key sets -> attention over their union: o = sum_i exp(lse_i - lse) o_i.
+
+  Each part is (o, lse) from `attend` (either layout: lse has o's shape minus
+  the last axis). Rows no part sees keep o = 0 and lse = `NO_KEY_LSE`.
+  """
+  if not parts:
+    raise ValueError("merge needs at least one (o, lse) part")
+  if len(parts) == 1:
+    return parts[0]
+  lses = [lse.astype(F32) for _, lse in parts]
+  peak = jax.lax.stop_gradient(functools.reduce(jnp.maximum, lses))
+  total = functools.reduce(jnp.add, [jnp.exp(lse - peak) for lse in lses])
+  lse = peak + jnp.log(total)
+  o = functools.reduce(jnp.add, [jnp.exp(l - lse)[..., None] * o.astype(F32)
+                                 for (o, _), l in zip(parts, lses)])
+  return o.astype(parts[0][0].dtype), lse

@@ -1,0 +1,170 @@
+"""Who sees whom: one description of every attention pattern in the library.
+
+A query at position p sees a key at position j (negative positions are empty
+cache slots or keys before the sequence start: never visible) when
+
+- `causal`: j <= p;
+- `window`: p - window < j;
+- `block_size` (+ `lookback`): p // block_size - lookback <= j // block_size <= p // block_size;
+
+all that apply (the *local* keys), or when p - j is one of `skips` (π's
+periodic skip keys, each at least `window` back, so never a local key too).
+Positions are absolute: the core places queries at `q_start + arange(Tq)`
+and keys at `k_start + arange(Tk)` or at explicit slot positions, so the
+cross-attention offset, the ring steps and the decoding caches are all this
+one rule. `Pattern` is frozen and hashable: static under `jax.jit`.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+Position = int | jax.Array
+
+
+def _max(a: Position, b: Position) -> Position:
+  return max(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.maximum(a, b)
+
+
+def _min(a: Position, b: Position) -> Position:
+  return min(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.minimum(a, b)
+
+
+def _is_int(x) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pattern:
+  """Which keys each query sees (see the module docstring); build one with the constructors."""
+  causal: bool = True
+  window: int | None = None
+  block_size: int | None = None
+  lookback: int = 0
+  skips: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    if not isinstance(self.causal, bool):
+      raise ValueError(f"Pattern.causal={self.causal!r} must be True or False")
+    for name in ("window", "block_size"):
+      value = getattr(self, name)
+      if value is not None and (not _is_int(value) or value < 1):
+        raise ValueError(f"Pattern.{name}={value!r} must be a positive integer or None")
+    if not _is_int(self.lookback) or self.lookback < 0:
+      raise ValueError(f"Pattern.lookback={self.lookback!r} must be a non-negative integer")
+    if not isinstance(self.skips, tuple) or not all(_is_int(d) and d > 0 for d in self.skips):
+      raise ValueError(f"Pattern.skips={self.skips!r} must be a tuple of positive integers")
+    if self.skips:
+      if self.window is None or self.block_size is not None or not self.causal:
+        raise ValueError(f"Pattern.skips={self.skips!r} need a causal window pattern (no blocks); "
+                         "build it with Pattern.pi(window, period, num_skips)")
+      if list(self.skips) != sorted(set(self.skips)) or self.skips[0] < self.window:
+        raise ValueError(f"Pattern.skips={self.skips!r} must be increasing and at least "
+                         f"window={self.window} (a skip inside the window is a local key)")
+
+  # Constructors.
+
+  @classmethod
+  def dense(cls) -> "Pattern":
+    """Causal: every key j <= p."""
+    return cls()
+
+  @classmethod
+  def sliding(cls, window: int) -> "Pattern":
+    """Causal window: p - window < j <= p."""
+    return cls(window=window)
+
+  @classmethod
+  def blocks(cls, block_size: int, lookback: int = 0) -> "Pattern":
+    """Causal inside blocks of `block_size`, plus the `lookback` blocks before (ECP: lookback 1)."""
+    return cls(block_size=block_size, lookback=lookback)
+
+  @classmethod
+  def segments(cls, length: int) -> "Pattern":
+    """Bidirectional inside disjoint segments of `length` (Perceiver-AR's refined history)."""
+    return cls(causal=False, block_size=length)
+
+  @classmethod
+  def pi(cls, window: int, period: int, num_skips: int, seq_len: int | None = None) -> "Pattern":
+    """π-Attention: the causal window plus the skips m * period, m = 1..num_skips.
+
+    Skips inside the window (m * period < window) are local keys already; with
+    `seq_len`, skips that never land (m * period >= seq_len) are dropped.
+    """
+    if not _is_int(period) or period < 1:
+      raise ValueError(f"period={period!r} must be a positive integer")
+    if not _is_int(num_skips) or num_skips < 0:
+      raise ValueError(f"num_skips={num_skips!r} must be a non-negative integer")
+    if not _is_int(window) or window < 1:
+      raise ValueError(f"window={window!r} must be a positive integer")
+    skips = tuple(m * period for m in range(1, num_skips + 1)
+                  if m * period >= window and (seq_len is None or m * period < seq_len))
+    return cls(window=window, skips=skips)
+
+  # Visibility, on broadcasting integer arrays (traced values are fine).
+
+  @property
+  def local(self) -> "Pattern":
+    """The same pattern without its skips."""
+    return dataclasses.replace(self, skips=())
+
+  def local_visible(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
+    q_pos, k_pos = jnp.asarray(q_pos), jnp.asarray(k_pos)
+    seen = k_pos >= 0
+    if self.causal:
+      seen &= k_pos <= q_pos
+    if self.window is not None:
+      seen &= k_pos > q_pos - self.window
+    if self.block_size is not None:
+      q_block, k_block = q_pos // self.block_size, k_pos // self.block_size
+      seen &= (k_block >= q_block - self.lookback) & (k_block <= q_block)
+    return seen
+
+  def skip_visible(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
+    q_pos, k_pos = jnp.asarray(q_pos), jnp.asarray(k_pos)
+    seen = jnp.zeros(jnp.broadcast_shapes(q_pos.shape, k_pos.shape), bool)
+    for d in self.skips:
+      seen |= q_pos - k_pos == d
+    return seen & (k_pos >= 0)
+
+  def visible(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
+    seen = self.local_visible(q_pos, k_pos)
+    return seen | self.skip_visible(q_pos, k_pos) if self.skips else seen
+
+  # Extents.
+
+  @property
+  def reach(self) -> int | None:
+    """The farthest p - j any query sees (None: unbounded, dense attention)."""
+    local = None
+    if self.window is not None:
+      local = self.window - 1
+    if self.block_size is not None:
+      blocks = (self.lookback + 1) * self.block_size - 1
+      local = blocks if local is None else min(local, blocks)
+    if self.skips:
+      return max(local, self.skips[-1])
+    return local
+
+  def span(self, max_len: int) -> int:
+    """Decoding-cache slots: every key a later query can still see (`max_len` bounds dense)."""
+    return max_len if self.reach is None else min(max_len, self.reach + 1)
+
+  def key_range(self, q_first: Position, q_last: Position) -> tuple[Position, Position | None]:
+    """(lowest, highest) key position any query in [q_first, q_last] sees; highest None when
+    unbounded (not causal, no blocks). Ints in, ints out; traced in, traced out."""
+    lo = 0
+    if self.window is not None:
+      lo = _max(lo, q_first - self.window + 1)
+    if self.block_size is not None:
+      lo = _max(lo, (q_first // self.block_size - self.lookback) * self.block_size)
+    if self.skips:
+      lo = _max(0, q_first - self.skips[-1])
+    hi = None
+    if self.causal:
+      hi = q_last
+    if self.block_size is not None:
+      block_end = (q_last // self.block_size + 1) * self.block_size - 1
+      hi = block_end if hi is None else _min(hi, block_end)
+    return lo, hi

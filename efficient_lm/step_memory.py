@@ -1,0 +1,134 @@
+"""The compiled train step and what it needs per device: will this run fit?
+
+    compiled = step_memory.compile_train_step(config, built)
+    report = step_memory.report(compiled, config, built)   # bytes per device
+    step_memory.check_fits(report)                          # StepTooLargeError if it cannot
+
+`compile_train_step` lowers and compiles exactly the step `train.py` runs (the
+same shardings, layout, remat, loss chunking and gradient accumulation) from
+abstract arrays: no data and no parameters are needed, so
+`python -m efficient_lm.main --compile_only` answers "will this fit?" in the
+time of one compilation, and the training loop checks it before its first step.
+"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from efficient_lm import models
+from efficient_lm import sharding
+from efficient_lm import train_step as train_step_lib
+
+
+class StepTooLargeError(MemoryError):
+  """The compiled train step needs more memory than a device has."""
+
+
+def abstract_batch(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> dict:
+  """The shapes of a placed batch (with RoPE positions for a permuted layout)."""
+  B, T = config.data.batch_size, config.data.seq_len
+  batch_sharding = sharding.batch_sharding(mesh)
+  shape = lambda dtype: jax.ShapeDtypeStruct((B, T), dtype, sharding=batch_sharding)
+  batch = {"inputs": shape(jnp.int32), "targets": shape(jnp.int32), "weights": shape(jnp.float32)}
+  if models.sequence_layout(config.model, mesh) != "natural":
+    batch["positions"] = shape(jnp.int32)
+  return batch
+
+
+def make_train_step(config: ml_collections.ConfigDict, built):
+  """The jitted train step of `config` for `built` (`train_state.build`)."""
+  return train_step_lib.make_train_step(
+      built.graphdef, built.tx, built.schedule, config.train.seed,
+      state_shardings=built.shardings, batch_sharding=sharding.batch_sharding(built.mesh),
+      grad_accum_steps=config.train.get("grad_accum_steps", 1),
+      loss_chunk=config.train.get("loss_chunk", 0))
+
+
+def compile_train_step(config: ml_collections.ConfigDict, built):
+  """The train step, lowered and compiled for abstract arguments (jax.stages.Compiled)."""
+  abstract_state = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), built.state)
+  return make_train_step(config, built).lower(abstract_state,
+                                              abstract_batch(config, built.mesh)).compile()
+
+
+def available_bytes(device: jax.Device | None = None) -> tuple[int | None, str]:
+  """(bytes one device may use, what they are): an accelerator's memory limit, or on CPU the host
+  RAM available now shared by this process's devices."""
+  device = device or jax.local_devices()[0]
+  if device.platform != "cpu":
+    stats = device.memory_stats() or {}
+    limit = stats.get("bytes_limit") or stats.get("bytes_reservable_limit")
+    return (int(limit) if limit else None), f"{device.platform} memory"
+  available = None
+  try:
+    with open("/proc/meminfo", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          available = int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  if available is None and hasattr(os, "sysconf"):
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  devices = len([d for d in jax.local_devices() if d.platform == "cpu"]) or 1
+  return (available // devices if available else None), (
+      "host RAM available" + (f" / {devices} CPU devices" if devices > 1 else ""))
+
+
+def report(compiled, config: ml_collections.ConfigDict, built) -> dict:
+  """Per-device bytes of the compiled step (XLA's memory analysis) and of the train state."""
+  memory = compiled.memory_analysis()
+  get = lambda name: int(getattr(memory, name, 0) or 0)
+  params, params_replicated = sharding.per_device_bytes(built.state.params)
+  opt, opt_replicated = sharding.per_device_bytes(built.state.opt_state)
+  out = {
+      "per_device_argument_bytes": get("argument_size_in_bytes"),
+      "per_device_output_bytes": get("output_size_in_bytes"),
+      "per_device_alias_bytes": get("alias_size_in_bytes"),
+      "per_device_temp_bytes": get("temp_size_in_bytes"),
+      "per_device_code_bytes": get("generated_code_size_in_bytes"),
+      "per_device_param_bytes": params, "param_replicated_fraction": params_replicated,
+      "per_device_optimizer_bytes": opt, "optimizer_replicated_fraction": opt_replicated,
+      "seq_len": int(config.data.seq_len), "batch_size": int(config.data.batch_size),
+      "num_devices": int(built.mesh.size), "mesh": dict(built.mesh.shape),
+      "model": config.model.name,
+  }
+  # Donated arguments alias outputs: what is live at once is arguments + outputs - aliases + temps.
+  out["per_device_total_bytes"] = (out["per_device_argument_bytes"] + out["per_device_output_bytes"]
+                                   - out["per_device_alias_bytes"] + out["per_device_temp_bytes"]
+                                   + out["per_device_code_bytes"])
+  available, what = available_bytes()
+  out["per_device_available_bytes"] = available
+  out["available_is"] = what
+  return out
+
+
+def gib(n: int | None) -> str:
+  return "unknown" if n is None else f"{n / 2**30:,.2f} GiB"
+
+
+def describe(r: dict) -> str:
+  return (f"train step of {r['model']} at seq_len {r['seq_len']:,}, batch {r['batch_size']} on "
+          f"{r['num_devices']} device(s): {gib(r['per_device_total_bytes'])} per device "
+          f"(temporaries {gib(r['per_device_temp_bytes'])}, arguments "
+          f"{gib(r['per_device_argument_bytes'])}, outputs {gib(r['per_device_output_bytes'])}, "
+          f"{gib(r['per_device_alias_bytes'])} of them donated); {r['available_is']}: "
+          f"{gib(r['per_device_available_bytes'])}")
+
+
+def check_fits(r: dict) -> None:
+  """StepTooLargeError (one line naming the fields that help) when the step cannot fit."""
+  needed, available = r["per_device_total_bytes"], r["per_device_available_bytes"]
+  if available is None or needed <= available:
+    return
+  raise StepTooLargeError(
+      f"the train step needs {gib(needed)} per device (temporaries {gib(r['per_device_temp_bytes'])}) "
+      f"but {r['available_is']} is {gib(available)}; lower it with model.remat='block', "
+      f"train.loss_chunk (e.g. 8192), a smaller data.batch_size (or train.grad_accum_steps), "
+      f"or more devices along mesh.context / mesh.fsdp")
+
+
+__all__ = ["StepTooLargeError", "abstract_batch", "available_bytes", "check_fits",
+           "compile_train_step", "describe", "report"]
