@@ -44,7 +44,9 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   model.remat = "none"              # rematerialize each block in the backward pass: 'none',
                                     # 'block' (keep only block inputs), 'dots' (also matmul outputs)
   model.seq_chunk = 0               # run each block's position-wise parts (norms, projections,
-                                    # queries, MLP) over chunks of this many tokens (0 = all at once)
+                                    # queries, MLP) over chunks of this many tokens (0 = all at once);
+                                    # models of bounded reach only (not dense, not Perceiver-AR); a
+                                    # divisor of seq_len and a multiple of the block / segment
   model.attention_impl = "flash"    # dense model's attention: 'flash' (blockwise core, O(T) memory),
                                     # 'reference' (dense [T, T] einsum), 'cudnn' (GPU + bfloat16 only)
 

@@ -155,11 +155,15 @@ def variable_names(x) -> tuple | None:
 
 
 def _fits(shape, spec: P, sizes: dict[str, int]) -> P:
-  """The spec, with any dimension its axes do not divide left replicated."""
+  """The spec without mesh axes of size 1, and any dimension its axes do not divide replicated."""
   out = []
   for dim, axes in zip(shape, tuple(spec) + (None,) * (len(shape) - len(spec))):
-    names = () if axes is None else (axes,) if isinstance(axes, str) else axes
-    out.append(axes if dim % math.prod(sizes[a] for a in names) == 0 else None)
+    names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    names = tuple(a for a in names if sizes[a] > 1)
+    if not names or dim % math.prod(sizes[a] for a in names):
+      out.append(None)
+    else:
+      out.append(names[0] if len(names) == 1 else names)
   return P(*out)
 
 
@@ -199,6 +203,38 @@ def _add_axis(shape, spec: P, axis: str, sizes: dict[str, int]) -> P:
       entries[dim] = current + (axis,) if current else axis
       return P(*entries)
   return spec
+
+
+def constrain_tokens(x_BT: jax.Array) -> jax.Array:
+  """Pins an activation `[B, T, ...]` to B over the batch axes and T over `context` (the rest
+  replicated) when traced under `jax.set_mesh` (the train and eval steps are); else unchanged.
+
+  Without it XLA may gather a whole batch of activations instead of a layer's sharded weights
+  (FSDP's all-gather of weights and reduce-scatter of gradients is what this keeps)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return x_BT
+  batch = tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1) or None
+  seq = "context" if "context" in mesh.axis_names and mesh.shape["context"] > 1 else None
+  if batch is None and seq is None:
+    return x_BT
+  return jax.lax.with_sharding_constraint(x_BT, P(batch, seq, *([None] * (x_BT.ndim - 2))))
+
+
+class OnMesh:
+  """A jitted function traced (called or lowered) under `jax.set_mesh(mesh)`, so that the
+  model's activation constraints (`constrain_tokens`) see the mesh."""
+
+  def __init__(self, jitted, mesh: jax.sharding.Mesh):
+    self.jitted, self.mesh = jitted, mesh
+
+  def __call__(self, *args):
+    with jax.set_mesh(self.mesh):
+      return self.jitted(*args)
+
+  def lower(self, *args):
+    with jax.set_mesh(self.mesh):
+      return self.jitted.lower(*args)
 
 
 def make_mesh(mesh_cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:

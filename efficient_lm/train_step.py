@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from efficient_lm import sharding
 from efficient_lm.train_state import TrainState
 
 # Dropout draws from its own stream: `nnx.Rngs(seed)` hands out fold_in(key(seed), i) for
@@ -120,9 +121,11 @@ def make_train_step(graphdef, tx, schedule, seed: int, *, state_shardings=None,
 
   if state_shardings is None:
     return jax.jit(train_step, donate_argnums=0)
-  replicated = jax.sharding.NamedSharding(batch_sharding.mesh, jax.sharding.PartitionSpec())
-  return jax.jit(train_step, donate_argnums=0, in_shardings=(state_shardings, batch_sharding),
-                 out_shardings=(state_shardings, replicated))
+  mesh = batch_sharding.mesh
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  return sharding.OnMesh(jax.jit(train_step, donate_argnums=0,
+                                 in_shardings=(state_shardings, batch_sharding),
+                                 out_shardings=(state_shardings, replicated)), mesh)
 
 
 def make_eval_step(graphdef, *, params_shardings=None, batch_sharding=None, loss_chunk: int = 0):
@@ -134,4 +137,5 @@ def make_eval_step(graphdef, *, params_shardings=None, batch_sharding=None, loss
 
   if params_shardings is None:
     return jax.jit(eval_step)
-  return jax.jit(eval_step, in_shardings=(params_shardings, batch_sharding))
+  return sharding.OnMesh(jax.jit(eval_step, in_shardings=(params_shardings, batch_sharding)),
+                         batch_sharding.mesh)

@@ -130,7 +130,7 @@ def plain_bcmt_mixer(p, x_BTD, *, num_heads, block_size, alpha, rope_base):
   dense masked block-local attention, pool, memory (a double sum), project, shift, gate."""
   B, T, D = x_BTD.shape
   L, N, H = block_size, T // block_size, num_heads
-  qkv = (x_BTD @ p["attn"]["qkv"]["kernel"]).reshape(B, T, 3, H, D // H)
+  qkv = jnp.einsum("btd,dchk->btchk", x_BTD, p["attn"]["qkv"]["kernel"])  # [B, T, 3, H, K]
   positions = jnp.broadcast_to(jnp.arange(T), (B, T))
   q, k = (layers.rope(qkv[:, :, i], positions, rope_base) for i in range(2))
   v = qkv[:, :, 2]

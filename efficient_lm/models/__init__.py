@@ -39,6 +39,11 @@ class ModelEntry:
   the sequence must be a multiple of; `layout` the sequence order the
   training loop feeds ('zigzag' balances dense ring attention); a model
   without ring ops has `context_parallel=False`.
+
+  Sequence chunking (`model.seq_chunk`): a model whose queries see a bounded
+  reach runs its blocks over chunks of the sequence; each chunk must be a
+  multiple of `context_block(cfg)` too. One whose queries see the whole window
+  (dense, Perceiver-AR's latents) has `chunkable=False`.
   """
   make_mixer: Callable[[ml_collections.ConfigDict, int, nnx.Rngs], nnx.Module] | None = None
   identical_layers: Callable[[ml_collections.ConfigDict], bool] = lambda cfg: True
@@ -47,16 +52,17 @@ class ModelEntry:
   context_parallel: bool = True
   context_block: Callable[[ml_collections.ConfigDict], tuple[int, str]] = lambda cfg: (1, "")
   layout: str = "natural"
+  chunkable: bool = True
 
 
 REGISTRY: dict[str, ModelEntry] = {
-    "dense": ModelEntry(make_mixer=dense.make_mixer, layout="zigzag"),
+    "dense": ModelEntry(make_mixer=dense.make_mixer, layout="zigzag", chunkable=False),
     "ecp": ModelEntry(make_mixer=ecp.make_mixer, identical_layers=ecp.identical_layers,
                       validate=ecp.validate, context_block=lambda cfg: (
                           cfg.seq_len // cfg.num_segments,
                           "the segment length data.seq_len / model.num_segments")),
     **{name: ModelEntry(build=perceiver_ar.build, validate=perceiver_ar.validate,
-                        context_parallel=False)
+                        context_parallel=False, chunkable=False)
        for name in perceiver_ar.VARIANTS},
     "bcmt": ModelEntry(make_mixer=bcmt.make_mixer, validate=bcmt.validate,
                        context_block=lambda cfg: (cfg.block_size, "model.block_size")),
@@ -107,12 +113,31 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
           "model.seq_chunk", seq_chunk, "must be an integer >= 0 (0 = the whole window at once)",
           "set model.seq_chunk to e.g. 8192, or 0")
   REGISTRY[cfg.name].validate(cfg)
+  if seq_chunk and seq_chunk < cfg.seq_len:
+    _validate_seq_chunk(cfg, seq_chunk)
+
+
+def _validate_seq_chunk(cfg: ml_collections.ConfigDict, seq_chunk: int) -> None:
+  entry = REGISTRY[cfg.name]
+  require(entry.chunkable, "model.seq_chunk", seq_chunk,
+          f"is not supported for model.name={cfg.name!r}: its queries see the whole window, so "
+          "its blocks cannot run over chunks of it",
+          "set model.seq_chunk=0 (model.remat and train.loss_chunk still cut its memory)")
+  require(cfg.seq_len % seq_chunk == 0, "model.seq_chunk", seq_chunk,
+          f"must divide data.seq_len={cfg.seq_len}", f"set model.seq_chunk to a divisor of {cfg.seq_len}")
+  block, what = entry.context_block(cfg)
+  require(seq_chunk % block == 0, "model.seq_chunk", seq_chunk,
+          f"is not a multiple of {what} = {block} (a chunk holds whole blocks)",
+          f"set model.seq_chunk to a multiple of {block}")
 
 
 def validate_context(cfg: ml_collections.ConfigDict, context: int) -> None:
   """The model against `context` devices along the sequence (`mesh.context`); raises ConfigError."""
   if context == 1:
     return
+  require(not cfg.get("seq_chunk", 0) or cfg.get("seq_chunk", 0) >= cfg.seq_len, "model.seq_chunk",
+          cfg.get("seq_chunk", 0), f"is not combined with mesh.context={context} (the ring ops "
+          "already split the sequence over devices)", "set model.seq_chunk=0, or mesh.context=1")
   entry = REGISTRY[cfg.name]
   parallel = sorted(name for name, e in REGISTRY.items() if e.context_parallel)
   require(entry.context_parallel, "mesh.context", context,
@@ -155,12 +180,11 @@ def create(cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs, mesh: jax.sharding
   validate(cfg)
   validate_context(cfg, op_set.context_size(mesh))
   entry = REGISTRY[cfg.name]
-  with nnx.use_eager_sharding(False):  # logical names, placed later by train_state.build
-    if entry.build is not None:
-      return entry.build(cfg, rngs)
-    ops = op_set.for_mesh(mesh, layout=sequence_layout(cfg, mesh))
-    return decoder.Decoder(cfg, lambda layer, rngs: entry.make_mixer(cfg, layer, rngs, ops=ops),
-                           identical_layers=entry.identical_layers(cfg), rngs=rngs)
+  if entry.build is not None:
+    return entry.build(cfg, rngs)
+  ops = op_set.for_mesh(mesh, layout=sequence_layout(cfg, mesh))
+  return decoder.Decoder(cfg, lambda layer, rngs: entry.make_mixer(cfg, layer, rngs, ops=ops),
+                         identical_layers=entry.identical_layers(cfg), rngs=rngs)
 
 
 def abstract_params(cfg: ml_collections.ConfigDict):

@@ -53,10 +53,15 @@ class Bcmt(nnx.Module):
                                      rope_base=rope_base, dtype=dtype, rngs=rngs)
     if use_memory:
       linear = functools.partial(nnx.Linear, dtype=dtype, rngs=rngs)
-      self.pool = linear(d_model, 1, use_bias=False)         # w_pool
-      self.memory_proj = linear(d_model, d_model, use_bias=False)  # W_m
-      self.gate_h = linear(d_model, d_model, use_bias=True)   # W_g's h half, and b_g
-      self.gate_p = linear(d_model, d_model, use_bias=False)  # W_g's p half
+      self.pool = linear(d_model, 1, use_bias=False,          # w_pool
+                         kernel_metadata=layers.axes("embed", "pool"))
+      self.memory_proj = linear(d_model, d_model, use_bias=False,  # W_m
+                                kernel_metadata=layers.axes("embed", "memory"))
+      self.gate_h = linear(d_model, d_model, use_bias=True,   # W_g's h half, and b_g
+                           kernel_metadata=layers.axes("embed", "gate"),
+                           bias_metadata=layers.axes("gate"))
+      self.gate_p = linear(d_model, d_model, use_bias=False,  # W_g's p half
+                           kernel_metadata=layers.axes("memory", "gate"))
 
   def fuse(self, h_BTD: jax.Array, p_BND: jax.Array) -> jax.Array:
     """out = h + sigmoid(W_gh h + W_gp p + b_g) * p, p broadcast over each block's tokens."""
@@ -115,14 +120,18 @@ class Bcmt(nnx.Module):
 
   def chunk_context(self, norm, x_nBCD, positions_nBC, keys, values, starts_n, halo: int):
     """The memory each chunk's blocks receive, `[n, B, C / L, D]` (None for HOnly); `norm` is the
-    block's pre-mixer norm, applied per chunk; `keys` / `values` are (halos, chunks)."""
+    block's pre-mixer norm, applied per chunk; `keys` / `values` are (halos, chunks),
+    both None when the halo is 0 (then each chunk computes its own)."""
     if not self.use_memory:
       return None
     L = self.block_size
 
     def summaries(x_BCD, positions_BC, kh, k, vh, v, start):
-      h_BCD = self._local(norm(x_BCD), positions_BC, chunking.window(kh, k),
-                          chunking.window(vh, v), start, start - halo)
+      x_BCD = norm(x_BCD)
+      if k is None:  # a halo of 0: the chunk's own keys and values (`Block.chunked`)
+        k, v = self.keys_values(x_BCD, positions_BC)
+      h_BCD = self._local(x_BCD, positions_BC, chunking.window(kh, k), chunking.window(vh, v),
+                          start, start - halo)
       return self.summaries(blockwise.split_blocks(h_BCD, L))
 
     s_nBcD = chunking.map_chunks(summaries, x_nBCD, positions_nBC, *keys, *values, starts_n)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from efficient_lm import sharding
 from efficient_lm.models import chunking
 from efficient_lm.models import layers
 from efficient_lm.ops import precision
@@ -52,9 +53,9 @@ class Block(nnx.Module):
     dtype = layers.dtype_of(cfg.dtype)
     self.dropout_rate = cfg.dropout
     self.seq_chunk = cfg.get("seq_chunk", 0)
-    self.mixer_norm = nnx.RMSNorm(cfg.d_model, dtype=dtype, rngs=rngs)
+    self.mixer_norm = layers.rms_norm(cfg.d_model, dtype=dtype, rngs=rngs)
     self.mixer = mixer
-    self.mlp_norm = nnx.RMSNorm(cfg.d_model, dtype=dtype, rngs=rngs)
+    self.mlp_norm = layers.rms_norm(cfg.d_model, dtype=dtype, rngs=rngs)
     self.mlp = layers.Mlp(cfg.d_model, cfg.mlp_ratio, dtype=dtype, rngs=rngs)
 
   def __call__(self, x_BTD, positions_BT, key):
@@ -76,10 +77,13 @@ class Block(nnx.Module):
     halo = chunking.halo(self.mixer.chunk_pattern, C)
     x_nBCD, positions_nBC = chunking.split(x_BTD, C), chunking.split(positions_BT, C)
     starts_n = jnp.arange(n, dtype=jnp.int32) * C
-    k_nBCHK, v_nBCHK = chunking.map_chunks(
-        lambda x_BCD, positions_BC: self.mixer.keys_values(self.mixer_norm(x_BCD), positions_BC),
-        x_nBCD, positions_nBC)
-    kh_nBHHK, vh_nBHHK = (chunking.halos(a, halo) for a in (k_nBCHK, v_nBCHK))
+    if halo:
+      k_nBCHK, v_nBCHK = chunking.map_chunks(
+          lambda x_BCD, positions_BC: self.mixer.keys_values(self.mixer_norm(x_BCD), positions_BC),
+          x_nBCD, positions_nBC)
+      kh_nBHHK, vh_nBHHK = (chunking.halos(a, halo) for a in (k_nBCHK, v_nBCHK))
+    else:  # no query looks before its chunk: each chunk computes its own keys and values
+      k_nBCHK = v_nBCHK = kh_nBHHK = vh_nBHHK = None
     context_n = None
     if hasattr(self.mixer, "chunk_context"):
       context_n = self.mixer.chunk_context(self.mixer_norm, x_nBCD, positions_nBC,
@@ -89,8 +93,10 @@ class Block(nnx.Module):
       mixer_key = mlp_key = None
       if key is not None:
         mixer_key, mlp_key = jax.random.split(jax.random.fold_in(key, start))
-      y_BCD = self.mixer.attend_chunk(self.mixer_norm(x_BCD), positions_BC,
-                                      chunking.window(kh_BHHK, k_BCHK),
+      h_BCD = self.mixer_norm(x_BCD)
+      if k_BCHK is None:
+        k_BCHK, v_BCHK = self.mixer.keys_values(h_BCD, positions_BC)
+      y_BCD = self.mixer.attend_chunk(h_BCD, positions_BC, chunking.window(kh_BHHK, k_BCHK),
                                       chunking.window(vh_BHHK, v_BCHK), start, start - halo, context)
       x_BCD = x_BCD + layers.dropout(y_BCD, self.dropout_rate, mixer_key)
       return x_BCD + layers.dropout(self.mlp(self.mlp_norm(x_BCD)), self.dropout_rate, mlp_key)
@@ -136,17 +142,19 @@ class LanguageModel(nnx.Module):
     # Embedding lookups stay float32: they start the float32 residual stream.
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=jnp.float32,
                            embedding_init=nnx.initializers.normal(stddev=cfg.d_model ** -0.5),
-                           rngs=rngs)
+                           embedding_metadata=layers.axes("vocab", "embed"), rngs=rngs)
     self.pos_embed = nnx.data(None)
     # Learned positions end at seq_len: no model may be fed (or generate) past it.
     self.max_positions = cfg.seq_len if cfg.position == "learned" else None
     if cfg.position == "learned":
       self.pos_embed = nnx.Embed(cfg.seq_len, cfg.d_model, dtype=jnp.float32,
-                                 embedding_init=nnx.initializers.normal(stddev=0.02), rngs=rngs)
-    self.final_norm = nnx.RMSNorm(cfg.d_model, dtype=dtype, rngs=rngs)
+                                 embedding_init=nnx.initializers.normal(stddev=0.02),
+                                 embedding_metadata=layers.axes("positions", "embed"), rngs=rngs)
+    self.final_norm = layers.rms_norm(cfg.d_model, dtype=dtype, rngs=rngs)
     self.head = nnx.data(None)
     if not cfg.tie_embeddings:
-      self.head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
+      self.head = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs,
+                             kernel_metadata=layers.axes("embed", "vocab"))
 
   def __call__(self, tokens_BT: jax.Array, *, positions_BT: jax.Array | None = None,
                dropout_key: jax.Array | None = None) -> jax.Array:
@@ -218,7 +226,8 @@ class LanguageModel(nnx.Module):
     if dropout_key is not None and self.dropout_rate > 0:
       embed_key, layers_key = jax.random.split(dropout_key)
       layer_keys = jax.random.split(layers_key, self.num_layers)
-    return layers.dropout(x_BTD, self.dropout_rate, embed_key), positions_BT, layer_keys
+    x_BTD = sharding.constrain_tokens(layers.dropout(x_BTD, self.dropout_rate, embed_key))
+    return x_BTD, positions_BT, layer_keys
 
   def logits(self, x_BTD: jax.Array) -> jax.Array:
     """Float32 logits `[B, T, V]`: the final norm, then the head's matmul in the compute dtype
@@ -251,8 +260,9 @@ class Decoder(LanguageModel):
   def apply_layers(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
                    dropout_key: jax.Array | None = None) -> jax.Array:
     x_BTD, positions_BT, layer_keys = self.prepare_input(x_BTD, positions_BT, dropout_key)
-    apply_block = rematerialized(lambda block, x, positions, key: block(x, positions, key),
-                                 self.remat, in_loop=self.scanned)
+    apply_block = rematerialized(
+        lambda block, x, positions, key: sharding.constrain_tokens(block(x, positions, key)),
+        self.remat, in_loop=self.scanned)
     if self.scanned:
       keys = None if layer_keys[0] is None else layer_keys
 

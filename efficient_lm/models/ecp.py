@@ -55,11 +55,12 @@ class SharedKVAttention(layers.SelfAttention):
                rope_base: float, dtype, rngs: nnx.Rngs, keys: Pattern | None = None):
     super().__init__(d_model, num_heads, op, use_rope=use_rope, rope_base=rope_base, dtype=dtype,
                      rngs=rngs, keys=keys)
-    self.qkv = nnx.Linear(d_model, 2 * d_model, use_bias=False, dtype=dtype, rngs=rngs)
+    self.qkv = nnx.LinearGeneral(d_model, (2, num_heads, d_model // num_heads), use_bias=False,
+                                 dtype=dtype, rngs=rngs,
+                                 kernel_metadata=layers.axes("embed", "qkv", "heads", "kv"))
 
   def project(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, ...]:
-    B, T, D = x_BTD.shape
-    qkv_BT2HK = self.qkv(x_BTD).reshape(B, T, 2, self.num_heads, D // self.num_heads)
+    qkv_BT2HK = self.qkv(x_BTD)
     q_BTHK, kv_BTHK = qkv_BT2HK[:, :, 0], qkv_BT2HK[:, :, 1]
     k_BTHK = kv_BTHK
     if self.use_rope:
@@ -68,13 +69,11 @@ class SharedKVAttention(layers.SelfAttention):
     return q_BTHK, k_BTHK, kv_BTHK
 
   def queries(self, x_BTD: jax.Array, positions_BT: jax.Array) -> jax.Array:
-    D = x_BTD.shape[-1]
-    q_BTHK = self._heads(x_BTD, slice(0, D), 1)[:, :, 0]
+    q_BTHK = self._heads(x_BTD, slice(0, 1))[:, :, 0]
     return layers.rope(q_BTHK, positions_BT, self.rope_base) if self.use_rope else q_BTHK
 
   def keys_values(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
-    D = x_BTD.shape[-1]
-    kv_BTHK = self._heads(x_BTD, slice(D, 2 * D), 1)[:, :, 0]
+    kv_BTHK = self._heads(x_BTD, slice(1, 2))[:, :, 0]
     k_BTHK = layers.rope(kv_BTHK, positions_BT, self.rope_base) if self.use_rope else kv_BTHK
     return k_BTHK, kv_BTHK
 

@@ -12,6 +12,18 @@ from efficient_lm.ops.pattern import Pattern
 AttentionOp = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
 
+def axes(*names: str | None) -> dict:
+  """Variable metadata naming each dimension's logical axis (`efficient_lm.sharding` maps the
+  names to mesh axes): e.g. `kernel_metadata=axes("embed", "mlp")`. The names are only metadata
+  (no eager sharding at creation): `train_state.build` places every array on the mesh itself."""
+  return {"out_sharding": names, "eager_sharding": False}
+
+
+def rms_norm(d_model: int, *, dtype, rngs: nnx.Rngs) -> nnx.RMSNorm:
+  """RMSNorm whose scale is replicated (logical axis `norm`)."""
+  return nnx.RMSNorm(d_model, dtype=dtype, rngs=rngs, scale_metadata=axes("norm"))
+
+
 def dtype_of(name: str) -> jnp.dtype:
   return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
 
@@ -118,8 +130,10 @@ class Mlp(nnx.Module):
 
   def __init__(self, d_model: int, mlp_ratio: int, *, dtype, rngs: nnx.Rngs):
     hidden = mlp_ratio * d_model
-    self.up = nnx.Linear(d_model, hidden, dtype=dtype, rngs=rngs)
-    self.down = nnx.Linear(hidden, d_model, dtype=dtype, rngs=rngs)
+    self.up = nnx.Linear(d_model, hidden, dtype=dtype, rngs=rngs,
+                         kernel_metadata=axes("embed", "mlp"), bias_metadata=axes("mlp"))
+    self.down = nnx.Linear(hidden, d_model, dtype=dtype, rngs=rngs,
+                           kernel_metadata=axes("mlp", "embed"), bias_metadata=axes("embed"))
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
     return self.down(jax.nn.gelu(self.up(x_BTD)))
@@ -145,12 +159,14 @@ class SelfAttention(nnx.Module):
     self.keys = keys
     self.use_rope = use_rope
     self.rope_base = rope_base
-    self.qkv = nnx.Linear(d_model, 3 * d_model, use_bias=False, dtype=dtype, rngs=rngs)
-    self.out = nnx.Linear(d_model, d_model, use_bias=False, dtype=dtype, rngs=rngs)
+    # q, k, v as one [D, 3, H, K] projection: heads stay whole when `heads` is sharded.
+    self.qkv = nnx.LinearGeneral(d_model, (3, num_heads, d_model // num_heads), use_bias=False,
+                                 dtype=dtype, rngs=rngs, kernel_metadata=axes("embed", "qkv", "heads", "kv"))
+    self.out = nnx.Linear(d_model, d_model, use_bias=False, dtype=dtype, rngs=rngs,
+                          kernel_metadata=axes("heads", "embed"))  # input dim H*K, heads-major
 
   def project(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, ...]:
-    B, T, D = x_BTD.shape
-    qkv_BT3HK = self.qkv(x_BTD).reshape(B, T, 3, self.num_heads, D // self.num_heads)
+    qkv_BT3HK = self.qkv(x_BTD)
     q_BTHK, k_BTHK, v_BTHK = (qkv_BT3HK[:, :, i] for i in range(3))
     if self.use_rope:
       q_BTHK = rope(q_BTHK, positions_BT, self.rope_base)
@@ -165,20 +181,17 @@ class SelfAttention(nnx.Module):
   # The same projections one part at a time (sequence-chunked blocks, `models/chunking.py`):
   # the keys and values of the whole sequence, the queries of a chunk.
 
-  def _heads(self, x_BTD: jax.Array, part: slice, count: int) -> jax.Array:
-    B, T, D = x_BTD.shape
-    kernel = self.qkv.kernel[...][:, part].astype(self.qkv.dtype or x_BTD.dtype)
-    y = jnp.einsum("btd,de->bte", x_BTD.astype(kernel.dtype), kernel)
-    return y.reshape(B, T, count, self.num_heads, D // self.num_heads)
+  def _heads(self, x_BTD: jax.Array, part: slice) -> jax.Array:
+    """The projection's outputs `part` (of q, k, v) only: `[B, T, parts, H, K]`."""
+    kernel_DnHK = self.qkv.kernel[...][:, part].astype(self.qkv.dtype or x_BTD.dtype)
+    return jnp.einsum("btd,dnhk->btnhk", x_BTD.astype(kernel_DnHK.dtype), kernel_DnHK)
 
   def queries(self, x_BTD: jax.Array, positions_BT: jax.Array) -> jax.Array:
-    D = x_BTD.shape[-1]
-    q_BTHK = self._heads(x_BTD, slice(0, D), 1)[:, :, 0]
+    q_BTHK = self._heads(x_BTD, slice(0, 1))[:, :, 0]
     return rope(q_BTHK, positions_BT, self.rope_base) if self.use_rope else q_BTHK
 
   def keys_values(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
-    D = x_BTD.shape[-1]
-    kv_BT2HK = self._heads(x_BTD, slice(D, 3 * D), 2)
+    kv_BT2HK = self._heads(x_BTD, slice(1, 3))
     k_BTHK, v_BTHK = kv_BT2HK[:, :, 0], kv_BT2HK[:, :, 1]
     return (rope(k_BTHK, positions_BT, self.rope_base) if self.use_rope else k_BTHK), v_BTHK
 

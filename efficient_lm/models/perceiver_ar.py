@@ -131,11 +131,11 @@ class PerceiverBlock(nnx.Module):
     self.refine_history = refine_history
     self.history_segments = history_segments
     self.dropout_rate = cfg.dropout
-    self.mixer_norm = nnx.RMSNorm(cfg.d_model, dtype=dtype, rngs=rngs)
+    self.mixer_norm = layers.rms_norm(cfg.d_model, dtype=dtype, rngs=rngs)
     self.attn = layers.SelfAttention(cfg.d_model, cfg.num_heads, None,
                                      use_rope=cfg.position == "rope", rope_base=cfg.rope_base,
                                      dtype=dtype, rngs=rngs)
-    self.mlp_norm = nnx.RMSNorm(cfg.d_model, dtype=dtype, rngs=rngs)
+    self.mlp_norm = layers.rms_norm(cfg.d_model, dtype=dtype, rngs=rngs)
     self.mlp = layers.Mlp(cfg.d_model, cfg.mlp_ratio, dtype=dtype, rngs=rngs)
 
   def __call__(self, x_BSD: jax.Array, positions_BS: jax.Array, key: jax.Array | None,
@@ -195,9 +195,11 @@ class PerceiverAR(decoder.LanguageModel):
     self.compress = nnx.data(None)
     if variant.compress and history > 0:  # initialized to mean pooling of consecutive tokens
       if self.compression_op == "learned":
-        self.compress = nnx.Param(mean_pool_matrix(history, self.compression))
+        self.compress = nnx.Param(mean_pool_matrix(history, self.compression),
+                                  **layers.axes("history", "compressed"))
       else:
-        self.compress = nnx.Param(jnp.full((self.compression, cfg.d_model), 1.0 / self.compression))
+        self.compress = nnx.Param(jnp.full((self.compression, cfg.d_model), 1.0 / self.compression),
+                                  **layers.axes("group", "embed"))
     segments = cfg.num_history_segments if variant.split_history else 1
     self.history_segments = segments
 
@@ -209,7 +211,7 @@ class PerceiverAR(decoder.LanguageModel):
     self.rest = nnx.data(None)
     if cfg.num_layers > 1:  # identical layers: stacked and applied with nnx.scan
       @nnx.split_rngs(splits=cfg.num_layers - 1)
-      @nnx.vmap(in_axes=(0,), out_axes=0)
+      @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata=decoder.LAYERS_AXIS)
       def make_rest(rngs: nnx.Rngs) -> PerceiverBlock:
         return make_block(rngs)
       self.rest = make_rest(rngs)
@@ -260,7 +262,7 @@ class PerceiverAR(decoder.LanguageModel):
       keys = None if layer_keys[0] is None else layer_keys[1:]
 
       @nnx.scan(in_axes=(nnx.Carry, 0, None, 0 if keys is not None else None),
-                out_axes=(nnx.Carry, 0))
+                out_axes=(nnx.Carry, 0), transform_metadata=decoder.LAYERS_AXIS)
       def apply_blocks(x_BSD, block, positions_BS, key):
         x_BSD, kv = block(x_BSD, positions_BS, key, Z)
         return x_BSD, (kv if keep_cache else None)

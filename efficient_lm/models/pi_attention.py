@@ -53,8 +53,12 @@ class LocalMixer(nnx.Module):
     self.gate_in = nnx.data(None)
     self.gate_out = nnx.data(None)
     if gated:
-      self.gate_in = nnx.Linear(cfg.d_model, cfg.gate_hidden, dtype=dtype, rngs=rngs)
-      self.gate_out = nnx.Linear(cfg.gate_hidden, cfg.num_heads, dtype=dtype, rngs=rngs)
+      self.gate_in = nnx.Linear(cfg.d_model, cfg.gate_hidden, dtype=dtype, rngs=rngs,
+                                kernel_metadata=layers.axes("embed", "gate_hidden"),
+                                bias_metadata=layers.axes("gate_hidden"))
+      self.gate_out = nnx.Linear(cfg.gate_hidden, cfg.num_heads, dtype=dtype, rngs=rngs,
+                                 kernel_metadata=layers.axes("gate_hidden", "heads"),
+                                 bias_metadata=layers.axes("heads"))
 
   def gate_logits(self, x_BTD: jax.Array) -> jax.Array:
     """The logit z of the local part's prior weight g = sigmoid(z), per token and head, float32:

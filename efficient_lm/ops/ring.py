@@ -89,10 +89,13 @@ def _num_devices(mesh: jax.sharding.Mesh, axis_name: str) -> int:
   return mesh.shape[axis_name]
 
 
-def _seq_spec(mesh: jax.sharding.Mesh, axis_name: str) -> P:
-  """`[B, T, ...]`: B over `data` (when the mesh has it), T over `axis_name`."""
-  batch = "data" if "data" in mesh.axis_names and axis_name != "data" else None
-  return P(batch, axis_name)
+def _seq_spec(mesh: jax.sharding.Mesh, axis_name: str, heads: bool = False) -> P:
+  """`[B, T, ...]`: B over the batch axes the mesh has (`data`, `fsdp`), T over `axis_name`, and
+  with `heads` a `[B, T, H, ...]` array's H over `tensor` (tensor-parallel attention stays
+  split by heads inside the ring)."""
+  batch = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names and a != axis_name) or None
+  tensor = "tensor" if heads and "tensor" in mesh.axis_names and axis_name != "tensor" else None
+  return P(batch, axis_name, tensor) if tensor else P(batch, axis_name)
 
 
 def _check_length(T: int, n: int) -> int:
@@ -183,7 +186,7 @@ def _local_op(pattern: Pattern, mesh: jax.sharding.Mesh, axis_name: str, scale, 
   n = _num_devices(mesh, axis_name)
   T = arrays[0].shape[1]
   C = _check_length(T, n)
-  spec = _seq_spec(mesh, axis_name)
+  spec = _seq_spec(mesh, axis_name, heads=True)
   body = functools.partial(_local_band, pattern=pattern, halo=_halo(pattern, C, T),
                            axis_name=axis_name, n=n, scale=scale)
   return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * len(arrays), out_specs=spec)(*arrays)
@@ -379,6 +382,6 @@ def causal_attention(q_BTHK, k_BTHK, v_BTHK, *, scale: float | None = None,
             dv_BCHK.astype(v_BCHK.dtype))
 
   body.defvjp(body_fwd, body_bwd)
-  spec = _seq_spec(mesh, axis_name)
+  spec = _seq_spec(mesh, axis_name, heads=True)
   return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)(
       q_BTHK, k_BTHK, v_BTHK)

@@ -1,0 +1,150 @@
+"""The memory settings change memory, never the function: model.remat, train.loss_chunk and
+model.seq_chunk against the plain model (loss and every gradient); their config errors;
+`main --compile_only` and the fit check that refuses a step too large before any data is made."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from efficient_lm import models
+from efficient_lm import train_step
+from efficient_lm.validation import ConfigError
+from tests.test_models import tiny_model_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+T = 32
+
+
+def batch(vocab: int, B: int = 2, seed: int = 0) -> dict:
+  tokens = jax.random.randint(jax.random.key(seed), (B, T + 1), 0, vocab)
+  weights = (jax.random.uniform(jax.random.key(seed + 1), (B, T)) > 0.2).astype(jnp.float32)
+  return {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": weights}
+
+
+def loss_and_grads(cfg, *, loss_chunk: int = 0, params=None):
+  """Mean NLL of one batch and its gradient for every parameter (the same init for every cfg)."""
+  model = models.create(cfg, rngs=nnx.Rngs(0))
+  graphdef, init = nnx.split(model, nnx.Param)
+  params = init if params is None else params
+  b = batch(cfg.vocab_size)
+
+  @jax.jit
+  def f(params):
+    nll, weight = train_step.model_nll(nnx.merge(graphdef, params), b, loss_chunk=loss_chunk)
+    return nll / weight
+
+  value, grads = jax.value_and_grad(f)(params)
+  return float(value), grads, params
+
+
+def assert_same_function(a, b, *, rtol=2e-5, atol=2e-6):
+  (va, ga, _), (vb, gb, _) = a, b
+  np.testing.assert_allclose(va, vb, rtol=rtol)
+  flat_a, flat_b = jax.tree_util.tree_leaves_with_path(ga), jax.tree.leaves(gb)
+  assert len(flat_a) == len(flat_b)
+  for (path, x), y in zip(flat_a, flat_b):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol,
+                               err_msg=jax.tree_util.keystr(path))
+  assert any(float(jnp.abs(x).max()) > 0 for x in jax.tree.leaves(ga))
+
+
+@pytest.mark.parametrize("loss_chunk", [8, 12])  # 12: a ragged last chunk, padded with weight 0
+@pytest.mark.parametrize("name", ["dense", "perceiver_ar"])
+def test_chunked_loss_equals_the_whole_loss(name, loss_chunk):
+  cfg = tiny_model_config(name, vocab_size=512)
+  whole = loss_and_grads(cfg)
+  assert_same_function(loss_and_grads(cfg, loss_chunk=loss_chunk, params=whole[2]), whole)
+
+
+@pytest.mark.parametrize("remat", ["block", "dots"])
+@pytest.mark.parametrize("name", ["dense", "pi_attention"])  # scanned / per-layer blocks (doubling)
+def test_remat_is_the_same_function(name, remat):
+  whole = loss_and_grads(tiny_model_config(name))
+  assert_same_function(loss_and_grads(tiny_model_config(name, remat=remat), params=whole[2]), whole)
+
+
+# Chunks of 8 tokens over T = 32: the windows, skips, blocks and pieces cross chunk borders. BCMT's
+# blocks of 8 give a halo of 0 (each chunk computes its own keys); ECP's previous piece is the halo.
+CHUNKABLE = ["bcmt", "ecp", "honly", "pi_attention", "sliding_window"]
+
+
+@pytest.mark.parametrize("name", CHUNKABLE)
+def test_sequence_chunks_are_the_same_function(name):
+  whole = loss_and_grads(tiny_model_config(name))
+  chunked = loss_and_grads(tiny_model_config(name, seq_chunk=8, remat="block"), loss_chunk=16,
+                           params=whole[2])
+  assert_same_function(chunked, whole)
+
+
+def test_sequence_chunks_with_dropout_stay_causal():
+  """Chunked blocks with dropout: outputs at t never depend on inputs after t."""
+  cfg = tiny_model_config("pi_attention", seq_chunk=8, dropout=0.1)
+  model = models.create(cfg, rngs=nnx.Rngs(0))
+  x_BTD = model.embed_tokens(jnp.zeros((1, T), jnp.int32) + 3)
+  t = 11
+  grad = jax.grad(lambda x: jnp.sum(model.from_embeddings(x, dropout_key=jax.random.key(0))[0, t]))(
+      x_BTD)
+  norms = np.linalg.norm(np.asarray(grad[0]), axis=-1)
+  assert np.all(norms[t + 1:] == 0.0) and norms[t] > 0
+
+
+@pytest.mark.parametrize("name,fields,fix", [
+    ("dense", dict(seq_chunk=8), "model.seq_chunk=0"),
+    ("perceiver_ar", dict(seq_chunk=8), "model.seq_chunk=0"),
+    ("pi_attention", dict(seq_chunk=12), "a divisor of 32"),
+    ("bcmt", dict(seq_chunk=4), "a multiple of 8"),
+    ("dense", dict(remat="everything"), "'block'"),
+    ("pi_attention", dict(seq_chunk=-8), "e.g. 8192"),
+])
+def test_memory_settings_are_checked(name, fields, fix):
+  with pytest.raises(ConfigError, match="model\\.") as e:
+    models.validate(tiny_model_config(name, **fields))
+  assert fix in str(e.value)
+
+
+def main_command(config: str, *fields: str) -> list[str]:
+  return [sys.executable, "-m", "efficient_lm.main", f"--config={config}",
+          "--config.model.d_model=32", "--config.model.num_layers=2", "--config.model.num_heads=2",
+          "--config.data.vocab_size=512", "--config.mesh.fsdp=1", *fields]
+
+
+def run_main(args: list[str], tmp_path) -> subprocess.CompletedProcess:
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as a user runs it
+  return subprocess.run(args + [f"--workdir={tmp_path / 'w'}", f"--config.data.data_dir={tmp_path / 'd'}"],
+                        cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_compile_only_reports_the_step_and_writes_nothing(tmp_path):
+  args = main_command("configs/pi_attention.py", "--config.data.seq_len=256",
+                      "--config.data.batch_size=2", "--config.model.remat=block",
+                      "--config.model.seq_chunk=64", "--config.train.loss_chunk=64", "--compile_only")
+  result = run_main(args, tmp_path)
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = result.stdout.strip().splitlines()
+  report = json.loads(lines[-1])
+  assert "train step of pi_attention at seq_len 256" in lines[-2]
+  for key in ("per_device_argument_bytes", "per_device_output_bytes", "per_device_temp_bytes"):
+    assert report[key] > 0
+  assert (report["seq_len"], report["batch_size"], report["num_devices"]) == (256, 2, 1)
+  assert report["fits"] is True
+  assert not (tmp_path / "w").exists() and not (tmp_path / "d").exists()  # no data, no workdir
+
+
+def test_a_step_too_large_is_refused_before_any_data(tmp_path):
+  """Dense reference attention at 256K tokens needs terabytes of [T, T] scores: one line, exit 2."""
+  args = main_command("configs/dense.py", "--config.model.attention_impl=reference",
+                      "--config.data.seq_len=262144", "--config.data.batch_size=8")
+  result = run_main(args, tmp_path)
+  assert result.returncode == 2, result.stderr[-3000:]
+  error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+  assert len(error) == 1 and "the train step needs" in error[0]
+  for field in ("model.remat", "train.loss_chunk", "data.batch_size", "mesh.context"):
+    assert field in error[0]
+  assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
