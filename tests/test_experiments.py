@@ -2,8 +2,10 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -51,41 +53,156 @@ def test_benchmark_stops_a_model_over_the_step_time_limit(tmp_path):
   assert "skipped" in out
 
 
+def test_bench_context_quick_reports_memory_fits_and_speed(tmp_path):
+  run_module(["experiments.bench_context", "--quick", "--models=pi_attention,dense:reference",
+              "--seq_lens=128,512", f"--out_dir={tmp_path}"])
+  result = json.loads((tmp_path / "context_quick.json").read_text())
+  memory = {(r["model"], r["seq_len"]): r for r in result["memory"]}
+  assert set(memory) == {(m, t) for m in ("pi_attention", "dense:reference") for t in (128, 512)}
+  for r in memory.values():
+    assert 0 < r["per_device_temp_bytes"] <= r["per_device_total_bytes"]
+    assert r["temp_bytes_per_token"] == pytest.approx(r["per_device_temp_bytes"] / r["seq_len"])
+  # The [T, T] baseline's temporaries per token grow with T; pi's (chunked, bounded reach) do not.
+  ratio = lambda m: memory[(m, 512)]["temp_bytes_per_token"] / memory[(m, 128)]["temp_bytes_per_token"]
+  assert ratio("dense:reference") > 1.5 * ratio("pi_attention")
+  assert result["fits"]["pi_attention"]["16 GiB"] == 512
+  timing = {r["model"]: r for r in result["timing"]}
+  assert set(timing) == {"pi_attention", "dense:reference"}
+  assert all(r["tokens_per_sec"] > 0 for r in timing.values())
+  assert (tmp_path / "context_quick_memory.png").stat().st_size > 1000
+
+
+def test_bench_sharding_quick_fsdp_shrinks_the_state(tmp_path):
+  out = run_module(["experiments.bench_sharding", "--quick", f"--out_dir={tmp_path}"]).stdout
+  result = json.loads((tmp_path / "sharding_quick.json").read_text())
+  rows = {(r["d_model"], r["mesh_name"]): r for r in result["rows"]}
+  assert set(rows) == {(d, m) for d in (64, 128) for m in ("replicated", "fsdp")}
+  for d in (64, 128):
+    replicated, fsdp = rows[(d, "replicated")], rows[(d, "fsdp")]
+    assert replicated["param_replicated_fraction"] == 1.0 and fsdp["param_replicated_fraction"] < 0.1
+    assert fsdp["per_device_state_bytes"] <= replicated["per_device_state_bytes"] / 6
+    assert fsdp["num_params"] == replicated["num_params"] > 0
+  assert result["largest_fitting"]["fsdp"]["d_model"] == 128
+  assert "largest fitting" in out
+
+
 def tiny_overrides(shakespeare_archive, tiny_data_dir) -> list[str]:
   archive, sha = shakespeare_archive
   fields = {"data.seq_len": 32, "data.batch_size": 2, "data.vocab_size": 384, "data.data_dir": tiny_data_dir,
             "data.archive": archive, "data.archive_sha256": sha, "model.d_model": 32,
             "model.num_layers": 2, "model.num_heads": 2, "model.mlp_ratio": 2, "model.window": 8,
-            "mesh.data": 1, "mesh.context": 1}
+            "mesh.data": 1, "mesh.fsdp": 1, "mesh.context": 1}
   return [f"--override={k}={v}" for k, v in fields.items()]
 
 
-@pytest.mark.slow  # two tiny training runs in subprocesses: about a minute on an idle 2-core machine
+@pytest.mark.slow  # two tiny training runs and their scoring in subprocesses: 1-2 min on a 2-core machine
 def test_paper_tables_keep_finished_rows_and_add_new_ones(tmp_path, shakespeare_archive, tiny_data_dir):
-  results, readme = tmp_path / "tables.json", tmp_path / "README.md"
-  readme.write_text("# r\n<!-- paper_tables:pi -->\nold\n<!-- /paper_tables:pi -->\nafter\n")
+  results, readme, pause = tmp_path / "tables.json", tmp_path / "README.md", tmp_path / "quiet"
+  readme.write_text("# r\n<!-- paper_tables:pi -->\nold\n<!-- /paper_tables:pi -->\n"
+                    "<!-- paper_tables:pi_claims -->\nold\n<!-- /paper_tables:pi_claims -->\nafter\n")
   common = ["experiments.paper_tables", "--tables=pi", "--steps=3", f"--results={results}",
-            f"--readme={readme}", f"--workdir_root={tmp_path / 'runs'}",
-            *tiny_overrides(shakespeare_archive, tiny_data_dir)]
-  run_module(common + ["--models=dense"])
+            f"--readme={readme}", f"--workdir_root={tmp_path / 'runs'}", f"--pause_file={pause}",
+            "--poll_seconds=0.2", *tiny_overrides(shakespeare_archive, tiny_data_dir)]
+
+  # The first row starts while the pause file exists: its process is stopped until the file goes.
+  pause.write_text("")
+  log = tmp_path / "first.log"
+  with open(log, "w") as out:
+    proc = subprocess.Popen([sys.executable, "-m", *common, "--models=dense@0"], cwd=REPO, stdout=out,
+                            stderr=subprocess.STDOUT, env=one_device_env())
+  deadline = time.time() + 120
+  while "paused pid" not in log.read_text():
+    assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+    time.sleep(0.2)
+  pid = int(re.search(r"paused pid (\d+)", log.read_text()).group(1))
+  time.sleep(1.5)
+  with open(f"/proc/{pid}/stat") as f:
+    assert f.read().rsplit(")", 1)[1].split()[0] == "T"  # stopped
+  pause.unlink()
+  assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
+  assert "resumed pid" in log.read_text()
+
   first = json.loads(results.read_text())["tables"]["pi"]["rows"]
-  assert set(first) == {"dense"}
-  dense = first["dense"]
+  assert set(first) == {"dense@0"}
+  dense = first["dense@0"]
   assert dense["model_name"] == "dense" and dense["steps"] == 3 and dense["tokens_per_step"] == 64
+  assert dense["seed"] == 0 and dense["config_key"] == "dense"
   assert dense["eval_bits_per_byte"] > 0 and dense["params"] > 0 and dense["peak_rss_mib"] > 0
   assert "efficient_lm.main --config=configs/dense.py" in dense["command"]
-  assert "--config.data.seq_len=32" in dense["command"]  # the --override came after the table's 1024
+  assert "--config.data.seq_len=32" in dense["command"]  # the --override came after the table's 2048
+  assert "--config.train.seed=0" in dense["command"] and "model.window" not in dense["command"]
+  assert dense["paused_seconds"] >= 1.0 and dense["load_samples"] > 0 and dense["load_mean"] >= 0
+  assert 0 < dense["cpu_seconds"] and 0 < dense["score_cpu_seconds"]
+  assert dense["wall_seconds"] == pytest.approx(dense["seconds"] + dense["paused_seconds"])
+  # Scoring: every position of non-overlapping seq_len windows, the training eval's windows.
+  windows = dense["scores"]["windows"]
+  assert windows["context"] == windows["stride"] == 32 and windows["step"] == 3
+  assert windows["scored_tokens"] == windows["target_tokens"]
+  assert windows["loss"] == pytest.approx(dense["eval_loss"], rel=1e-4)
+  curve = json.loads((tmp_path / "tables_per_position.json").read_text())["pi"]["dense@0"]["windows"]
+  assert len(curve["loss"]) == 32 and sum(curve["count"]) == windows["scored_tokens"]
+  mean = sum(l * c for l, c in zip(curve["loss"], curve["count"])) / sum(curve["count"])
+  assert mean == pytest.approx(windows["loss"], rel=1e-4)
+  pooled = json.loads((tmp_path / "tables_per_position.json").read_text())["pi"]["dense@0"]["pooled"]
+  assert pooled["offsets"] == [0, 8, 16, 24] and len(pooled["loss"]) == 32
+  assert 3.5 * sum(curve["count"]) < sum(pooled["count"]) <= 4 * sum(curve["count"])  # 4 window offsets
 
-  out = run_module(common + ["--models=dense,sliding_window"]).stdout
+  out = run_module(common + ["--models=dense@0,sliding_window@0"]).stdout
   second = json.loads(results.read_text())["tables"]["pi"]["rows"]
-  assert set(second) == {"dense", "sliding_window"}
-  assert second["dense"] == dense  # kept, not rerun
-  assert "pi/dense: kept" in out
-  assert second["sliding_window"]["model_name"] == "sliding_window"
+  assert set(second) == {"dense@0", "sliding_window@0"}
+  assert second["dense@0"] == dense  # kept, not rerun
+  assert "pi/dense@0: kept" in out
+  assert second["sliding_window@0"]["model_name"] == "sliding_window"
+  assert "--config.model.window=8" in second["sliding_window@0"]["command"]
   text = readme.read_text()
-  assert "old" not in text and "| `dense` | dense | 3 |" in text and "| `sliding_window` |" in text
-  assert text.endswith("<!-- /paper_tables:pi -->\nafter\n")
+  assert "old" not in text and "| `dense` | 0 |" in text and "| `sliding_window` | 0 |" in text
+  assert text.endswith("<!-- /paper_tables:pi_claims -->\nafter\n")
+  # One seed each and no two-seed row yet: the far-context control is pending, π's claims not run.
+  assert "| control: dense gains there (the same difference, dense below the sliding window)" in text
+  assert "pending (no two-seed rows yet)" in text and "(rows not run yet)" in text
+  assert (tmp_path / "paper_tables_pi_positions.png").stat().st_size > 1000
 
+
+@pytest.mark.slow  # one tiny training run and its scoring: about 40 s on a 2-core machine
+def test_paper_tables_score_ecp_on_the_perceiver_positions(tmp_path, shakespeare_archive, tiny_data_dir):
+  results = tmp_path / "tables.json"
+  run_module(["experiments.paper_tables", "--tables=ecp", "--models=ecp@0", "--steps=3",
+              f"--results={results}", f"--readme={tmp_path / 'README.md'}",
+              f"--workdir_root={tmp_path / 'runs'}", "--override=model.num_latents=8",
+              *tiny_overrides(shakespeare_archive, tiny_data_dir)])
+  row = json.loads(results.read_text())["tables"]["ecp"]["rows"]["ecp@0"]
+  assert "num_latents" not in row["command"] and "--config.model.num_segments=4" in row["command"]
+  latents, every = row["scores"]["last_latents"], row["scores"]["every"]
+  # The Perceiver-AR family's positions (the last Z = 8 of each 32-token window, every token once),
+  # and every position of non-overlapping windows, the training eval's.
+  assert (latents["context"], latents["stride"], every["context"], every["stride"]) == (32, 8, 32, 32)
+  assert latents["scored_tokens"] == latents["target_tokens"] == every["scored_tokens"]
+  assert every["loss"] == pytest.approx(row["eval_loss"], rel=1e-4)
+  assert latents["loss"] != every["loss"]
+
+
+def test_paper_tables_queue_and_row_keys():
+  from experiments import paper_tables as pt
+  order = pt.queue(["bcmt", "pi"])
+  assert len(order) == len(set(order)) == 16
+  assert [k for _, k in order[:7]] == ["dense@0", "bcmt:256@0", "bcmt:honly256@0", "dense@0",
+                                       "sliding_window@0", "pi_attention@0", "pi_attention:doubling@0"]
+  assert all(k.endswith("@1") for _, k in order[7:14]) and order[14:] == [("bcmt", "bcmt:128@0"),
+                                                                         ("bcmt", "bcmt:honly128@0")]
+  over = pt.row_overrides("pi", "pi_attention:doubling@1", 665, [])
+  assert over["train.seed"] == "1" and over["model.period"] == "64" and over["train.warmup_steps"] == "66"
+  assert "model.window" not in pt.row_overrides("pi", "dense@0", 665, [])
+  assert pt.config_arg("bcmt:honly256@1") == "configs/bcmt.py:honly256"
+  assert pt.seed_stats([1.0, 2.0]) == "1.5000 (1.0000-2.0000)" and pt.seed_stats([1.0]) == "1.0000"
+  curve = {"loss": [3.0, 2.0, None, 1.0], "count": [1, 3, 0, 2]}
+  assert pt.band_loss(curve, 0, 2) == pytest.approx(9 / 4) and pt.band_loss(curve, 2, 4) == 1.0
+  assert pt.position_bins(8)[0] == (0, 1) and pt.position_bins(8)[-1][1] == 8
+  # The decision rule: the gap against the larger seed spread (or the table's, for one seed).
+  assert pt.verdict([1.0, 1.1], [1.3, 1.35], None)[2] == "**confirmed**"
+  assert pt.verdict([1.3, 1.35], [1.0, 1.1], None)[2] == "**refuted**"
+  assert pt.verdict([1.0, 1.1], [1.05, 1.08], None)[2] == "not decided at this scale"
+  assert pt.verdict([1.2], [1.0, 1.02], 0.05)[2].startswith("**refuted** (one seed")
+  assert pt.verdict([1.2], [1.0], None)[2].startswith("pending")
 
 
 def test_paper_tables_refuses_unknown_rows(tmp_path):
