@@ -42,5 +42,6 @@ def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
   config.data.seq_len = 1024        # the paper's context: 4 blocks of 256, 8 of 128
   config.data.batch_size = 2        # 2 x 1024 = dense's 8 x 256 tokens per step
   config.model.block_size = int(block)  # L: local attention and summaries per block; divides seq_len
+  config.model.seq_chunk = 8192     # blocks over chunks of 8,192 tokens past that length (long context)
   config.model.alpha = 0.8          # memory decay per block, in (0, 1); unused by honly
   return config

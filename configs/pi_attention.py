@@ -4,10 +4,15 @@ From "π-Attention: Periodic Sparse Transformers for Efficient Long-Context Mode
 
     python -m efficient_lm.main --config=configs/pi_attention.py
 
-Measured with the command above on a 2-core x86 CPU, fresh data_dir (corpus download,
-preparation and tokenizer training included): 13 min 18 s wall clock in all, 700
-steps of 4 x 512 tokens at ~2,000 tokens/s, validation (hamlet, twelfth_night) loss
-4.420 nats/token, 2.120 bits per byte (dense baseline at context 256: 4.425, 2.122).
+Measured with the command above on a 2-core x86 CPU shared with other jobs (load
+average 6), fresh data_dir (corpus download, preparation and tokenizer training
+included): 14 min 50 s wall clock in all, 700 steps of 4 x 512 tokens, validation
+(hamlet, twelfth_night) loss 4.405 nats/token, 2.112 bits per byte (dense baseline at
+context 256: 4.422, 2.121).
+
+Long context: `--config.data.seq_len=131072 --config.data.batch_size=1` runs as is
+(the blocks run over chunks of `model.seq_chunk` tokens and the loss over chunks of
+`train.loss_chunk`; add `--config.model.remat=block` past that).
 All default runs side by side: README.md, "Results on the embedded corpus".
 
 Presets (`configs/pi_attention.py:<preset>`):
@@ -37,6 +42,7 @@ def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
   config.data.seq_len = 512         # twice the dense baseline's context ...
   config.data.batch_size = 4        # ... at the same tokens per step
   add_pi_fields(config)
+  config.model.seq_chunk = 8192     # blocks over chunks of 8,192 tokens past that length (long context)
   if config_string in (None, ""):
     return config
   if config_string == "doubling":

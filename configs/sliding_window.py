@@ -15,6 +15,7 @@ def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
   del config_string
   config = base_config("sliding_window")
   config.data.seq_len = 512         # as configs/pi_attention.py
+  config.model.seq_chunk = 8192     # blocks over chunks of 8,192 tokens past that length (long context)
   config.data.batch_size = 4
   config.model.window = 128         # local window: token i sees i - window < j <= i
   return config

@@ -62,8 +62,9 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   train.grad_clip = 1.0             # global gradient-norm clip
   train.grad_accum_steps = 1        # microbatches per step (summed in a scan: less memory, same
                                     # loss and gradients); must divide the per-device batch
-  train.loss_chunk = 0              # positions per chunk of the head + loss (0 = all at once); a
+  train.loss_chunk = 8192           # positions per chunk of the head + loss (0 = all at once); a
                                     # chunk never holds more than [batch, loss_chunk, vocab] logits
+                                    # (windows of at most this many tokens are not chunked)
   train.log_every = 50              # steps between train-metric lines
   train.eval_every = 350            # steps between evaluations on train.eval_split
   train.checkpoint_every = 350      # steps between checkpoints

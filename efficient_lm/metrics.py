@@ -57,14 +57,17 @@ class Progress:
     self.num_steps = num_steps
     self.tokens_per_step = tokens_per_step
     self._last_step = first_step
-    self._last_time = time.perf_counter()
+    self._last_time = self._reset_from = time.perf_counter()
     self._step_seconds = None
 
   def tokens_per_sec(self, step: int) -> float:
     """Rate since the previous call (the caller has blocked on the step's result)."""
     now = time.perf_counter()
+    if step <= self._last_step:  # no step since the clock was reset (right after the first step):
+      now, self._last_time = self._last_time, self._reset_from  # the rate of that step, compile included
+      step, self._last_step = self._last_step, self._last_step - 1
     steps = max(step - self._last_step, 1)
-    seconds = (now - self._last_time) / steps
+    seconds = max(now - self._last_time, 1e-9) / steps
     self._step_seconds = seconds if self._step_seconds is None else 0.5 * (self._step_seconds + seconds)
     self._last_step, self._last_time = step, now
     return self.tokens_per_step / seconds
@@ -75,5 +78,6 @@ class Progress:
             f"ETA {_duration(eta)}")
 
   def reset_clock(self, step: int) -> None:
-    """Excludes evaluation or checkpoint time from the next rate."""
+    """Excludes evaluation or checkpoint time (or the first step's compilation) from the next rate."""
+    self._reset_from = self._last_time
     self._last_step, self._last_time = step, time.perf_counter()

@@ -94,6 +94,8 @@ def report(compiled, config: ml_collections.ConfigDict, built) -> dict:
       "seq_len": int(config.data.seq_len), "batch_size": int(config.data.batch_size),
       "num_devices": int(built.mesh.size), "mesh": dict(built.mesh.shape),
       "model": config.model.name,
+      "attention_impl": config.model.get("attention_impl", "flash") if config.model.name == "dense"
+                        else None,
   }
   # Donated arguments alias outputs: what is live at once is arguments + outputs - aliases + temps.
   out["per_device_total_bytes"] = (out["per_device_argument_bytes"] + out["per_device_output_bytes"]
@@ -123,9 +125,11 @@ def check_fits(r: dict) -> None:
   needed, available = r["per_device_total_bytes"], r["per_device_available_bytes"]
   if available is None or needed <= available:
     return
+  dense = ("model.attention_impl='flash' (O(T) memory instead of the [T, T] scores), "
+           if r.get("attention_impl") == "reference" else "")
   raise StepTooLargeError(
       f"the train step needs {gib(needed)} per device (temporaries {gib(r['per_device_temp_bytes'])}) "
-      f"but {r['available_is']} is {gib(available)}; lower it with model.remat='block', "
+      f"but {r['available_is']} is {gib(available)}; lower it with {dense}model.remat='block', "
       f"train.loss_chunk (e.g. 8192), a smaller data.batch_size (or train.grad_accum_steps), "
       f"or more devices along mesh.context / mesh.fsdp")
 

@@ -146,3 +146,16 @@ def test_every_family_trains_through_the_loop(name, preset, fields, tiny_config,
   assert again["step"] == 10
   assert again["loss"] == pytest.approx(summary["eval_loss"], rel=1e-5)
   assert again["bits_per_byte"] == pytest.approx(summary["eval_bits_per_byte"], rel=1e-5)
+
+
+def test_the_first_logged_rate_is_the_first_steps(monkeypatch):
+  """Logged right after the first step (whose clock was reset to keep compilation out of later
+  rates), the rate is that step's own, compilation included: never tokens over ~0 seconds."""
+  now = [100.0]
+  monkeypatch.setattr(metrics.time, "perf_counter", lambda: now[0])
+  progress = metrics.Progress(0, 10, tokens_per_step=1000)
+  now[0] += 4.0  # the first step, compilation included
+  progress.reset_clock(1)
+  assert progress.tokens_per_sec(1) == pytest.approx(250.0)
+  now[0] += 0.5
+  assert progress.tokens_per_sec(2) == pytest.approx(2000.0)
