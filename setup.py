@@ -25,7 +25,7 @@ setuptools.setup(
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.7.1",
-        "flax>=0.12.0",
+        "flax>=0.12.4",
         "optax>=0.2.5",
         "orbax-checkpoint>=0.11.20",
         "tensorflow-datasets>=4.9.9",
