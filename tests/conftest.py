@@ -7,6 +7,10 @@ pin `mesh.fsdp=1` (and data, tensor, context 1), so the other tests run on one d
 
 import os
 
+# CPU only, even where libtpu or the CUDA plugin is installed (the `tpu` / `gpu` extras compile
+# for those targets from this host: `--target`); several test processes may load libtpu.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + " --xla_force_host_platform_device_count=8").strip()

@@ -102,10 +102,10 @@ def assert_matches(fast, slow, args, cotangents, atol=2e-5):
 def block_sizes(request, monkeypatch):
   """The tuned block sizes, and tiny ones under which every loop runs several times."""
   if request.param == "tiny":
-    monkeypatch.setattr(core, "Q_BLOCK", 8)
-    monkeypatch.setattr(core, "K_BLOCK", 4)
-    monkeypatch.setattr(core, "GROUP_TOKENS", 8)
-    monkeypatch.setattr(core, "SINGLE_BLOCK", 16)
+    monkeypatch.setattr(core.plan, "Q_BLOCK", 8)
+    monkeypatch.setattr(core.plan, "K_BLOCK", 4)
+    monkeypatch.setattr(core.plan, "GROUP_TOKENS", 8)
+    monkeypatch.setattr(core.plan, "SINGLE_BLOCK", 16)
   return request.param
 
 

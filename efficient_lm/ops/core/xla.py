@@ -1,40 +1,14 @@
-"""One blockwise online-softmax attention for every attention in the library, with a flash backward.
+"""The blockwise online-softmax core on XLA: the `xla` backend, every platform.
 
-`attend(q, k, v, pattern, ...)` returns `(o, lse)`: the softmax attention of
-each query over the keys `pattern` lets it see, and the log-sum-exp of its
-logits. Queries sit at positions `q_start + arange(Tq)`, keys at
-`k_start + arange(Tk)` or at explicit `k_positions` (decoding caches: slot
-positions, -1 = empty); both starts may be traced scalars. `merge` combines
-attentions over disjoint key sets (ring steps, pieces) into the one over their
-union.
-
-Two block schedules, chosen from the pattern:
-
-- banded (bounded reach: block-local, sliding window, segments, π's local
-  part): queries in blocks of L tokens; each block sees a fixed number of key
-  blocks around it, gathered by shifting whole blocks, vectorized over a group
-  of about `GROUP_TOKENS` query tokens; a loop over groups keeps the working
-  set small. π's skip keys (p - d for d in `pattern.skips`) are shifted slices
-  of the keys, read per group.
-- looped (unbounded reach: dense causal, cross-attention, ring steps, explicit
-  key positions): each block of queries loops over the key blocks
-  `pattern.key_range` allows (traced bounds), with an online softmax; blocks
-  wholly in the future are never visited.
-
-Memory: O(T) with a small constant. The custom VJP keeps only q, k, v, the
-priors, o and lse; the backward recomputes the probabilities block by block
-(the flash-attention backward) and handles a cotangent on lse. Logits,
-softmax, lse and priors are float32 whatever the input dtype; the q.k and p.v
-matmuls run in the input dtype with float32 accumulation.
-
-With `k` longer than the keys the queries can see (a chunk of queries at a
-traced `q_start` against the whole sequence's keys), the banded schedule
-slices the key window it needs itself (O(window) work, never a copy of all of
-k). The cotangent of k is still a full `[B, Tk, H, K]` array, zeros outside
-the window: each chunk's backward writes O(Tk) and autodiff adds it into k's
-gradient, so n chunks against one long k cost O(n Tk) memory traffic. Where
-that matters, slice k to the chunk's window before the call
-(`pattern.key_range` gives it) and pass its `k_start`.
+Runs a `plan.Plan`: the banded schedule (each group of query blocks against
+its band of key blocks, gathered by shifting whole blocks; π's skip keys as
+shifted slices) or the looped schedule (each query block over the key blocks
+its pattern allows, traced bounds, an online softmax). Both work heads-first
+(`[B, H, T, K]`; "BTHK" calls are transposed once). The custom VJP keeps only
+q, k, v, the priors, o and lse; the backward recomputes the probabilities
+block by block (the flash-attention backward) and handles a cotangent on lse.
+Logits, softmax, lse and priors are float32; the q.k and p.v matmuls run in
+the input dtype with float32 accumulation.
 """
 
 import dataclasses
@@ -43,69 +17,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from efficient_lm.ops.pattern import Pattern
+from efficient_lm.ops.core import backends
+from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE, Plan, cdiv, is_static, plan_for
 
-MASKED = -1e30       # the logit of a key a query does not see
-NO_KEY_LSE = -1e29   # lse of a row that sees no key: exp(MASKED - NO_KEY_LSE) == 0, merge weight 0
-
-# Schedule sizes, tuned with experiments/bench_ops.py on a 2-core CPU.
-Q_BLOCK = 512          # looped schedule: queries per block
-K_BLOCK = 512          # looped schedule: keys per block
-GROUP_TOKENS = 512     # banded schedule: query tokens processed together
-MAX_BAND = 4096        # banded schedule: widest key band per query block (else looped) ...
-MAX_BAND_TILE = 1 << 20  # ... and most logits per query block (L x band)
-SINGLE_BLOCK = 1 << 22  # explicit key positions: one block while Tq * Tk is at most this
-
-LAYOUTS = ("BTHK", "BHTK")
 F32 = jnp.float32
-
-
-def _cdiv(a: int, b: int) -> int:
-  return -(-a // b)
-
-
-def _is_static(x) -> bool:
-  return isinstance(x, int) and not isinstance(x, bool)
-
-
-def window_block(window: int) -> int:
-  """Query block length of the banded schedule for a sliding window."""
-  return max(16, min(512, window // 2))
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-  """Everything static about one call (hashable: the custom VJP's static argument)."""
-  pattern: Pattern
-  scale: float
-  Tq: int
-  Tk: int
-  q_start: int | None  # the static start, or None when it is a traced argument
-  k_start: int | None
-  explicit: bool       # explicit key positions
-  schedule: str        # "band" or "loop"
-  layout: str = "BHTK"  # the caller's q/k/v/o layout (both schedules compute heads-first)
-  # Banded schedule.
-  block: int = 0       # L: query block length (and key block length)
-  align: int = 1       # the query grid starts at a multiple of this
-  group: int = 1       # G: query blocks per group
-  groups: int = 1      # groups
-  back: int = 0        # key blocks before a query block's own
-  fwd: int = 0         # key blocks after it
-  front: int = 0       # key rows before the grid origin (band and skips)
-  skips: tuple[int, ...] = ()
-  # Looped schedule.
-  q_block: int = 0
-  k_block: int = 0
-
-  @property
-  def t_axis(self) -> int:
-    return _t_axis(self.layout)
-
-  @property
-  def key_rows(self) -> int:
-    return self.front + (self.groups * self.group + self.fwd) * self.block
-
 
 # Slicing helpers: a window of an axis, zeros outside (static or traced start).
 
@@ -118,7 +33,7 @@ def _pad_axis(x: jax.Array, axis: int, before: int, after: int, value=0) -> jax.
 def _window(x: jax.Array, start, size: int, axis: int = 2, value=0) -> jax.Array:
   """x[start:start + size] along `axis`, `value` where that is outside x."""
   n = x.shape[axis]
-  if _is_static(start):
+  if is_static(start):
     lo, hi = max(start, 0), min(start + size, n)
     if lo >= hi:
       shape = list(x.shape)
@@ -143,7 +58,7 @@ def _window_transpose(y: jax.Array, start, n: int, axis: int = 2) -> jax.Array:
 
 
 def _slice(x: jax.Array, start, size: int, axis: int) -> jax.Array:
-  if _is_static(start):
+  if is_static(start):
     return jax.lax.slice_in_dim(x, start, start + size, axis=axis)
   return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
 
@@ -160,82 +75,9 @@ def _vma_zero(*xs) -> jax.Array:
   initialized from it match their bodies' types inside `shard_map`."""
   zero = jnp.zeros((), F32)
   for x in xs:
-    if x is not None and not _is_static(x):
+    if x is not None and not is_static(x):
       zero = zero + jnp.zeros_like(x, shape=(), dtype=F32)
   return zero
-
-
-# Planning.
-
-def _band_plan(pattern: Pattern, scale: float, Tq: int, Tk: int, q_start, k_start,
-               layout: str) -> _Plan | None:
-  """The banded schedule for this call, or None when the local reach is unbounded or too wide."""
-  local = pattern.local
-  if local.window is None and local.block_size is None:
-    return None
-  if not local.causal and local.block_size is None:
-    return None
-  align = local.block_size or 1
-  L = local.block_size if local.block_size is not None else window_block(local.window)
-  static_q = _is_static(q_start)
-  phase = q_start % align if static_q else align - 1  # the worst case when traced
-  L = max(1, min(L, phase + Tq))
-  N = _cdiv(phase + Tq, L)
-  # Key extent of every query block: exact for static positions, the worst case over the
-  # (unknown, align-multiple) grid origin otherwise.
-  origin = q_start - phase if static_q else align * (10 ** 9 // align)
-  back = fwd = 0
-  for i in range(N):
-    a = origin + i * L
-    first, last = a, a + L - 1
-    if static_q:
-      first, last = max(first, q_start), min(last, q_start + Tq - 1)
-    if first > last:
-      continue
-    lo, hi = local.key_range(first, last)
-    if _is_static(k_start) and static_q:
-      lo, hi = max(lo, k_start), min(hi, k_start + Tk - 1)
-    if lo > hi:
-      continue
-    back, fwd = max(back, a - lo), max(fwd, hi - (a + L - 1))
-  nb_back, nb_fwd = _cdiv(back, L), _cdiv(fwd, L)
-  band = (nb_back + nb_fwd + 1) * L
-  if band > MAX_BAND or L * band > MAX_BAND_TILE:
-    return None
-  skips = pattern.skips
-  if static_q:
-    skips = tuple(d for d in skips if q_start + Tq - 1 - d >= 0)
-  G = max(1, GROUP_TOKENS // L)
-  groups = _cdiv(N, G)
-  G = _cdiv(N, groups)
-  front = max([nb_back * L, *skips])
-  return _Plan(pattern=pattern, scale=scale, Tq=Tq, Tk=Tk,
-               q_start=q_start if static_q else None,
-               k_start=k_start if _is_static(k_start) else None, explicit=False, schedule="band",
-               layout=layout, block=L, align=align, group=G, groups=groups, back=nb_back, fwd=nb_fwd,
-               front=front, skips=skips)
-
-
-def _loop_plan(pattern: Pattern, scale: float, Tq: int, Tk: int, q_start, k_start,
-               explicit: bool, layout: str) -> _Plan:
-  if explicit and Tq * Tk <= SINGLE_BLOCK:
-    Lq, Lk = Tq, Tk
-  else:
-    Lq, Lk = min(Q_BLOCK, Tq), min(K_BLOCK, Tk)
-  return _Plan(pattern=pattern, scale=scale, Tq=Tq, Tk=Tk,
-               q_start=q_start if _is_static(q_start) else None,
-               k_start=k_start if _is_static(k_start) else None, explicit=explicit,
-               schedule="loop", layout=layout, q_block=Lq, k_block=Lk)
-
-
-def plan_for(pattern: Pattern, Tq: int, Tk: int, *, q_start=0, k_start=0, explicit: bool = False,
-             scale: float = 1.0, layout: str = "BTHK") -> _Plan:
-  """The schedule `attend` would use (exposed for tests and benchmarks)."""
-  if not explicit:
-    band = _band_plan(pattern, scale, Tq, Tk, q_start, k_start, layout)
-    if band is not None:
-      return band
-  return _loop_plan(pattern, scale, Tq, Tk, q_start, k_start, explicit, layout)
 
 
 # The banded schedule. It runs heads-first (`_forward` transposes "BTHK" calls); its helpers
@@ -246,10 +88,6 @@ _BAND_SPECS = {  # einsum specs: g groups' blocks, q queries, m band keys, s ski
     "BHTK": dict(qk="bhgqk,bhgmk->bhgqm", pv="bhgqm,bhgmk->bhgqk", dkv="bhgqm,bhgqk->bhgmk",
                  skip_qk="bhtk,bhtsk->bhts", skip_pv="bhts,bhtsk->bhtk", skip_dkv="bhts,bhtk->bhtsk"),
 }
-
-
-def _t_axis(layout: str) -> int:
-  return 1 if layout == "BTHK" else 2
 
 
 def _rows_to_layout(x_BHR: jax.Array, layout: str) -> jax.Array:
@@ -266,16 +104,16 @@ def _unblocks(x: jax.Array, t: int) -> jax.Array:
   return x.reshape(*x.shape[:t], x.shape[t] * x.shape[t + 1], *x.shape[t + 2:])
 
 
-def _band_grid(plan: _Plan, q_start, k_start):
+def _band_grid(plan: Plan, q_start, k_start):
   """(grid origin, query phase, key-window offset into k): ints when static, else traced."""
   qs = plan.q_start if plan.q_start is not None else q_start
   ks = plan.k_start if plan.k_start is not None else k_start
-  phase = qs % plan.align if _is_static(qs) else (qs % plan.align if plan.align > 1 else 0)
+  phase = qs % plan.align if is_static(qs) else (qs % plan.align if plan.align > 1 else 0)
   origin = qs - phase
   return origin, phase, origin - plan.front - ks
 
 
-def _band_key_positions(plan: _Plan, origin, key_offset) -> jax.Array:
+def _band_key_positions(plan: Plan, origin, key_offset) -> jax.Array:
   """`[key_rows]` int32: each key row's position, -1 where the row is outside k."""
   e = jnp.arange(plan.key_rows, dtype=jnp.int32)
   index = key_offset + e
@@ -289,7 +127,7 @@ def _with_previous(x: jax.Array, count: int, extra: int, axis: int) -> jax.Array
   return jnp.concatenate(parts, axis=axis + 1)
 
 
-def _band_group(plan: _Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, sp_grid):
+def _band_group(plan: Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, sp_grid):
   """One group's q slab, masked local logits `[B, H, G, L, M]` with the band's keys and values,
   and (π) skip logits `[B, H, GL, S]` with the skip keys and values (stacked after the t axis)."""
   t, spec = plan.t_axis, _BAND_SPECS[plan.layout]
@@ -321,7 +159,7 @@ def _band_group(plan: _Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid,
   return q_g, s, k_band, v_band, s_skip, k_skip, v_skip
 
 
-def _band_inputs(plan: _Plan, q, k, v, q_start, k_start, lp, sp):
+def _band_inputs(plan: Plan, q, k, v, q_start, k_start, lp, sp):
   origin, phase, key_offset = _band_grid(plan, q_start, k_start)
   rows = plan.groups * plan.group * plan.block
   t = plan.t_axis
@@ -334,14 +172,14 @@ def _band_inputs(plan: _Plan, q, k, v, q_start, k_start, lp, sp):
   return origin, phase, key_offset, q_grid, k_buf, v_buf, kpos_buf, lp_grid, sp_grid
 
 
-def _groups_loop(plan: _Plan, body, carry):
+def _groups_loop(plan: Plan, body, carry):
   """body(g, carry) over the groups: a fori_loop, or one static call for a single group."""
   if plan.groups == 1:
     return body(0, carry)
   return jax.lax.fori_loop(0, plan.groups, body, carry)
 
 
-def _band_forward(plan: _Plan, q, k, v, q_start, k_start, lp, sp):
+def _band_forward(plan: Plan, q, k, v, q_start, k_start, lp, sp):
   origin, phase, _, q_grid, k_buf, v_buf, kpos_buf, lp_grid, sp_grid = _band_inputs(
       plan, q, k, v, q_start, k_start, lp, sp)
   t, spec, layout = plan.t_axis, _BAND_SPECS[plan.layout], plan.layout
@@ -387,7 +225,7 @@ def _scatter_band(x: jax.Array, t: int, G: int, nb: int, L: int) -> jax.Array:
   return _unblocks(out, t)
 
 
-def _band_backward(plan: _Plan, q, k, v, q_start, k_start, lp, sp, o, lse, do, dlse):
+def _band_backward(plan: Plan, q, k, v, q_start, k_start, lp, sp, o, lse, do, dlse):
   origin, phase, key_offset, q_grid, k_buf, v_buf, kpos_buf, lp_grid, sp_grid = _band_inputs(
       plan, q, k, v, q_start, k_start, lp, sp)
   t, spec, layout = plan.t_axis, _BAND_SPECS[plan.layout], plan.layout
@@ -458,9 +296,9 @@ def _band_backward(plan: _Plan, q, k, v, q_start, k_start, lp, sp, o, lse, do, d
 
 # The looped schedule.
 
-def _loop_inputs(plan: _Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
+def _loop_inputs(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
   Lq, Lk = plan.q_block, plan.k_block
-  NQ, NK = _cdiv(plan.Tq, Lq), _cdiv(plan.Tk, Lk)
+  NQ, NK = cdiv(plan.Tq, Lq), cdiv(plan.Tk, Lk)
   qs = plan.q_start if plan.q_start is not None else q_start
   ks = plan.k_start if plan.k_start is not None else k_start
   q_buf = _window(q, 0, NQ * Lq)
@@ -477,7 +315,7 @@ def _loop_inputs(plan: _Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
   return qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf
 
 
-def _key_blocks(plan: _Plan, qs, ks, i, NK: int):
+def _key_blocks(plan: Plan, qs, ks, i, NK: int):
   """[first, last) key blocks query block i may see: from `pattern.key_range` (all for explicit).
 
   Python ints when every input is static (then a block that sees nothing is skipped at trace
@@ -486,7 +324,7 @@ def _key_blocks(plan: _Plan, qs, ks, i, NK: int):
     return 0, NK
   Lq, Lk = plan.q_block, plan.k_block
   first = qs + i * Lq
-  static = all(_is_static(x) for x in (first, ks))
+  static = all(is_static(x) for x in (first, ks))
   if static:
     last = min(first + Lq - 1, qs + plan.Tq - 1)
     lo, hi = plan.pattern.key_range(first, last)
@@ -500,7 +338,7 @@ def _key_blocks(plan: _Plan, qs, ks, i, NK: int):
   return lo_blk, jnp.maximum(hi_blk, lo_blk)
 
 
-def _block_logits(plan: _Plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i):
+def _block_logits(plan: Plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i):
   """Masked logits `[B, H, Lq, Lk]` of one block pair, and its local / skip masks."""
   s = jnp.einsum("bhqk,bhsk->bhqs", q_i, k_j, preferred_element_type=F32) * plan.scale
   local = plan.pattern.local_visible(qpos_i[:, None], kpos_j[None, :])
@@ -515,7 +353,7 @@ def _block_logits(plan: _Plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i):
 def _loop_over(lo, hi, NK: int, body, carry):
   """body(j, carry) for key blocks j in [lo, hi): a loop, or one guarded call for one block."""
   if NK == 1:
-    if _is_static(lo) and _is_static(hi):
+    if is_static(lo) and is_static(hi):
       return body(0, carry) if lo < hi else carry
     return jax.lax.cond(lo < hi, lambda c: body(0, c), lambda c: c, carry)
   return jax.lax.fori_loop(lo, hi, body, carry)
@@ -527,7 +365,7 @@ def _q_loop(NQ: int, body, carry):
   return jax.lax.fori_loop(0, NQ, body, carry)
 
 
-def _loop_forward(plan: _Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
+def _loop_forward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
   qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf = _loop_inputs(
       plan, q, k, v, q_start, k_start, k_pos, lp, sp)
   B, H, _, _ = q_buf.shape
@@ -575,7 +413,7 @@ def _loop_forward(plan: _Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
   return o_buf[:, :, :plan.Tq], lse_buf[:, :, :plan.Tq]
 
 
-def _loop_backward(plan: _Plan, q, k, v, q_start, k_start, k_pos, lp, sp, o, lse, do, dlse):
+def _loop_backward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, o, lse, do, dlse):
   qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf = _loop_inputs(
       plan, q, k, v, q_start, k_start, k_pos, lp, sp)
   B, H, _, K = q_buf.shape
@@ -639,13 +477,13 @@ def _loop_backward(plan: _Plan, q, k, v, q_start, k_start, k_pos, lp, sp, o, lse
   return dq, dk, dv, dlp, dsp
 
 
-def _skip_free(plan: _Plan) -> bool:
+def _skip_free(plan: Plan) -> bool:
   return not plan.pattern.skips
 
 
 # The custom VJP: residuals q, k, v, (starts, key positions), priors, o, lse.
 
-def _forward(plan: _Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
+def _forward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
   """(o in the plan's layout, lse `[B, H, Tq]`). Both schedules work heads-first: "BTHK" arrays
   are transposed here (O(T); measured faster on CPU than einsums over BTHK slabs)."""
   if plan.layout == "BTHK":
@@ -657,7 +495,7 @@ def _forward(plan: _Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
   return _loop_forward(plan, q, k, v, q_start, k_start, k_pos, lp, sp)
 
 
-def _backward(plan: _Plan, q, k, v, q_start, k_start, k_pos, lp, sp, o, lse, do, dlse):
+def _backward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, o, lse, do, dlse):
   if plan.layout == "BTHK":
     q_, k_, v_, o_, do_ = _swap(q, k, v, o, do)
     grads = _backward(dataclasses.replace(plan, layout="BHTK"), q_, k_, v_, q_start, k_start,
@@ -690,134 +528,53 @@ def _attend_bwd(plan, residuals, cotangents):
 _attend.defvjp(_attend_fwd, _attend_bwd)
 
 
-# The public API.
-
-def _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern):
-  if layout not in LAYOUTS:
-    raise ValueError(f"layout={layout!r} must be one of {LAYOUTS}")
-  if not isinstance(pattern, Pattern):
-    raise ValueError(f"pattern={pattern!r} must be an ops.pattern.Pattern (e.g. Pattern.dense())")
-  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-    raise ValueError(f"q, k, v must be rank 4 ({layout}); got shapes {q.shape}, {k.shape}, {v.shape}")
-  t = 1 if layout == "BTHK" else 2
-  h = 3 - t
-  if k.shape[:3] != v.shape[:3] or k.shape[-1] != q.shape[-1] or k.shape[0] != q.shape[0] \
-      or k.shape[h] != q.shape[h]:
-    raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape} ({layout}) disagree: k and v need "
-                     "q's batch, heads and (k) head width, and one length")
-  rows = (q.shape[0], q.shape[1], q.shape[2])
-  for name, prior in (("local_prior", local_prior), ("skip_prior", skip_prior)):
-    if prior is not None and tuple(prior.shape) != rows:
-      raise ValueError(f"{name} has shape {tuple(prior.shape)}; it must be {rows} (q's "
-                       f"{'[B, Tq, H]' if layout == 'BTHK' else '[B, H, Tq]'}, like lse)")
-  if k_positions is not None and tuple(k_positions.shape) != (k.shape[t],):
-    raise ValueError(f"k_positions has shape {tuple(k_positions.shape)}; it must be "
-                     f"({k.shape[t]},): one position per key slot (-1 = empty)")
-
-
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, *,
-           q_start: int | jax.Array = 0, k_start: int | jax.Array = 0,
-           k_positions: jax.Array | None = None, scale: float | None = None,
-           local_prior: jax.Array | None = None, skip_prior: jax.Array | None = None,
-           layout: str = "BTHK") -> tuple[jax.Array, jax.Array]:
-  """Softmax attention of q over the keys `pattern` lets each query see: (o, lse).
-
-  q `[B, Tq, H, K]`, k/v `[B, Tk, H, K]` (layout "BTHK"; "BHTK" is heads-first
-  `[B, H, T, K]`, the decoding caches' layout, read in place). Queries sit at
-  `q_start + arange(Tq)`, keys at `k_start + arange(Tk)` or at `k_positions`
-  `[Tk]` (-1 = an empty slot). `local_prior` / `skip_prior` (float32, lse's
-  shape: `[B, Tq, H]` for "BTHK", `[B, H, Tq]` for "BHTK") are added to every
-  local / skip logit of their row: one softmax over the union. Returns o in
-  q's dtype and lse float32 (`[B, Tq, H]` or `[B, H, Tq]`); a row that sees no
-  key has o = 0 and lse = `NO_KEY_LSE`, which `merge` weights 0.
-  """
-  _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern)
-  scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-  q_start, k_start = _start("q_start", q_start), _start("k_start", k_start)
-  t = _t_axis(layout)
-  if layout == "BTHK":  # priors and lse are [B, H, Tq] inside
-    local_prior, skip_prior = _swap(local_prior, skip_prior)
-  Tq, Tk = q.shape[t], k.shape[t]
-  B, H = q.shape[0], q.shape[3 - t]
-  if Tq == 0 or Tk == 0:
-    o_shape = list(q.shape[:3]) + [v.shape[-1]]
-    o, lse = jnp.zeros(o_shape, q.dtype), jnp.full((B, H, Tq), NO_KEY_LSE, F32)
-  else:
-    plan = plan_for(pattern, Tq, Tk, q_start=q_start, k_start=k_start,
-                    explicit=k_positions is not None, scale=scale, layout=layout)
-    o, lse = _attend(plan, *_call_args(plan, q, k, v, q_start, k_start, k_positions, local_prior,
-                                       skip_prior))
-  return o, (jnp.swapaxes(lse, 1, 2) if layout == "BTHK" else lse)
-
-
-def attend_backward(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, o: jax.Array,
-                    lse: jax.Array, do: jax.Array, dlse: jax.Array | None = None, *,
-                    q_start: int | jax.Array = 0, k_start: int | jax.Array = 0,
-                    k_positions: jax.Array | None = None, scale: float | None = None,
-                    local_prior: jax.Array | None = None, skip_prior: jax.Array | None = None,
-                    layout: str = "BTHK") -> tuple[jax.Array, ...]:
-  """The flash backward of one `attend` call, given the o and lse to differentiate at.
-
-  Returns (dq, dk, dv, d local_prior, d skip_prior) (None for absent priors).
-  With the o and lse of the attention over a *union* of key sets (e.g. a whole
-  ring after `merge`) and that attention's cotangent `do`, this gives the
-  exact contribution of this call's keys: the probabilities exp(s - lse) are
-  the union's. That is how a ring backward runs piece by piece.
-  """
-  _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern)
-  scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-  q_start, k_start = _start("q_start", q_start), _start("k_start", k_start)
-  if dlse is None:
-    dlse = jnp.zeros(lse.shape, F32)
-  t = _t_axis(layout)
-  if layout == "BTHK":
-    local_prior, skip_prior, lse, dlse = _swap(local_prior, skip_prior, lse, dlse)
-  plan = plan_for(pattern, q.shape[t], k.shape[t], q_start=q_start, k_start=k_start,
-                  explicit=k_positions is not None, scale=scale, layout=layout)
-  residuals = (*_call_args(plan, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior),
-               o, lse.astype(F32))
-  dq, dk, dv, _, _, _, dlp, dsp = _attend_bwd(plan, residuals, (do, dlse))
-  if layout == "BTHK":
-    dlp, dsp = _swap(dlp, dsp)
-  return dq, dk, dv, dlp, dsp
-
-
-def _start(name: str, start):
-  if _is_static(start) or isinstance(start, jax.Array):
-    return start
-  try:
-    return int(start)
-  except TypeError:
-    raise ValueError(f"{name}={start!r} must be an integer or an integer scalar array") from None
-
-
 def _swap(*xs):
   """BTHK <-> BHTK (axes 1 and 2) for every array given (None stays None)."""
   return tuple(None if x is None else jnp.swapaxes(x, 1, 2) for x in xs)
 
 
-def _call_args(plan: _Plan, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior):
-  """`_attend`'s arguments after the plan: traced starts only where they are not static."""
-  as_arg = lambda s, static: None if static is not None else jnp.asarray(s, jnp.int32)
+def _arg(start, static):
+  return None if static is not None else jnp.asarray(start, jnp.int32)
+
+
+def _args(plan: Plan, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior):
+  """`_attend`'s arguments: traced starts only where the plan has no static one; priors float32
+  heads-first (`[B, H, Tq]`)."""
+  if plan.layout == "BTHK":
+    local_prior, skip_prior = _swap(local_prior, skip_prior)
   priors = (None if p is None else p.astype(F32) for p in (local_prior, skip_prior))
-  return (q, k, v, as_arg(q_start, plan.q_start), as_arg(k_start, plan.k_start), k_positions,
-          *priors)
+  return (q, k, v, _arg(q_start, plan.q_start), _arg(k_start, plan.k_start), k_positions, *priors)
 
 
-def merge(parts: list[tuple[jax.Array, jax.Array]]) -> tuple[jax.Array, jax.Array]:
-  """Attention over disjoint key sets -> attention over their union: o = sum_i exp(lse_i - lse) o_i.
+def attend(plan: Plan, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior):
+  """(o in the plan's layout, lse in the priors' layout: `[B, Tq, H]` for "BTHK")."""
+  o, lse = _attend(plan, *_args(plan, q, k, v, q_start, k_start, k_positions, local_prior,
+                                skip_prior))
+  return o, (jnp.swapaxes(lse, 1, 2) if plan.layout == "BTHK" else lse)
 
-  Each part is (o, lse) from `attend` (either layout: lse has o's shape minus
-  the last axis). Rows no part sees keep o = 0 and lse = `NO_KEY_LSE`.
-  """
-  if not parts:
-    raise ValueError("merge needs at least one (o, lse) part")
-  if len(parts) == 1:
-    return parts[0]
-  lses = [lse.astype(F32) for _, lse in parts]
-  peak = jax.lax.stop_gradient(functools.reduce(jnp.maximum, lses))
-  total = functools.reduce(jnp.add, [jnp.exp(lse - peak) for lse in lses])
-  lse = peak + jnp.log(total)
-  o = functools.reduce(jnp.add, [jnp.exp(l - lse)[..., None] * o.astype(F32)
-                                 for (o, _), l in zip(parts, lses)])
-  return o.astype(parts[0][0].dtype), lse
+
+def attend_backward(plan: Plan, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
+                    o, lse, do, dlse):
+  """(dq, dk, dv, d local_prior, d skip_prior) of one call at the given o and lse (lse and dlse
+  in the priors' layout)."""
+  if plan.layout == "BTHK":
+    lse, dlse = _swap(lse, dlse)
+  residuals = (*_args(plan, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior),
+               o, lse.astype(F32))
+  dq, dk, dv, _, _, _, dlp, dsp = _attend_bwd(plan, residuals, (do, dlse))
+  if plan.layout == "BTHK":
+    dlp, dsp = _swap(dlp, dsp)
+  return dq, dk, dv, dlp, dsp
+
+
+def _backend_attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, *,
+                    interpret: bool = False):
+  del interpret  # XLA needs no kernel interpreter
+  plan = plan_for(call.pattern, call.Tq, call.Tk, q_start=q_start, k_start=k_start,
+                  explicit=call.explicit, scale=call.scale, layout=call.layout)
+  return attend(plan, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior)
+
+
+backends.register(backends.Backend(
+    name="xla", attend=_backend_attend,
+    doc="the blockwise loop core: every pattern, every platform, O(T) memory"))

@@ -1,0 +1,181 @@
+"""One attention for every attention in the library: `attend(q, k, v, pattern, ...)` -> (o, lse).
+
+The softmax attention of each query over the keys `pattern` lets it see, and
+the log-sum-exp of its logits. Queries sit at positions `q_start +
+arange(Tq)`, keys at `k_start + arange(Tk)` (or `q_start + k_offset + ...`)
+or at explicit `k_positions` (decoding caches: slot positions, -1 = empty);
+the starts may be traced scalars. `merge` combines attentions over disjoint
+key sets (ring steps, pieces) into the one over their union.
+
+    plan.py      the plan: the pattern cut into blocks (the XLA core's schedules)
+    backends.py  the backends behind `attend` and how one is chosen (`impl=`)
+    xla.py       the blockwise loop core, every platform (the default)
+    splash.py    TPU: Pallas splash-attention kernels
+    gpu.py       GPU: cuDNN and a Pallas kernel
+    reference.py the plain masked softmax (tests)
+    skips.py     π's skip keys beside a kernel's local part, merged by log-sum-exp
+
+Memory: O(T) on every backend but `reference`. Logits, softmax, lse and
+priors are float32 whatever the input dtype. See docs/architecture.md,
+"Attention core".
+"""
+
+import functools
+import logging
+
+import jax
+import jax.numpy as jnp
+
+from efficient_lm.ops.core import backends
+from efficient_lm.ops.core import xla
+from efficient_lm.ops.core.backends import IMPLS, Call
+from efficient_lm.ops.core.plan import LAYOUTS, MASKED, NO_KEY_LSE, Plan, is_static, plan_for
+from efficient_lm.ops.pattern import Pattern
+
+F32 = jnp.float32
+log = logging.getLogger(__name__)
+_fallbacks_logged: set = set()
+
+
+def _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern):
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout={layout!r} must be one of {LAYOUTS}")
+  if not isinstance(pattern, Pattern):
+    raise ValueError(f"pattern={pattern!r} must be an ops.pattern.Pattern (e.g. Pattern.dense())")
+  if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+    raise ValueError(f"q, k, v must be rank 4 ({layout}); got shapes {q.shape}, {k.shape}, {v.shape}")
+  t = 1 if layout == "BTHK" else 2
+  h = 3 - t
+  if k.shape[:3] != v.shape[:3] or k.shape[-1] != q.shape[-1] or k.shape[0] != q.shape[0] \
+      or k.shape[h] != q.shape[h]:
+    raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape} ({layout}) disagree: k and v need "
+                     "q's batch, heads and (k) head width, and one length")
+  rows = (q.shape[0], q.shape[1], q.shape[2])
+  for name, prior in (("local_prior", local_prior), ("skip_prior", skip_prior)):
+    if prior is not None and tuple(prior.shape) != rows:
+      raise ValueError(f"{name} has shape {tuple(prior.shape)}; it must be {rows} (q's "
+                       f"{'[B, Tq, H]' if layout == 'BTHK' else '[B, H, Tq]'}, like lse)")
+  if k_positions is not None and tuple(k_positions.shape) != (k.shape[t],):
+    raise ValueError(f"k_positions has shape {tuple(k_positions.shape)}; it must be "
+                     f"({k.shape[t]},): one position per key slot (-1 = empty)")
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, *,
+           q_start: int | jax.Array = 0, k_start: int | jax.Array = 0,
+           k_offset: int | None = None, q_align: int = 1,
+           k_positions: jax.Array | None = None, scale: float | None = None,
+           local_prior: jax.Array | None = None, skip_prior: jax.Array | None = None,
+           layout: str = "BTHK", impl: str = "xla", interpret: bool = False,
+           with_lse: bool = True) -> tuple[jax.Array, jax.Array | None]:
+  """Softmax attention of q over the keys `pattern` lets each query see: (o, lse).
+
+  q `[B, Tq, H, K]`, k/v `[B, Tk, H, K]` (layout "BTHK"; "BHTK" is heads-first
+  `[B, H, T, K]`, the decoding caches' layout, read in place). Queries sit at
+  `q_start + arange(Tq)`, keys at `k_start + arange(Tk)`, or at `q_start +
+  k_offset + arange(Tk)` when the static `k_offset` is given (a chunk's key
+  window at a traced start: what lets a kernel build its mask), or at
+  `k_positions` `[Tk]` (-1 = an empty slot). `q_align`: q_start is known to be
+  a multiple of it. `local_prior` / `skip_prior` (float32, lse's shape:
+  `[B, Tq, H]` for "BTHK", `[B, H, Tq]` for "BHTK") are added to every local /
+  skip logit of their row: one softmax over the union. Returns o in q's dtype
+  and lse float32 (`[B, Tq, H]` or `[B, H, Tq]`); a row that sees no key has
+  o = 0 and lse = `NO_KEY_LSE`, which `merge` weights 0.
+
+  `impl` is the backend (`backends.IMPLS`, not `auto`: resolve it first with
+  `backends.resolve`); a kernel backend runs off its hardware only with
+  `interpret=True`. A call a kernel cannot express by its structure runs on
+  `xla` (logged once). `with_lse=False`: the caller needs only o (lse is
+  returned as None), which lets a backend use a kernel without an lse output.
+  """
+  _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern)
+  scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+  q_start, k_start = _start("q_start", q_start), _start("k_start", k_start)
+  if k_offset is not None:
+    if not (is_static(k_offset) and is_static(k_start) and k_start == 0):
+      raise ValueError(f"k_offset={k_offset!r} must be an integer, given instead of k_start")
+    k_start = q_start + k_offset if is_static(q_start) else q_start + jnp.int32(k_offset)
+  elif is_static(q_start) and is_static(k_start):
+    k_offset = k_start - q_start
+  t = 1 if layout == "BTHK" else 2
+  Tq, Tk = q.shape[t], k.shape[t]
+  if Tq == 0 or Tk == 0:
+    B, H = q.shape[0], q.shape[3 - t]
+    o_shape = list(q.shape[:3]) + [v.shape[-1]]
+    lse = jnp.full((B, Tq, H) if layout == "BTHK" else (B, H, Tq), NO_KEY_LSE, F32)
+    return jnp.zeros(o_shape, q.dtype), (lse if with_lse else None)
+  call = Call(pattern=pattern, scale=scale, Tq=Tq, Tk=Tk,
+              q_start=q_start if is_static(q_start) else None,
+              k_start=k_start if is_static(k_start) else None, k_offset=k_offset,
+              q_align=1 if is_static(q_start) else q_align,
+              explicit=k_positions is not None, local_prior=local_prior is not None,
+              skip_prior=skip_prior is not None, layout=layout, dtype=jnp.dtype(q.dtype).name,
+              with_lse=with_lse)
+  backend = backends.get(impl)
+  reason = backend.unsupported(call)
+  if reason is not None:
+    if (backend.name, reason) not in _fallbacks_logged:
+      _fallbacks_logged.add((backend.name, reason))
+      log.info("attention on xla instead of %s for this call: %s", backend.name, reason)
+    backend = backends.get("xla")
+  o, lse = backend.attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
+                          interpret=interpret)
+  return o, (lse if with_lse else None)
+
+
+def attend_backward(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, o: jax.Array,
+                    lse: jax.Array, do: jax.Array, dlse: jax.Array | None = None, *,
+                    q_start: int | jax.Array = 0, k_start: int | jax.Array = 0,
+                    k_positions: jax.Array | None = None, scale: float | None = None,
+                    local_prior: jax.Array | None = None, skip_prior: jax.Array | None = None,
+                    layout: str = "BTHK") -> tuple[jax.Array, ...]:
+  """The flash backward of one `attend` call (on the XLA core), given the o and lse to
+  differentiate at.
+
+  Returns (dq, dk, dv, d local_prior, d skip_prior) (None for absent priors).
+  With the o and lse of the attention over a *union* of key sets (e.g. a whole
+  ring after `merge`) and that attention's cotangent `do`, this gives the
+  exact contribution of this call's keys: the probabilities exp(s - lse) are
+  the union's. That is how a ring backward runs piece by piece.
+  """
+  _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern)
+  scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+  q_start, k_start = _start("q_start", q_start), _start("k_start", k_start)
+  if dlse is None:
+    dlse = jnp.zeros(lse.shape, F32)
+  t = 1 if layout == "BTHK" else 2
+  plan = plan_for(pattern, q.shape[t], k.shape[t], q_start=q_start, k_start=k_start,
+                  explicit=k_positions is not None, scale=scale, layout=layout)
+  return xla.attend_backward(plan, q, k, v, q_start, k_start, k_positions, local_prior,
+                             skip_prior, o, lse, do, dlse)
+
+
+def _start(name: str, start):
+  if is_static(start) or isinstance(start, jax.Array):
+    return start
+  try:
+    return int(start)
+  except TypeError:
+    raise ValueError(f"{name}={start!r} must be an integer or an integer scalar array") from None
+
+
+def merge(parts: list[tuple[jax.Array, jax.Array]]) -> tuple[jax.Array, jax.Array]:
+  """Attention over disjoint key sets -> attention over their union: o = sum_i exp(lse_i - lse) o_i.
+
+  Each part is (o, lse) from `attend` (either layout: lse has o's shape minus
+  the last axis). Rows no part sees keep o = 0 and lse = `NO_KEY_LSE`.
+  """
+  if not parts:
+    raise ValueError("merge needs at least one (o, lse) part")
+  if len(parts) == 1:
+    return parts[0]
+  lses = [lse.astype(F32) for _, lse in parts]
+  peak = jax.lax.stop_gradient(functools.reduce(jnp.maximum, lses))
+  total = functools.reduce(jnp.add, [jnp.exp(lse - peak) for lse in lses])
+  lse = peak + jnp.log(total)
+  o = functools.reduce(jnp.add, [jnp.exp(l - lse)[..., None] * o.astype(F32)
+                                 for (o, _), l in zip(parts, lses)])
+  return o.astype(parts[0][0].dtype), lse
+
+
+__all__ = ["IMPLS", "LAYOUTS", "MASKED", "NO_KEY_LSE", "Call", "Plan", "attend", "attend_backward",
+           "backends", "merge", "plan_for"]
