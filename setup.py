@@ -16,15 +16,20 @@ def read_version() -> str:
   return match.group(1)
 
 
+# One jax for the library and its accelerator extras: the TPU (splash) and GPU (Pallas, cuDNN)
+# attention backends use kernel code of this exact version.
+JAX = "0.10.2"
+
 setuptools.setup(
     name="efficient_lm",
     version=read_version(),
     description="A JAX/Flax model zoo of efficient long-context language models.",
     license="Apache-2.0",
     packages=setuptools.find_packages(include=["efficient_lm", "efficient_lm.*"]),
+    package_data={"efficient_lm.targets": ["gpu/*.txtpb"]},  # GPU descriptions for --target
     python_requires=">=3.10",
     install_requires=[
-        "jax>=0.7.1",
+        f"jax=={JAX}",
         "flax>=0.12.4",
         "optax>=0.2.5",
         "orbax-checkpoint>=0.11.20",
@@ -43,6 +48,12 @@ setuptools.setup(
     extras_require={
         "test": ["pytest>=8.0", "pytest-xdist>=3.5",
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],  # the notebook tests
+        # Compile for (and run on) TPUs: libtpu. `--target=tpu:...` works from any host with it.
+        "tpu": [f"jax[tpu]=={JAX}"],
+        # Run on NVIDIA GPUs, or compile for them from any host (`--target=gpu:...`): the CUDA
+        # plugin and libraries (a compile-only host needs jax-cuda12-plugin, jax-cuda12-pjrt,
+        # nvidia-cuda-nvcc-cu12 and nvidia-cudnn-cu12 of them).
+        "gpu": [f"jax[cuda12]=={JAX}"],
     },
     entry_points={
         "console_scripts": [

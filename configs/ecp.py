@@ -24,6 +24,9 @@ def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
   model.num_segments = 4            # pieces per window (must divide seq_len): 64 tokens at seq_len 256
   model.shared_kv = False           # keys and values from one projection (as the authors' code)
   model.rope_first_layer_only = False  # RoPE in layer 1 only (as the authors' code); else every layer
+  model.seq_chunk = 8192            # blocks over chunks of 8,192 tokens past that length (long
+                                    # context: pieces of at most 8,192 tokens, e.g. num_segments =
+                                    # seq_len / 256)
   if config_string in (None, ""):
     return config
   if config_string == "authors":

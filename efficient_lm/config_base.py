@@ -47,8 +47,13 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
                                     # queries, MLP) over chunks of this many tokens (0 = all at once);
                                     # models of bounded reach only (not dense, not Perceiver-AR); a
                                     # divisor of seq_len and a multiple of the block / segment
-  model.attention_impl = "flash"    # dense model's attention: 'flash' (blockwise core, O(T) memory),
-                                    # 'reference' (dense [T, T] einsum), 'cudnn' (GPU + bfloat16 only)
+  model.attention_impl = "auto"     # the attention backend, every model: 'auto' (per platform: splash
+                                    # on TPU, gpu on GPU, xla elsewhere), 'xla' (the blockwise core,
+                                    # O(T) memory; 'flash' is its earlier name), 'splash' (TPU Pallas
+                                    # kernels), 'gpu' (cuDNN + a Pallas kernel; 'cudnn' is its earlier
+                                    # name), 'reference' (dense [T, T] masked softmax: tests)
+  model.kernel_interpret = False    # run a kernel backend off its hardware in Pallas interpret mode
+                                    # (slow: tests); otherwise a kernel needs its TPU / GPU
 
   config.train = train = ml_collections.ConfigDict()
   train.num_steps = 700             # optimizer steps (a resumed run continues up to this)
@@ -80,6 +85,10 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   mesh.fsdp = -1                    # batch split and parameters / optimizer state sharded (FSDP)
   mesh.tensor = 1                   # heads, MLP width and vocabulary split (tensor parallelism)
   mesh.context = 1                  # the sequence split (context parallelism, ring ops)
+  # Over several TPU slices (the data-center network between them): each axis above is the
+  # devices inside a slice, times these slices; one may be -1 (the slices the other leaves).
+  mesh.dcn_data = -1                # slices along `data` (gradients all-reduced once a step)
+  mesh.dcn_fsdp = 1                 # slices along `fsdp` (weights gathered across slices: costly)
   mesh.shard_optimizer_over_data = False  # also split the optimizer state over `data` (ZeRO-1)
   # Logical parameter axes -> mesh axes ('' = replicated; 'data,fsdp' = both): see sharding.py.
   mesh.rules = sharding.default_rules()

@@ -3,30 +3,35 @@
 Each failure is one `ConfigError` naming the field, the value and the fix.
 """
 
+import jax
 import ml_collections
 
 from efficient_lm import data
 from efficient_lm import models
 from efficient_lm import optimizer
 from efficient_lm import sharding
+from efficient_lm import targets
 from efficient_lm.validation import require, require_positive_int
 
 
-def validate(config: ml_collections.ConfigDict) -> None:
+def validate(config: ml_collections.ConfigDict, devices=None) -> None:
+  """The whole config against `devices` (default: the job's; a `--target`'s compile-only ones)."""
+  devices = list(jax.devices() if devices is None else devices)
   for section in ("data", "model", "train", "mesh"):
     require(section in config, f"config.{section}", None, "is missing",
             "start from a file in configs/, which defines every section")
   data.validate(config.data)
-  models.validate(config.model)
+  platform = targets.platform_of(devices)
+  models.validate(config.model, platform)
   _validate_train(config.train)
   splits = data.known_splits(config.data)
   require(splits is None or config.train.eval_split in splits, "train.eval_split",
           config.train.eval_split, f"is not a split of {config.data.dataset}",
           f"set train.eval_split to one of {', '.join(splits or ())}")
-  sizes = sharding.validate(config.mesh, config.data,
+  sizes = sharding.validate(config.mesh, config.data, devices=devices,
                             grad_accum_steps=config.train.get("grad_accum_steps", 1))
   models.validate_context(config.model, sizes["context"])  # ring ops: support, block alignment
-  sharding.check_divisible(models.abstract_params(config.model), config.mesh, sizes)
+  sharding.check_divisible(models.abstract_params(config.model, platform), config.mesh, sizes)
 
 
 def _validate_train(t: ml_collections.ConfigDict) -> None:

@@ -22,6 +22,7 @@ from efficient_lm import checkpoint
 from efficient_lm import data
 from efficient_lm import distributed
 from efficient_lm import step_memory
+from efficient_lm import targets
 from efficient_lm import train
 from efficient_lm.validation import ConfigError
 
@@ -36,7 +37,12 @@ flags.DEFINE_integer("process_id", None, "This process's index in [0, num_proces
                      "$JAX_PROCESS_ID or the cluster's.")
 flags.DEFINE_bool("compile_only", False, "Validate the config, compile the real train step for the "
                   "configured mesh from shapes only (no data, no training) and print what it needs "
-                  "per device; the last stdout line is JSON.")
+                  "per device; the last stdout line is JSON. Exit status 3 if it does not fit.")
+flags.DEFINE_string("target", None, "With --compile_only: compile for an accelerator from this host, "
+                    "<platform>:<device>:<topology>, e.g. tpu:v5e:2x2, tpu:v5p:2x2x1, gpu:h100:1x1x8 "
+                    "(needs the tpu / gpu extra); memory and compilation only, never speed.")
+flags.DEFINE_integer("num_slices", 1, "With --target: slices joined by the data-center network "
+                     "(mesh.dcn_data / mesh.dcn_fsdp split them).")
 flags.mark_flags_as_required(["config"])
 FLAGS = flags.FLAGS
 logger = std_logging.getLogger("efficient_lm.main")
@@ -63,6 +69,12 @@ def main(argv):
   del argv
   setup_logging()
   workdir = FLAGS.workdir or default_workdir(FLAGS["config"].config_filename)
+  if FLAGS.target and not FLAGS.compile_only:
+    print("error: --target compiles for an accelerator without running anything; add "
+          "--compile_only (or drop --target to train here)", file=sys.stderr)
+    sys.exit(2)
+  if FLAGS.target:
+    targets.prepare_host()  # before anything starts a backend
   try:
     # Before anything touches devices; then only process 0 logs progress.
     if distributed.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
@@ -71,14 +83,24 @@ def main(argv):
       logger.info("one job of %d processes over %d devices (%d here)", jax.process_count(),
                   jax.device_count(), jax.local_device_count())
     if FLAGS.compile_only:
-      memory = train.compile_only(FLAGS.config)
+      try:
+        memory = train.compile_only(FLAGS.config, FLAGS.target, FLAGS.num_slices)
+      except step_memory.StepTooLargeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(3)
       print(step_memory.describe(memory) + ("" if memory["fits"] else " -- does not fit"))
       print(json.dumps(memory))
+      if not memory["fits"]:
+        print(f"error: the train step does not fit: it needs "
+              f"{step_memory.gib(memory['per_device_total_bytes'])} per device, "
+              f"{memory['available_is']} is {step_memory.gib(memory['per_device_available_bytes'])}; "
+              f"lower it with {step_memory.fix_hint(memory)}", file=sys.stderr)
+        sys.exit(3)
       return
     train.train_and_evaluate(FLAGS.config, workdir)
   except (ConfigError, data.DataError, data.DownloadError, train.WorkdirMismatchError,
           checkpoint.NoRestorableCheckpointError, train.NonFiniteError,
-          step_memory.StepTooLargeError) as e:
+          step_memory.StepTooLargeError, targets.TargetError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
 

@@ -237,10 +237,62 @@ class OnMesh:
       return self.jitted.lower(*args)
 
 
-def make_mesh(mesh_cfg: ml_collections.ConfigDict) -> jax.sharding.Mesh:
-  sizes = mesh_sizes(mesh_cfg)
-  return jax.make_mesh(tuple(sizes.values()), AXES, axis_types=(jax.sharding.AxisType.Auto,) * 4,
-                       devices=jax.devices()[:math.prod(sizes.values())])
+def num_slices(devices) -> int:
+  """How many slices (TPU slices joined by the data-center network) the devices span."""
+  return len({getattr(d, "slice_index", 0) or 0 for d in devices})
+
+
+DCN_AXES = ("data", "fsdp")  # the axes that may also run across slices: `mesh.dcn_data`, `dcn_fsdp`
+
+
+def dcn_sizes(mesh_cfg: ml_collections.ConfigDict, slices: int) -> dict[str, int]:
+  """{axis: slices along it} for the axes across slices; one of them may be -1 (the slices the
+  other leaves; `mesh.dcn_data=-1` by default: plain data parallelism across slices)."""
+  sizes = {axis: _cfg(mesh_cfg, f"dcn_{axis}", -1 if axis == "data" else 1) for axis in DCN_AXES}
+  for axis, size in sizes.items():
+    require(isinstance(size, int) and not isinstance(size, bool) and (size >= 1 or size == -1),
+            f"mesh.dcn_{axis}", size, "must be a positive integer or -1 (the slices the other "
+            "axis leaves)", f"set mesh.dcn_{axis}=1, or -1 on one of mesh.dcn_data / dcn_fsdp")
+  free = [axis for axis, size in sizes.items() if size == -1]
+  require(len(free) <= 1, "mesh.dcn_fsdp", -1, "and mesh.dcn_data=-1 cannot both take the rest",
+          "set one of them to a number of slices")
+  fixed = math.prod(size for size in sizes.values() if size != -1)
+  if free:
+    require(slices % fixed == 0, f"mesh.dcn_{'fsdp' if free[0] == 'data' else 'data'}", fixed,
+            f"must divide the {slices} slice(s)", "set it to a divisor of the number of slices")
+    sizes[free[0]] = slices // fixed
+  require(math.prod(sizes.values()) == slices, "mesh.dcn_data", sizes["data"],
+          f"times mesh.dcn_fsdp={sizes['fsdp']} must equal the {slices} slice(s) the devices span",
+          f"set mesh.dcn_data={slices} and mesh.dcn_fsdp=1 (or -1 on one of them)")
+  return sizes
+
+
+def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices=None) -> jax.sharding.Mesh:
+  """The four-axis mesh over `devices` (default: every device of the job; a `--target`'s
+  compile-only devices). Over several slices it is a hybrid mesh: each axis is `mesh.<axis>`
+  devices inside a slice (ICI) times `mesh.dcn_<axis>` slices (the data-center network)."""
+  devices = list(jax.devices() if devices is None else devices)
+  slices = num_slices(devices)
+  dcn = dcn_sizes(mesh_cfg, slices)
+  sizes = mesh_sizes(mesh_cfg, len(devices) // slices)
+  auto = (jax.sharding.AxisType.Auto,) * len(AXES)
+  if slices == 1:
+    return jax.make_mesh(tuple(sizes.values()), AXES, axis_types=auto,
+                         devices=devices[:math.prod(sizes.values())])
+  from jax.experimental import mesh_utils  # pylint: disable=g-import-not-at-top
+  grid = mesh_utils.create_hybrid_device_mesh(
+      tuple(sizes[a] for a in AXES), tuple(dcn.get(a, 1) for a in AXES), devices,
+      allow_split_physical_axes=True)
+  return jax.sharding.Mesh(grid, AXES, axis_types=auto)
+
+
+def mesh_shape(mesh_cfg: ml_collections.ConfigDict, devices) -> dict[str, int]:
+  """{axis: devices along it} of `make_mesh(mesh_cfg, devices)` (ICI x DCN), without building it."""
+  devices = list(devices)
+  slices = num_slices(devices)
+  dcn = dcn_sizes(mesh_cfg, slices)
+  sizes = mesh_sizes(mesh_cfg, len(devices) // slices)
+  return {axis: sizes[axis] * dcn.get(axis, 1) for axis in AXES}
 
 
 def single_device_mesh() -> jax.sharding.Mesh:
@@ -305,9 +357,14 @@ def check_divisible(abstract_params, mesh_cfg: ml_collections.ConfigDict, sizes:
 
 
 def validate(mesh_cfg: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict,
-             num_devices: int | None = None, grad_accum_steps: int = 1) -> dict[str, int]:
-  """The mesh against the device count, `data.batch_size` and `data.seq_len`; raises ConfigError."""
-  sizes = mesh_sizes(mesh_cfg, num_devices)
+             num_devices: int | None = None, grad_accum_steps: int = 1, *,
+             devices=None) -> dict[str, int]:
+  """The mesh against the devices (`devices`, or `num_devices` of one slice, default the job's),
+  `data.batch_size` and `data.seq_len`; raises ConfigError. Returns the size of every axis."""
+  if num_devices is not None:
+    sizes = mesh_sizes(mesh_cfg, num_devices)
+  else:
+    sizes = mesh_shape(mesh_cfg, jax.devices() if devices is None else devices)
   parse_rules(mesh_cfg)
   context = sizes["context"]
   require(data_cfg.seq_len % context == 0, "mesh.context", context,

@@ -8,10 +8,19 @@
 same shardings, layout, remat, loss chunking and gradient accumulation) from
 abstract arrays: no data and no parameters are needed, so
 `python -m efficient_lm.main --compile_only` answers "will this fit?" in the
-time of one compilation, and the training loop checks it before its first step.
+time of one compilation (for this host's devices, or a `--target`'s), and the
+training loop checks it before its first step.
+
+The figure per device is the one each platform means. TPU: the compiled
+program's peak (`peak_memory_in_bytes`) plus its code; `temp_size_in_bytes`
+there is about 1.5x the buffer assignment and would refuse steps that fit.
+CPU and GPU: arguments + outputs - donated + temporaries + code. A GPU target's
+figure leaves out cuDNN's workspace (its graph is not built without a GPU).
 """
 
+import collections
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +28,7 @@ import ml_collections
 
 from efficient_lm import models
 from efficient_lm import sharding
+from efficient_lm import targets
 from efficient_lm import train_step as train_step_lib
 
 
@@ -47,11 +57,22 @@ def make_train_step(config: ml_collections.ConfigDict, built):
 
 
 def compile_train_step(config: ml_collections.ConfigDict, built):
-  """The train step, lowered and compiled for abstract arguments (jax.stages.Compiled)."""
+  """The train step, lowered and compiled for abstract arguments (jax.stages.Compiled).
+  StepTooLargeError when the compiler itself finds it cannot fit (a TPU's out of HBM)."""
   abstract_state = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), built.state)
-  return make_train_step(config, built).lower(abstract_state,
-                                              abstract_batch(config, built.mesh)).compile()
+  lowered = make_train_step(config, built).lower(abstract_state, abstract_batch(config, built.mesh))
+  try:
+    return lowered.compile()
+  except jax.errors.JaxRuntimeError as e:
+    message = str(e)
+    if "RESOURCE_EXHAUSTED" not in message:
+      raise
+    first = next((line for line in message.splitlines() if "RESOURCE_EXHAUSTED" in line), message)
+    hint = fix_hint({"attention_backend": models.attention_backend_name(
+        config.model, targets.platform_of(list(built.mesh.devices.flat)))})
+    raise StepTooLargeError(f"the train step does not fit on {built.mesh.devices.flat[0].device_kind}"
+                            f" ({first.strip()[:300]}); lower it with {hint}") from None
 
 
 def available_bytes(device: jax.Device | None = None) -> tuple[int | None, str]:
@@ -77,10 +98,26 @@ def available_bytes(device: jax.Device | None = None) -> tuple[int | None, str]:
       "host RAM available" + (f" / {devices} CPU devices" if devices > 1 else ""))
 
 
-def report(compiled, config: ml_collections.ConfigDict, built) -> dict:
-  """Per-device bytes of the compiled step (XLA's memory analysis) and of the train state."""
+COLLECTIVES = ("all-gather", "reduce-scatter", "all-reduce", "collective-permute", "all-to-all")
+_COLLECTIVE = re.compile(r"^\s*(?:ROOT )?\S+ = .*?[\s)}\]](" + "|".join(COLLECTIVES)
+                         + r")(?:-start)?\(", re.MULTILINE)
+
+
+def collective_counts(compiled) -> dict[str, int]:
+  """How many of each collective the compiled module holds (an op inside a loop body, such as a
+  scanned layer's, counts once however often the loop runs)."""
+  counts = collections.Counter(m.group(1) for m in _COLLECTIVE.finditer(compiled.as_text()))
+  return {name: counts.get(name, 0) for name in COLLECTIVES}
+
+
+def report(compiled, config: ml_collections.ConfigDict, built, target=None) -> dict:
+  """Per-device bytes of the compiled step (XLA's memory analysis) and of the train state, the
+  platform's figure (`per_device_total_bytes`) against what a device has: this host's, or the
+  `target`'s (`targets.Target`)."""
   memory = compiled.memory_analysis()
   get = lambda name: int(getattr(memory, name, 0) or 0)
+  platform = target.platform if target is not None else targets.platform_of(
+      list(built.mesh.devices.flat))
   params, params_replicated = sharding.per_device_bytes(built.state.params)
   opt, opt_replicated = sharding.per_device_bytes(built.state.opt_state)
   out = {
@@ -94,16 +131,31 @@ def report(compiled, config: ml_collections.ConfigDict, built) -> dict:
       "seq_len": int(config.data.seq_len), "batch_size": int(config.data.batch_size),
       "num_devices": int(built.mesh.size), "mesh": dict(built.mesh.shape),
       "model": config.model.name,
-      "attention_impl": config.model.get("attention_impl", "flash") if config.model.name == "dense"
-                        else None,
+      "attention_impl": config.model.get("attention_impl", "auto"),
+      "attention_backend": models.attention_backend_name(config.model, platform),
+      "platform": platform,
+      "target": target.spec if target is not None else None,
+      "num_slices": target.num_slices if target is not None else 1,
+      "per_device_peak_bytes": get("peak_memory_in_bytes") or None,
   }
-  # Donated arguments alias outputs: what is live at once is arguments + outputs - aliases + temps.
-  out["per_device_total_bytes"] = (out["per_device_argument_bytes"] + out["per_device_output_bytes"]
-                                   - out["per_device_alias_bytes"] + out["per_device_temp_bytes"]
-                                   + out["per_device_code_bytes"])
-  available, what = available_bytes()
+  if platform == "tpu":  # the program's peak: what it allocates (temporaries are overstated)
+    out["per_device_total_bytes"] = get("peak_memory_in_bytes") + out["per_device_code_bytes"]
+    out["memory_figure"] = "peak + code"
+  else:  # donated arguments alias outputs: arguments + outputs - aliases + temporaries + code
+    out["per_device_total_bytes"] = (
+        out["per_device_argument_bytes"] + out["per_device_output_bytes"]
+        - out["per_device_alias_bytes"] + out["per_device_temp_bytes"] + out["per_device_code_bytes"])
+    out["memory_figure"] = "arguments + outputs - donated + temporaries + code"
+  if target is not None:
+    available, what = target.available_bytes, f"{target.device_kind} usable memory"
+    out["device_memory_bytes"] = target.memory_bytes
+  else:
+    available, what = available_bytes()
+    out["device_memory_bytes"] = available
   out["per_device_available_bytes"] = available
   out["available_is"] = what
+  out["collectives"] = collective_counts(compiled)
+  out["fits"] = available is None or out["per_device_total_bytes"] <= available
   return out
 
 
@@ -112,27 +164,34 @@ def gib(n: int | None) -> str:
 
 
 def describe(r: dict) -> str:
+  where = f"{r['num_devices']} device(s)" + (f" of {r['target']}" if r.get("target") else "")
+  peak = (f"peak {gib(r['per_device_peak_bytes'])}, " if r.get("platform") == "tpu" else "")
   return (f"train step of {r['model']} at seq_len {r['seq_len']:,}, batch {r['batch_size']} on "
-          f"{r['num_devices']} device(s): {gib(r['per_device_total_bytes'])} per device "
-          f"(temporaries {gib(r['per_device_temp_bytes'])}, arguments "
+          f"{where}: {gib(r['per_device_total_bytes'])} per device ({peak}"
+          f"temporaries {gib(r['per_device_temp_bytes'])}, arguments "
           f"{gib(r['per_device_argument_bytes'])}, outputs {gib(r['per_device_output_bytes'])}, "
           f"{gib(r['per_device_alias_bytes'])} of them donated); {r['available_is']}: "
           f"{gib(r['per_device_available_bytes'])}")
 
 
+def fix_hint(r: dict) -> str:
+  """The settings that lower a step's memory, for the one-line refusals."""
+  dense = ("model.attention_impl='xla' (O(T) memory instead of the [T, T] scores), "
+           if r.get("attention_backend") == "reference" else "")
+  return (f"{dense}model.remat='block', train.loss_chunk (e.g. 8192), a smaller data.batch_size "
+          "(or train.grad_accum_steps), or more devices along mesh.context / mesh.fsdp")
+
+
 def check_fits(r: dict) -> None:
   """StepTooLargeError (one line naming the fields that help) when the step cannot fit."""
   needed, available = r["per_device_total_bytes"], r["per_device_available_bytes"]
-  if available is None or needed <= available:
+  if r["fits"]:
     return
-  dense = ("model.attention_impl='flash' (O(T) memory instead of the [T, T] scores), "
-           if r.get("attention_impl") == "reference" else "")
   raise StepTooLargeError(
-      f"the train step needs {gib(needed)} per device (temporaries {gib(r['per_device_temp_bytes'])}) "
-      f"but {r['available_is']} is {gib(available)}; lower it with {dense}model.remat='block', "
-      f"train.loss_chunk (e.g. 8192), a smaller data.batch_size (or train.grad_accum_steps), "
-      f"or more devices along mesh.context / mesh.fsdp")
+      f"the train step needs {gib(needed)} per device ({r['memory_figure']}; temporaries "
+      f"{gib(r['per_device_temp_bytes'])}) but {r['available_is']} is {gib(available)}; lower it "
+      f"with {fix_hint(r)}")
 
 
-__all__ = ["StepTooLargeError", "abstract_batch", "available_bytes", "check_fits",
-           "compile_train_step", "describe", "report"]
+__all__ = ["COLLECTIVES", "StepTooLargeError", "abstract_batch", "available_bytes", "check_fits",
+           "collective_counts", "compile_train_step", "describe", "fix_hint", "report"]

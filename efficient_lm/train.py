@@ -34,6 +34,7 @@ from efficient_lm import preemption
 from efficient_lm import sample
 from efficient_lm import sharding
 from efficient_lm import step_memory
+from efficient_lm import targets
 from efficient_lm import train_state
 from efficient_lm import train_step as train_step_lib
 from efficient_lm.ops import ring
@@ -95,16 +96,19 @@ def make_sharded_eval_step(config: ml_collections.ConfigDict, built: train_state
                                        loss_chunk=config.train.get("loss_chunk", 0))
 
 
-def compile_only(config: ml_collections.ConfigDict) -> dict:
+def compile_only(config: ml_collections.ConfigDict, target: str | None = None,
+                 num_slices: int = 1) -> dict:
   """`main --compile_only`: the config validated, the train step compiled from shapes (no data,
-  no parameters), and what it needs per device; nothing is trained or written."""
-  config_check.validate(config)
-  mesh = sharding.make_mesh(config.mesh)
+  no parameters), and what it needs per device; nothing is trained or written. With `target`
+  (`targets.load`'s '<platform>:<device>:<topology>') the step is compiled for that accelerator's
+  devices, from any host."""
+  accelerator = targets.load(target, num_slices) if target else None
+  devices = accelerator.devices if accelerator else None
+  config_check.validate(config, devices)
+  mesh = sharding.make_mesh(config.mesh, devices)
   built = train_state.build(config, mesh, abstract=True)
-  memory = step_memory.report(step_memory.compile_train_step(config, built), config, built)
-  memory["fits"] = (memory["per_device_available_bytes"] is None
-                    or memory["per_device_total_bytes"] <= memory["per_device_available_bytes"])
-  return memory
+  compiled = step_memory.compile_train_step(config, built)
+  return step_memory.report(compiled, config, built, accelerator)
 
 
 def model_meta(config: ml_collections.ConfigDict, params) -> dict:

@@ -3,6 +3,8 @@
     nice -n 5 python -m experiments.bench_context                    # every model, T = 4K .. 1M
     python -m experiments.bench_context --models=pi_attention --seq_lens=4096,131072 --no_timing
     python -m experiments.bench_context --quick --out_dir=/tmp/ctx   # tiny sizes (the test runs it)
+    python -m experiments.bench_context --target=tpu:v5e:2x2 --impl=auto --seq_lens=1048576 \
+        --models=pi_attention,dense:auto --out_name=context_v5e   # compiled for a TPU slice, from here
 
 Per (model, T), B=1, d_model 256, 4 layers, 4 heads, vocab 8192, AdamW: the
 train step `python -m efficient_lm.main --compile_only` compiles
@@ -26,8 +28,15 @@ goes to `speed_ratios`. While timing, a pause file (`--pause_file`) is
 created so that background experiments that honour it (`paper_tables.py
 --pause_file`) stop for the measurement.
 
-Writes <out_dir>/context.json (context_quick.json with --quick) and
-<out_dir>/context_memory.png.
+`--target=<platform>:<device>:<topology>` (`main --compile_only --target`)
+compiles every step for that accelerator's devices instead (the config's
+mesh over them, `--batch_size` sequences, default one per device along the
+batch axes; the per-platform figure, `step_memory.report`): memory only, no
+timing. `--impl` sets `model.attention_impl` for every model but the dense
+baselines, which name theirs (`dense:auto`, `dense:xla`, `dense:reference`).
+
+Writes <out_dir>/<out_name>.json (default context, context_quick with --quick)
+and <out_dir>/<out_name>_memory.png.
 """
 
 import argparse
@@ -41,8 +50,10 @@ import time
 import jax
 import numpy as np
 
+from efficient_lm import models as models_lib
 from efficient_lm import sharding
 from efficient_lm import step_memory
+from efficient_lm import targets
 from efficient_lm import train_state
 from experiments import bench_step
 from experiments.common import REPO, load_config
@@ -58,10 +69,9 @@ def config_for(key: str, T: int, args):
   name, _, variant = key.partition(":")
   impl = variant if name == "dense" else None
   config = load_config(f"configs/{name}.py" + (f":{variant}" if variant and not impl else ""))
-  config.data.update(seq_len=T, batch_size=1, vocab_size=args.vocab_size)
+  config.data.update(seq_len=T, batch_size=args.batch_size or 1, vocab_size=args.vocab_size)
   config.model.update(d_model=args.d_model, num_layers=args.num_layers, num_heads=args.num_heads)
-  if impl:
-    config.model.attention_impl = impl
+  config.model.attention_impl = impl or args.impl
   if name == "ecp":
     config.model.num_segments = max(1, T // args.block)  # pieces of --block tokens
   if name == "bcmt":
@@ -70,19 +80,37 @@ def config_for(key: str, T: int, args):
   config.model.remat = "block"
   config.train.loss_chunk = chunk
   config.model.seq_chunk = 0 if name == "dense" or chunk >= T else chunk
-  config.mesh.update(data=1, fsdp=1, tensor=1, context=1)
+  if not args.target:
+    config.mesh.update(data=1, fsdp=1, tensor=1, context=1)
   return config
 
 
 def compile_row(key: str, T: int, args) -> dict:
   config = config_for(key, T, args)
+  target = targets.load(args.target, args.num_slices) if args.target else None
   start = time.perf_counter()
-  built = train_state.build(config, sharding.single_device_mesh(), abstract=True)
-  report = step_memory.report(step_memory.compile_train_step(config, built), config, built)
-  row = {"model": key, "seq_len": T, "compile_seconds": time.perf_counter() - start,
-         **{k: report[k] for k in ("per_device_temp_bytes", "per_device_argument_bytes",
-                                   "per_device_output_bytes", "per_device_alias_bytes",
-                                   "per_device_total_bytes")}}
+  if target is None:
+    mesh = sharding.single_device_mesh()
+  else:
+    mesh = sharding.make_mesh(config.mesh, target.devices)
+    if not args.batch_size:  # one sequence per device along the batch axes
+      config.data.batch_size = mesh.shape["data"] * mesh.shape["fsdp"]
+  built = train_state.build(config, mesh, abstract=True)
+  row = {"model": key, "seq_len": T, "batch_size": config.data.batch_size,
+         "attention_backend": models_lib.attention_backend_name(
+             config.model, targets.platform_of(list(mesh.devices.flat)))}
+  try:
+    report = step_memory.report(step_memory.compile_train_step(config, built), config, built,
+                                target)
+  except step_memory.StepTooLargeError as e:  # the target's compiler found it cannot fit
+    row.update(fits=False, error=str(e), compile_seconds=time.perf_counter() - start)
+    return row
+  row.update(compile_seconds=time.perf_counter() - start,
+             **{k: report[k] for k in ("per_device_temp_bytes", "per_device_argument_bytes",
+                                       "per_device_output_bytes", "per_device_alias_bytes",
+                                       "per_device_total_bytes", "per_device_peak_bytes",
+                                       "memory_figure", "per_device_available_bytes", "fits",
+                                       "collectives", "mesh")})
   row["temp_bytes_per_token"] = row["per_device_temp_bytes"] / T
   return row
 
@@ -126,8 +154,10 @@ def speed_ratios(timing: list[dict]) -> dict:
   return ratios
 
 
-def longest_fitting(rows: list[dict], budget_gib: float) -> int | None:
-  fits = [r["seq_len"] for r in rows if r["per_device_total_bytes"] <= budget_gib * 2**30]
+def longest_fitting(rows: list[dict], budget_gib: float | None) -> int | None:
+  """The longest T whose step fits in `budget_gib` (None: the device's own limit, `fits`)."""
+  fits = [r["seq_len"] for r in rows if r.get("fits", True) and "per_device_total_bytes" in r
+          and (budget_gib is None or r["per_device_total_bytes"] <= budget_gib * 2**30)]
   return max(fits) if fits else None
 
 
@@ -137,7 +167,7 @@ def plot(result: dict, path: str) -> None:
   from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
   fig, ax = plt.subplots(figsize=(7, 4.5))
   for key in result["models"]:
-    rows = [r for r in result["memory"] if r["model"] == key]
+    rows = [r for r in result["memory"] if r["model"] == key and "per_device_total_bytes" in r]
     ax.plot([r["seq_len"] for r in rows], [r["per_device_total_bytes"] / 2**30 for r in rows],
             marker="o", label=key)
   for budget in BUDGETS_GIB:
@@ -175,7 +205,17 @@ def main():
   parser.add_argument("--pause_file", default="/tmp/efficient_lm_quiet")
   parser.add_argument("--quick", action="store_true", help="tiny sizes: seconds, for the test")
   parser.add_argument("--out_dir", default=os.path.join(REPO, "experiments", "results"))
+  parser.add_argument("--out_name", default="", help="result file stem (default context[_quick])")
+  parser.add_argument("--target", default="", help="compile for <platform>:<device>:<topology> "
+                      "(e.g. tpu:v5e:2x2, gpu:h200:1x1x1) instead of this host: memory only")
+  parser.add_argument("--num_slices", type=int, default=1)
+  parser.add_argument("--batch_size", type=int, default=0,
+                      help="sequences a step (0: 1, or one per device along a target's batch axes)")
+  parser.add_argument("--impl", default="auto", help="model.attention_impl of the efficient models")
   args = parser.parse_args()
+  if args.target:
+    targets.prepare_host()
+    args.no_timing = True
   if args.quick:
     args.d_model, args.num_layers, args.num_heads, args.vocab_size = 32, 2, 2, 512
     args.block, args.chunk, args.repeats, args.pause_file = 16, 64, 1, ""
@@ -184,14 +224,16 @@ def main():
     if args.timing_seq_lens == "4096,32768,131072":
       args.timing_seq_lens = "128"
   models = args.models.split(",")
-  suffix = "_quick" if args.quick else ""
+  name = args.out_name or ("context_quick" if args.quick else "context")
   os.makedirs(args.out_dir, exist_ok=True)
-  out = os.path.join(args.out_dir, f"context{suffix}.json")
+  out = os.path.join(args.out_dir, f"{name}.json")
   result = {"settings": {k: getattr(args, k) for k in ("d_model", "num_layers", "num_heads",
-                                                       "vocab_size", "block", "chunk", "repeats")},
+                                                       "vocab_size", "block", "chunk", "repeats",
+                                                       "target", "num_slices", "impl")},
             "command": "python -m experiments.bench_context " + " ".join(
                 f"--{k}={v}" for k, v in vars(args).items() if k not in ("out_dir",)),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {jax.devices()[0].platform}",
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {jax.devices()[0].platform}"
+                       + (f", compiled for {args.target}" if args.target else ""),
             "models": models, "memory": [], "timing": []}
 
   def save():
@@ -203,15 +245,20 @@ def main():
     for T in map(int, args.seq_lens.split(",")):
       row = compile_row(key, T, args)
       result["memory"].append(row)
-      print(f"{key} T={T:,}: {row['per_device_total_bytes'] / 2**30:,.2f} GiB, "
+      if "error" in row:
+        print(f"{key} T={T:,}: does not fit ({row['error'][:160]})", flush=True)
+        save()
+        break
+      print(f"{key} T={T:,}: {row['per_device_total_bytes'] / 2**30:,.2f} GiB"
+            f"{'' if row['fits'] else ' (does not fit)'}, "
             f"{row['temp_bytes_per_token'] / 1024:,.1f} KiB temp/token "
             f"(compiled in {row['compile_seconds']:.0f} s)", flush=True)
       save()
       if row["per_device_total_bytes"] > args.max_gib * 2**30:
         break
-  result["fits"] = {key: {f"{b} GiB": longest_fitting([r for r in result["memory"]
-                                                        if r["model"] == key], b)
-                          for b in BUDGETS_GIB} for key in models}
+  budgets = (None,) if args.target else BUDGETS_GIB
+  result["fits"] = {key: {("device" if b is None else f"{b} GiB"): longest_fitting(
+      [r for r in result["memory"] if r["model"] == key], b) for b in budgets} for key in models}
   if not args.no_timing:
     estimate = {}
     with paused(args.pause_file):
@@ -244,7 +291,7 @@ def main():
           estimate[key] = (seconds, T)
   result["speed_ratios"] = speed_ratios(result["timing"])
   save()
-  plot(result, os.path.join(args.out_dir, f"context{suffix}_memory.png"))
+  plot(result, os.path.join(args.out_dir, f"{name}_memory.png"))
   print(json.dumps(result["fits"], indent=1))
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from efficient_lm.ops import attention
 from efficient_lm.ops import core
+from efficient_lm.ops.core import backends
 from efficient_lm.ops.pattern import Pattern
 
 
@@ -413,16 +414,16 @@ def test_causal_attention_impls():
   (q, k, v, _, _), _ = random_inputs(33, 33, seed=11)
   np.testing.assert_allclose(attention.causal_attention(q, k, v),
                              attention.causal_attention(q, k, v, impl="reference"), atol=2e-5)
-  with pytest.raises(ValueError, match="impl='bogus' must be one of"):
+  with pytest.raises(ValueError, match="attention impl 'bogus' is not one of auto, xla, splash"):
     attention.causal_attention(q, k, v, impl="bogus")
-  if jax.default_backend() != "gpu":
-    with pytest.raises(ValueError, match="impl='cudnn' needs a GPU backend"):
+  if jax.default_backend() != "gpu":  # a kernel off its hardware: only interpreted
+    with pytest.raises(ValueError, match="impl='gpu': the 'gpu' kernels need a GPU"):
       attention.causal_attention(q, k, v, impl="cudnn")
 
 
 def test_attention_impl_field():
-  """model.attention_impl: 'reference' and 'flash' build the same dense model; bad values and
-  'cudnn' off a GPU (or without bfloat16) are config errors naming the field."""
+  """model.attention_impl: 'reference' and 'flash' (= 'xla') build the same dense model; bad
+  values and a kernel off its hardware (not interpreted) are config errors naming the field."""
   from flax import nnx  # pylint: disable=import-outside-toplevel
   from efficient_lm import models  # pylint: disable=import-outside-toplevel
   from efficient_lm.validation import ConfigError  # pylint: disable=import-outside-toplevel
@@ -433,11 +434,12 @@ def test_attention_impl_field():
   np.testing.assert_allclose(logits["flash"], logits["reference"], atol=2e-5, rtol=2e-5)
   with pytest.raises(ConfigError, match="^model.attention_impl='fast' is not a known"):
     models.validate(tiny_model_config("dense", attention_impl="fast"))
-  with pytest.raises(ConfigError, match="^model.attention_impl='cudnn' needs model.dtype='bfloat16'"):
-    models.validate(tiny_model_config("dense", attention_impl="cudnn"))
-  if jax.default_backend() != "gpu":
-    with pytest.raises(ConfigError, match="^model.attention_impl='cudnn' needs a GPU backend"):
-      models.validate(tiny_model_config("dense", attention_impl="cudnn", dtype="bfloat16"))
+  for impl, platform in (("cudnn", "gpu"), ("splash", "tpu")):
+    with pytest.raises(ConfigError, match=f"^model.attention_impl='{impl}' cannot run here: the "
+                       f"'{backends.canonical(impl)}' kernels need a {platform.upper()}"):
+      models.validate(tiny_model_config("dense", attention_impl=impl), "cpu")
+    models.validate(tiny_model_config("dense", attention_impl=impl), platform)  # there: fine
+    models.validate(tiny_model_config("dense", attention_impl=impl, kernel_interpret=True), "cpu")
 
 
 # π's gate as logits: exact log-priors near 0 and 1.

@@ -145,7 +145,7 @@ def test_a_step_too_large_is_refused_before_any_data(tmp_path):
   assert result.returncode == 2, result.stderr[-3000:]
   error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
   assert len(error) == 1 and "the train step needs" in error[0]
-  for field in ("model.attention_impl='flash'", "model.remat", "train.loss_chunk", "data.batch_size",
+  for field in ("model.attention_impl='xla'", "model.remat", "train.loss_chunk", "data.batch_size",
                 "mesh.context"):
     assert field in error[0]
   assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())

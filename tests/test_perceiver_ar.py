@@ -125,12 +125,12 @@ def test_config_presets_are_valid(preset):
   models.validate(config.model)
 
 
-def dense_cross(q_BZHK, k_BTHK, v_BTHK, *, query_offset, scale=None):
+def dense_cross(q_BZHK, k_BTHK, v_BTHK, *, query_offset, scale=None, **backend):
   Z, T = q_BZHK.shape[1], k_BTHK.shape[1]
   return dense_masked(q_BZHK, k_BTHK, v_BTHK, np.arange(T)[None] <= query_offset + np.arange(Z)[:, None])
 
 
-def dense_segments(q_BTHK, k_BTHK, v_BTHK, *, num_segments=1, scale=None):
+def dense_segments(q_BTHK, k_BTHK, v_BTHK, *, num_segments=1, scale=None, **backend):
   T = q_BTHK.shape[1]
   if T == 0:
     return jnp.zeros_like(q_BTHK)

@@ -18,8 +18,10 @@ from efficient_lm.models import dense
 from efficient_lm.models import ecp
 from efficient_lm.models import perceiver_ar
 from efficient_lm.models import pi_attention
-from efficient_lm.ops import attention
+from efficient_lm import targets
 from efficient_lm.ops import op_set
+from efficient_lm.ops.core import backends
+from efficient_lm.ops.pattern import Pattern
 from efficient_lm.validation import ConfigError, require, require_positive_int
 
 
@@ -44,6 +46,9 @@ class ModelEntry:
   reach runs its blocks over chunks of the sequence; each chunk must be a
   multiple of `context_block(cfg)` too. One whose queries see the whole window
   (dense, Perceiver-AR's latents) has `chunkable=False`.
+
+  `patterns(cfg)`: the attention patterns the model trains with, which the
+  attention backend (`model.attention_impl`) must be able to express.
   """
   make_mixer: Callable[[ml_collections.ConfigDict, int, nnx.Rngs], nnx.Module] | None = None
   identical_layers: Callable[[ml_collections.ConfigDict], bool] = lambda cfg: True
@@ -53,6 +58,7 @@ class ModelEntry:
   context_block: Callable[[ml_collections.ConfigDict], tuple[int, str]] = lambda cfg: (1, "")
   layout: str = "natural"
   chunkable: bool = True
+  patterns: Callable[[ml_collections.ConfigDict], list[Pattern]] = lambda cfg: [Pattern.dense()]
 
 
 REGISTRY: dict[str, ModelEntry] = {
@@ -60,24 +66,29 @@ REGISTRY: dict[str, ModelEntry] = {
     "ecp": ModelEntry(make_mixer=ecp.make_mixer, identical_layers=ecp.identical_layers,
                       validate=ecp.validate, context_block=lambda cfg: (
                           cfg.seq_len // cfg.num_segments,
-                          "the segment length data.seq_len / model.num_segments")),
+                          "the segment length data.seq_len / model.num_segments"),
+                      patterns=lambda cfg: [Pattern.blocks(cfg.seq_len // cfg.num_segments, 1)]),
     **{name: ModelEntry(build=perceiver_ar.build, validate=perceiver_ar.validate,
-                        context_parallel=False, chunkable=False)
+                        context_parallel=False, chunkable=False, patterns=perceiver_ar.patterns)
        for name in perceiver_ar.VARIANTS},
     "bcmt": ModelEntry(make_mixer=bcmt.make_mixer, validate=bcmt.validate,
-                       context_block=lambda cfg: (cfg.block_size, "model.block_size")),
+                       context_block=lambda cfg: (cfg.block_size, "model.block_size"),
+                       patterns=lambda cfg: [Pattern.blocks(cfg.block_size)]),
     "honly": ModelEntry(make_mixer=bcmt.make_honly_mixer, validate=bcmt.validate_honly,
-                        context_block=lambda cfg: (cfg.block_size, "model.block_size")),
+                        context_block=lambda cfg: (cfg.block_size, "model.block_size"),
+                        patterns=lambda cfg: [Pattern.blocks(cfg.block_size)]),
     "pi_attention": ModelEntry(make_mixer=pi_attention.make_pi_mixer,
                                identical_layers=lambda cfg: cfg.period_schedule == "constant",
-                               validate=pi_attention.validate_pi),
+                               validate=pi_attention.validate_pi, patterns=pi_attention.pi_patterns),
     "sliding_window": ModelEntry(make_mixer=pi_attention.make_sliding_window_mixer,
-                                 validate=pi_attention.validate_sliding_window),
+                                 validate=pi_attention.validate_sliding_window,
+                                 patterns=lambda cfg: [Pattern.sliding(cfg.window)]),
 }
 
 
-def validate(cfg: ml_collections.ConfigDict) -> None:
-  """Checks the fields every model shares, then the model's own; raises ConfigError."""
+def validate(cfg: ml_collections.ConfigDict, platform: str | None = None) -> None:
+  """Checks the fields every model shares, then the model's own, then that the attention backend
+  runs its patterns on `platform` (default: jax's backend); raises ConfigError."""
   require(cfg.name in REGISTRY, "model.name", cfg.name, "is not a known model",
           f"use one of {', '.join(sorted(REGISTRY))}")
   for field in ("vocab_size", "seq_len", "d_model", "num_layers", "num_heads", "mlp_ratio"):
@@ -95,15 +106,6 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
           "is not a known position encoding", "use 'rope' or 'learned'")
   require(cfg.dtype in ("float32", "bfloat16"), "model.dtype", cfg.dtype,
           "is not a supported compute dtype", "use 'float32' (CPU) or 'bfloat16' (accelerators)")
-  impl = cfg.get("attention_impl", "flash")
-  require(impl in attention.CAUSAL_IMPLS, "model.attention_impl", impl,
-          "is not a known attention implementation", f"use one of {', '.join(attention.CAUSAL_IMPLS)}")
-  if impl == "cudnn":
-    require(cfg.dtype == "bfloat16", "model.attention_impl", impl, f"needs model.dtype='bfloat16' "
-            f"(got {cfg.dtype!r})", "set model.dtype=bfloat16 or model.attention_impl=flash")
-    require(jax.default_backend() == "gpu", "model.attention_impl", impl,
-            f"needs a GPU backend (this one is {jax.default_backend()!r})",
-            "set model.attention_impl=flash")
   remat = cfg.get("remat", "none")
   require(remat in ("none", *decoder.REMAT_POLICIES), "model.remat", remat,
           "is not a rematerialization policy",
@@ -115,6 +117,23 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   REGISTRY[cfg.name].validate(cfg)
   if seq_chunk and seq_chunk < cfg.seq_len:
     _validate_seq_chunk(cfg, seq_chunk)
+  validate_attention_impl(cfg, platform or jax.default_backend())
+
+
+def validate_attention_impl(cfg: ml_collections.ConfigDict, platform: str) -> None:
+  """`model.attention_impl` (and `kernel_interpret`) against the platform and the model's patterns."""
+  impl = cfg.get("attention_impl", "auto")
+  interpret = cfg.get("kernel_interpret", False)
+  known = (*backends.IMPLS, *backends.ALIASES)
+  require(impl in known, "model.attention_impl", impl, "is not a known attention backend",
+          f"use one of {', '.join(backends.IMPLS)}")
+  require(isinstance(interpret, bool), "model.kernel_interpret", interpret, "must be True or False",
+          "set model.kernel_interpret=False (True runs a kernel in Pallas interpret mode: tests)")
+  reason = backends.check(impl, platform, interpret)
+  require(reason is None, "model.attention_impl", impl, f"cannot run here: {reason}", "see above")
+  reason = backends.check_patterns(impl, platform, REGISTRY[cfg.name].patterns(cfg))
+  require(reason is None, "model.attention_impl", impl,
+          f"cannot express {cfg.name}'s attention: {reason}", "set model.attention_impl accordingly")
 
 
 def _validate_seq_chunk(cfg: ml_collections.ConfigDict, seq_chunk: int) -> None:
@@ -129,6 +148,11 @@ def _validate_seq_chunk(cfg: ml_collections.ConfigDict, seq_chunk: int) -> None:
   require(seq_chunk % block == 0, "model.seq_chunk", seq_chunk,
           f"is not a multiple of {what} = {block} (a chunk holds whole blocks)",
           f"set model.seq_chunk to a multiple of {block}")
+
+
+def attention_backend_name(cfg: ml_collections.ConfigDict, platform: str) -> str:
+  """The backend `model.attention_impl` means on `platform` (`auto` resolved)."""
+  return backends.resolve(cfg.get("attention_impl", "auto"), platform)
 
 
 def validate_context(cfg: ml_collections.ConfigDict, context: int) -> None:
@@ -165,8 +189,8 @@ def sequence_layout(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
   return REGISTRY[cfg.name].layout if op_set.context_size(mesh) > 1 else "natural"
 
 
-def create(cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs, mesh: jax.sharding.Mesh | None = None
-           ) -> nnx.Module:
+def create(cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs, mesh: jax.sharding.Mesh | None = None,
+           platform: str | None = None) -> nnx.Module:
   """Builds the model `cfg.name`; its `__call__(tokens_BT)` returns logits `[B, T', V]`.
 
   `T'` is T for every causal LM; a model that predicts only some positions
@@ -175,21 +199,27 @@ def create(cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs, mesh: jax.sharding
   the model itself is created unplaced (`train_state.build` places it). With a
   `mesh` whose `context` axis has several devices the mixers call the ring ops
   (`ops.op_set.for_mesh`); the batch must then come in
-  `sequence_layout(cfg, mesh)` order with its positions.
+  `sequence_layout(cfg, mesh)` order with its positions. The attention runs on
+  the backend `model.attention_impl` names for the platform of the mesh's
+  devices (or `platform`, for a model built from shapes only).
   """
-  validate(cfg)
+  if platform is None:
+    platform = targets.platform_of(list(mesh.devices.flat) if mesh is not None else jax.devices())
+  validate(cfg, platform)
   validate_context(cfg, op_set.context_size(mesh))
   entry = REGISTRY[cfg.name]
+  ops = op_set.for_mesh(mesh, layout=sequence_layout(cfg, mesh),
+                        impl=attention_backend_name(cfg, platform),
+                        interpret=cfg.get("kernel_interpret", False))
   if entry.build is not None:
-    return entry.build(cfg, rngs)
-  ops = op_set.for_mesh(mesh, layout=sequence_layout(cfg, mesh))
+    return entry.build(cfg, rngs, ops=ops)
   return decoder.Decoder(cfg, lambda layer, rngs: entry.make_mixer(cfg, layer, rngs, ops=ops),
                          identical_layers=entry.identical_layers(cfg), rngs=rngs)
 
 
-def abstract_params(cfg: ml_collections.ConfigDict):
+def abstract_params(cfg: ml_collections.ConfigDict, platform: str | None = None):
   """The model's parameters as shapes with their logical axis names; nothing is allocated."""
-  return nnx.state(nnx.eval_shape(lambda: create(cfg, rngs=nnx.Rngs(0))))
+  return nnx.state(nnx.eval_shape(lambda: create(cfg, rngs=nnx.Rngs(0), platform=platform)))
 
 
 __all__ = ["ConfigError", "REGISTRY", "ModelEntry", "abstract_params", "create", "sequence_layout",

@@ -50,7 +50,7 @@ class Bcmt(nnx.Module):
     self.dtype = dtype
     op = functools.partial(ops.block_local_attention, block_size=block_size)
     self.attn = layers.SelfAttention(d_model, num_heads, op, use_rope=use_rope,
-                                     rope_base=rope_base, dtype=dtype, rngs=rngs)
+                                     rope_base=rope_base, dtype=dtype, rngs=rngs, attend=ops.attend)
     if use_memory:
       linear = functools.partial(nnx.Linear, dtype=dtype, rngs=rngs)
       self.pool = linear(d_model, 1, use_bias=False,          # w_pool
@@ -114,32 +114,32 @@ class Bcmt(nnx.Module):
   def keys_values(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
     return self.attn.keys_values(x_BTD, positions_BT)
 
-  def _local(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_start) -> jax.Array:
+  def _local(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_offset, q_align) -> jax.Array:
     return self.attn.attend_window(self.attn.queries(x_BCD, positions_BC), k_BWHK, v_BWHK,
-                                   q_start, k_start, self.chunk_pattern)
+                                   q_start, k_offset, q_align, self.chunk_pattern)
 
-  def chunk_context(self, norm, x_nBCD, positions_nBC, keys, values, starts_n, halo: int):
-    """The memory each chunk's blocks receive, `[n, B, C / L, D]` (None for HOnly); `norm` is the
-    block's pre-mixer norm, applied per chunk; `keys` / `values` are (halos, chunks),
-    both None when the halo is 0 (then each chunk computes its own)."""
+  def chunk_context(self, window, x_nBCD, positions_nBC, xh_nBHD, ph_nBH, starts_n, halo: int,
+                    chunk: int):
+    """The memory each chunk's blocks receive, `[n, B, C / L, D]` (None for HOnly).
+
+    `window(x_BCD, positions_BC, xh_BHD, ph_BH)` is the block's own: (normed chunk inputs, keys,
+    values of the halo and the chunk), from the chunk and its halo's inputs `xh_nBHD`."""
     if not self.use_memory:
       return None
     L = self.block_size
 
-    def summaries(x_BCD, positions_BC, kh, k, vh, v, start):
-      x_BCD = norm(x_BCD)
-      if k is None:  # a halo of 0: the chunk's own keys and values (`Block.chunked`)
-        k, v = self.keys_values(x_BCD, positions_BC)
-      h_BCD = self._local(x_BCD, positions_BC, chunking.window(kh, k), chunking.window(vh, v),
-                          start, start - halo)
+    def summaries(x_BCD, positions_BC, xh_BHD, ph_BH, start):
+      h_BCD, k_BWHK, v_BWHK = window(x_BCD, positions_BC, xh_BHD, ph_BH)
+      h_BCD = self._local(h_BCD, positions_BC, k_BWHK, v_BWHK, start, -halo, chunk)
       return self.summaries(blockwise.split_blocks(h_BCD, L))
 
-    s_nBcD = chunking.map_chunks(summaries, x_nBCD, positions_nBC, *keys, *values, starts_n)
+    s_nBcD = chunking.map_chunks(summaries, x_nBCD, positions_nBC, xh_nBHD, ph_nBH, starts_n)
     p_BND = self.memory_from_summaries(chunking.merge(s_nBcD), x_nBCD.dtype)
     return chunking.split(p_BND, x_nBCD.shape[2] // L)
 
-  def attend_chunk(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_start, context=None):
-    h_BCD = self._local(x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_start)
+  def attend_chunk(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_offset, q_align,
+                   context=None):
+    h_BCD = self._local(x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_offset, q_align)
     return h_BCD if context is None else self.fuse(h_BCD, context)
 
   # Streaming decoding.

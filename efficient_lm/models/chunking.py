@@ -1,24 +1,20 @@
 """A block's sequence in chunks: what lets one device train at a million tokens of context.
 
-With `model.seq_chunk = C`, a decoder block computes its keys and values for
-the whole sequence (the only tensors attention needs whole), then runs
-everything else position-wise over chunks of C tokens in a `lax.map`, each
-chunk rematerialized in the backward pass: the norms, the queries, the
-attention of the chunk's queries over the keys it can see, the output
-projection, the gate, the residual adds and the MLP. Nothing of the chunk's
-activations outlives it, so a block's temporaries are the keys and values and
-their gradients plus one chunk's work, whatever T (see below for a halo of 0).
-
-The keys and values themselves are computed chunk by chunk, straight into the
-`[n, B, C, H, K]` layout the map reads (no sequence-wide projection output).
-Each chunk's queries see a *window*: the chunk's own C keys after the `halo`
-keys before it (the attention pattern's reach: the window, the previous
-blocks, the farthest π skip), cut by static slices of the chunks before it
-(no gather); only the small halos are copied for the whole sequence. When no
-query looks before its chunk (a halo of 0: block-local attention with chunks
-of whole blocks, as BCMT's), each chunk computes its own keys and values
-inside the map instead, and nothing of the block's outlives its chunk. A
-pattern with unbounded reach (dense attention) cannot be chunked this way.
+With `model.seq_chunk = C`, a decoder block runs over chunks of C tokens in a
+`lax.map`, each chunk rematerialized in the backward pass: the norm, the
+keys and values, the queries, the attention of the chunk's queries over the
+keys they can see, the output projection, the gate, the residual adds and the
+MLP. The chunk's queries see a *window*: its own C keys after the `halo` keys
+before it (the attention pattern's reach: the window, the previous blocks, the
+farthest π skip); the chunk computes those keys and values itself, from the
+block inputs of the halo positions, which are cut for every chunk by static
+slices of the chunks before it (`halos`: the only sequence-wide copy, `halo`
+tokens a chunk, no gather). So nothing of a block outlives its chunk but the
+block's input and output: a block's temporaries are a few `[B, T, D]` arrays
+(lane-dense on a TPU, which tiles the last two dimensions by (8, 128)) plus
+one chunk's work, whatever T. The halo's keys are computed once more by the
+chunk after (halo / C extra projections). A pattern with unbounded reach
+(dense attention) cannot be chunked this way.
 """
 
 import jax
@@ -62,7 +58,7 @@ def halos(chunks_nBC: jax.Array, halo_len: int) -> jax.Array:
 
 
 def window(halo_BHD: jax.Array, chunk_BCD: jax.Array) -> jax.Array:
-  """A chunk's keys after its halo: `[B, halo + C, ...]` (one chunk's copy, inside the map)."""
+  """A chunk's inputs after its halo's: `[B, halo + C, ...]` (one chunk's copy, inside the map)."""
   return chunk_BCD if halo_BHD is None or halo_BHD.shape[1] == 0 else jnp.concatenate([halo_BHD, chunk_BCD], axis=1)
 
 

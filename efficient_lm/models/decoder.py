@@ -43,10 +43,10 @@ class Block(nnx.Module):
   """x + mixer(norm(x)), then x + mlp(norm(x)); dropout on both branches.
 
   With `model.seq_chunk` = C (and a mixer of bounded reach) the block runs over
-  chunks of C tokens: the keys and values of the whole sequence first, then
-  every chunk's queries, attention, gate, residual adds and MLP in a `lax.map`,
-  each chunk rematerialized (`models/chunking.py`). The same function; the
-  activations one chunk at a time.
+  chunks of C tokens in a `lax.map`, each chunk rematerialized: its keys and
+  values (with those of the halo before it), queries, attention, gate, residual
+  adds and MLP (`models/chunking.py`). The same function; the activations one
+  chunk at a time.
   """
 
   def __init__(self, cfg: ml_collections.ConfigDict, mixer: nnx.Module, *, rngs: nnx.Rngs):
@@ -71,38 +71,37 @@ class Block(nnx.Module):
     return x_BTD
 
   def chunked(self, x_BTD, positions_BT, key):
-    """`__call__` over chunks of `seq_chunk` tokens (see the class docstring)."""
+    """`__call__` over chunks of `seq_chunk` tokens (see `models/chunking.py`)."""
     C = self.seq_chunk
     n = x_BTD.shape[1] // C
     halo = chunking.halo(self.mixer.chunk_pattern, C)
     x_nBCD, positions_nBC = chunking.split(x_BTD, C), chunking.split(positions_BT, C)
     starts_n = jnp.arange(n, dtype=jnp.int32) * C
-    if halo:
-      k_nBCHK, v_nBCHK = chunking.map_chunks(
-          lambda x_BCD, positions_BC: self.mixer.keys_values(self.mixer_norm(x_BCD), positions_BC),
-          x_nBCD, positions_nBC)
-      kh_nBHHK, vh_nBHHK = (chunking.halos(a, halo) for a in (k_nBCHK, v_nBCHK))
-    else:  # no query looks before its chunk: each chunk computes its own keys and values
-      k_nBCHK = v_nBCHK = kh_nBHHK = vh_nBHHK = None
+    # The inputs of the `halo` positions before each chunk: all a chunk needs of the ones before it.
+    xh_nBHD, ph_nBH = chunking.halos(x_nBCD, halo), chunking.halos(positions_nBC, halo)
+
+    def window(x_BCD, positions_BC, xh_BHD, ph_BH):
+      """(the chunk's normed inputs, the keys and values of its halo and itself)."""
+      h_BWD = self.mixer_norm(chunking.window(xh_BHD, x_BCD))
+      k_BWHK, v_BWHK = self.mixer.keys_values(h_BWD, chunking.window(ph_BH, positions_BC))
+      return h_BWD[:, halo:], k_BWHK, v_BWHK
+
     context_n = None
     if hasattr(self.mixer, "chunk_context"):
-      context_n = self.mixer.chunk_context(self.mixer_norm, x_nBCD, positions_nBC,
-                                           (kh_nBHHK, k_nBCHK), (vh_nBHHK, v_nBCHK), starts_n, halo)
+      context_n = self.mixer.chunk_context(window, x_nBCD, positions_nBC, xh_nBHD, ph_nBH,
+                                           starts_n, halo, C)
 
-    def one_chunk(x_BCD, positions_BC, k_BCHK, v_BCHK, kh_BHHK, vh_BHHK, start, context):
+    def one_chunk(x_BCD, positions_BC, xh_BHD, ph_BH, start, context):
       mixer_key = mlp_key = None
       if key is not None:
         mixer_key, mlp_key = jax.random.split(jax.random.fold_in(key, start))
-      h_BCD = self.mixer_norm(x_BCD)
-      if k_BCHK is None:
-        k_BCHK, v_BCHK = self.mixer.keys_values(h_BCD, positions_BC)
-      y_BCD = self.mixer.attend_chunk(h_BCD, positions_BC, chunking.window(kh_BHHK, k_BCHK),
-                                      chunking.window(vh_BHHK, v_BCHK), start, start - halo, context)
+      h_BCD, k_BWHK, v_BWHK = window(x_BCD, positions_BC, xh_BHD, ph_BH)
+      y_BCD = self.mixer.attend_chunk(h_BCD, positions_BC, k_BWHK, v_BWHK, start, -halo, C, context)
       x_BCD = x_BCD + layers.dropout(y_BCD, self.dropout_rate, mixer_key)
       return x_BCD + layers.dropout(self.mlp(self.mlp_norm(x_BCD)), self.dropout_rate, mlp_key)
 
-    return chunking.merge(chunking.map_chunks(one_chunk, x_nBCD, positions_nBC, k_nBCHK, v_nBCHK,
-                                              kh_nBHHK, vh_nBHHK, starts_n, context_n))
+    return chunking.merge(chunking.map_chunks(one_chunk, x_nBCD, positions_nBC, xh_nBHD, ph_nBH,
+                                              starts_n, context_n))
 
   def prefill(self, x_BTD, positions_BT, cache):
     """A prompt through the block (no dropout), filling the mixer's cache."""

@@ -52,9 +52,9 @@ class SharedKVAttention(layers.SelfAttention):
   """SelfAttention whose keys and values come from one projection (v is the un-rotated k)."""
 
   def __init__(self, d_model: int, num_heads: int, op: layers.AttentionOp, *, use_rope: bool,
-               rope_base: float, dtype, rngs: nnx.Rngs, keys: Pattern | None = None):
+               rope_base: float, dtype, rngs: nnx.Rngs, keys: Pattern | None = None, **kwargs):
     super().__init__(d_model, num_heads, op, use_rope=use_rope, rope_base=rope_base, dtype=dtype,
-                     rngs=rngs, keys=keys)
+                     rngs=rngs, keys=keys, **kwargs)
     self.qkv = nnx.LinearGeneral(d_model, (2, num_heads, d_model // num_heads), use_bias=False,
                                  dtype=dtype, rngs=rngs,
                                  kernel_metadata=layers.axes("embed", "qkv", "heads", "kv"))
@@ -86,4 +86,4 @@ def make_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
   module = SharedKVAttention if cfg.shared_kv else layers.SelfAttention
   return module(cfg.d_model, cfg.num_heads, op or ecp_op(cfg, ops), use_rope=use_rope,
                 rope_base=cfg.rope_base, dtype=layers.dtype_of(cfg.dtype), rngs=rngs,
-                keys=Pattern.blocks(cfg.seq_len // cfg.num_segments, lookback=1))
+                keys=Pattern.blocks(cfg.seq_len // cfg.num_segments, lookback=1), attend=ops.attend)

@@ -149,14 +149,18 @@ class SelfAttention(nnx.Module):
 
   With `keys` (the op's `Pattern`) the module also decodes: `init_cache`,
   `prefill` (the op over a prompt, keeping its last keys/values) and `extend`
-  (new tokens against the cache: decoding and chunked prefill).
+  (new tokens against the cache: decoding and chunked prefill). `attend` is
+  the core on the model's attention backend (`OpSet.attend`), for sequence
+  chunks; decoding runs on the XLA core (its caches have explicit positions).
   """
 
   def __init__(self, d_model: int, num_heads: int, op: AttentionOp | None, *, use_rope: bool,
-               rope_base: float, dtype, rngs: nnx.Rngs, keys: Pattern | None = None):
+               rope_base: float, dtype, rngs: nnx.Rngs, keys: Pattern | None = None,
+               attend: Callable = core.attend):
     self.num_heads = num_heads
     self.op = op
     self.keys = keys
+    self.attend_fn = attend
     self.use_rope = use_rope
     self.rope_base = rope_base
     # q, k, v as one [D, 3, H, K] projection: heads stay whole when `heads` is sharded.
@@ -196,17 +200,21 @@ class SelfAttention(nnx.Module):
     return (rope(k_BTHK, positions_BT, self.rope_base) if self.use_rope else k_BTHK), v_BTHK
 
   def attend_window(self, q_BCHK: jax.Array, k_BWHK: jax.Array, v_BWHK: jax.Array, q_start,
-                    k_start, pattern: Pattern | None = None, **priors) -> jax.Array:
-    """Output projection of a chunk of queries' attention over its key window `[B, C, D]`."""
+                    k_offset: int, q_align: int, pattern: Pattern | None = None, **priors
+                    ) -> jax.Array:
+    """Output projection `[B, C, D]` of a chunk of queries (at the traced `q_start`, a multiple
+    of `q_align`) attending over its key window, which starts `k_offset` (static) before."""
     B, C, H, K = q_BCHK.shape
-    o_BCHK, _ = core.attend(q_BCHK, k_BWHK, v_BWHK, pattern or self.keys, q_start=q_start,
-                            k_start=k_start, **priors)
+    o_BCHK, _ = self.attend_fn(q_BCHK, k_BWHK, v_BWHK, pattern or self.keys, q_start=q_start,
+                               k_offset=k_offset, q_align=q_align, with_lse=False, **priors)
     return self.out(o_BCHK.reshape(B, C, H * K))
 
-  def attend_chunk(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_start, context=None):
+  def attend_chunk(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_offset, q_align,
+                   context=None):
     """The mixer's output for a chunk of tokens, given its key window (`models/chunking.py`)."""
     del context
-    return self.attend_window(self.queries(x_BCD, positions_BC), k_BWHK, v_BWHK, q_start, k_start)
+    return self.attend_window(self.queries(x_BCD, positions_BC), k_BWHK, v_BWHK, q_start,
+                              k_offset, q_align)
 
   @property
   def chunk_pattern(self) -> Pattern | None:

@@ -57,6 +57,7 @@ from flax import nnx
 
 from efficient_lm.models import decoder
 from efficient_lm.models import layers
+from efficient_lm.ops import op_set
 from efficient_lm.ops import precision
 from efficient_lm.ops.cross_attention import causal_cross_attention, segment_attention
 from efficient_lm.ops.pattern import Pattern
@@ -126,8 +127,9 @@ class PerceiverBlock(nnx.Module):
   """
 
   def __init__(self, cfg: ml_collections.ConfigDict, *, refine_history: bool,
-               history_segments: int, rngs: nnx.Rngs):
+               history_segments: int, rngs: nnx.Rngs, ops: op_set.OpSet = op_set.SINGLE_DEVICE):
     dtype = layers.dtype_of(cfg.dtype)
+    self.impl, self.interpret = ops.impl, ops.interpret  # the attention backend
     self.refine_history = refine_history
     self.history_segments = history_segments
     self.dropout_rate = cfg.dropout
@@ -146,10 +148,12 @@ class PerceiverBlock(nnx.Module):
     if key is not None:
       mixer_key, mlp_key = jax.random.split(key)
     q_BSHK, k_BSHK, v_BSHK = self.attn.project(self.mixer_norm(x_BSD), positions_BS)
-    o_BZHK = causal_cross_attention(q_BSHK[:, history:], k_BSHK, v_BSHK, query_offset=history)
+    o_BZHK = causal_cross_attention(q_BSHK[:, history:], k_BSHK, v_BSHK, query_offset=history,
+                                    impl=self.impl, interpret=self.interpret)
     if self.refine_history:
       o_BHHK = segment_attention(q_BSHK[:, :history], k_BSHK[:, :history], v_BSHK[:, :history],
-                                 num_segments=self.history_segments)
+                                 num_segments=self.history_segments, impl=self.impl,
+                                 interpret=self.interpret)
       o_BSHK = jnp.concatenate([o_BHHK, o_BZHK], axis=1)
     else:
       o_BSHK, x_BSD = o_BZHK, x_BSD[:, history:]
@@ -178,7 +182,8 @@ class PerceiverBlock(nnx.Module):
 class PerceiverAR(decoder.LanguageModel):
   """Embedding -> (compression) -> layer 1 -> scanned layers 2.. -> norm -> logits of the latents."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
+  def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs,
+               ops: op_set.OpSet = op_set.SINGLE_DEVICE):
     super().__init__(cfg, rngs)
     variant = VARIANTS[cfg.name]
     self.variant = cfg.name
@@ -205,7 +210,7 @@ class PerceiverAR(decoder.LanguageModel):
 
     def make_block(rngs: nnx.Rngs) -> PerceiverBlock:
       return PerceiverBlock(cfg, refine_history=variant.refine_history, history_segments=segments,
-                            rngs=rngs)
+                            rngs=rngs, ops=ops)
 
     self.first = make_block(rngs)
     self.rest = nnx.data(None)
@@ -367,5 +372,19 @@ class PerceiverAR(decoder.LanguageModel):
     return self.logits(x_BCD), cache
 
 
-def build(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs) -> nnx.Module:
-  return PerceiverAR(cfg, rngs)
+def build(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs, *,
+          ops: op_set.OpSet = op_set.SINGLE_DEVICE) -> nnx.Module:
+  return PerceiverAR(cfg, rngs, ops=ops)
+
+
+def patterns(cfg: ml_collections.ConfigDict) -> list[Pattern]:
+  """The attention patterns the model trains with: the latents' causal cross-attention (and the
+  history's bidirectional segments for the double-attention variants)."""
+  variant = VARIANTS[cfg.name]
+  history = cfg.seq_len - cfg.num_latents
+  out = [Pattern.dense()]
+  if variant.refine_history and history > 0:
+    segments = cfg.num_history_segments if variant.split_history else 1
+    history //= cfg.compression if variant.compress else 1
+    out.append(Pattern.segments(max(1, history // segments)))
+  return out

@@ -49,7 +49,7 @@ class LocalMixer(nnx.Module):
     self.num_heads = cfg.num_heads
     self.attn = layers.SelfAttention(cfg.d_model, cfg.num_heads, op=None,
                                      use_rope=cfg.position == "rope", rope_base=cfg.rope_base,
-                                     dtype=dtype, rngs=rngs)
+                                     dtype=dtype, rngs=rngs, attend=ops.attend)
     self.gate_in = nnx.data(None)
     self.gate_out = nnx.data(None)
     if gated:
@@ -99,13 +99,14 @@ class LocalMixer(nnx.Module):
   def keys_values(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
     return self.attn.keys_values(x_BTD, positions_BT)
 
-  def attend_chunk(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_start, context=None):
+  def attend_chunk(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_offset, q_align,
+                   context=None):
     del context
     priors = {}
     if self.gated:
       priors = dict(zip(("local_prior", "skip_prior"), self.priors(x_BCD)))
     return self.attn.attend_window(self.attn.queries(x_BCD, positions_BC), k_BWHK, v_BWHK,
-                                   q_start, k_start, self.pattern, **priors)
+                                   q_start, k_offset, q_align, self.pattern, **priors)
 
   # Cached decoding: a ring buffer indexed by position % span.
 
@@ -160,6 +161,12 @@ def make_sliding_window_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: 
                               ops: op_set.OpSet = op_set.SINGLE_DEVICE) -> nnx.Module:
   del layer
   return LocalMixer(cfg, window=cfg.window, gated=False, rngs=rngs, ops=ops)
+
+
+def pi_patterns(cfg: ml_collections.ConfigDict) -> list[Pattern]:
+  """Every layer's π pattern (the window and its layer's skips)."""
+  return [Pattern.pi(cfg.window, layer_period(cfg, layer), cfg.num_skips)
+          for layer in range(cfg.num_layers)]
 
 
 def validate_sliding_window(cfg: ml_collections.ConfigDict) -> None:

@@ -1,17 +1,20 @@
 """Attention ops on `[B, T, H, K]` arrays (the layout of `jax.nn.dot_product_attention`).
 
-Every op is the one blockwise core (`ops.core.attend`) with a `Pattern`:
-O(T) memory, a flash backward. `causal_attention(impl="reference")` keeps the
-dense O(T^2) einsum as the reference the tests compare with.
+Every op is the one attention core (`ops.core.attend`) with a `Pattern`, on
+the backend `impl` names (`ops.core.backends`: 'xla', the blockwise loop
+core, O(T) memory, a flash backward, by default; 'splash' on TPU, 'gpu' on
+GPU; 'reference', the dense O(T^2) masked softmax the tests compare with).
+A kernel backend off its hardware runs only with `interpret=True`.
 """
 
 import jax
 import jax.numpy as jnp
 
 from efficient_lm.ops import core
+from efficient_lm.ops.core import backends
 from efficient_lm.ops.pattern import Pattern
 
-CAUSAL_IMPLS = ("flash", "reference", "cudnn")
+CAUSAL_IMPLS = ("flash", "reference", "cudnn")  # the dense model's earlier names ('flash' = 'xla')
 
 
 def _default_scale(q_BTHK: jax.Array, scale: float | None) -> float:
@@ -34,17 +37,10 @@ def reference_causal_attention(q_BTHK: jax.Array, k_BTHK: jax.Array, v_BTHK: jax
   return jnp.einsum("bhqt,bthk->bqhk", probs_BHTT.astype(v_BTHK.dtype), v_BTHK)
 
 
-def check_causal_impl(impl: str, dtype) -> None:
-  """Raises ValueError unless `impl` can run here on inputs of `dtype`."""
-  if impl not in CAUSAL_IMPLS:
-    raise ValueError(f"impl={impl!r} must be one of {CAUSAL_IMPLS}")
-  if impl == "cudnn":
-    if jax.default_backend() != "gpu":
-      raise ValueError(f"impl='cudnn' needs a GPU backend (this one is {jax.default_backend()!r}); "
-                       "use impl='flash'")
-    if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
-      raise ValueError(f"impl='cudnn' needs bfloat16 or float16 inputs, got {jnp.dtype(dtype)}; "
-                       "cast q, k, v (model.dtype='bfloat16') or use impl='flash'")
+def _attend(q_BTHK, k_BTHK, v_BTHK, pattern: Pattern, *, scale, impl: str, interpret: bool,
+            **priors) -> jax.Array:
+  return core.attend(q_BTHK, k_BTHK, v_BTHK, pattern, scale=scale, impl=backends.canonical(impl),
+                     interpret=interpret, with_lse=False, **priors)[0]
 
 
 def causal_attention(
@@ -53,23 +49,20 @@ def causal_attention(
     v_BTHK: jax.Array,
     *,
     scale: float | None = None,
-    impl: str = "flash",
+    impl: str = "xla",
+    interpret: bool = False,
 ) -> jax.Array:
   """Causal softmax attention: token i attends to every j <= i.
 
-  `impl="flash"`: the blockwise core over all past key blocks (O(T) memory,
-  O(T^2) time, future blocks skipped). `"reference"`: the dense `[T, T]`
-  einsum (O(T^2) memory; the tests' reference). `"cudnn"`:
-  `jax.nn.dot_product_attention(..., implementation="cudnn")`, GPU only, with
-  bfloat16/float16 inputs.
+  `impl="xla"` (or its earlier name "flash"): the blockwise core over all past
+  key blocks (O(T) memory, O(T^2) time, future blocks skipped). `"reference"`:
+  the dense `[T, T]` masked softmax (O(T^2) memory; the tests' reference).
+  `"gpu"` (or "cudnn"): cuDNN's fused attention on a GPU; `"splash"`: the TPU kernel.
   """
-  check_causal_impl(impl, q_BTHK.dtype)
-  if impl == "reference":
+  if backends.canonical(impl) == "reference":
     return reference_causal_attention(q_BTHK, k_BTHK, v_BTHK, scale=scale)
-  if impl == "cudnn":
-    return jax.nn.dot_product_attention(q_BTHK, k_BTHK, v_BTHK, scale=scale, is_causal=True,
-                                        implementation="cudnn")
-  return core.attend(q_BTHK, k_BTHK, v_BTHK, Pattern.dense(), scale=scale)[0]
+  return _attend(q_BTHK, k_BTHK, v_BTHK, Pattern.dense(), scale=scale, impl=impl,
+                 interpret=interpret)
 
 
 def _check_positive(name: str, value: int) -> None:
@@ -90,6 +83,8 @@ def block_local_attention(
     block_size: int,
     lookback: int = 0,
     scale: float | None = None,
+    impl: str = "xla",
+    interpret: bool = False,
 ) -> jax.Array:
   """Token i of block b = i // block_size attends to every j <= i with b - lookback <= j // block_size.
 
@@ -98,7 +93,8 @@ def block_local_attention(
   """
   _check_positive("block_size", block_size)
   _check_lookback(lookback)
-  return core.attend(q_BTHK, k_BTHK, v_BTHK, Pattern.blocks(block_size, lookback), scale=scale)[0]
+  return _attend(q_BTHK, k_BTHK, v_BTHK, Pattern.blocks(block_size, lookback), scale=scale,
+                 impl=impl, interpret=interpret)
 
 
 def sliding_window_attention(
@@ -108,10 +104,13 @@ def sliding_window_attention(
     *,
     window: int,
     scale: float | None = None,
+    impl: str = "xla",
+    interpret: bool = False,
 ) -> jax.Array:
   """Token i attends to j with i - window < j <= i. Cost O(T * window), memory O(T)."""
   _check_positive("window", window)
-  return core.attend(q_BTHK, k_BTHK, v_BTHK, Pattern.sliding(window), scale=scale)[0]
+  return _attend(q_BTHK, k_BTHK, v_BTHK, Pattern.sliding(window), scale=scale, impl=impl,
+                 interpret=interpret)
 
 
 GATE_EPS = 1e-6
@@ -169,6 +168,8 @@ def pi_attention(
     num_skips: int,
     scale: float | None = None,
     gate_logits_BTH: jax.Array | None = None,
+    impl: str = "xla",
+    interpret: bool = False,
 ) -> jax.Array:
   """π-Attention: the causal window plus periodic skips, one softmax over their union.
 
@@ -184,6 +185,6 @@ def pi_attention(
   local_BTH, skip_BTH = gate_priors(gate_BTH, gate_logits_BTH)
   pattern = Pattern.pi(window, period, num_skips, seq_len=q_BTHK.shape[1])
   if not pattern.skips:  # no skip ever lands: log(g) shifts every logit of a row equally
-    return core.attend(q_BTHK, k_BTHK, v_BTHK, pattern, scale=scale)[0]
-  return core.attend(q_BTHK, k_BTHK, v_BTHK, pattern, scale=scale, local_prior=local_BTH,
-                     skip_prior=skip_BTH)[0]
+    return _attend(q_BTHK, k_BTHK, v_BTHK, pattern, scale=scale, impl=impl, interpret=interpret)
+  return _attend(q_BTHK, k_BTHK, v_BTHK, pattern, scale=scale, impl=impl, interpret=interpret,
+                 local_prior=local_BTH, skip_prior=skip_BTH)

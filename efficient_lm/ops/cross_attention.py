@@ -6,6 +6,8 @@
 - `segment_attention`: bidirectional attention inside disjoint equal segments
   (the refined history of the double-attention models: no history position is
   predicted, so it may look both ways). Cost O(T^2 / num_segments).
+
+Both run on the backend `impl` (`ops.core.backends`), like every attention op.
 """
 
 import jax
@@ -22,6 +24,8 @@ def causal_cross_attention(
     *,
     query_offset: int,
     scale: float | None = None,
+    impl: str = "xla",
+    interpret: bool = False,
 ) -> jax.Array:
   """Query z sits at stream position `query_offset + z` and attends to every key j <= it.
 
@@ -33,7 +37,7 @@ def causal_cross_attention(
   if not isinstance(query_offset, int) or not 0 <= query_offset <= T - Z:
     raise ValueError(f"query_offset={query_offset!r} must be an integer in [0, T - Z] = [0, {T - Z}]")
   return core.attend(q_BZHK, k_BTHK, v_BTHK, Pattern.dense(), q_start=query_offset,
-                     scale=scale)[0]
+                     scale=scale, impl=impl, interpret=interpret, with_lse=False)[0]
 
 
 def segment_attention(
@@ -43,6 +47,8 @@ def segment_attention(
     *,
     num_segments: int = 1,
     scale: float | None = None,
+    impl: str = "xla",
+    interpret: bool = False,
 ) -> jax.Array:
   """Bidirectional (unmasked) attention inside each of `num_segments` equal, disjoint segments.
 
@@ -54,4 +60,5 @@ def segment_attention(
     raise ValueError(f"num_segments={num_segments!r} must be a positive divisor of T={T}")
   if T == 0:
     return jnp.zeros_like(q_BTHK)
-  return core.attend(q_BTHK, k_BTHK, v_BTHK, Pattern.segments(T // num_segments), scale=scale)[0]
+  return core.attend(q_BTHK, k_BTHK, v_BTHK, Pattern.segments(T // num_segments), scale=scale,
+                     impl=impl, interpret=interpret, with_lse=False)[0]

@@ -6,14 +6,26 @@ On GPU and TPU that is `preferred_element_type=float32`. XLA's CPU runtime
 cannot run every bfloat16 x bfloat16 -> float32 dot ("Unsupported element
 type for DotThunk"), so on CPU the operands are upcast first: bfloat16 values
 are exact in float32, so the products and float32 sums are the same numbers.
+The platform is the one being compiled for (`platform()`: the devices of the
+mesh traced under, so a TPU target compiled from a CPU host gets the TPU's
+program), not the host's.
 """
 
 import jax
 import jax.numpy as jnp
 
 
+def platform() -> str:
+  """'cpu', 'gpu' or 'tpu': the devices of the mesh being traced under (`jax.set_mesh`), else
+  jax's default backend."""
+  from jax._src import mesh as mesh_lib  # pylint: disable=g-import-not-at-top  (jax has no public
+  mesh = mesh_lib.get_concrete_mesh()    # way to read the concrete mesh while tracing)
+  name = mesh.devices.flat[0].platform if mesh is not None and not mesh.empty else jax.default_backend()
+  return "gpu" if name in ("cuda", "rocm") else name
+
+
 def einsum_f32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
   """`jnp.einsum(spec, a, b)` with float32 accumulation and a float32 result."""
-  if jax.default_backend() == "cpu" and (a.dtype != jnp.float32 or b.dtype != jnp.float32):
+  if platform() == "cpu" and (a.dtype != jnp.float32 or b.dtype != jnp.float32):
     return jnp.einsum(spec, a.astype(jnp.float32), b.astype(jnp.float32))
   return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)

@@ -20,12 +20,14 @@ priors are float32 whatever the input dtype. See docs/architecture.md,
 "Attention core".
 """
 
+import collections
 import functools
 import logging
 
 import jax
 import jax.numpy as jnp
 
+from efficient_lm.ops import precision
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.core import xla
 from efficient_lm.ops.core.backends import IMPLS, Call
@@ -34,7 +36,8 @@ from efficient_lm.ops.pattern import Pattern
 
 F32 = jnp.float32
 log = logging.getLogger(__name__)
-_fallbacks_logged: set = set()
+# Calls a kernel backend handed to xla, traced so far: {(backend, reason): count} (logged once each).
+FALLBACKS: collections.Counter = collections.Counter()
 
 
 def _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern):
@@ -111,11 +114,15 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, *,
               skip_prior=skip_prior is not None, layout=layout, dtype=jnp.dtype(q.dtype).name,
               with_lse=with_lse)
   backend = backends.get(impl)
+  if backend.kernel and not interpret:
+    problem = backends.check(backend.name, precision.platform(), interpret)
+    if problem is not None:
+      raise ValueError(f"impl={impl!r}: {problem}")
   reason = backend.unsupported(call)
   if reason is not None:
-    if (backend.name, reason) not in _fallbacks_logged:
-      _fallbacks_logged.add((backend.name, reason))
+    if not FALLBACKS[(backend.name, reason)]:
       log.info("attention on xla instead of %s for this call: %s", backend.name, reason)
+    FALLBACKS[(backend.name, reason)] += 1
     backend = backends.get("xla")
   o, lse = backend.attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
                           interpret=interpret)
@@ -177,5 +184,5 @@ def merge(parts: list[tuple[jax.Array, jax.Array]]) -> tuple[jax.Array, jax.Arra
   return o.astype(parts[0][0].dtype), lse
 
 
-__all__ = ["IMPLS", "LAYOUTS", "MASKED", "NO_KEY_LSE", "Call", "Plan", "attend", "attend_backward",
+__all__ = ["FALLBACKS", "IMPLS", "LAYOUTS", "MASKED", "NO_KEY_LSE", "Call", "Plan", "attend", "attend_backward",
            "backends", "merge", "plan_for"]

@@ -22,8 +22,6 @@ positions, ring steps whose key offset is traced) run on `xla`.
 import dataclasses
 from typing import Callable
 
-import jax
-
 from efficient_lm.ops.pattern import Pattern
 
 IMPLS = ("auto", "xla", "splash", "gpu", "reference")
@@ -121,8 +119,8 @@ def check(impl: str, platform: str, interpret: bool) -> str | None:
   backend = get(resolve(impl, platform))
   if backend.kernel and platform not in backend.platforms and not interpret:
     return (f"the {backend.name!r} kernels need a {' or '.join(backend.platforms).upper()} "
-            f"(this platform is {platform!r}); set model.attention_impl='xla' (or 'auto'), or "
-            "model.kernel_interpret=True to run the kernel in Pallas interpret mode (slow: tests)")
+            f"(this platform is {platform!r}); use 'xla' (or 'auto'), or Pallas interpret mode "
+            "(model.kernel_interpret=True, interpret=True for an op: slow, for tests)")
   return None
 
 
@@ -136,10 +134,3 @@ def check_patterns(impl: str, platform: str, patterns: list[Pattern]) -> str | N
               if get(name).pattern_unsupported(pattern) is None]
       return f"{reason}; use one of {', '.join(able)}"
   return None
-
-
-def platform_of(mesh: jax.sharding.Mesh | None) -> str:
-  """The platform a mesh's devices are (its first device's), or the default backend's."""
-  if mesh is not None and mesh.devices.size:
-    return mesh.devices.flat[0].platform
-  return jax.default_backend()

@@ -1,7 +1,523 @@
-"""The `gpu` backend (placeholder while it is built): every call runs on `xla`."""
+"""The `gpu` backend: cuDNN where it fits, else our Pallas GPU (Triton) flash kernel.
 
-from efficient_lm.ops.core import backends
+Contract (`backends.Backend`): `attend(call, q, k, v, ...) -> (o, lse)`, differentiable in
+q, k, v and the priors under cotangents on o and lse.
+
+- cuDNN (`jax.nn.dot_product_attention(implementation="cudnn")`): causal or causal-window
+  self-attention (static q_start == k_start >= 0, Tq == Tk), no lse wanted, no priors,
+  bfloat16 / float16, head width a multiple of 8 up to 128 (256 on compute capability 9.0+).
+- The Pallas kernel: every other call with keys at `k_start + arange(Tk)` and a static
+  `k_offset` (traced starts are fine). Its mask comes from the query / key positions and the
+  `Pattern` inside the kernel (keys at negative positions are never visible), key blocks
+  wholly outside a query block's `Pattern.key_range` are skipped; forward with lse, backward
+  dq and dk / dv with the lse cotangent entering as `delta - dlse`. π: the window through the
+  kernel, the skips beside it (`skips.attend_with_skips`); priors shift lse outside it.
+- `xla` (via `unsupported`): explicit key positions (decoding caches), a traced k_offset.
+
+`interpret=True` runs the Pallas kernels in Pallas interpret mode (CPU tests). cuDNN cannot
+be interpreted, so interpreted calls never take the cuDNN path: the kernel serves them too.
+Every kernel call runs per shard (`kernel_mesh.per_shard`).
+"""
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from efficient_lm.ops.core import backends, kernel_mesh, skips
+from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE, cdiv
+from efficient_lm.ops.pattern import Pattern
+
+F32 = jnp.float32
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+# Kernel tiles (queries x keys), for the forward and both backward kernels. Powers of two, at
+# least 16 (Triton's smallest dot); shrunk to the sequence for short calls.
+BLOCK_Q = 64
+BLOCK_K = 64
+ROW_BYTES = 512  # tiles shrink by the factor a q / v row is wider than this (f32 K=256: 32 x 32)
+NUM_STAGES = 2
+
+log = logging.getLogger(__name__)
+_refusals_logged: set = set()
+
+CUDNN_DTYPES = ("bfloat16", "float16")
+KERNEL_DTYPES = ("float32", "bfloat16", "float16")
+
+
+# Which backend part serves a call.
+
+def unsupported(call: backends.Call) -> str | None:
+  """Why the gpu backend cannot run `call` (the front door then runs `xla`), or None."""
+  if call.explicit:
+    return "explicit key positions (decoding caches): the kernel places keys at k_start + arange(Tk)"
+  if call.k_offset is None:
+    return "a traced key offset (ring steps): the kernel needs k_start - q_start static"
+  if call.dtype not in KERNEL_DTYPES:
+    return f"dtype {call.dtype}: the kernel takes {', '.join(KERNEL_DTYPES)}"
+  return None
+
+
+def pattern_unsupported(pattern: Pattern) -> str | None:
+  """None: the kernel's mask is `Pattern.local_visible` itself, and π's skips run beside it."""
+  del pattern
+  return None
+
+
+def _takes_cudnn(call: backends.Call, q, v, interpret: bool) -> bool:
+  pattern = call.pattern
+  if interpret or pattern.skips or pattern.block_size is not None or not pattern.causal:
+    return False
+  if call.with_lse or call.local_prior or call.skip_prior or call.dtype not in CUDNN_DTYPES:
+    return False
+  if call.q_start is None or call.k_start != call.q_start or call.q_start < 0 or call.Tq != call.Tk:
+    return False
+  width = q.shape[-1]
+  capability = target_capability() or (0, 0)
+  return v.shape[-1] == width and width % 8 == 0 and width <= (256 if capability >= (9, 0) else 128)
+
+
+def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, *,
+           interpret: bool = False):
+  del k_start, k_positions  # k_start = q_start + call.k_offset; explicit positions run on xla
+  if _takes_cudnn(call, q, v, interpret):
+    try:  # jax's own checks (cuDNN version, head width) run while the call traces
+      return _cudnn_attend(call, q, k, v), None
+    except NotImplementedError as refusal:
+      if str(refusal) not in _refusals_logged:
+        _refusals_logged.add(str(refusal))
+        log.info("attention on the Pallas kernel instead of cuDNN: %s", refusal)
+  local = lambda q, k, v: _kernel_attend(call, q, k, v, q_start, interpret)
+  if call.pattern.skips:
+    return skips.attend_with_skips(local, call, q, k, v, q_start, local_prior, skip_prior)
+  o, lse = local(q, k, v)
+  if local_prior is not None:  # a constant on every logit of its row: lse moves, o does not
+    lse = jnp.where(lse > NO_KEY_LSE, lse + local_prior.astype(F32), NO_KEY_LSE)
+  return o, lse
+
+
+# cuDNN, and its compute-capability check answered for the compile target.
+#
+# jax's cuDNN wrapper asks `check_compute_capability` / `is_cuda_compute_capability_equal`
+# (jax._src.cudnn.fused_attention_stablehlo) about the first *local* GPU, and says "no" on a
+# host without one: compiling for a Hopper target from a CPU host would then refuse head
+# widths over 128. While jax's forward rule traces a cuDNN call of ours, `_capability_answers`
+# points those two functions at the target's capability (from the devices of the current mesh:
+# `jax.set_mesh(Mesh(topology.devices, ...))`, or a local GPU), and restores them after.
+# That forward rule may trace after our call returned (inside scan / checkpoint / an inner
+# jit), so the call is our own custom VJP whose rules enter the patch themselves, with the
+# capability found when the call was made. The patch is process-wide while it lasts: do not
+# trace cuDNN calls for different targets in concurrent threads.
+
+_KIND_CAPABILITY = {  # device_kind words -> compute capability (used when a device has no field)
+    "V100": (7, 0), "T4": (7, 5), "A100": (8, 0), "A30": (8, 0), "A10": (8, 6), "A40": (8, 6),
+    "L4": (8, 9), "L40": (8, 9), "L40S": (8, 9), "H100": (9, 0), "H200": (9, 0), "H20": (9, 0),
+    "GH200": (9, 0), "B200": (10, 0), "GB200": (10, 0), "B300": (10, 3), "GB300": (10, 3),
+}
+
+
+def _parse_capability(text) -> tuple[int, int] | None:
+  found = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", str(text))
+  return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def _mesh_device():
+  """The first device of the concrete mesh of `jax.set_mesh` (seen while tracing only through
+  jax._src), or None."""
+  try:
+    from jax._src import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+    devices = getattr(mesh_lib.get_concrete_mesh(), "devices", None)
+  except (ImportError, AttributeError):
+    return None
+  return devices.flat[0] if devices is not None and devices.size else None
+
+
+def target_capability() -> tuple[int, int] | None:
+  """The compute capability of the GPU being compiled for: the current mesh's device's
+  (`compute_capability`, else known from its `device_kind`), else a local GPU's; None if unknown."""
+  device = _mesh_device()
+  abstract = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
+  if device is None and abstract is None:
+    try:
+      device = jax.devices("gpu")[0]
+    except RuntimeError:
+      return None
+  if device is not None:
+    if device.platform != "gpu":
+      return None
+    capability = _parse_capability(getattr(device, "compute_capability", ""))
+    if capability is not None:
+      return capability
+    kind = device.device_kind
+  elif abstract.platform == "gpu":
+    kind = abstract.device_kind
+  else:
+    return None
+  for name in sorted(_KIND_CAPABILITY, key=len, reverse=True):
+    if re.search(rf"\b{name}\b", kind):
+      return _KIND_CAPABILITY[name]
+  return None
+
+
+@contextlib.contextmanager
+def _capability_answers(capability: tuple[int, int] | None):
+  """jax's two cuDNN capability checks answer for `capability` inside (nothing when None)."""
+  if capability is None:
+    yield
+    return
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn_lib  # pylint: disable=g-import-not-at-top
+  saved = cudnn_lib.check_compute_capability, cudnn_lib.is_cuda_compute_capability_equal
+  cudnn_lib.check_compute_capability = lambda wanted: capability >= _parse_capability(wanted)
+  cudnn_lib.is_cuda_compute_capability_equal = lambda wanted: capability == _parse_capability(wanted)
+  try:
+    yield
+  finally:
+    cudnn_lib.check_compute_capability, cudnn_lib.is_cuda_compute_capability_equal = saved
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cudnn:
+  scale: float
+  window: int | None  # None: causal
+  layout: str
+  capability: tuple[int, int] | None
+
+
+def _cudnn_call(spec: _Cudnn, q, k, v):
+  bthk = (lambda x: x) if spec.layout == "BTHK" else (lambda x: jnp.swapaxes(x, 1, 2))
+  window = None if spec.window is None else (spec.window - 1, 0)
+  o_BTHK = jax.nn.dot_product_attention(bthk(q), bthk(k), bthk(v), scale=spec.scale,
+                                        is_causal=True, local_window_size=window,
+                                        implementation="cudnn")
+  return bthk(o_BTHK)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _cudnn(spec: _Cudnn, q, k, v):
+  with _capability_answers(spec.capability):
+    return _cudnn_call(spec, q, k, v)
+
+
+def _cudnn_fwd(spec: _Cudnn, q, k, v):
+  with _capability_answers(spec.capability):
+    o, pullback = jax.vjp(functools.partial(_cudnn_call, spec), q, k, v)
+  return o, pullback
+
+
+def _cudnn_bwd(spec: _Cudnn, pullback, do):
+  del spec
+  return pullback(do)
+
+
+_cudnn.defvjp(_cudnn_fwd, _cudnn_bwd)
+
+
+def _cudnn_attend(call: backends.Call, q, k, v):
+  window = call.pattern.window
+  spec = _Cudnn(scale=call.scale, window=window if window is not None and window < call.Tq else None,
+                layout=call.layout, capability=target_capability())
+  return kernel_mesh.per_shard(functools.partial(_cudnn, spec), [q, k, v], ["qkv"] * 3, ["qkv"],
+                               layout=call.layout)
+
+
+# The Pallas kernel: block ranges from the pattern.
+
+@dataclasses.dataclass(frozen=True)
+class _Kernel:
+  """What is static about one kernel call (hashable: the custom VJP's static argument)."""
+  pattern: Pattern  # local (no skips)
+  scale: float
+  Tq: int
+  Tk: int
+  k_offset: int     # k_start - q_start
+  layout: str
+  block_q: int
+  block_k: int
+  interpret: bool
+
+  @property
+  def Tq_padded(self) -> int:
+    return cdiv(self.Tq, self.block_q) * self.block_q
+
+  @property
+  def Tk_padded(self) -> int:
+    return cdiv(self.Tk, self.block_k) * self.block_k
+
+
+def _query_range(pattern: Pattern, k_first, k_last):
+  """(lowest, highest) query position that may see a key in [k_first, k_last] (k_first >= 0);
+  None where unbounded. The inverse of `Pattern.key_range` (local patterns)."""
+  lo = k_first if pattern.causal else None
+  hi = None if pattern.window is None else k_last + pattern.window - 1
+  if pattern.block_size is not None:
+    size = pattern.block_size
+    block_lo = (k_first // size) * size
+    block_hi = (k_last // size + pattern.lookback + 1) * size - 1
+    lo = block_lo if lo is None else jnp.maximum(lo, block_lo)
+    hi = block_hi if hi is None else jnp.minimum(hi, block_hi)
+  return lo, hi
+
+
+def _key_blocks(kern: _Kernel, q_start, i):
+  """[start, stop) of the key blocks query block i may see (`Pattern.key_range`)."""
+  k_start = q_start + kern.k_offset
+  first = q_start + i * kern.block_q
+  last = q_start + jnp.minimum((i + 1) * kern.block_q, kern.Tq) - 1
+  lo, hi = kern.pattern.key_range(first, last)
+  lo_index = jnp.maximum(lo - k_start, 0)
+  hi_index = kern.Tk - 1 if hi is None else jnp.minimum(hi - k_start, kern.Tk - 1)
+  start = lo_index // kern.block_k
+  return start, jnp.where(hi_index >= lo_index, hi_index // kern.block_k + 1, start)
+
+
+def _query_blocks(kern: _Kernel, q_start, j):
+  """[start, stop) of the query blocks that may see key block j (`_query_range`)."""
+  k_start = q_start + kern.k_offset
+  k_first = jnp.maximum(k_start + j * kern.block_k, 0)  # keys at negative positions: unseen
+  k_last = k_start + jnp.minimum((j + 1) * kern.block_k, kern.Tk) - 1
+  lo, hi = _query_range(kern.pattern, k_first, k_last)
+  lo_index = 0 if lo is None else jnp.maximum(lo - q_start, 0)
+  hi_index = kern.Tq - 1 if hi is None else jnp.minimum(hi - q_start, kern.Tq - 1)
+  start = lo_index // kern.block_q
+  some = (hi_index >= lo_index) & (k_last >= k_first)
+  return start, jnp.where(some, hi_index // kern.block_q + 1, start)
+
+
+# The Pallas kernel: the three kernels (refs are one batch row and head: [T, K] and [T]).
+
+def _dot(a, b, *, t_a=False, t_b=False):
+  """a @ b in float32, a / b transposed when asked (the contraction picks the axes)."""
+  dims = (((0 if t_a else 1,), (1 if t_b else 0,)), ((), ()))
+  return jax.lax.dot_general(a, b, dims, preferred_element_type=F32)
+
+
+def _logits(kern: _Kernel, q, k, q_start, i, j):
+  """Base-2 logits (scale * log2 e * q.k) of query block i against key block j, MASKED where
+  unseen, and the mask (the pattern on positions; padding rows and keys unseen)."""
+  q_index = i * kern.block_q + jnp.arange(kern.block_q, dtype=jnp.int32)
+  k_index = j * kern.block_k + jnp.arange(kern.block_k, dtype=jnp.int32)
+  q_pos, k_pos = q_start + q_index, q_start + kern.k_offset + k_index
+  seen = kern.pattern.local_visible(q_pos[:, None], k_pos[None, :])
+  seen &= (q_index < kern.Tq)[:, None] & (k_index < kern.Tk)[None, :]
+  s = _dot(q, k, t_b=True) * (kern.scale * LOG2E)
+  return jnp.where(seen, s, MASKED), seen
+
+
+def _forward_kernel(start_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, kern: _Kernel):
+  i = pl.program_id(0)
+  q_start = start_ref[0]
+  q = q_ref[...]
+
+  def visit(j, carry):
+    acc, peak, total = carry
+    keys = pl.ds(j * kern.block_k, kern.block_k)
+    v = v_ref[keys, :]
+    s, seen = _logits(kern, q, k_ref[keys, :], q_start, i, j)
+    new_peak = jnp.maximum(peak, jnp.max(s, axis=1))
+    rescale = jnp.exp2(peak - new_peak)
+    p = jnp.where(seen, jnp.exp2(s - new_peak[:, None]), 0.0)
+    total = rescale * total + jnp.sum(p, axis=1)
+    acc = rescale[:, None] * acc + _dot(p.astype(v.dtype), v)
+    return acc, new_peak, total
+
+  start, stop = _key_blocks(kern, q_start, i)
+  init = (jnp.zeros(o_ref.shape, F32), jnp.full((kern.block_q,), MASKED, F32),
+          jnp.zeros((kern.block_q,), F32))
+  acc, peak, total = jax.lax.fori_loop(start, stop, visit, init)
+  safe = jnp.where(total > 0, total, 1.0)
+  o_ref[...] = (acc / safe[:, None]).astype(o_ref.dtype)
+  lse_ref[...] = jnp.where(total > 0, (peak + jnp.log2(safe)) * LN2, NO_KEY_LSE)
+
+
+def _dq_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
+               kern: _Kernel):
+  i = pl.program_id(0)
+  q_start = start_ref[0]
+  q, do = q_ref[...], do_ref[...]
+  lse2, delta = lse_ref[...] * LOG2E, delta_ref[...]
+
+  def visit(j, dq):
+    keys = pl.ds(j * kern.block_k, kern.block_k)
+    k = k_ref[keys, :]
+    s, seen = _logits(kern, q, k, q_start, i, j)
+    p = jnp.where(seen, jnp.exp2(s - lse2[:, None]), 0.0)
+    ds = p * (_dot(do, v_ref[keys, :], t_b=True) - delta[:, None])
+    return dq + _dot(ds.astype(k.dtype), k)
+
+  start, stop = _key_blocks(kern, q_start, i)
+  dq = jax.lax.fori_loop(start, stop, visit, jnp.zeros(dq_ref.shape, F32))
+  dq_ref[...] = (dq * kern.scale).astype(dq_ref.dtype)
+
+
+def _dkv_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
+                kern: _Kernel):
+  j = pl.program_id(0)
+  q_start = start_ref[0]
+  k, v = k_ref[...], v_ref[...]
+
+  def visit(i, carry):
+    dk, dv = carry
+    rows = pl.ds(i * kern.block_q, kern.block_q)
+    q, do = q_ref[rows, :], do_ref[rows, :]
+    s, seen = _logits(kern, q, k, q_start, i, j)
+    p = jnp.where(seen, jnp.exp2(s - (lse_ref[rows] * LOG2E)[:, None]), 0.0)
+    dv = dv + _dot(p.astype(do.dtype), do, t_a=True)
+    ds = p * (_dot(do, v, t_b=True) - delta_ref[rows][:, None])
+    return dk + _dot(ds.astype(q.dtype), q, t_a=True), dv
+
+  start, stop = _query_blocks(kern, q_start, j)
+  dk, dv = jax.lax.fori_loop(start, stop, visit,
+                             (jnp.zeros(dk_ref.shape, F32), jnp.zeros(dv_ref.shape, F32)))
+  dk_ref[...] = (dk * kern.scale).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+# The Pallas kernel: calls (padding, block specs, the custom VJP).
+
+def _width(d: int) -> int:
+  """A head width as the kernel holds it: a power of two, at least 16."""
+  return max(16, pl.next_power_of_2(d))
+
+
+def _pad(x, t_axis: int, length: int, width: int | None = None):
+  """x zero-padded along its T axis to `length` (and its last axis to `width`)."""
+  pad = [(0, 0)] * x.ndim
+  pad[t_axis] = (0, length - x.shape[t_axis])
+  if width is not None:
+    pad[-1] = (0, width - x.shape[-1])
+  return x if all(p == (0, 0) for p in pad) else jnp.pad(x, pad)
+
+
+def _spec(kern: _Kernel, kind: str, length: int, width: int = 0, *, whole: bool = False):
+  """The BlockSpec of a 'qkv' operand ([B, T, H, width] / [B, H, T, width]) or a 'rows' one
+  ([B, T, H] / [B, H, T]) on the grid (T blocks, B, H): `length` positions along T, at the
+  grid's block along T, or from 0 when `whole`."""
+  t = (lambda i: 0) if whole else (lambda i: i)
+  if kern.layout == "BHTK":
+    if kind == "qkv":
+      return pl.BlockSpec((None, None, length, width), lambda i, b, h: (b, h, t(i), 0))
+    return pl.BlockSpec((None, None, length), lambda i, b, h: (b, h, t(i)))
+  if kind == "qkv":
+    return pl.BlockSpec((None, length, None, width), lambda i, b, h: (b, t(i), h, 0))
+  return pl.BlockSpec((None, length, None), lambda i, b, h: (b, t(i), h))
+
+
+def _grid(kern: _Kernel, x, blocks: int) -> tuple[int, int, int]:
+  heads = x.shape[1] if kern.layout == "BHTK" else x.shape[2]
+  return (blocks, x.shape[0], heads)
+
+
+def _rows_shape(kern: _Kernel, x, length: int) -> tuple[int, int, int]:
+  B, H = x.shape[0], x.shape[1] if kern.layout == "BHTK" else x.shape[2]
+  return (B, H, length) if kern.layout == "BHTK" else (B, length, H)
+
+
+def _call(kern: _Kernel, body, grid, in_specs, out_specs, out_shape, width: int, name: str):
+  return pl.pallas_call(
+      functools.partial(body, kern=kern), grid=grid, in_specs=in_specs, out_specs=out_specs,
+      out_shape=out_shape, interpret=kern.interpret, name=name,
+      compiler_params=plgpu.CompilerParams(num_warps=4 if width <= 64 else 8,
+                                           num_stages=NUM_STAGES))
+
+
+_START = pl.BlockSpec((1,), lambda i, b, h: (0,))
+
+
+def _forward(kern: _Kernel, q, k, v, start):
+  t = 1 if kern.layout == "BTHK" else 2
+  Tq, Tk, Kq, Kv = kern.Tq_padded, kern.Tk_padded, _width(q.shape[-1]), _width(v.shape[-1])
+  q_p, k_p, v_p = _pad(q, t, Tq, Kq), _pad(k, t, Tk, Kq), _pad(v, t, Tk, Kv)
+  o_p, lse_p = _call(
+      kern, _forward_kernel, _grid(kern, q, Tq // kern.block_q),
+      [_START, _spec(kern, "qkv", kern.block_q, Kq), _spec(kern, "qkv", Tk, Kq, whole=True),
+       _spec(kern, "qkv", Tk, Kv, whole=True)],
+      [_spec(kern, "qkv", kern.block_q, Kv), _spec(kern, "rows", kern.block_q)],
+      [jax.ShapeDtypeStruct(q_p.shape[:3] + (Kv,), q.dtype),
+       jax.ShapeDtypeStruct(_rows_shape(kern, q, Tq), F32)],
+      max(Kq, Kv), "gpu_attention_forward")(start, q_p, k_p, v_p)
+  o = jax.lax.slice_in_dim(o_p, 0, kern.Tq, axis=t)[..., :v.shape[-1]]
+  return o, jax.lax.slice_in_dim(lse_p, 0, kern.Tq, axis=t)
+
+
+def _backward(kern: _Kernel, q, k, v, start, o, lse, do, dlse):
+  t = 1 if kern.layout == "BTHK" else 2
+  Tq, Tk, Kq, Kv = kern.Tq_padded, kern.Tk_padded, _width(q.shape[-1]), _width(v.shape[-1])
+  # d lse_i / d s_ij = p_ij, so the lse cotangent joins delta_i = <do_i, o_i>: ds = p (dp - delta + dlse).
+  delta = jnp.sum(o.astype(F32) * do.astype(F32), axis=-1) - dlse.astype(F32)
+  q_p, k_p, v_p = _pad(q, t, Tq, Kq), _pad(k, t, Tk, Kq), _pad(v, t, Tk, Kv)
+  do_p = _pad(do.astype(o.dtype), t, Tq, Kv)
+  lse_p, delta_p = _pad(lse, t, Tq), _pad(delta, t, Tq)
+  width = max(Kq, Kv)
+  dq = _call(
+      kern, _dq_kernel, _grid(kern, q, Tq // kern.block_q),
+      [_START, _spec(kern, "qkv", kern.block_q, Kq), _spec(kern, "qkv", Tk, Kq, whole=True),
+       _spec(kern, "qkv", Tk, Kv, whole=True), _spec(kern, "qkv", kern.block_q, Kv),
+       _spec(kern, "rows", kern.block_q), _spec(kern, "rows", kern.block_q)],
+      _spec(kern, "qkv", kern.block_q, Kq), jax.ShapeDtypeStruct(q_p.shape, q.dtype), width,
+      "gpu_attention_dq")(start, q_p, k_p, v_p, do_p, lse_p, delta_p)
+  dk, dv = _call(
+      kern, _dkv_kernel, _grid(kern, q, Tk // kern.block_k),
+      [_START, _spec(kern, "qkv", Tq, Kq, whole=True), _spec(kern, "qkv", kern.block_k, Kq),
+       _spec(kern, "qkv", kern.block_k, Kv), _spec(kern, "qkv", Tq, Kv, whole=True),
+       _spec(kern, "rows", Tq, whole=True), _spec(kern, "rows", Tq, whole=True)],
+      [_spec(kern, "qkv", kern.block_k, Kq), _spec(kern, "qkv", kern.block_k, Kv)],
+      [jax.ShapeDtypeStruct(k_p.shape, k.dtype), jax.ShapeDtypeStruct(v_p.shape, v.dtype)], width,
+      "gpu_attention_dkv")(start, q_p, k_p, v_p, do_p, lse_p, delta_p)
+  unpad = lambda x, n, d: jax.lax.slice_in_dim(x, 0, n, axis=t)[..., :d]
+  return (unpad(dq, kern.Tq, q.shape[-1]), unpad(dk, kern.Tk, k.shape[-1]),
+          unpad(dv, kern.Tk, v.shape[-1]))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(kern: _Kernel, q, k, v, start):
+  return _forward(kern, q, k, v, start)
+
+
+def _flash_fwd(kern: _Kernel, q, k, v, start):
+  o, lse = _forward(kern, q, k, v, start)
+  return (o, lse), (q, k, v, start, o, lse)
+
+
+def _flash_bwd(kern: _Kernel, residuals, cotangents):
+  q, k, v, start, o, lse = residuals
+  do, dlse = cotangents
+  dq, dk, dv = _backward(kern, q, k, v, start, o, lse, do, dlse)
+  return dq, dk, dv, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+def _block(limit: int, length: int, row_bytes: int) -> int:
+  """A tile length: `limit`, smaller for rows over ROW_BYTES (shared memory), at most the
+  sequence (a power of two, at least 16)."""
+  limit = limit * ROW_BYTES // max(ROW_BYTES, pl.next_power_of_2(row_bytes))
+  return max(16, min(limit, pl.next_power_of_2(length)))
+
+
+def _kernel_attend(call: backends.Call, q, k, v, q_start, interpret: bool):
+  """(o, lse) of `call.pattern.local` on the Pallas kernel (no priors), per shard."""
+  row_bytes = max(q.shape[-1], v.shape[-1]) * jnp.dtype(q.dtype).itemsize
+  kern = _Kernel(pattern=call.pattern.local, scale=call.scale, Tq=call.Tq, Tk=call.Tk,
+                 k_offset=call.k_offset, layout=call.layout,
+                 block_q=_block(BLOCK_Q, call.Tq, row_bytes),
+                 block_k=_block(BLOCK_K, call.Tk, row_bytes), interpret=interpret)
+  start = jnp.reshape(jnp.asarray(q_start, jnp.int32), (1,))
+  return kernel_mesh.per_shard(functools.partial(_flash, kern), [q, k, v, start],
+                               ["qkv", "qkv", "qkv", "replicated"], ["qkv", "rows"],
+                               layout=call.layout)
+
 
 backends.register(backends.Backend(
-    name="gpu", attend=None, unsupported=lambda call: "the gpu backend is not built yet",
-    platforms=("tpu",) if "gpu" == "splash" else ("gpu",)))
+    name="gpu", attend=attend, unsupported=unsupported, pattern_unsupported=pattern_unsupported,
+    platforms=("gpu",),
+    doc="GPU: cuDNN for causal / window self-attention without lse, else a Pallas (Triton) "
+        "flash kernel masked from the Pattern; decoding caches and traced key offsets on xla"))

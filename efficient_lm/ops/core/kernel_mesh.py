@@ -2,11 +2,14 @@
 
 XLA cannot partition a kernel's custom call: traced under a mesh with the
 batch split (`data`, `fsdp`) or the heads split (`tensor`), it would gather
-whole arrays onto every device first. `per_shard(fn, ...)` runs `fn` inside a
-`jax.shard_map` over those axes instead, so each device calls the kernel on
-its own batch rows and heads (attention never mixes either). Axes already
-manual (inside the ring ops' own `shard_map` over `context`) are left alone;
-without a mesh `fn` is called as it is.
+whole arrays onto every device first (and Mosaic refuses to lower a kernel
+under any axis left to the partitioner). `per_shard(fn, ...)` runs `fn`
+inside a `jax.shard_map` over every mesh axis not already manual: the batch
+over `data` x `fsdp`, the heads over `tensor`, replicated along the others,
+so each device calls the kernel on its own batch rows and heads (attention
+never mixes either). Axes already manual (inside the ring ops' own
+`shard_map` over `context`) are left alone; without a mesh `fn` is called as
+it is.
 """
 
 from typing import Callable
@@ -18,11 +21,10 @@ BATCH_AXES = ("data", "fsdp")
 HEAD_AXES = ("tensor",)
 
 
-def _free_axes(mesh, names) -> tuple[str, ...]:
+def _free_axes(mesh) -> tuple[str, ...]:
+  """The mesh axes not already manual."""
   manual = jax.sharding.AxisType.Manual
-  types = dict(zip(mesh.axis_names, mesh.axis_types))
-  return tuple(a for a in names if a in mesh.axis_names and mesh.shape[a] > 1
-               and types[a] != manual)
+  return tuple(a for a, t in zip(mesh.axis_names, mesh.axis_types) if t != manual)
 
 
 def per_shard(fn: Callable, arrays: list, kinds: list[str], out_kinds: list[str], *,
@@ -35,12 +37,11 @@ def per_shard(fn: Callable, arrays: list, kinds: list[str], out_kinds: list[str]
   argument, passed through).
   """
   mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty:
+  free = _free_axes(mesh) if not mesh.empty else ()
+  if not free:
     return fn(*arrays)
-  batch = _free_axes(mesh, BATCH_AXES)
-  heads = _free_axes(mesh, HEAD_AXES)
-  if not batch and not heads:
-    return fn(*arrays)
+  batch = tuple(a for a in BATCH_AXES if a in free and mesh.shape[a] > 1)
+  heads = tuple(a for a in HEAD_AXES if a in free and mesh.shape[a] > 1)
   b = batch if len(batch) > 1 else (batch[0] if batch else None)
   h = heads[0] if heads else None
   heads_first = layout == "BHTK"
@@ -59,5 +60,5 @@ def per_shard(fn: Callable, arrays: list, kinds: list[str], out_kinds: list[str]
   out_specs = tuple(specs[k] for k in out_kinds)
   mapped = jax.shard_map(body, mesh=mesh, in_specs=in_specs,
                          out_specs=out_specs if len(out_specs) > 1 else out_specs[0],
-                         axis_names=set(batch) | set(heads), check_vma=False)
+                         axis_names=set(free), check_vma=False)
   return mapped(*[arrays[i] for i in present])

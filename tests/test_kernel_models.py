@@ -1,0 +1,66 @@
+"""Every family on the kernel backends: `model.attention_impl='splash' | 'gpu'` with
+`model.kernel_interpret=True` (Pallas interpret mode on this CPU) computes what `xla` does.
+
+Loss and every parameter gradient of a tiny model of each family, whole windows and sequence
+chunks (a traced chunk start with a static key offset: the kernels' masks from the pattern);
+and a short training run through the loop on the splash kernel, step for step the xla run's
+losses.
+"""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from efficient_lm import models
+from efficient_lm import train_step
+from efficient_lm.ops import core
+from test_models import tiny_model_config
+
+FAMILIES = ["dense", "pi_attention", "sliding_window", "bcmt", "honly", "ecp", "perceiver_ar",
+            "double_attention"]
+
+
+def loss_and_grads(cfg, tokens_BT):
+  model = models.create(cfg, rngs=nnx.Rngs(0))
+  graphdef, params = nnx.split(model)
+  batch = {"inputs": tokens_BT[:, :-1], "targets": tokens_BT[:, 1:],
+           "weights": np.ones(tokens_BT[:, 1:].shape, np.float32)}
+
+  def loss(params):
+    nll, weight = train_step.model_nll(nnx.merge(graphdef, params), batch)
+    return nll / weight
+
+  return jax.jit(jax.value_and_grad(loss))(params)
+
+
+@pytest.mark.parametrize("impl", ["splash", "gpu"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_family_on_a_kernel_equals_xla(name, impl):
+  chunk = {"seq_chunk": 16} if models.REGISTRY[name].chunkable else {}
+  tokens = jax.random.randint(jax.random.key(1), (2, 33), 0, 64)
+  want_loss, want = loss_and_grads(tiny_model_config(name, attention_impl="xla", **chunk), tokens)
+  fallbacks = sum(core.FALLBACKS.values())
+  got_loss, got = loss_and_grads(
+      tiny_model_config(name, attention_impl=impl, kernel_interpret=True, **chunk), tokens)
+  assert sum(core.FALLBACKS.values()) == fallbacks, core.FALLBACKS  # every call on the kernel
+  np.testing.assert_allclose(got_loss, want_loss, rtol=2e-5)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, atol=2e-5, rtol=2e-4)
+
+
+@pytest.mark.slow
+def test_training_on_the_splash_kernel_matches_xla(tiny_config, tmp_path):
+  """The training loop on the interpreted splash kernel: the losses of the xla run."""
+  from efficient_lm import train  # pylint: disable=import-outside-toplevel
+  losses = {}
+  for impl in ("xla", "splash"):
+    config = tiny_config("pi_attention", num_steps=6, log_every=1, eval_every=6,
+                         checkpoint_every=6, sample_tokens=0)
+    config.model.update(attention_impl=impl, kernel_interpret=impl != "xla", seq_chunk=16)
+    train.train_and_evaluate(config, str(tmp_path / impl))
+    lines = (tmp_path / impl / "metrics.jsonl").read_text().splitlines()
+    import json  # pylint: disable=import-outside-toplevel
+    losses[impl] = [json.loads(l)["loss"] for l in lines if '"loss"' in l]
+  assert len(losses["xla"]) == 6
+  np.testing.assert_allclose(losses["splash"], losses["xla"], rtol=1e-4)

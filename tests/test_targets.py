@@ -1,0 +1,194 @@
+"""Compiling for accelerators from this CPU host: `--compile_only --target=<platform>:<device>:<topology>`.
+
+TPU targets need libtpu (the `tpu` extra, which CI installs); GPU targets the
+CUDA plugin (the `gpu` extra, or a folder holding it named by
+$EFFICIENT_LM_CUDA_PLUGIN, which keeps its start-up lines out of every other
+test). A test whose extra is missing is skipped and says which.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, load_config
+from efficient_lm import config_check, sharding, step_memory, targets, train, train_state
+
+HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
+needs_tpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: pip install -e '.[tpu]'")
+CUDA_PLUGIN = os.environ.get("EFFICIENT_LM_CUDA_PLUGIN", "")
+HAS_CUDA_PLUGIN = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None or bool(
+    CUDA_PLUGIN and os.path.isdir(os.path.join(CUDA_PLUGIN, "jax_plugins")))
+
+
+def small(name: str, preset: str | None = None, *, seq_len: int = 2048, batch_size: int = 4,
+          chunk: int = 512, **model):
+  """A small config of `name` at `seq_len` with the long-context settings (sequence chunks where
+  the family has them), the config's own mesh (fsdp over every device)."""
+  config = load_config(name, preset)
+  config.mesh.fsdp = -1
+  config.data.update(seq_len=seq_len, batch_size=batch_size, vocab_size=512)
+  config.model.update({"d_model": 64, "num_layers": 2, "num_heads": 2, "remat": "block", **model})
+  config.train.loss_chunk = chunk
+  if config.model.get("seq_chunk", 0):
+    config.model.seq_chunk = chunk
+  if name == "ecp":
+    config.model.num_segments = seq_len // 256
+  if name == "bcmt":
+    config.model.block_size = 256
+  if name == "perceiver_ar":
+    config.model.num_latents = 256
+  return config
+
+
+def compile_for(config, spec: str, num_slices: int = 1):
+  """(report, compiled) of the config's train step compiled for `spec`."""
+  target = targets.load(spec, num_slices)
+  config_check.validate(config, target.devices)
+  mesh = sharding.make_mesh(config.mesh, target.devices)
+  built = train_state.build(config, mesh, abstract=True)
+  compiled = step_memory.compile_train_step(config, built)
+  return step_memory.report(compiled, config, built, target), compiled
+
+
+def test_bad_targets_are_one_line_errors():
+  for spec, match in [("v5e:2x2", "must be <platform>:<device>:<topology>"),
+                      ("npu:v5e:2x2", "platform 'npu' is not one of tpu, gpu"),
+                      ("tpu:v9z:2x2", "no TPU 'v9z' known here; use one of v5e, v5p, v6e"),
+                      ("gpu:h100:eight", "topology 'eight' must be dimensions"),
+                      ("gpu:k80:1x1x1", "no GPU 'k80' known here; use one of a100, h100, h200")]:
+    with pytest.raises(targets.TargetError, match=re.escape(match)):
+      targets.parse(spec)
+
+
+def test_gpu_descriptions_ship_with_the_package():
+  assert set(targets.gpu_devices()) >= {"a100", "h100", "h200"}
+  text = targets.gpu_description("h200")
+  memory = int(re.search(r"device_memory_size:\s*(\d+)", text).group(1))
+  assert 140e9 < memory < 152e9 and "cuda_compute_capability { major: 9 minor: 0 }" in text
+
+
+@needs_tpu
+def test_tpu_step_report_uses_the_platform_figure():
+  """On TPU the figure is the program's peak plus code (not the sum of the analysis' sizes: its
+  temporaries overstate what a large step allocates), the JSON names the target and the chip's
+  memory, and collectives are counted (fsdp=4: weights gathered)."""
+  report, _ = compile_for(small("pi_attention", seq_len=4096, chunk=1024), "tpu:v5e:2x2")
+  assert report["target"] == "tpu:v5e:2x2" and report["platform"] == "tpu"
+  assert report["num_devices"] == 4 and report["mesh"]["fsdp"] == 4
+  assert report["per_device_total_bytes"] == (report["per_device_peak_bytes"]
+                                              + report["per_device_code_bytes"])
+  assert report["device_memory_bytes"] == 16 * 2**30
+  assert report["per_device_available_bytes"] == int(15.75 * 2**30) and report["fits"]
+  assert report["collectives"]["all-gather"] > 0
+  assert set(report["collectives"]) == set(step_memory.COLLECTIVES)
+
+
+def _padding(dims: list[int], layout: str) -> float:
+  """How much larger than its elements an array of `dims` is in a TPU tiled `layout`
+  ('minor-to-major:T(8,128)(2,1)...')."""
+  m = re.match(r"([\d,]*):T\((\d+),(\d+)\)(?:\((\d+),(\d+)\))?", layout)
+  if not m or len(dims) < 2:
+    return 1.0
+  order = [int(x) for x in m.group(1).split(",")]
+  rows, lanes = int(m.group(2)), int(m.group(3))
+  rows *= int(m.group(4)) if m.group(4) else 1  # 16-bit / 8-bit values pack several rows
+  minor, second = dims[order[0]], dims[order[1]]
+  return (-(-minor // lanes) * lanes) * (-(-second // rows) * rows) / (minor * second)
+
+
+@needs_tpu
+def test_no_sequence_wide_buffer_is_padded_on_tpu():
+  """The sequence-chunked block keeps its sequence-wide arrays lane-dense: no array of at least
+  half a [B, T, D] activation is padded by the TPU's (8, 128) tiles (heads of width 32 would be
+  4x), while the chunks' own [.., H, K] arrays may be."""
+  T, D = 16384, 128  # a lane-wide residual stream; heads of width 32
+  report, compiled = compile_for(small("pi_attention", seq_len=T, chunk=2048, d_model=D,
+                                       num_heads=4), "tpu:v5e:2x2")
+  local_batch = 1  # B=4 over fsdp=4
+  big = local_batch * T * D // 2
+  padded = []
+  for m in re.finditer(r"\b(?:f32|bf16)\[([\d,]+)\]\{([^}]*)\}", compiled.as_text()):
+    dims = [int(d) for d in m.group(1).split(",")]
+    if eval("*".join(map(str, dims))) >= big and _padding(dims, m.group(2)) > 1.01:
+      padded.append(m.group(0))
+  assert not padded, sorted(set(padded))[:5]
+  assert report["fits"]
+
+
+@needs_tpu
+@pytest.mark.parametrize("name,preset", [
+    ("dense", None), ("sliding_window", None), ("bcmt", None), ("bcmt", "honly"), ("ecp", None),
+    pytest.param("perceiver_ar", None, marks=pytest.mark.slow),
+    pytest.param("pi_attention", "doubling", marks=pytest.mark.slow)])
+def test_every_family_compiles_for_a_tpu_slice(name, preset):
+  """Every family's real train step compiles for v5e:2x2 and, having compiled, is never refused."""
+  report, _ = compile_for(small(name, preset), "tpu:v5e:2x2")
+  assert report["fits"] and report["per_device_total_bytes"] <= report["per_device_available_bytes"]
+  assert report["platform"] == "tpu" and report["collectives"]["all-gather"] > 0
+
+
+@needs_tpu
+def test_compile_only_target_command_line(tmp_path):
+  """The command line: the last stdout line is the JSON report; nothing is written; a step the
+  target cannot hold exits 3 with one line naming the fixes."""
+  base = [sys.executable, "-m", "efficient_lm.main", "--config=configs/pi_attention.py",
+          "--compile_only", "--target=tpu:v5e:2x2", f"--workdir={tmp_path / 'w'}",
+          "--config.model.d_model=64", "--config.model.num_heads=2", "--config.data.vocab_size=512",
+          f"--config.data.data_dir={tmp_path / 'd'}"]
+  env = dict(os.environ)
+  ok = subprocess.run(base + ["--config.data.seq_len=4096", "--config.data.batch_size=4"],
+                      capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  report = json.loads(ok.stdout.strip().splitlines()[-1])
+  assert report["target"] == "tpu:v5e:2x2" and report["fits"] and report["num_devices"] == 4
+  assert not (tmp_path / "w").exists() and not (tmp_path / "d").exists()
+  # Dense in its [T, T] form at 64K tokens: 16 GiB of scores per head and sequence.
+  big = subprocess.run(base[:3] + ["--config=configs/dense.py"] + base[4:] + [
+      "--config.data.seq_len=65536", "--config.data.batch_size=4",
+      "--config.model.attention_impl=reference"], capture_output=True, text=True, cwd=REPO,
+      env=env, timeout=600)
+  assert big.returncode == 3, big.stderr[-2000:]
+  errors = [line for line in big.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "does not fit" in errors[0] and "model.attention_impl='xla'" in errors[0]
+  bad = subprocess.run(base[:5] + ["--target=tpu:v5e"], capture_output=True, text=True,
+                       cwd=REPO, env=env, timeout=600)
+  assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: --target=")
+
+
+@needs_tpu
+def test_two_slices_make_a_hybrid_mesh():
+  """--num_slices=2: the data axis runs across the slices (mesh.dcn_data=-1 takes them), fsdp
+  inside each; the step compiles for both slices' 8 chips."""
+  config = small("pi_attention")
+  config.data.batch_size = 8
+  report, _ = compile_for(config, "tpu:v5e:2x2", num_slices=2)
+  assert report["num_devices"] == 8 and report["mesh"]["data"] == 2 and report["mesh"]["fsdp"] == 4
+  assert report["num_slices"] == 2 and report["fits"]
+  target = targets.load("tpu:v5e:2x2", 2)
+  mesh = sharding.make_mesh(config.mesh, target.devices)
+  slices = [[d.slice_index for d in mesh.devices[i].flat] for i in range(2)]
+  assert slices == [[0] * 4, [1] * 4]  # each data index is one whole slice
+
+
+@pytest.mark.skipif(not HAS_CUDA_PLUGIN, reason="the CUDA plugin is not installed: pip install -e "
+                    "'.[gpu]' (or point $EFFICIENT_LM_CUDA_PLUGIN at a folder holding it)")
+def test_compile_only_for_a_gpu_target(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  if CUDA_PLUGIN:
+    env["PYTHONPATH"] = os.pathsep.join([CUDA_PLUGIN, REPO])
+  args = [sys.executable, "-m", "efficient_lm.main", "--config=configs/sliding_window.py",
+          "--compile_only", "--target=gpu:h100:1x1x2", "--config.model.d_model=64",
+          "--config.model.num_heads=2", "--config.data.vocab_size=512", "--config.data.seq_len=2048",
+          "--config.data.batch_size=2", "--config.model.dtype=bfloat16"]
+  result = subprocess.run(args, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+  assert result.returncode == 0, result.stderr[-2000:]
+  report = json.loads(result.stdout.strip().splitlines()[-1])
+  assert report["target"] == "gpu:h100:1x1x2" and report["platform"] == "gpu"
+  assert report["num_devices"] == 2 and report["fits"]
+  assert report["device_memory_bytes"] == 81559 * 2**20
+  assert report["per_device_available_bytes"] == int(0.75 * 81559 * 2**20)
