@@ -1,5 +1,6 @@
 """The experiment scripts and notebooks run: benchmark --quick, paper tables resume/add, the notebooks."""
 
+import importlib.util
 import json
 import os
 import re
@@ -53,6 +54,17 @@ def test_benchmark_stops_a_model_over_the_step_time_limit(tmp_path):
   assert "skipped" in out
 
 
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
+def test_bench_context_compiles_for_a_target(tmp_path):
+  run_module(["experiments.bench_context", "--quick", "--target=tpu:v5e:2x2",
+              "--models=sliding_window", "--seq_lens=512", f"--out_dir={tmp_path}", "--out_name=t"])
+  result = json.loads((tmp_path / "t.json").read_text())
+  (row,) = result["memory"]
+  assert row["fits"] and row["batch_size"] == 4 and row["mesh"]["fsdp"] == 4
+  assert row["memory_figure"] == "peak + code" and row["collectives"]["all-gather"] > 0
+  assert result["fits"]["sliding_window"] == {"device": 512} and result["timing"] == []
+
+
 def test_bench_context_quick_reports_memory_fits_and_speed(tmp_path):
   run_module(["experiments.bench_context", "--quick", "--models=pi_attention,dense:reference",
               "--seq_lens=128,512", f"--out_dir={tmp_path}"])
@@ -70,6 +82,25 @@ def test_bench_context_quick_reports_memory_fits_and_speed(tmp_path):
   assert set(timing) == {"pi_attention", "dense:reference"}
   assert all(r["tokens_per_sec"] > 0 for r in timing.values())
   assert (tmp_path / "context_quick_memory.png").stat().st_size > 1000
+
+
+def test_accelerator_check_quick_and_without_a_device(tmp_path):
+  """The device script says in one line that there is no device (exit 0); its Python part runs
+  at tiny sizes here: every backend within tolerance, every model timed, one JSON summary."""
+  script = subprocess.run(["bash", "experiments/accelerator_check.sh"], cwd=REPO, capture_output=True,
+                          text=True, env=one_device_env(), timeout=120)
+  assert script.returncode == 0 and script.stdout.strip().count("\n") == 0
+  assert script.stdout.startswith("accelerator_check: no GPU or TPU on this machine")
+  out = tmp_path / "check.json"
+  run_module(["experiments.accelerator_check", "--quick", f"--out={out}"])
+  summary = json.loads(out.read_text())
+  assert summary["platform"] == "cpu" and summary["backend_failures"] == 0
+  assert {r["impl"] for r in summary["backends"]} == {"xla"} and all(r["ok"] for r in summary["backends"])
+  rows = {r["model"]: r for r in summary["train_steps"]}
+  assert set(rows) == {"pi_attention", "sliding_window", "bcmt", "honly", "ecp", "dense"}
+  for name, r in rows.items():
+    assert r["tokens_per_sec"] > 0 and r["estimate_bytes"] > 0 and r["model_tflop"] > 0, r
+    assert (name == "dense") == ("vs_dense" not in r)
 
 
 def test_bench_sharding_quick_fsdp_shrinks_the_state(tmp_path):
