@@ -25,7 +25,10 @@ setuptools.setup(
     version=read_version(),
     description="A JAX/Flax model zoo of efficient long-context language models.",
     license="Apache-2.0",
-    packages=setuptools.find_packages(include=["efficient_lm", "efficient_lm.*"]),
+    # configs/ is installed as efficient_lm.configs: `--config=<name>` works without a checkout.
+    packages=setuptools.find_packages(include=["efficient_lm", "efficient_lm.*"]) + [
+        "efficient_lm.configs"],
+    package_dir={"efficient_lm.configs": "configs"},
     package_data={"efficient_lm.targets": ["gpu/*.txtpb"]},  # GPU descriptions for --target
     python_requires=">=3.10",
     install_requires=[

@@ -59,4 +59,10 @@ def _validate_train(t: ml_collections.ConfigDict) -> None:
           "set train.loss_chunk to e.g. 4096, or 0")
   require(t.sample_tokens >= 0, "train.sample_tokens", t.sample_tokens, "must be >= 0",
           "set train.sample_tokens to 0 to skip the final sample")
+  eval_tokens = t.get("eval_tokens", 0)
+  require(isinstance(eval_tokens, int) and not isinstance(eval_tokens, bool) and eval_tokens >= 0,
+          "train.eval_tokens", eval_tokens, "must be an integer >= 0 (0 = the whole split)",
+          "set train.eval_tokens to e.g. 100000, or 0")
+  require(isinstance(t.get("allow_new_data", False), bool), "train.allow_new_data",
+          t.get("allow_new_data"), "must be True or False", "set train.allow_new_data=False")
 

@@ -19,15 +19,18 @@ from absl import logging
 from ml_collections import config_flags
 
 from efficient_lm import checkpoint
+from efficient_lm import cli
 from efficient_lm import data
 from efficient_lm import distributed
 from efficient_lm import step_memory
 from efficient_lm import targets
 from efficient_lm import train
+from efficient_lm import workdir as workdir_lib
 from efficient_lm.validation import ConfigError
 
-config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/dense.py or configs/bcmt.py:128.",
-                                lock_config=True)
+config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/dense.py or "
+                                "configs/bcmt.py:128, or a shipped config by name (pi_attention, "
+                                "bcmt:128).", lock_config=True)
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics and logs; default runs/<config name>.")
 flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0, for a multi-process job; "
                     "default $JAX_COORDINATOR_ADDRESS or the cluster's (SLURM, Open MPI, Cloud TPU).")
@@ -98,7 +101,12 @@ def main(argv):
         sys.exit(3)
       return
     train.train_and_evaluate(FLAGS.config, workdir)
-  except (ConfigError, data.DataError, data.DownloadError, train.WorkdirMismatchError,
+  except KeyboardInterrupt:
+    print("error: interrupted (Ctrl-C); nothing half-written was kept (the data cache, the "
+          "workdir and the checkpoints are written atomically): rerun the same command to go on "
+          "from the last checkpoint", file=sys.stderr)
+    sys.exit(130)
+  except (ConfigError, data.DataError, data.DownloadError, workdir_lib.WorkdirError,
           checkpoint.NoRestorableCheckpointError, train.NonFiniteError,
           step_memory.StepTooLargeError, targets.TargetError) as e:
     print(f"error: {e}", file=sys.stderr)
@@ -107,7 +115,7 @@ def main(argv):
 
 def run() -> None:
   """The `efficient-lm-train` console script."""
-  app.run(main)
+  app.run(main, flags_parser=cli.parse_flags)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,14 @@ def bits_per_byte(sum_nll_nats: float, num_bytes: int) -> float:
   return sum_nll_nats / (math.log(2.0) * num_bytes)
 
 
+def loss_figures(sum_nll_nats: float, scored: float, num_bytes: float) -> dict[str, float]:
+  """The three figures of an evaluation: loss (nats per scored token), perplexity and bits per
+  byte (`num_bytes`: the UTF-8 bytes of what was scored)."""
+  loss = sum_nll_nats / max(scored, 1.0)
+  return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)),
+          "bits_per_byte": bits_per_byte(sum_nll_nats, num_bytes) if num_bytes else float("nan")}
+
+
 class MetricWriter:
   """Appends one JSON object a line to `<workdir>/metrics.jsonl` and mirrors it to TensorBoard."""
 

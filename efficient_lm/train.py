@@ -13,9 +13,6 @@ workdir: `metrics.jsonl`, `tensorboard/`, `config.json`, `tokenizer.model` and
 
 import dataclasses
 import logging
-import math
-import os
-import shutil
 import time
 from typing import Any
 
@@ -31,16 +28,18 @@ from efficient_lm import distributed
 from efficient_lm import metrics as metrics_lib
 from efficient_lm import models
 from efficient_lm import preemption
-from efficient_lm import sample
+from efficient_lm import generation
 from efficient_lm import sharding
 from efficient_lm import step_memory
 from efficient_lm import targets
 from efficient_lm import train_state
 from efficient_lm import train_step as train_step_lib
+from efficient_lm import workdir as workdir_lib
 from efficient_lm.ops import ring
 from efficient_lm.validation import ConfigError
 
 log = logging.getLogger(__name__)
+EPOCHS_WARNING = 20  # more passes over the train windows than this: one warning line
 
 # Kept importable from here: tests and experiments use them.
 TrainState = train_state.TrainState
@@ -49,8 +48,7 @@ make_train_step = train_step_lib.make_train_step
 make_eval_step = train_step_lib.make_eval_step
 
 
-class WorkdirMismatchError(RuntimeError):
-  """The workdir holds checkpoints of a different model than the config describes."""
+WorkdirMismatchError = workdir_lib.WorkdirMismatchError
 
 
 class NonFiniteError(FloatingPointError):
@@ -70,23 +68,33 @@ def place_batch(batch: dict, mesh: jax.sharding.Mesh, layout: str = "natural") -
 
 
 def evaluate(eval_step, params, corpus, split: str, batch_size: int, mesh,
-             layout: str = "natural") -> dict[str, float]:
-  """Loss (nats/token), perplexity and bits per byte over the whole split, every token once.
+             layout: str = "natural", max_tokens: int = 0) -> dict[str, float]:
+  """Loss (nats/token), perplexity and bits per byte over the whole split, every token once (or
+  its first windows holding at least `max_tokens` targets: `train.eval_tokens`).
 
   A model that scores only the last positions of each window (Perceiver-AR)
   is charged the bytes of the tokens it scored: the split's bytes times the
   fraction of target tokens scored (an estimate; exact when all are scored).
+  A long evaluation says how far it is about every 30 s.
   """
   total_nll, scored, targets = 0.0, 0.0, 0.0
+  truncated = False
+  last_note = time.monotonic()
   for batch in corpus.eval_batches(split, batch_size=batch_size):
     nll, weight = eval_step(params, place_batch(batch, mesh, layout))
     total_nll += float(nll)
     scored += float(weight)
     targets += float(np.sum(batch["weights"]))
-  loss = total_nll / max(scored, 1.0)
-  num_bytes = corpus.num_bytes(split) * (scored / targets if targets else 1.0)
-  return {"eval_loss": loss, "eval_perplexity": math.exp(min(loss, 80.0)),
-          "eval_bits_per_byte": metrics_lib.bits_per_byte(total_nll, num_bytes)}
+    if time.monotonic() - last_note > 30:
+      last_note = time.monotonic()
+      log.info("... evaluating on %s: %s tokens so far", split, f"{int(targets):,}")
+    if max_tokens and targets >= max_tokens:
+      truncated = True
+      break
+  share = targets / corpus.num_tokens(split) if truncated else 1.0  # of the split's bytes
+  num_bytes = corpus.num_bytes(split) * share * (scored / targets if targets else 1.0)
+  figures = metrics_lib.loss_figures(total_nll, scored, num_bytes)
+  return {f"eval_{name}": value for name, value in figures.items()}
 
 
 def make_sharded_eval_step(config: ml_collections.ConfigDict, built: train_state.Built):
@@ -111,38 +119,6 @@ def compile_only(config: ml_collections.ConfigDict, target: str | None = None,
   return step_memory.report(compiled, config, built, accelerator)
 
 
-def model_meta(config: ml_collections.ConfigDict, params) -> dict:
-  """What a checkpoint's model is: its name and every parameter's shape."""
-  shapes = {jax.tree_util.keystr(path): list(np.shape(x))
-            for path, x in jax.tree_util.tree_leaves_with_path(params)}
-  return {"model_name": config.model.name, "param_shapes": shapes}
-
-
-def _check_same_model(saved: dict, current: dict, workdir: str) -> None:
-  saved = {k: saved.get(k) for k in current}
-  if saved == current:
-    return
-  if saved.get("model_name") != current["model_name"]:
-    what = f"model.name={saved.get('model_name')!r}, the config has {current['model_name']!r}"
-  else:
-    saved_shapes = saved.get("param_shapes") or {}
-    diff = sorted(k for k in set(saved_shapes) | set(current["param_shapes"])
-                  if saved_shapes.get(k) != current["param_shapes"].get(k))
-    what = (f"parameter shapes differ at {diff[0]}: saved {saved_shapes.get(diff[0])}, "
-            f"config gives {current['param_shapes'].get(diff[0])}")
-  raise WorkdirMismatchError(
-      f"workdir {workdir} holds checkpoints of another model ({what}); use a new --workdir, "
-      "or the config the workdir was trained with (its config.json)")
-
-
-def _write_workdir_files(config, workdir: str, tokenizer) -> None:
-  with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
-    f.write(config.to_json_best_effort(indent=2))
-  target = os.path.join(workdir, "tokenizer.model")
-  if os.path.abspath(tokenizer.model_path) != os.path.abspath(target):
-    shutil.copyfile(tokenizer.model_path, target)
-
-
 def check_eval_split(config: ml_collections.ConfigDict, splits) -> None:
   """`train.eval_split` against the corpus's splits (before any step runs)."""
   split = config.train.eval_split
@@ -159,7 +135,7 @@ class Run:
   corpus: Any
   mesh: jax.sharding.Mesh
   layout: str
-  built: train_state.Built
+  built: train_state.Built     # abstract: the shapes, shardings, optimizer and schedule
   state: train_state.TrainState
   train_step: Any               # the compiled step (checked to fit before anything ran)
   ckpt: checkpoint.Checkpointer
@@ -170,45 +146,91 @@ class Run:
 
 def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   """Data, mesh and train state; the state and data position restored from the workdir if it has
-  checkpoints (a workdir of another model is refused)."""
+  checkpoints. Every check runs before the workdir is touched (`workdir.Workdir`): a run of
+  another model or corpus is refused with the workdir byte-identical. A resumed state is restored
+  straight into its shardings (no random init beside it)."""
   t = config.train
+  wd = workdir_lib.Workdir(workdir)
   mesh = sharding.make_mesh(config.mesh)
+  data_checks = data.preflight(config.data)  # cheap (a glob that matches nothing): before compiling
   # Compile the step first, from shapes only: a step that cannot fit stops here, before any data.
+  abstract, compiled = _compiled_step(config, mesh)
+  corpus = distributed.primary_first(lambda: data.load(config.data, data_checks), "data prepared")
+  check_eval_split(config, corpus.splits)
+  vocab = _vocab_size(config, corpus.tokenizer, wd)
+  if vocab < config.data.vocab_size:  # a small corpus: fewer pieces
+    log.info("the tokenizer has %d pieces (data.vocab_size=%d): the model's vocabulary is %d",
+             corpus.tokenizer.vocab_size, config.data.vocab_size, vocab)
+    config.data.vocab_size = vocab  # model.vocab_size follows (a field reference)
+    config_check.validate(config)
+    abstract, compiled = _compiled_step(config, mesh)
+  _warn_if_epochs_repeat(config, corpus)
+  wd.check_data(corpus.identity, allow_new_data=t.get("allow_new_data", False))
+  meta = workdir_lib.model_meta(config, abstract.state.params)
+  saved_meta = {}
+
+  def check_meta(saved: dict) -> None:
+    wd.check_model(saved, meta)
+    saved_meta.update(saved)
+
+  train_iter = corpus.train_iterator(batch_size=config.data.batch_size, seed=t.seed)
+  open_checkpoints = lambda: checkpoint.Checkpointer(wd.checkpoints, max_to_keep=t.keep_checkpoints)
+  ckpt, restored = None, None
+  if wd.has_checkpoints():  # (a workdir without any is not touched before the checks pass)
+    ckpt = open_checkpoints()
+    restored = ckpt.restore_latest(abstract.state, check_meta)
+  if restored is not None:
+    latest, state, data_state = restored
+    train_iter.set_state(data_state)
+    log.info("resumed from %s at step %d", ckpt.directory, latest)
+    _warn_if_rate_jumps(saved_meta.get("learning_rate"), float(abstract.schedule(latest)), latest)
+  else:
+    state = train_state.build(config, mesh).state
+  if distributed.is_primary():  # every check has passed: now the workdir is written
+    wd.write(config, corpus.tokenizer, corpus.identity)
+  distributed.barrier("workdir written")
+  ckpt = ckpt or open_checkpoints()
+  log.info("model %s: %s parameters; %s train tokens; workdir %s", config.model.name,
+           f"{abstract.num_params:,}", f"{corpus.num_tokens('train'):,}", wd.path)
+  writer = metrics_lib.MetricWriter(wd.path) if distributed.is_primary() else metrics_lib.NullWriter()
+  return Run(config=config, workdir=wd.path, corpus=corpus, mesh=mesh,
+             layout=models.sequence_layout(config.model, mesh), built=abstract, state=state,
+             train_step=compiled, ckpt=ckpt, train_iter=train_iter, writer=writer, meta=meta)
+
+
+def _vocab_size(config: ml_collections.ConfigDict, tokenizer, wd: workdir_lib.Workdir) -> int:
+  """The model's vocabulary: the tokenizer's size when it is below data.vocab_size (a small
+  corpus), but never below the vocabulary of the checkpoints a run resumes (a fine-tuning run on
+  new data, `train.allow_new_data`, keeps their shapes)."""
+  vocab = min(config.data.vocab_size, tokenizer.vocab_size)
+  saved = wd.saved_config() if wd.has_checkpoints() else None
+  if saved is not None:
+    vocab = max(vocab, min(config.data.vocab_size, int(saved.data.vocab_size)))
+  return vocab
+
+
+def _warn_if_epochs_repeat(config: ml_collections.ConfigDict, corpus) -> None:
+  """One warning line when the run will see its training data many times over."""
+  windows = corpus.num_windows("train", drop_remainder=True, seq_len=config.data.seq_len)
+  epochs = config.train.num_steps * config.data.batch_size / max(windows, 1)
+  if epochs > EPOCHS_WARNING:
+    log.warning("train.num_steps=%d x data.batch_size=%d windows is %.0f epochs of the %s train "
+                "windows of %s: the model will memorize it (watch the eval loss); a larger corpus, "
+                "fewer steps or a smaller model", config.train.num_steps, config.data.batch_size,
+                epochs, f"{windows:,}", corpus.name)
+
+
+def _compiled_step(config: ml_collections.ConfigDict, mesh):
+  """(the abstract train state, the train step compiled for it), checked to fit a device."""
   abstract = train_state.build(config, mesh, abstract=True)
+  log.info("compiling the train step (%s, seq_len %s, batch %s)...", config.model.name,
+           f"{config.data.seq_len:,}", config.data.batch_size)
   compiled = step_memory.compile_train_step(config, abstract)
   memory = step_memory.report(compiled, config, abstract)
   log.info("%s", step_memory.describe(memory))
   step_memory.check_fits(memory)
   log.info("%s", abstract.describe())
-
-  corpus = distributed.primary_first(lambda: data.load(config.data), "data prepared")
-  check_eval_split(config, corpus.splits)
-  if distributed.is_primary():
-    _write_workdir_files(config, workdir, corpus.tokenizer)
-  built = train_state.build(config, mesh)
-  meta = model_meta(config, built.state.params)
-
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=t.keep_checkpoints)
-  train_iter = corpus.train_iterator(batch_size=config.data.batch_size, seed=t.seed)
-  saved_meta = {}
-
-  def check_meta(saved: dict) -> None:
-    _check_same_model(saved, meta, workdir)
-    saved_meta.update(saved)
-
-  state = built.state
-  restored = ckpt.restore_latest(abstract.state, check_meta)
-  if restored is not None:
-    latest, state, data_state = restored
-    train_iter.set_state(data_state)
-    log.info("resumed from %s at step %d", ckpt.directory, latest)
-    _warn_if_rate_jumps(saved_meta.get("learning_rate"), float(built.schedule(latest)), latest)
-  log.info("model %s: %s parameters; %s train tokens; workdir %s", config.model.name,
-           f"{built.num_params:,}", f"{corpus.num_tokens('train'):,}", workdir)
-  writer = metrics_lib.MetricWriter(workdir) if distributed.is_primary() else metrics_lib.NullWriter()
-  return Run(config=config, workdir=workdir, corpus=corpus, mesh=mesh,
-             layout=models.sequence_layout(config.model, mesh), built=built, state=state,
-             train_step=compiled, ckpt=ckpt, train_iter=train_iter, writer=writer, meta=meta)
+  return abstract, compiled
 
 
 def _warn_if_rate_jumps(saved_rate: float | None, new_rate: float, step: int) -> None:
@@ -275,8 +297,10 @@ def train_steps(run: Run) -> tuple[dict[str, float], dict | None]:
         log.info(progress.line(done, float(step_metrics["loss"]), rate))
       if done % t.eval_every == 0 or done == t.num_steps:
         check_finite()
+        final = done == t.num_steps  # the final evaluation scores the whole split
         eval_metrics = evaluate(eval_step, run.state.params, run.corpus, t.eval_split,
-                                run.config.data.batch_size, run.mesh, run.layout)
+                                run.config.data.batch_size, run.mesh, run.layout,
+                                max_tokens=0 if final else t.get("eval_tokens", 0))
         run.writer.write(done, eval_metrics)
         log.info("eval at step %d: loss %.4f  perplexity %.2f  bits/byte %.4f", done,
                  eval_metrics["eval_loss"], eval_metrics["eval_perplexity"],
@@ -300,8 +324,12 @@ def report(run: Run, eval_metrics: dict[str, float], seconds: float) -> dict:
   log.info("done: step %d in %.0f s; %s loss %.4f, bits/byte %.4f", summary["step"], seconds,
            t.eval_split, eval_metrics["eval_loss"], eval_metrics["eval_bits_per_byte"])
   if t.sample_prompt and t.sample_tokens:
-    text = sample.sample_from_state(run.config, run.state.params, run.corpus.tokenizer,
-                                    t.sample_prompt, num_tokens=t.sample_tokens, seed=t.seed)
+    try:
+      text = generation.sample_from_state(run.config, run.state.params, run.corpus.tokenizer,
+                                      t.sample_prompt, num_tokens=t.sample_tokens, seed=t.seed)
+    except ValueError as e:  # a prompt the tokenizer cannot encode (a generated task's)
+      log.info("no sample: %s", str(e).splitlines()[0])
+      return summary
     if text is None:
       log.info("no sample: the prompt fills the model's learned positions (model.seq_len)")
     else:
@@ -313,8 +341,6 @@ def report(run: Run, eval_metrics: dict[str, float], seconds: float) -> dict:
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the final eval."""
   config_check.validate(config)
-  workdir = os.path.abspath(os.path.expanduser(workdir))
-  os.makedirs(workdir, exist_ok=True)
   run = setup(config, workdir)
   try:
     start = time.perf_counter()

@@ -35,30 +35,40 @@ def weighted_nll(logits_BTV: jax.Array, targets_BT: jax.Array, weights_BT: jax.A
   return jnp.sum(nll_BT * weights_BT), jnp.sum(weights_BT)
 
 
-def chunked_weighted_nll(model, x_BTD: jax.Array, targets_BT: jax.Array, weights_BT: jax.Array,
-                         chunk: int) -> tuple[jax.Array, jax.Array]:
-  """`weighted_nll(model.logits(x), ...)` without ever holding `[B, T, V]` logits when `chunk` > 0:
-  the final norm, the head and the cross-entropy run over chunks of `chunk` positions in a
-  `lax.scan`, each chunk rematerialized in the backward pass. Equal to the unchunked loss."""
-  B, T, D = x_BTD.shape
-  targets_BT, weights_BT = targets_BT[:, -T:], weights_BT[:, -T:]
+def token_nll(model, x_BTD: jax.Array, targets_BT: jax.Array, chunk: int, *,
+              predictions: bool = False) -> tuple[jax.Array, ...]:
+  """(per-position NLL `[B, T]` float32,) of `targets_BT`'s last T under `model.logits(x_BTD)`,
+  and with `predictions` the logits' argmax `[B, T]` too: the final norm, the head and the
+  cross-entropy over chunks of `chunk` positions in a `lax.scan`, each chunk rematerialized in
+  the backward pass, so no `[B, T, V]` logits exist when `chunk` > 0. The one scorer of the
+  training loss, the evaluation and every readout."""
+  B, T, _ = x_BTD.shape
+  targets_BT = targets_BT[:, -T:]
+
+  def score(x_BCD, t_BC):
+    logits_BCV = model.logits(x_BCD).astype(jnp.float32)
+    nll_BC = optax.softmax_cross_entropy_with_integer_labels(logits_BCV, t_BC)
+    return (nll_BC, jnp.argmax(logits_BCV, axis=-1).astype(jnp.int32)) if predictions else (nll_BC,)
+
   if not chunk or chunk >= T:
-    return weighted_nll(model.logits(x_BTD), targets_BT, weights_BT)
+    return score(x_BTD, targets_BT)
   n = -(-T // chunk)
-  pad = n * chunk - T  # padded positions have weight 0
+  pad = n * chunk - T
   split = lambda a: jnp.moveaxis(jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2)).reshape(
       B, n, chunk, *a.shape[2:]), 1, 0)
+  _, outs = jax.lax.scan(lambda carry, xs: (carry, jax.checkpoint(score)(*xs)), None,
+                         (split(x_BTD), split(targets_BT)))
+  return tuple(jnp.moveaxis(o_nBC, 0, 1).reshape(B, n * chunk)[:, :T] for o_nBC in outs)
 
-  @jax.checkpoint
-  def body(carry, chunk_inputs):
-    x_BCD, t_BC, w_BC = chunk_inputs
-    nll, weight = weighted_nll(model.logits(x_BCD), t_BC, w_BC)
-    return (carry[0] + nll, carry[1] + weight), None
 
-  zero = jnp.zeros((), jnp.float32)
-  (nll, weight), _ = jax.lax.scan(body, (zero, zero),
-                                  (split(x_BTD), split(targets_BT), split(weights_BT)))
-  return nll, weight
+def chunked_weighted_nll(model, x_BTD: jax.Array, targets_BT: jax.Array, weights_BT: jax.Array,
+                         chunk: int) -> tuple[jax.Array, jax.Array]:
+  """`weighted_nll(model.logits(x), ...)` over chunks of `chunk` positions (`token_nll`): never
+  `[B, T, V]` logits when `chunk` > 0. Equal to the unchunked loss."""
+  T = x_BTD.shape[1]
+  (nll_BT,) = token_nll(model, x_BTD, targets_BT, chunk)
+  weights_BT = weights_BT[:, -T:]
+  return jnp.sum(nll_BT * weights_BT), jnp.sum(weights_BT)
 
 
 def model_nll(model, batch: dict, *, loss_chunk: int = 0, dropout_key=None

@@ -22,3 +22,14 @@ def require(ok: bool, field: str, value: Any, requirement: str, fix: str) -> Non
 def require_positive_int(field: str, value: Any) -> None:
   require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
           field, value, "must be a positive integer", f"set {field} to an integer >= 1")
+
+
+def divisors_near(n: int, near: int, count: int = 3) -> list[int]:
+  """The `count` divisors of n closest to `near`, ascending (for the fix of an error message)."""
+  divisors = set()
+  d = 1
+  while d * d <= n:
+    if n % d == 0:
+      divisors.update((d, n // d))
+    d += 1
+  return sorted(sorted(divisors, key=lambda x: (abs(x - near), x))[:count])

@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from efficient_lm import models
-from efficient_lm import sample
+from efficient_lm import generation
 from experiments.common import load_config
 
 
@@ -55,7 +55,7 @@ def bench(model: nnx.Module, name: str, context: int, args) -> dict:
   @jax.jit
   def prefill(params, tokens_BT):
     model = nnx.merge(graphdef, params)
-    logits_BV, cache = sample.prefill(model, tokens_BT, model.init_cache(1, total), chunk)
+    logits_BV, cache = generation.prefill(model, tokens_BT, model.init_cache(1, total), chunk)
     return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32), cache
 
   @jax.jit

@@ -40,9 +40,9 @@ import signal
 import statistics
 import subprocess
 import sys
-import time
 
 from experiments.common import REPO, load_config
+from experiments.runner import run_monitored, tail as _tail
 
 # Claims measured on the per-position curve, ('gain', far ranges, near ranges): a row's loss over
 # the far positions minus its loss over the near ones; compared between two models on the same
@@ -230,71 +230,6 @@ def static_figures(key: str, overrides: dict[str, str]) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# Running a subprocess: pausable, with its wall clock, paused time and load.
-
-
-def run_monitored(command: list[str], log_path: str, pause_file: str = "", poll_seconds: float = 10.0,
-                  say=print) -> dict:
-  """Runs `command` (cwd = REPO, output to `log_path`) to its end. Every `poll_seconds` samples the
-  1-minute load average and, with `pause_file`, stops the process group while that file exists.
-
-  Returns returncode, wall_seconds, paused_seconds, seconds (wall - paused), the load samples'
-  mean / min / max / count, the child's peak RSS (MiB) and CPU seconds (user + system).
-  """
-  start = time.perf_counter()
-  paused = 0.0
-  stopped_at = None
-  loads: list[float] = []
-  next_poll = start
-  with open(log_path, "w") as log:
-    proc = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    try:
-      while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-          break
-        now = time.perf_counter()
-        if now >= next_poll:
-          next_poll = now + poll_seconds
-          wanted = bool(pause_file) and os.path.exists(pause_file)
-          if wanted and stopped_at is None:
-            os.killpg(proc.pid, signal.SIGSTOP)
-            stopped_at = now
-            say(f"  paused pid {proc.pid} ({pause_file} exists)", flush=True)
-          elif not wanted and stopped_at is not None:
-            os.killpg(proc.pid, signal.SIGCONT)
-            paused += now - stopped_at
-            say(f"  resumed pid {proc.pid} after {now - stopped_at:.0f} s", flush=True)
-            stopped_at = None
-          if stopped_at is None:
-            loads.append(os.getloadavg()[0])
-        time.sleep(min(1.0, poll_seconds))
-    except BaseException:  # the queue itself stopped: do not leave a stopped or orphaned child
-      try:
-        os.killpg(proc.pid, signal.SIGCONT)
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=60)
-      except (OSError, subprocess.TimeoutExpired):
-        os.killpg(proc.pid, signal.SIGKILL)
-      raise
-  if stopped_at is not None:
-    paused += time.perf_counter() - stopped_at
-  wall = time.perf_counter() - start
-  return {"returncode": os.waitstatus_to_exitcode(status), "wall_seconds": wall,
-          "paused_seconds": paused, "seconds": wall - paused,
-          "load_mean": statistics.fmean(loads) if loads else float("nan"),
-          "load_min": min(loads, default=float("nan")), "load_max": max(loads, default=float("nan")),
-          "load_samples": len(loads), "peak_rss_mib": usage.ru_maxrss / 1024,  # Linux: KiB
-          "cpu_seconds": usage.ru_utime + usage.ru_stime}
-
-
-def _tail(path: str) -> str:
-  with open(path) as f:
-    return f.read()[-2000:]
-
-
-# ----------------------------------------------------------------------------------------------
 # Training and scoring one row.
 
 
@@ -350,13 +285,13 @@ def score_command(table: str, key: str, steps: int, args, out: str) -> list[str]
 def score_row_here(table: str, key: str, steps: int, args) -> dict:
   """The scoring stage, in this process: `efficient_lm.evaluate` on the row's workdir (validation)
   and the compiled step's figures. Returns {'static': ..., 'scores': ..., 'per_position': ...}."""
-  from efficient_lm import evaluate, sample  # pylint: disable=import-outside-toplevel
+  from efficient_lm import generation, scoring  # pylint: disable=import-outside-toplevel
   workdir = workdir_of(table, key, args.workdir_root)
   overrides = row_overrides(table, key, steps, args.override)
   seq_len = int(overrides["data.seq_len"])
   scores, per_position = {}, {}
   if TABLES[table]["scoring"] == "per_position":
-    r = evaluate.evaluate_workdir(workdir, split="validation", context=seq_len, stride=seq_len,
+    r = scoring.evaluate_workdir(workdir, split="validation", context=seq_len, stride=seq_len,
                                   per_position=True)
     scores["windows"] = _figures(r)
     per_position["windows"] = _curve(r["per_position_loss"], r["per_position_count"])
@@ -366,11 +301,11 @@ def score_row_here(table: str, key: str, steps: int, args) -> dict:
     latents = dict(o.partition("=")[::2] for o in args.override).get(
         "model.num_latents", TABLES[table]["settings"]["model.num_latents"])
     latents = min(int(latents), seq_len)
-    r = evaluate.evaluate_workdir(workdir, split="validation", context=seq_len, stride=latents)
+    r = scoring.evaluate_workdir(workdir, split="validation", context=seq_len, stride=latents)
     scores["last_latents"] = _figures(r)
-    model, *_ = sample.load_workdir(workdir)
-    if evaluate.predicted_positions(model, seq_len) == seq_len:  # not latents only: every position too
-      r = evaluate.evaluate_workdir(workdir, split="validation", context=seq_len, stride=seq_len)
+    model, *_ = generation.load_workdir(workdir)
+    if scoring.predicted_positions(model, seq_len) == seq_len:  # not latents only: every position too
+      r = scoring.evaluate_workdir(workdir, split="validation", context=seq_len, stride=seq_len)
       scores["every"] = _figures(r)
   return {"static": static_figures(key, overrides), "scores": scores, "per_position": per_position}
 
@@ -383,8 +318,8 @@ POOLED_OFFSETS = (0.0, 0.25, 0.5, 0.75)
 def pooled_positions(workdir: str, first: dict, seq_len: int) -> dict:
   """Per-position loss of non-overlapping seq_len windows pooled over `POOLED_OFFSETS` (the
   stream cut at offset * seq_len; `first` is the offset-0 result of `evaluate_workdir`)."""
-  from efficient_lm import data, evaluate, sample  # pylint: disable=import-outside-toplevel
-  model, tokenizer, config, _ = sample.load_workdir(workdir)
+  from efficient_lm import data, generation, scoring  # pylint: disable=import-outside-toplevel
+  model, tokenizer, config, _ = generation.load_workdir(workdir)
   tokens = data.load(config.data).tokens("validation")
   nll = [0.0] * seq_len
   count = [0] * seq_len
@@ -393,7 +328,7 @@ def pooled_positions(workdir: str, first: dict, seq_len: int) -> dict:
       r = first
     else:
       start = int(offset * seq_len)
-      r = evaluate.score_stream(model, tokens[start:], context=seq_len, stride=seq_len,
+      r = scoring.score_stream(model, tokens[start:], context=seq_len, stride=seq_len,
                                 batch_size=config.data.batch_size, num_bytes=1, eos_id=tokenizer.eos_id,
                                 pad_id=tokenizer.pad_id, per_position=True, seq_len=seq_len)
     for p, (loss, c) in enumerate(zip(r["per_position_loss"], r["per_position_count"])):

@@ -16,7 +16,6 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
                              + " --xla_force_host_platform_device_count=8").strip()
 
 import hashlib
-import importlib.util
 import io
 import random
 import tarfile
@@ -80,10 +79,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def load_config(name: str, preset: str | None = None):
   """`configs/<name>.py`'s get_config(preset), loaded by path as the entry point does."""
-  spec = importlib.util.spec_from_file_location(f"config_{name}", os.path.join(REPO, "configs", f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config(preset)
+  from efficient_lm import cli  # pylint: disable=import-outside-toplevel
+  config = cli.load_config(os.path.join(REPO, "configs", f"{name}.py") + (f":{preset}" if preset else ""))
   config.mesh.fsdp = 1  # as on one device: the tests see 8 fake ones (mesh.fsdp=-1 would take all)
   return config
 

@@ -13,7 +13,7 @@ import pytest
 
 from efficient_lm import data
 from efficient_lm.data import archives
-from efficient_lm.data import pipeline
+from efficient_lm.data import cache
 from efficient_lm.data import shakespeare
 from efficient_lm.data import wikitext103
 from efficient_lm.data.tokenizer import Tokenizer
@@ -311,7 +311,7 @@ def test_second_load_reuses_the_cache(corpus, shakespeare_archive, corpus_dir, m
     raise AssertionError('cache not reused')
 
   monkeypatch.setattr(Tokenizer, 'train', forbidden)
-  monkeypatch.setattr(pipeline, '_write_stream', forbidden)
+  monkeypatch.setattr(cache, 'write_stream', forbidden)
   start = time.time()
   again = data.load(_config(corpus_dir, archive=archive, archive_sha256=sha, seq_len=8, batch_size=2))
   assert time.time() - start < 5
@@ -336,7 +336,7 @@ def test_other_tokenizer_settings_get_their_own_cache(corpus, shakespeare_archiv
 
 
 @pytest.mark.parametrize('field,value,match', [
-    ('dataset', 'foo', r"data\.dataset='foo' is not a known dataset; use one of shakespeare, wikitext103 or tfds:"),
+    ('dataset', 'foo', r"data\.dataset='foo' is not a known dataset; use one of shakespeare, wikitext103, python_code or tfds:"),
     ('dataset', 'tfds:', r"data\.dataset='tfds:'"),
     ('seq_len', 0, r'data\.seq_len=0 must be a positive integer'),
     ('batch_size', -2, r'data\.batch_size=-2'),

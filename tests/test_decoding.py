@@ -13,7 +13,7 @@ import pytest
 from flax import nnx
 
 from conftest import REPO
-from efficient_lm import models, sample, train
+from efficient_lm import generation, models, sample, train
 from test_models import tiny_model_config
 
 DECODER_MODELS = [
@@ -71,8 +71,8 @@ def test_chunked_prefill_equals_one_pass(name, fields):
   cfg = tiny_model_config(name, **fields)
   model = models.create(cfg, rngs=nnx.Rngs(5))
   tokens_BT = jax.random.randint(jax.random.key(6), (1, 29), 0, cfg.vocab_size)
-  one_BV, _ = sample.prefill(model, tokens_BT, model.init_cache(1, 29))
-  chunked_BV, _ = sample.prefill(model, tokens_BT, model.init_cache(1, 29), chunk=6)
+  one_BV, _ = generation.prefill(model, tokens_BT, model.init_cache(1, 29))
+  chunked_BV, _ = generation.prefill(model, tokens_BT, model.init_cache(1, 29), chunk=6)
   np.testing.assert_allclose(chunked_BV, one_BV, atol=2e-4, rtol=2e-4)
   np.testing.assert_allclose(one_BV, model(tokens_BT)[:, -1], atol=2e-4, rtol=2e-4)
 
@@ -113,8 +113,8 @@ def small_model():
 
 def test_greedy_is_deterministic_and_follows_the_full_pass(small_model):
   prompt = [5, 9, 11, 2]
-  first = sample.generate(small_model, prompt, num_tokens=12, eos_id=1, temperature=0.0)
-  again = sample.generate(small_model, prompt, num_tokens=12, eos_id=1, temperature=0.0)
+  first = generation.generate(small_model, prompt, num_tokens=12, eos_id=1, temperature=0.0)
+  again = generation.generate(small_model, prompt, num_tokens=12, eos_id=1, temperature=0.0)
   np.testing.assert_array_equal(first, again)
   # Every greedy token is the argmax of the full pass over the finished sequence.
   sequence = np.concatenate([[1], prompt, first])[None]
@@ -125,14 +125,14 @@ def test_greedy_is_deterministic_and_follows_the_full_pass(small_model):
 def test_cached_greedy_equals_the_reference_decoder():
   model = models.create(tiny_model_config("dense"), rngs=nnx.Rngs(8))
   prompt = [3, 4, 5]
-  cached = sample.generate(model, prompt, num_tokens=10, eos_id=1, temperature=0.0)
-  reference = sample.reference_generate(model, prompt, num_tokens=10, seq_len=32, eos_id=1,
+  cached = generation.generate(model, prompt, num_tokens=10, eos_id=1, temperature=0.0)
+  reference = generation.reference_generate(model, prompt, num_tokens=10, seq_len=32, eos_id=1,
                                         pad_id=0, temperature=0.0)
   np.testing.assert_array_equal(cached, reference)
 
 
 def test_seeded_sampling_is_reproducible(small_model):
-  run = lambda seed: sample.generate(small_model, [5, 9], num_tokens=24, eos_id=1,
+  run = lambda seed: generation.generate(small_model, [5, 9], num_tokens=24, eos_id=1,
                                      temperature=1.0, top_k=0, seed=seed)
   np.testing.assert_array_equal(run(3), run(3))
   assert not np.array_equal(run(3), run(4))
@@ -140,7 +140,7 @@ def test_seeded_sampling_is_reproducible(small_model):
 
 def test_top_k_and_top_p_keep_only_the_likely_tokens():
   logits_1V = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]]))
-  draw = lambda **kw: np.asarray(jax.vmap(lambda key: sample.sample_logits(
+  draw = lambda **kw: np.asarray(jax.vmap(lambda key: generation.sample_logits(
       logits_1V, key, temperature=1.0, **kw)[0])(jax.random.split(jax.random.key(0), 2000)))
   assert set(draw(top_k=2)) == {0, 1}
   assert set(draw(top_p=0.75)) == {0, 1}  # 0.5 + 0.3 reaches 0.75
@@ -148,7 +148,7 @@ def test_top_k_and_top_p_keep_only_the_likely_tokens():
   assert set(draw(top_p=0.1)) == {0}      # the most likely token always stays
   assert set(draw()) == {0, 1, 2, 3}
   with pytest.raises(ValueError, match="top_p"):
-    sample.check_sampling(1.0, 0, 1.5)
+    generation.check_sampling(1.0, 0, 1.5)
 
 
 # The command line.
@@ -184,11 +184,11 @@ def test_learned_positions_refuse_to_generate_past_seq_len():
   cfg = tiny_model_config("dense", position="learned", seq_len=16)
   model = models.create(cfg, rngs=nnx.Rngs(0))
   with pytest.raises(ValueError, match="learned positions"):
-    sample.generate(model, [5, 6, 7], num_tokens=13, eos_id=2, temperature=0.0)
+    generation.generate(model, [5, 6, 7], num_tokens=13, eos_id=2, temperature=0.0)
   with pytest.raises(ValueError, match="max_len=17 exceeds model.seq_len=16"):
     model.init_cache(1, 17)
   # What fits is generated, with finite logits (the pad id is never forced out of NaNs).
-  out = sample.generate(model, [5, 6, 7], num_tokens=12, eos_id=2, temperature=0.0)
+  out = generation.generate(model, [5, 6, 7], num_tokens=12, eos_id=2, temperature=0.0)
   assert out.shape == (12,)
   logits, _ = model.prefill(jnp.asarray([[2, 5, 6, 7]]), model.init_cache(1, 16))
   assert np.all(np.isfinite(logits))

@@ -16,8 +16,9 @@ from flax import nnx
 from conftest import REPO, _tiny_sections, load_config
 from efficient_lm import data
 from efficient_lm import evaluate
+from efficient_lm import scoring
 from efficient_lm import train
-from efficient_lm.sample import load_workdir
+from efficient_lm.generation import load_workdir
 
 NUM_LATENTS = 8
 
@@ -55,8 +56,8 @@ def final_eval(workdir):
     (64, 10, 7, 12, False)])
 def test_every_target_is_scored_once_after_its_whole_window(n, context, stride, seq_len, right_align):
   tokens = np.random.default_rng(n).integers(3, 50, size=n + 1).astype(np.int32)
-  windows = evaluate.num_windows(n, stride)
-  batch = evaluate.window_batch(tokens, np.arange(windows + 2), context=context, stride=stride,
+  windows = scoring.num_windows(n, stride)
+  batch = scoring.window_batch(tokens, np.arange(windows + 2), context=context, stride=stride,
                                 seq_len=seq_len, right_align=right_align, eos_id=2, pad_id=0)
   scored = []
   for w in range(windows + 2):
@@ -69,7 +70,7 @@ def test_every_target_is_scored_once_after_its_whole_window(n, context, stride, 
     slots = np.arange(seq_len - (end - start), seq_len) if right_align else np.arange(end - start)
     np.testing.assert_array_equal(inputs[slots], tokens[start:end])
     np.testing.assert_array_equal(targets[slots], tokens[start + 1:end + 1])
-    np.testing.assert_array_equal(batch["positions"][w][slots], np.arange(end - start))
+    np.testing.assert_array_equal(batch["window_positions"][w][slots], np.arange(end - start))
     others = np.setdiff1d(np.arange(seq_len), slots)
     assert np.all(inputs[others] == (2 if right_align else 0)) and weights[others].sum() == 0
     hits = slots[weights[slots] > 0]
@@ -80,23 +81,23 @@ def test_every_target_is_scored_once_after_its_whole_window(n, context, stride, 
 
 def test_window_checks_name_the_flag_and_the_fix():
   ok = dict(seq_len=32, num_logits=32)
-  with pytest.raises(evaluate.EvalError, match=r"stride=16 must be at most context=8.*--stride"):
-    evaluate.check_windows(8, 16, **ok)
-  with pytest.raises(evaluate.EvalError, match=r"context=64 exceeds model.seq_len=32.*--context"):
-    evaluate.check_windows(64, 8, **ok)
-  with pytest.raises(evaluate.EvalError, match=r"context=0 must be a positive integer"):
-    evaluate.check_windows(0, 8, **ok)
-  with pytest.raises(evaluate.EvalError, match=r"stride=16 exceeds model.num_latents=8.*--stride"):
-    evaluate.check_windows(32, 16, seq_len=32, num_logits=8)
-  evaluate.check_windows(32, 32, seq_len=32, num_logits=8)  # the training eval's windows
-  evaluate.check_windows(24, 8, seq_len=32, num_logits=8)
+  with pytest.raises(scoring.EvalError, match=r"stride=16 must be at most context=8.*--stride"):
+    scoring.check_windows(8, 16, **ok)
+  with pytest.raises(scoring.EvalError, match=r"context=64 exceeds model.seq_len=32.*--context"):
+    scoring.check_windows(64, 8, **ok)
+  with pytest.raises(scoring.EvalError, match=r"context=0 must be a positive integer"):
+    scoring.check_windows(0, 8, **ok)
+  with pytest.raises(scoring.EvalError, match=r"stride=16 exceeds model.num_latents=8.*--stride"):
+    scoring.check_windows(32, 16, seq_len=32, num_logits=8)
+  scoring.check_windows(32, 32, seq_len=32, num_logits=8)  # the training eval's windows
+  scoring.check_windows(24, 8, seq_len=32, num_logits=8)
 
 
 # Scoring a workdir.
 
 def test_default_windows_equal_train_evaluate(runs):
   for name in ("dense", "perceiver_ar"):
-    result = evaluate.evaluate_workdir(runs[name])
+    result = scoring.evaluate_workdir(runs[name])
     expected = final_eval(runs[name])
     assert result["step"] == expected["step"] == 20 and result["split"] == "validation"
     assert result["loss"] == pytest.approx(expected["eval_loss"], abs=1e-5)
@@ -107,7 +108,7 @@ def test_default_windows_equal_train_evaluate(runs):
   # Perceiver-AR scores only the last 8 targets of each 32-token window (all of a short last one
   # that reaches its latents), and is charged that share of the bytes.
   n = runs["corpus"].num_tokens("validation")
-  last = n - 32 * (evaluate.num_windows(n, 32) - 1)
+  last = n - 32 * (scoring.num_windows(n, 32) - 1)
   assert result["scored_tokens"] == NUM_LATENTS * (n // 32) + max(0, last - (32 - NUM_LATENTS)) * (n % 32 > 0)
 
 
@@ -117,7 +118,7 @@ def _reference_nll(model, tokens, *, context, stride, seq_len, num_logits, eos_i
   graphdef, params = nnx.split(model)
   forward = jax.jit(lambda params, x: nnx.merge(graphdef, params)(x))
   n, total = len(tokens) - 1, 0.0
-  for w in range(evaluate.num_windows(n, stride)):
+  for w in range(scoring.num_windows(n, stride)):
     start, end = max(0, w * stride - (context - stride)), min(w * stride + stride, n)
     window = tokens[start:end]
     if num_logits < seq_len:
@@ -134,10 +135,10 @@ def _reference_nll(model, tokens, *, context, stride, seq_len, num_logits, eos_i
 def test_overlapping_windows_equal_a_window_by_window_reference(runs, name, context, stride):
   model, tokenizer, config, _ = load_workdir(runs[name])
   tokens = np.asarray(runs["corpus"].tokens("test")[:150])
-  result = evaluate.score_stream(model, tokens, context=context, stride=stride, batch_size=4,
+  result = scoring.score_stream(model, tokens, context=context, stride=stride, batch_size=4,
                                  num_bytes=1000, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
   expected = _reference_nll(model, tokens, context=context, stride=stride, seq_len=32,
-                            num_logits=evaluate.predicted_positions(model, 32),
+                            num_logits=scoring.predicted_positions(model, 32),
                             eos_id=tokenizer.eos_id)
   assert result["scored_tokens"] == result["target_tokens"] == 149
   assert result["loss"] * 149 == pytest.approx(expected, rel=1e-5)
@@ -146,9 +147,9 @@ def test_overlapping_windows_equal_a_window_by_window_reference(runs, name, cont
 
 def test_overlapping_windows_score_every_token_once_with_per_position(runs, tmp_path):
   split = "test"
-  plain = evaluate.evaluate_workdir(runs["dense"], split=split)
+  plain = scoring.evaluate_workdir(runs["dense"], split=split)
   out = str(tmp_path / "pp")
-  result = evaluate.evaluate_workdir(runs["dense"], split=split, stride=8, per_position=True,
+  result = scoring.evaluate_workdir(runs["dense"], split=split, stride=8, per_position=True,
                                      out=out)
   n = runs["corpus"].num_tokens(split)
   assert result["context"] == 32 and result["stride"] == 8
@@ -173,12 +174,12 @@ def test_a_text_file_scores_like_the_split_it_came_from(runs, tmp_path):
   text = corpus.tokenizer.decode(stream[1:end])
   path = tmp_path / "first_document.txt"
   path.write_text(text, encoding="utf-8")
-  tokens, num_bytes = evaluate.read_text_file(str(path), corpus.tokenizer)
+  tokens, num_bytes = scoring.read_text_file(str(path), corpus.tokenizer)
   np.testing.assert_array_equal(tokens, stream[:end + 1])
   assert num_bytes == len(text.encode("utf-8"))
-  result = evaluate.evaluate_workdir(runs["dense"], text_file=str(path), stride=16)
+  result = scoring.evaluate_workdir(runs["dense"], text_file=str(path), stride=16)
   model, tokenizer, _, _ = load_workdir(runs["dense"])
-  expected = evaluate.score_stream(model, stream[:end + 1], context=32, stride=16, batch_size=4,
+  expected = scoring.score_stream(model, stream[:end + 1], context=32, stride=16, batch_size=4,
                                    num_bytes=num_bytes, eos_id=tokenizer.eos_id,
                                    pad_id=tokenizer.pad_id)
   assert result["text_file"] == str(path) and result["target_tokens"] == end
@@ -231,7 +232,7 @@ def test_command_line(runs, tmp_path):
   done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
   assert done.returncode == 0, done.stderr
   figures = json.loads(done.stdout.strip().splitlines()[-1])
-  expected = evaluate.evaluate_workdir(runs["dense"], split="test", stride=16)
+  expected = scoring.evaluate_workdir(runs["dense"], split="test", stride=16)
   assert figures["loss"] == pytest.approx(expected["loss"], rel=1e-6)
   assert figures["scored_tokens"] == runs["corpus"].num_tokens("test")
   assert figures["split"] == "test" and figures["stride"] == 16 and "per_position_loss" not in figures

@@ -272,7 +272,7 @@ def test_resume_on_another_mesh_continues_at_the_same_losses(tiny_config, tmp_pa
   """Saved with fsdp=8, resumed with data=2 x fsdp=2 x tensor=2: the same losses as one run;
   the sampler's loader restores the sharded checkpoint onto one device."""
   import json, os, shutil  # pylint: disable=import-outside-toplevel
-  from efficient_lm import evaluate  # pylint: disable=import-outside-toplevel
+  from efficient_lm import scoring  # pylint: disable=import-outside-toplevel
 
   def config(**mesh):
     c = tiny_config(num_steps=6, log_every=1, eval_every=6, checkpoint_every=3, sample_tokens=0)
@@ -296,5 +296,5 @@ def test_resume_on_another_mesh_continues_at_the_same_losses(tiny_config, tmp_pa
   assert sorted(again) == [4, 5, 6]
   for step, loss in again.items():
     assert loss == pytest.approx(first[step], rel=1e-5), step
-  one_device = evaluate.evaluate_workdir(resumed)  # restored onto this process's devices
+  one_device = scoring.evaluate_workdir(resumed)  # restored onto this process's devices
   assert one_device["step"] == 6 and np.isfinite(one_device["loss"])

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from conftest import REPO, load_config
-from efficient_lm import config_check, sharding, step_memory, targets, train, train_state
+from efficient_lm import config_check, sharding, step_memory, targets, train_state
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 needs_tpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: pip install -e '.[tpu]'")

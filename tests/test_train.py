@@ -136,13 +136,13 @@ def test_every_family_trains_through_the_loop(name, preset, fields, tiny_config,
   """The loop is model-agnostic: each family trains, checkpoints and evaluates; the final eval equals
   a fresh evaluation of the saved checkpoint (restored into a new model). Learning itself is tested
   on a task only attention solves (test_learning.py)."""
-  from efficient_lm import evaluate
+  from efficient_lm import scoring
   config = tiny_config(name, preset, num_steps=10, eval_every=10, checkpoint_every=10, sample_tokens=4)
   config.model.update(fields)
   workdir = str(tmp_path / name)
   summary = train.train_and_evaluate(config, workdir)
   assert summary["step"] == 10 and [r["step"] for r in read_metrics(workdir) if "loss" in r] == [5, 10]
-  again = evaluate.evaluate_workdir(workdir)
+  again = scoring.evaluate_workdir(workdir)
   assert again["step"] == 10
   assert again["loss"] == pytest.approx(summary["eval_loss"], rel=1e-5)
   assert again["bits_per_byte"] == pytest.approx(summary["eval_bits_per_byte"], rel=1e-5)

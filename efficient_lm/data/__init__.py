@@ -1,4 +1,5 @@
-"""Data: TFDS builders (shakespeare, wikitext103, any TFDS text set, text:<glob> files), tokenizer, Grain.
+"""Data: datasets named once (registry), their checks (config), the tokenizer and token cache
+(cache), the corpus and its Grain iterators (corpus), and `load`, which puts them together.
 
     corpus = data.load(config.data)
     it = corpus.train_iterator(batch_size=..., seed=...)
@@ -7,8 +8,12 @@
 Heavy imports (tensorflow_datasets, grain) happen inside `load`, so `validate` stays cheap.
 """
 
-from efficient_lm.data.pipeline import Corpus, DataError, KNOWN_DATASETS, MIN_VOCAB_SIZE, known_splits, load, validate
 from efficient_lm.data.archives import DownloadError
+from efficient_lm.data.config import DataError, MIN_VOCAB_SIZE, known_splits, validate
+from efficient_lm.data.corpus import Corpus
+from efficient_lm.data.pipeline import load, preflight
+from efficient_lm.data.registry import BUILT_IN as KNOWN_DATASETS
 from efficient_lm.data.tokenizer import Tokenizer
 
-__all__ = ['Corpus', 'DataError', 'DownloadError', 'KNOWN_DATASETS', 'MIN_VOCAB_SIZE', 'Tokenizer', 'known_splits', 'load', 'validate']
+__all__ = ['Corpus', 'DataError', 'DownloadError', 'KNOWN_DATASETS', 'MIN_VOCAB_SIZE', 'Tokenizer',
+           'known_splits', 'load', 'preflight', 'validate']

@@ -39,7 +39,7 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
-from efficient_lm.data.pipeline import DataError, TEXT_PREFIX
+from efficient_lm.data.config import DataError, TEXT_PREFIX
 from efficient_lm.validation import ConfigError
 
 log = logging.getLogger(__name__)

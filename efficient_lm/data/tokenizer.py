@@ -12,7 +12,9 @@ Ids: 0 <pad>, 1 <unk>, 2 </s> (end of document), 3 '\\n', 4..259 the byte pieces
 
 import os
 import tempfile
-from typing import Iterable, Sequence
+import threading
+import time
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -49,10 +51,15 @@ class VocabTooSmallError(ValueError):
   """The requested vocabulary cannot hold the corpus' characters plus the reserved pieces."""
 
 
-def training_lines(texts: Iterable[str], max_bytes: int = 0):
-  """Lines (without newlines, non-empty) of `texts`, stopping after `max_bytes` UTF-8 bytes (0 = all)."""
+def training_lines(texts: Iterable[str], max_bytes: int = 0, fraction: float = 1.0):
+  """Lines (without newlines, non-empty) of `texts`, stopping after `max_bytes` UTF-8 bytes (0 = all).
+
+  `fraction` < 1 keeps about that share of every text (its first lines): a sample spread over
+  every document of the split, not its first documents only."""
   used = 0
   for text in texts:
+    if fraction < 1.0:
+      text = text[:max(1, int(len(text) * fraction) + 1)]
     for line in text.split(NEWLINE):
       if max_bytes:
         room = max_bytes - used
@@ -81,31 +88,50 @@ class Tokenizer:
 
   @classmethod
   def train(cls, texts: Iterable[str], *, vocab_size: int, model_path: str,
-            max_bytes: int = 0, num_threads: int | None = None) -> 'Tokenizer':
-    """Trains on `texts` (at most `max_bytes` UTF-8 bytes, 0 = all) and writes `model_path`.
+            max_bytes: int = 0, fraction: float = 1.0, num_threads: int | None = None,
+            progress: Callable[[float], None] | None = None) -> 'Tokenizer':
+    """Trains on `texts` (at most `max_bytes` UTF-8 bytes, 0 = all; `fraction` of each text) and
+    writes `model_path`.
 
     The file appears atomically (written beside it, then renamed). The model may hold
-    fewer than `vocab_size` pieces when the text is too small to fill it.
+    fewer than `vocab_size` pieces when the text is too small to fill it. Training runs in a
+    thread while this one waits, so Ctrl-C is honoured at once (nothing is written) and
+    `progress(seconds)` is called about every 10 s.
     """
     model_path = os.fspath(model_path)
     directory = os.path.dirname(os.path.abspath(model_path))
     os.makedirs(directory, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
       prefix = os.path.join(tmp, 'spm')
-      try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=training_lines(texts, max_bytes),
-            model_prefix=prefix,
-            vocab_size=vocab_size,
-            num_threads=num_threads or os.cpu_count() or 1,
-            minloglevel=2,
-            **TRAINER_SETTINGS)
-      except RuntimeError as e:
-        if 'required_chars' in str(e) or 'Vocabulary size is smaller' in str(e):
-          raise VocabTooSmallError(
-              f'vocab_size={vocab_size} is too small for this corpus ({e}); it must hold the '
-              f'{NUM_RESERVED_PIECES} reserved pieces plus one per distinct character') from e
-        raise
+      outcome = {}
+
+      def work():
+        try:
+          spm.SentencePieceTrainer.train(
+              sentence_iterator=training_lines(texts, max_bytes, fraction),
+              model_prefix=prefix,
+              vocab_size=vocab_size,
+              num_threads=num_threads or os.cpu_count() or 1,
+              minloglevel=2,
+              **TRAINER_SETTINGS)
+        except BaseException as e:  # pylint: disable=broad-except  (re-raised by the caller)
+          outcome['error'] = e
+
+      thread = threading.Thread(target=work, name='tokenizer training', daemon=True)
+      start = time.monotonic()
+      thread.start()
+      while thread.is_alive():
+        thread.join(timeout=10.0)
+        if thread.is_alive() and progress is not None:
+          progress(time.monotonic() - start)
+      error = outcome.get('error')
+      if isinstance(error, RuntimeError) and (
+          'required_chars' in str(error) or 'Vocabulary size is smaller' in str(error)):
+        raise VocabTooSmallError(
+            f'vocab_size={vocab_size} is too small for this corpus ({error}); it must hold the '
+            f'{NUM_RESERVED_PIECES} reserved pieces plus one per distinct character') from error
+      if error is not None:
+        raise error
       os.replace(prefix + '.model', model_path)
     return cls(model_path)
 
@@ -157,3 +183,14 @@ class Tokenizer:
 
   def __repr__(self) -> str:
     return f'Tokenizer({self.model_path!r}, vocab_size={self.vocab_size})'
+
+
+def open_tokenizer(path: str):
+  """The tokenizer a workdir holds at `path`: a sentencepiece model, or a generated task's
+  description (JSON, e.g. MQAR's: `data.mqar.MqarTokenizer`)."""
+  with open(path, 'rb') as f:
+    head = f.read(1)
+  if head == b'{':
+    from efficient_lm.data import mqar  # pylint: disable=g-import-not-at-top
+    return mqar.MqarTokenizer.load(path)
+  return Tokenizer(path)

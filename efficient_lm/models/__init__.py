@@ -59,6 +59,7 @@ class ModelEntry:
   layout: str = "natural"
   chunkable: bool = True
   patterns: Callable[[ml_collections.ConfigDict], list[Pattern]] = lambda cfg: [Pattern.dense()]
+  no_context_parallel: str = "it has no ring version of its attention"  # why, if not supported
 
 
 REGISTRY: dict[str, ModelEntry] = {
@@ -69,7 +70,8 @@ REGISTRY: dict[str, ModelEntry] = {
                           "the segment length data.seq_len / model.num_segments"),
                       patterns=lambda cfg: [Pattern.blocks(cfg.seq_len // cfg.num_segments, 1)]),
     **{name: ModelEntry(build=perceiver_ar.build, validate=perceiver_ar.validate,
-                        context_parallel=False, chunkable=False, patterns=perceiver_ar.patterns)
+                        context_parallel=False, chunkable=False, patterns=perceiver_ar.patterns,
+                        no_context_parallel="no ring version of its latent cross-attention")
        for name in perceiver_ar.VARIANTS},
     "bcmt": ModelEntry(make_mixer=bcmt.make_mixer, validate=bcmt.validate,
                        context_block=lambda cfg: (cfg.block_size, "model.block_size"),
@@ -165,8 +167,8 @@ def validate_context(cfg: ml_collections.ConfigDict, context: int) -> None:
   entry = REGISTRY[cfg.name]
   parallel = sorted(name for name, e in REGISTRY.items() if e.context_parallel)
   require(entry.context_parallel, "mesh.context", context,
-          f"> 1 is not supported for model.name={cfg.name!r} (no ring version of its latent "
-          "cross-attention)", f"set mesh.context=1 (and use mesh.data for more devices), or use "
+          f"> 1 is not supported for model.name={cfg.name!r} ({entry.no_context_parallel})",
+          f"set mesh.context=1 (and use mesh.data for more devices), or use "
           f"one of {', '.join(parallel)}")
   require(cfg.seq_len % context == 0, "mesh.context", context,
           f"must divide data.seq_len={cfg.seq_len} (each device holds seq_len / context tokens)",

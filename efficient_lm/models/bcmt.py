@@ -32,7 +32,7 @@ from efficient_lm.models import layers
 from efficient_lm.ops import blockwise
 from efficient_lm.ops import op_set
 from efficient_lm.ops.pattern import Pattern
-from efficient_lm.validation import require, require_positive_int
+from efficient_lm.validation import divisors_near, require, require_positive_int
 
 
 class Bcmt(nnx.Module):
@@ -262,9 +262,11 @@ def make_honly_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs,
 
 def validate_honly(cfg: ml_collections.ConfigDict) -> None:
   require_positive_int("model.block_size", cfg.get("block_size"))
+  near = divisors_near(cfg.seq_len, cfg.block_size)
   require(cfg.seq_len % cfg.block_size == 0, "model.block_size", cfg.block_size,
           f"must divide data.seq_len={cfg.seq_len}",
-          f"use a divisor of {cfg.seq_len} such as 64, 128 or 256, or change data.seq_len")
+          f"use a divisor of {cfg.seq_len} such as {', '.join(map(str, near[:-1]))} or {near[-1]}, "
+          "or change data.seq_len")
 
 
 def validate(cfg: ml_collections.ConfigDict) -> None:

@@ -23,7 +23,7 @@ from flax import nnx
 from efficient_lm.models import layers
 from efficient_lm.ops import op_set
 from efficient_lm.ops.pattern import Pattern
-from efficient_lm.validation import require, require_positive_int
+from efficient_lm.validation import divisors_near, require, require_positive_int
 
 
 def validate(cfg: ml_collections.ConfigDict) -> None:
@@ -31,7 +31,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   require(cfg.seq_len % cfg.num_segments == 0, "model.num_segments", cfg.num_segments,
           f"must divide model.seq_len={cfg.seq_len}",
           f"set model.num_segments to a divisor of {cfg.seq_len}, e.g. "
-          f"{max(d for d in range(1, min(cfg.num_segments, cfg.seq_len) + 1) if cfg.seq_len % d == 0)}")
+          f"{' or '.join(map(str, divisors_near(cfg.seq_len, cfg.num_segments, 2)))}")
   for field in ("shared_kv", "rope_first_layer_only"):
     require(isinstance(cfg[field], bool), f"model.{field}", cfg[field], "must be True or False",
             f"set model.{field}=False (the default) or True")

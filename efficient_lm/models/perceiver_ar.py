@@ -61,7 +61,7 @@ from efficient_lm.ops import op_set
 from efficient_lm.ops import precision
 from efficient_lm.ops.cross_attention import causal_cross_attention, segment_attention
 from efficient_lm.ops.pattern import Pattern
-from efficient_lm.validation import require, require_positive_int
+from efficient_lm.validation import divisors_near, require, require_positive_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,11 +82,6 @@ VARIANTS = {
 COMPRESSION_OPS = ("learned", "strided")
 
 
-def _divisor_hint(n: int, near: int) -> int:
-  """The divisor of n closest to `near` (for error messages)."""
-  return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - near), default=1)
-
-
 def validate(cfg: ml_collections.ConfigDict) -> None:
   require_positive_int("model.num_latents", cfg.num_latents)
   require(cfg.num_latents <= cfg.seq_len, "model.num_latents", cfg.num_latents,
@@ -104,7 +99,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
       require_positive_int(f"model.{field}", cfg[field])
       require(history % cfg[field] == 0, f"model.{field}", cfg[field],
               f"must divide the history length model.seq_len - model.num_latents = {history}",
-              f"set model.{field} to a divisor of {history}, e.g. {_divisor_hint(history, cfg[field])}")
+              f"set model.{field} to a divisor of {history}, e.g. {divisors_near(history, cfg[field], 1)[0]}")
 
 
 def mean_pool_matrix(history: int, compression: int) -> jax.Array:

@@ -97,7 +97,7 @@ def _load() -> None:
   if _loaded:
     return
   _loaded = True
-  from efficient_lm.ops.core import gpu, reference, splash, xla  # pylint: disable=g-import-not-at-top,unused-import
+  from efficient_lm.ops.core import gpu, reference, splash, xla  # noqa: F401  (each registers itself)
 
 
 def canonical(impl: str) -> str:

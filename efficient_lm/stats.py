@@ -38,7 +38,7 @@ per-seed test speaks to that.
 Everything here is numpy and the standard library (no scipy): the Student-t tail for integer
 degrees of freedom is the finite series of Abramowitz & Stegun 26.7.3-4.
 
-    python -m experiments.stats      # the false-positive rates of the new and the old rule
+    python -m efficient_lm.stats      # the false-positive rates of the new and the old rule
 """
 
 import dataclasses

@@ -1,0 +1,145 @@
+"""What the three command lines share: configs by path or by name, and one line for every mistake.
+
+    --config=configs/pi_attention.py        a config file (`:preset` after it: configs/bcmt.py:128)
+    --config=pi_attention  --config=bcmt:128  a config shipped with the package, by name
+
+`parse_flags` is absl's `flags_parser` for `app.run`: a mistake on the command line (an unknown
+flag or config field, with the closest names; a value of the wrong type; a missing config file;
+an unknown preset, with the presets the file has) prints one `error: ...` line and exits with
+status 2, before anything is imported or compiled.
+"""
+
+import difflib
+import importlib.resources
+import importlib.util
+import os
+import sys
+
+import ml_collections
+from absl import flags
+
+from efficient_lm.validation import ConfigError
+
+EXIT_USAGE = 2
+
+
+def config_names() -> tuple[str, ...]:
+  """The configs shipped with the package (`efficient_lm.configs`, the repository's configs/)."""
+  folder = importlib.resources.files("efficient_lm.configs")
+  return tuple(sorted(p.name[:-3] for p in folder.iterdir()
+                      if p.name.endswith(".py") and not p.name.startswith("_")))
+
+
+def resolve(spec: str) -> str:
+  """'pi_attention', 'bcmt:128' or 'configs/bcmt.py:128' -> '<existing path>[:preset]'; a
+  ConfigError naming the shipped configs when it is neither a file nor one of them."""
+  path, colon, preset = spec.partition(":")
+  if os.path.isfile(os.path.expanduser(path)):
+    return spec
+  name = os.path.splitext(os.path.basename(path))[0]
+  if name in config_names() and (path == name or not os.path.dirname(path)
+                                 or path.startswith("configs/")):
+    packaged = importlib.resources.files("efficient_lm.configs") / f"{name}.py"
+    return f"{packaged}{colon}{preset}"
+  raise ConfigError(f"--config={spec!r} is neither a config file nor a shipped config; give a path "
+                    f"such as configs/pi_attention.py, or one of {', '.join(config_names())} "
+                    "(with :preset after it, e.g. bcmt:128)")
+
+
+def load_config(spec: str, *, shown: str | None = None) -> ml_collections.ConfigDict:
+  """The ConfigDict of `spec` (`resolve`'s forms): its file's `get_config(preset)`. An unknown
+  preset is a ConfigError with the file's message (which names its presets); `shown` is how the
+  spec is named in it (default `spec`)."""
+  path, _, preset = resolve(spec).partition(":")
+  module_spec = importlib.util.spec_from_file_location(
+      f"efficient_lm_config_{os.path.splitext(os.path.basename(path))[0]}", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  try:
+    return module.get_config(preset or None)
+  except ValueError as e:
+    raise ConfigError(f"--config={shown or spec}: {e}") from None
+
+
+def _fields(config, prefix: str = "") -> list[str]:
+  out = []
+  for key, value in config.items():
+    out.append(prefix + key)
+    if isinstance(value, ml_collections.ConfigDict):
+      out += _fields(value, prefix + key + ".")
+  return out
+
+
+def _unknown_override(config: ml_collections.ConfigDict, argv: list[str]) -> str | None:
+  """The one-line error for the first `--config.<field>` the config does not have, or None."""
+  fields = _fields(config)
+  for arg in argv:
+    if not arg.startswith("--config."):
+      continue
+    field = arg[len("--config."):].split("=", 1)[0]
+    if field in fields:
+      continue
+    close = difflib.get_close_matches(field, fields, n=3, cutoff=0.6)
+    section = field.rsplit(".", 1)[0] if "." in field else ""
+    hint = (f"did you mean {' or '.join(close)}?" if close else
+            f"the fields of {section or 'the config'} are "
+            f"{', '.join(f for f in fields if f.rsplit('.', 1)[0] == section)[:400]}")
+    return f"--config.{field} is not a config field; {hint}"
+  return None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing (for `app.run(main, flags_parser=parse_flags)`), with every mistake one
+  line on stderr and exit status 2."""
+  given = [arg[len("--config="):] for arg in argv if arg.startswith("--config=")]
+  argv = [_resolved(arg) for arg in argv]
+  base = None
+  try:
+    if given:  # the file and preset loaded plainly first: its own errors, then unknown fields
+      base = load_config(given[-1], shown=given[-1])
+      problem = _unknown_override(base, argv)
+      if problem:
+        raise ConfigError(problem)
+    rest = flags.FLAGS(argv)
+    if base is not None:
+      flags.FLAGS.config  # pylint: disable=pointless-statement  (applies the overrides)
+  except flags.Error as e:
+    _fail(_flag_error(str(e), base))
+  except ConfigError as e:
+    _fail(str(e))
+  except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+    _fail(" ".join(str(e).split())[:500] or type(e).__name__)
+  return rest
+
+
+def _flag_error(message: str, base) -> str:
+  """absl's message for a bad flag value, as one line; a config field's names its type."""
+  first = message.splitlines()[0].replace("flag --", "--")
+  if base is None or not first.startswith("--config."):
+    return first
+  field, _, rest = first[len("--config."):].partition("=")
+  value, _, detail = rest.partition(": ")
+  current = base
+  for part in field.split("."):
+    current = current[part] if isinstance(current, ml_collections.ConfigDict) and part in current else None
+  if current is None or isinstance(current, ml_collections.ConfigDict):
+    return first
+  kind = {int: "an integer", float: "a number", bool: "True or False", str: "a string"}.get(
+      type(current), f"a {type(current).__name__}")
+  return (f"--config.{field}={value} is not {kind} ({detail}); give {kind}, e.g. "
+          f"--config.{field}={current!r}")
+
+
+def _resolved(arg: str) -> str:
+  """`--config=<name>` as the path of the shipped config (files are left as given)."""
+  if arg.startswith("--config="):
+    try:
+      return "--config=" + resolve(arg[len("--config="):])
+    except ConfigError as e:
+      _fail(str(e))
+  return arg
+
+
+def _fail(message: str) -> None:
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(EXIT_USAGE)

@@ -1,0 +1,140 @@
+"""The data cache: the tokenizer trained on a corpus, and each split's token stream.
+
+Layout under `data.data_dir` (default ~/.cache/efficient_lm):
+
+    tfds/                         prepared TFDS datasets (ArrayRecord) and their downloads
+    tokenizers/<corpus>-<key>/    spm.model + settings.json, key = hash(corpus, tokenizer settings)
+    tokens/<corpus>-<key>/        <split>.npy (int32 token stream) + <split>.json (bytes, documents)
+
+A split's stream is [eos, doc_0..., eos, doc_1..., eos, ...]. Every file appears atomically
+(written under a per-process name, then renamed), so nothing half-written is ever read.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from typing import Any
+
+import numpy as np
+
+from efficient_lm.data.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+CACHE_FORMAT = 1  # bump when the token stream layout changes
+_READ_CHUNK = 256  # records per data-source read / batched encode
+
+
+def slug(name: str) -> str:
+  return re.sub(r'[^A-Za-z0-9_.-]+', '_', name).strip('_')[:64]  # a directory name: bounded
+
+
+def key_of(obj: Any) -> str:
+  return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def documents(builder, split: str, text_key: str):
+  """Yields the split's documents as str, in the data source's (deterministic) order."""
+  source = builder.as_data_source(split=split)
+  n = len(source)
+  for start in range(0, n, _READ_CHUNK):
+    indices = list(range(start, min(n, start + _READ_CHUNK)))
+    records = source.__getitems__(indices) if hasattr(source, '__getitems__') else [source[i] for i in indices]
+    for record in records:
+      text = record[text_key]
+      if isinstance(text, np.ndarray):
+        text = text.item()
+      yield text.decode('utf-8', errors='replace') if isinstance(text, bytes) else str(text)
+
+
+def write_stream(path: str, meta_path: str, tokenizer, documents) -> None:
+  """Tokenizes `documents` into the packed stream at `path` (.npy), streaming through a raw file.
+
+  Files appear atomically (written under a per-process name, then renamed), so processes
+  that prepare the same cache at once only duplicate work.
+  """
+  unique = f'.{os.getpid()}.tmp'
+  raw_path, npy_tmp, meta_tmp = path + unique + '.raw', path + unique, meta_path + unique
+  num_tokens = num_docs = num_bytes = 0
+  eos = np.asarray([tokenizer.eos_id], dtype=np.int32).tobytes()
+  try:
+    with open(raw_path, 'wb') as raw:
+      raw.write(eos)
+      num_tokens += 1
+      chunk = []
+
+      def flush():
+        nonlocal num_tokens
+        for ids in tokenizer.encode_batch(chunk):
+          raw.write(ids.tobytes())
+          raw.write(eos)
+          num_tokens += len(ids) + 1
+        chunk.clear()
+
+      for text in documents:
+        chunk.append(text)
+        num_docs += 1
+        num_bytes += len(text.encode('utf-8'))
+        if len(chunk) >= _READ_CHUNK:
+          flush()
+      flush()
+    source = np.memmap(raw_path, dtype=np.int32, mode='r', shape=(num_tokens,))
+    out = np.lib.format.open_memmap(npy_tmp, mode='w+', dtype=np.int32, shape=(num_tokens,))
+    step = 1 << 24
+    for start in range(0, num_tokens, step):
+      out[start:start + step] = source[start:start + step]
+    out.flush()
+    del out, source
+    os.replace(npy_tmp, path)
+    with open(meta_tmp, 'w') as f:
+      json.dump({'num_bytes': num_bytes, 'num_documents': num_docs, 'stream_length': num_tokens,
+                 'format': CACHE_FORMAT}, f)
+    os.replace(meta_tmp, meta_path)
+  finally:
+    for leftover in (raw_path, npy_tmp, meta_tmp):
+      if os.path.exists(leftover):
+        os.remove(leftover)
+
+
+def load_tokenizer(data_config, builder, corpus_id: dict, root: str):
+  from efficient_lm.data import tokenizer as tok  # pylint: disable=g-import-not-at-top
+
+  settings = {'vocab_size': data_config['vocab_size'],
+              'train_bytes': int(data_config['tokenizer_train_bytes']),
+              'trainer': tok.TRAINER_SETTINGS, 'text_key': data_config['text_key']}
+  key = key_of({'corpus': corpus_id, 'tokenizer': settings})
+  directory = os.path.join(root, 'tokenizers', f'{slug(corpus_id["name"])}-{key}')
+  model_path = os.path.join(directory, 'spm.model')
+  if os.path.isfile(model_path):
+    log.info('Loading tokenizer %s', model_path)
+    try:
+      return tok.Tokenizer(model_path), key
+    except Exception as e:  # pylint: disable=broad-except  (truncated or foreign file)
+      log.warning('tokenizer %s is corrupt or unreadable (%s); training it again', model_path,
+                  str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+  if 'train' not in builder.info.splits:
+    raise ConfigError(f'data.dataset={data_config["dataset"]!r} has no train split to train the '
+                      f'tokenizer on (splits: {sorted(builder.info.splits)}); use another dataset')
+  split_bytes = int(builder.info.splits['train'].num_bytes or 0)
+  cap = settings['train_bytes']
+  fraction = min(1.0, cap / split_bytes) if cap and split_bytes else 1.0
+  log.info('Training a %d-piece tokenizer on %s/train (%s)...', data_config['vocab_size'],
+           corpus_id['name'], f'{fraction:.0%} of each document, at most {cap:,} bytes '
+           '(data.tokenizer_train_bytes)' if fraction < 1 else 'all of it')
+  start = time.time()
+  try:
+    tokenizer = tok.Tokenizer.train(
+        documents(builder, 'train', data_config['text_key']), vocab_size=data_config['vocab_size'],
+        model_path=model_path, max_bytes=cap, fraction=fraction,
+        progress=lambda seconds: log.info('... still training the tokenizer (%.0f s)', seconds))
+  except tok.VocabTooSmallError as e:
+    raise ConfigError(f'data.vocab_size={data_config["vocab_size"]!r} is too small for '
+                      f'{corpus_id["name"]}: {e}; raise data.vocab_size') from e
+  with open(os.path.join(directory, 'settings.json'), 'w') as f:
+    json.dump({'corpus': corpus_id, 'tokenizer': settings}, f, indent=1, sort_keys=True)
+  log.info('Trained tokenizer (%d pieces) in %.1f s: %s', tokenizer.vocab_size,
+               time.time() - start, model_path)
+  return tokenizer, key

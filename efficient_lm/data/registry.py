@@ -1,0 +1,81 @@
+"""Where every dataset is named once: what `data.dataset` may be, its splits, and how it is built.
+
+A `Source` is a built-in dataset (`shakespeare`, `wikitext103`, `python_code`: a TFDS builder on
+an archive) or a family addressed by a prefix (`tfds:<name>`, any TFDS text dataset; `text:<glob>`,
+your own files; `mqar:<options>`, a generated recall task with no text). `lookup(dataset)` finds it. Builders are imported only when used, so validating a
+config stays cheap.
+"""
+
+import dataclasses
+import importlib
+from typing import Callable
+
+TFDS_PREFIX = 'tfds:'
+TEXT_PREFIX = 'text:'
+MQAR_PREFIX = 'mqar:'
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """One kind of `data.dataset`."""
+  name: str                          # the dataset name, or the prefix with its ':'
+  example: str                       # what to write in the config, for messages
+  splits: Callable | None = None     # data_config -> the splits (None: known once prepared)
+  builder: str = ''                  # 'module:Class' of a built-in archive builder
+  takes_archive: bool = False        # `data.archive` / `data.archive_sha256` apply
+  generated: str = ''                # 'module': a source with no text (no TFDS, no tokenizer to
+                                     # train): its `validate(data_config)` and `load(data_config)`
+
+  @property
+  def is_prefix(self) -> bool:
+    return self.name.endswith(':')
+
+  def builder_class(self):
+    module, _, cls = self.builder.partition(':')
+    return getattr(importlib.import_module(f'efficient_lm.data.{module}'), cls)
+
+  def generator(self):
+    """The module of a generated source (`validate`, `load`)."""
+    return importlib.import_module(f'efficient_lm.data.{self.generated}')
+
+
+def _text_splits(data_config) -> tuple[str, ...]:
+  from efficient_lm.data import config as data_config_lib  # pylint: disable=g-import-not-at-top
+  held_out = [s for s in ('validation', 'test')
+              if data_config_lib.fraction(data_config, f'{s}_fraction') > 0]
+  return ('train', *held_out)
+
+
+SOURCES = {source.name: source for source in (
+    Source('shakespeare', 'shakespeare', builder='shakespeare:Shakespeare', takes_archive=True,
+           splits=lambda cfg: ('train', 'validation', 'test', 'test_milton')),
+    Source('wikitext103', 'wikitext103', builder='wikitext103:Wikitext103', takes_archive=True,
+           splits=lambda cfg: ('train', 'validation', 'test')),
+    Source('python_code', 'python_code', builder='python_code:PythonCode', takes_archive=True,
+           splits=lambda cfg: ('train', 'validation', 'test')),
+    Source(TFDS_PREFIX, 'tfds:<name> (e.g. tfds:pg19)'),
+    Source(TEXT_PREFIX, "text:<glob> for your own files (e.g. 'text:~/notes/**/*.txt')",
+           splits=_text_splits),
+    Source(MQAR_PREFIX, 'mqar:<options> (distance-controlled recall, e.g. mqar:queries=16)',
+           splits=lambda cfg: ('train', 'validation', 'test'), generated='mqar'),
+)}
+BUILT_IN = tuple(name for name, source in SOURCES.items() if not source.is_prefix)
+
+
+def lookup(dataset) -> Source | None:
+  """The source `dataset` names (a built-in name, or a prefix with something after it), or None."""
+  if not isinstance(dataset, str):
+    return None
+  if dataset in SOURCES and not SOURCES[dataset].is_prefix:
+    return SOURCES[dataset]
+  for source in SOURCES.values():
+    if source.is_prefix and dataset.startswith(source.name) and (
+        dataset[len(source.name):].strip() or source.generated):  # 'mqar:' alone: its defaults
+      return source
+  return None
+
+
+def known() -> str:
+  """The accepted values, for an error message."""
+  families = [source.example for source in SOURCES.values() if source.is_prefix]
+  return f"{', '.join(BUILT_IN)} or {', or '.join(families)}"

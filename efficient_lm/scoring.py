@@ -1,0 +1,483 @@
+"""Scoring a trained model: loss, perplexity and bits per byte over windows of a token stream,
+what its context is worth (`--ablate_context`), recall by distance (MQAR). The command line:
+`efficient_lm.evaluate`.
+
+Windows. A token stream of n targets (stream[i + 1] is the target of input
+position i) is cut into windows of up to `context` = N inputs moving by
+`stride` = S: window w covers input positions [w*S - (N - S), w*S + S), clipped
+at 0 and at n, and scores only its last S targets (the first window all of
+its own), so every target is scored exactly once, with up to N - 1 tokens of
+context before it. N = S = the model's seq_len (the default) are the training
+eval's non-overlapping windows (`train.evaluate`); S < N is the overlapping
+evaluation LMs are usually compared with. Every window is fed to the model as
+exactly seq_len tokens: a causal model gets it at the start, padded after
+(padding it never sees); a model whose logits cover only the last Z positions
+(the Perceiver-AR family: its latents) gets it right-aligned after
+end-of-document tokens, so its last S <= Z targets fall on latents. With the
+default windows (N = S = seq_len > Z) such a model is laid out as in training
+and scores only the last Z targets of each window; it is charged the bytes of
+what it scored (bytes x scored / targets), as `train.evaluate` does.
+
+Context ablation (`ablate_context=N`, N >= S). The same windows are scored twice, the second
+time with every input more than N positions before the window's end replaced by an
+end-of-document token (as if a document had started there): each scored token keeps between
+N - S and N - 1 tokens of context. The per-token difference (ablated minus full NLL: what the
+context beyond N is worth) is averaged overall and per bucket of the token's position in its
+document, with a 95% bootstrap interval over documents (`stats.paired_bootstrap`). A model whose
+receptive field is below N - S computes exactly the same numbers in both passes (the same
+arrays, the same positions, masked keys weigh exactly 0), so its difference is exactly 0: the
+sliding window, and HOnly with block-aligned windows (N, S and the context multiples of the
+block).
+
+Every score goes through the train step's own loss (`train_step.token_nll`: the final norm, the
+head and the cross-entropy over chunks of `train.loss_chunk` positions), so a long context never
+builds `[B, T, V]` logits. `score_stream` scores any token stream with a model;
+`evaluate_workdir` loads a workdir (config, tokenizer, latest checkpoint) and scores a split of
+its corpus or a UTF-8 file (one document: [eos] + ids + [eos]) over a data-parallel mesh of
+every local device (batch rows sharded, parameters replicated); a workdir trained on MQAR
+(`data.dataset='mqar:...'`) is scored on its split's answers, per distance bin.
+"""
+
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from efficient_lm import metrics as metrics_lib
+from efficient_lm import sharding
+from efficient_lm import stats
+from efficient_lm import train_step
+
+
+class EvalError(ValueError):
+  """An evaluation that cannot run as asked (bad windows, split or file); the message says why."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Windows and the scoring step.
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+  if not (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1):
+    raise EvalError(f"{name}={value!r} must be a positive integer; set --{name} to an integer >= 1")
+
+
+def check_windows(context: int, stride: int, *, seq_len: int, num_logits: int, model_name: str = "the model"
+                  ) -> None:
+  """Clear errors for `context` / `stride` against a model of `seq_len` inputs and `num_logits`
+  predicted positions (the last ones; < seq_len for the Perceiver-AR family)."""
+  _check_positive_int("context", context)
+  _check_positive_int("stride", stride)
+  if stride > context:
+    raise EvalError(f"stride={stride} must be at most context={context} (each window scores its "
+                    f"last stride targets); set --stride to at most {context}")
+  if context > seq_len:
+    raise EvalError(f"context={context} exceeds model.seq_len={seq_len}, the window {model_name} was "
+                    "trained on (learned positions, fixed windows and latents cannot go past it); "
+                    f"set --context to at most {seq_len}")
+  if num_logits < seq_len and stride > num_logits and not context == stride == seq_len:
+    raise EvalError(f"stride={stride} exceeds model.num_latents={num_logits}: {model_name} predicts "
+                    f"only the last {num_logits} positions of a window, so each window can score at "
+                    f"most {num_logits} targets; set --stride to at most {num_logits} (every token "
+                    "scored once), or leave --context and --stride at seq_len for the training "
+                    "eval's windows (latents only)")
+
+
+def predicted_positions(model: nnx.Module, seq_len: int) -> int:
+  """How many (last) positions of a `seq_len` window the model predicts: seq_len, or Z (latents)."""
+  graphdef, params = nnx.split(model)
+  return jax.eval_shape(lambda p, x: nnx.merge(graphdef, p)(x), params,
+                        jax.ShapeDtypeStruct((1, seq_len), jnp.int32)).shape[1]
+
+
+def num_windows(num_targets: int, stride: int) -> int:
+  return -(-num_targets // stride)
+
+
+def window_batch(tokens: np.ndarray, windows: np.ndarray, *, context: int, stride: int, seq_len: int,
+                 right_align: bool, eos_id: int, pad_id: int, ablate: int = 0
+                 ) -> dict[str, np.ndarray]:
+  """`[B, seq_len]` inputs, targets, weights (1 = scored), window positions and stream positions
+  (of each input; -1 outside) for window ids `windows` (ids past the last window give
+  all-padding rows of weight 0). `ablate` = N > 0: every input more than N before the window's
+  end is an end-of-document token instead (the module docstring)."""
+  n = len(tokens) - 1
+  w_B = np.asarray(windows, np.int64)
+  real_B = w_B < num_windows(n, stride)
+  first_B = w_B * stride                                   # first scored input position
+  end_B = np.where(real_B, np.minimum(first_B + stride, n), 0)
+  start_B = np.where(real_B, np.maximum(first_B - (context - stride), 0), 0)
+  offset_B = seq_len - (end_B - start_B) if right_align else np.zeros_like(start_B)
+  p_BT = start_B[:, None] + np.arange(seq_len, dtype=np.int64)[None, :] - offset_B[:, None]
+  inside_BT = (p_BT >= start_B[:, None]) & (p_BT < end_B[:, None])
+  scored_BT = inside_BT & (p_BT >= first_B[:, None])
+  stream_BT = np.where(inside_BT, p_BT, -1)
+  p_BT = np.clip(p_BT, 0, n - 1)
+  fill = eos_id if right_align else pad_id
+  inputs_BT = np.where(inside_BT, tokens[p_BT], fill)
+  if ablate:
+    inputs_BT = np.where(inside_BT & (stream_BT < end_B[:, None] - ablate), eos_id, inputs_BT)
+  return {
+      "inputs": inputs_BT.astype(np.int32),
+      "targets": np.where(inside_BT, tokens[p_BT + 1], pad_id).astype(np.int32),
+      "weights": scored_BT.astype(np.float32),
+      "window_positions": np.where(inside_BT, p_BT - start_B[:, None], 0).astype(np.int32),
+      "stream_positions": stream_BT.astype(np.int32),
+  }
+
+
+def make_score_step(graphdef, num_positions: int = 0, *, loss_chunk: int = 0,
+                    per_token: bool = False, predictions: bool = False):
+  """Jitted (params, batch) -> summed NLL (nats) and scored weight over the positions the logits
+  cover (the last T'), through the train step's loss (`train_step.token_nll`, over chunks of
+  `loss_chunk` positions); with `num_positions` > 0 also per window position sums, with
+  `per_token` every position's NLL `[B, T']`, with `predictions` the argmax `[B, T']`."""
+
+  @jax.jit
+  def score_step(params, batch):
+    model = nnx.merge(graphdef, params)
+    x_BTD = model.hidden(batch["inputs"])
+    T = x_BTD.shape[1]
+    nll_BT, *predicted = train_step.token_nll(model, x_BTD, batch["targets"], loss_chunk,
+                                              predictions=predictions)
+    weights_BT = batch["weights"][:, -T:]
+    out = {"nll": jnp.sum(nll_BT * weights_BT), "scored": jnp.sum(weights_BT)}
+    if num_positions:
+      where_N = batch["window_positions"][:, -T:].reshape(-1)
+      out["position_nll"] = jax.ops.segment_sum((nll_BT * weights_BT).reshape(-1), where_N,
+                                                num_segments=num_positions)
+      out["position_count"] = jax.ops.segment_sum(weights_BT.reshape(-1), where_N,
+                                                  num_segments=num_positions)
+    if per_token:
+      out["token_nll"] = nll_BT
+    if predictions:
+      out["predicted"] = predicted[0]
+    return out
+
+  return score_step
+
+
+def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_size: int,
+                 num_bytes: int, eos_id: int, pad_id: int, per_position: bool = False,
+                 mesh: jax.sharding.Mesh | None = None, seq_len: int | None = None,
+                 loss_chunk: int = 0, ablate_context: int = 0, buckets: int = 4,
+                 bootstrap_seed: int = 0) -> dict:
+  """Scores every target of the 1-D token stream `tokens` once (see the module docstring).
+
+  `num_bytes`: the UTF-8 bytes the stream's text holds (bits per byte's
+  denominator). `seq_len`: the model's input length (default `model.seq_len`
+  where the model has it, else `context`). `mesh`: a mesh with a `data` axis
+  (and a `context` axis of size 1, as `sharding.shard_batch` expects) to shard
+  batch rows over; `batch_size` must then be a multiple of its data size.
+  `loss_chunk`: `train.loss_chunk` (positions per chunk of the head and loss).
+  Returns loss (nats/token), perplexity, bits_per_byte, scored_tokens,
+  target_tokens (= len(tokens) - 1), num_windows, context and stride, and with
+  `per_position` per_position_loss (None where nothing was scored) and
+  per_position_count, one entry per window position 0..context-1. With
+  `ablate_context` = N: `ablation` (what the context beyond N is worth: the
+  mean per-token NLL difference, its 95% bootstrap interval over documents and
+  p-value, overall and in `buckets` log2 buckets of the position in the
+  document: [0, N), [N, 2N), ...).
+  """
+  tokens = np.asarray(tokens)
+  if tokens.ndim != 1 or len(tokens) < 2:
+    raise EvalError(f"tokens must be a 1-D stream of at least 2 ids (got shape {tokens.shape})")
+  _check_positive_int("batch_size", batch_size)
+  if not num_bytes > 0:
+    raise EvalError(f"num_bytes={num_bytes!r} must be positive (the text's UTF-8 bytes)")
+  seq_len = seq_len or getattr(model, "seq_len", None) or context
+  graphdef, params = nnx.split(model)
+  num_logits = predicted_positions(model, seq_len)
+  check_windows(context, stride, seq_len=seq_len, num_logits=num_logits,
+                model_name=type(model).__name__)
+  if ablate_context:
+    _check_positive_int("ablate_context", ablate_context)
+    if not stride <= ablate_context < context:
+      raise EvalError(f"ablate_context={ablate_context} must be at least --stride={stride} (each "
+                      f"scored token keeps ablate_context - stride .. ablate_context - 1 tokens of "
+                      f"context) and below --context={context}; set it in [{stride}, {context})")
+  data_size = 1 if mesh is None else mesh.shape["data"]
+  if batch_size % data_size:
+    raise EvalError(f"batch_size={batch_size} must be a multiple of the mesh's {data_size} data "
+                    f"devices (rows are split over them); set --batch_size to a multiple of "
+                    f"{data_size}")
+  right_align = num_logits < seq_len and stride <= num_logits
+  n = len(tokens) - 1
+  total = num_windows(n, stride)
+  if mesh is not None:
+    params = jax.device_put(params, sharding.replicated(mesh))
+  step = make_score_step(graphdef, context if per_position else 0, loss_chunk=loss_chunk,
+                         per_token=bool(ablate_context))
+  sums = {"nll": 0.0, "scored": 0.0, "position_nll": 0.0, "position_count": 0.0}
+  kept = {"full": [], "ablated": [], "where": []}  # per scored token, for the ablation
+  pending: list = []
+
+  def collect(outputs) -> None:  # host sums in float64, as train.evaluate's
+    (full, ablated, batch) = outputs
+    full = jax.device_get(full)
+    for name, value in full.items():
+      if name != "token_nll":
+        sums[name] = sums[name] + np.asarray(value, np.float64)
+    if ablated is not None:
+      T = full["token_nll"].shape[1]
+      scored = batch["weights"][:, -T:] > 0
+      kept["full"].append(np.asarray(full["token_nll"], np.float64)[scored])
+      kept["ablated"].append(np.asarray(jax.device_get(ablated)["token_nll"], np.float64)[scored])
+      kept["where"].append(batch["stream_positions"][:, -T:][scored])
+
+  for first in range(0, total, batch_size):
+    layout = dict(context=context, stride=stride, seq_len=seq_len, right_align=right_align,
+                  eos_id=eos_id, pad_id=pad_id)
+    windows = np.arange(first, first + batch_size)
+    batch = window_batch(tokens, windows, **layout)
+    place = lambda b: sharding.shard_batch(b, mesh) if mesh is not None else b
+    full = step(params, place(batch))  # dispatched asynchronously: the host builds the next
+    ablated = None
+    if ablate_context:
+      ablated = step(params, place(window_batch(tokens, windows, ablate=ablate_context, **layout)))
+    pending.append((full, ablated, batch))
+    if len(pending) > 4:
+      collect(pending.pop(0))
+  for outputs in pending:
+    collect(outputs)
+  total_nll, scored = float(sums["nll"]), float(sums["scored"])
+  result = {**metrics_lib.loss_figures(total_nll, scored, num_bytes * scored / n),
+            "scored_tokens": int(round(scored)), "target_tokens": n, "num_windows": total,
+            "context": int(context), "stride": int(stride)}
+  if per_position:
+    position_nll, counts = sums["position_nll"], sums["position_count"]
+    result["per_position_loss"] = [float(s / c) if c else None for s, c in zip(position_nll, counts)]
+    result["per_position_count"] = [int(round(c)) for c in counts]
+  if ablate_context:
+    result["ablation"] = ablation_readout(
+        np.concatenate(kept["full"]), np.concatenate(kept["ablated"]),
+        np.concatenate(kept["where"]), tokens, eos_id, ablate_context, stride, buckets,
+        bootstrap_seed)
+  return result
+
+
+def ablation_readout(full_N, ablated_N, where_N, tokens, eos_id: int, ablate: int, stride: int,
+                     buckets: int, seed: int) -> dict:
+  """The context-ablation figures from per-token NLLs (scored tokens at stream input positions
+  `where_N`): the mean of ablated - full, its bootstrap interval over documents, per bucket of
+  the position in the document."""
+  starts = np.cumsum(tokens == eos_id)  # document number of each stream position
+  document_N = starts[where_N]
+  last_eos = np.maximum.accumulate(np.where(tokens == eos_id, np.arange(len(tokens)), 0))
+  offset_N = where_N - last_eos[where_N]  # tokens of the document before the target's input
+
+  def summarize(mask) -> dict:
+    if not mask.any():
+      return {"delta": None, "ci_low": None, "ci_high": None, "p_value": None, "tokens": 0,
+              "documents": 0}
+    test = stats.paired_bootstrap(full_N[mask], ablated_N[mask], groups=document_N[mask],
+                                  num_resamples=2000, seed=seed)
+    return {"delta": float(np.mean(ablated_N[mask] - full_N[mask])), "ci_low": test.ci_low,
+            "ci_high": test.ci_high, "p_value": test.p_value, "tokens": int(mask.sum()),
+            "documents": int(len(np.unique(document_N[mask])))}
+
+  edges = [0] + [ablate * 2 ** i for i in range(buckets - 1)] + [np.inf]
+  return {"ablate_context": int(ablate), "kept_context": [int(ablate - stride), int(ablate - 1)],
+          "all": summarize(np.ones_like(where_N, bool)),
+          "by_position_in_document": [
+              {"low": int(lo), "high": None if hi == np.inf else int(hi),
+               **summarize((offset_N >= lo) & (offset_N < hi))}
+              for lo, hi in zip(edges[:-1], edges[1:])]}
+
+
+def score_recall(model: nnx.Module, corpus, split: str, *, batch_size: int, loss_chunk: int = 0,
+                 mesh: jax.sharding.Mesh | None = None, num_bins: int = 8,
+                 per_query: bool = False) -> dict:
+  """MQAR (`data.mqar`): the answers' loss and accuracy per distance bin (its standard error and
+  queries per bin) over every sequence of `split`; with `per_query`, `queries`: every answer's
+  sequence, distance and correctness (arrays, for paired tests across models on the same
+  queries)."""
+  from efficient_lm.data import mqar  # pylint: disable=import-outside-toplevel
+  graphdef, params = nnx.split(model)
+  if mesh is not None:
+    params = jax.device_put(params, sharding.replicated(mesh))
+  step = make_score_step(graphdef, loss_chunk=loss_chunk, predictions=True)
+  accuracy = mqar.DistanceAccuracy(corpus.task, num_bins)
+  total_nll = scored = 0.0
+  queries = {"sequence": [], "distance": [], "correct": []}
+  for first, batch in zip(range(0, 1 << 62, batch_size),
+                          corpus.eval_batches(split, batch_size=batch_size)):
+    distances = batch.pop("distances")
+    placed = sharding.shard_batch(batch, mesh) if mesh is not None else batch
+    out = jax.device_get(step(params, placed))
+    total_nll += float(out["nll"])
+    scored += float(out["scored"])
+    accuracy.add(distances, batch["targets"], out["predicted"])
+    if per_query:
+      T = out["predicted"].shape[1]
+      answer_BT = distances[:, -T:] >= 0
+      rows_BT = np.broadcast_to(first + np.arange(len(distances))[:, None], answer_BT.shape)
+      queries["sequence"].append(rows_BT[answer_BT])
+      queries["distance"].append(distances[:, -T:][answer_BT])
+      queries["correct"].append((out["predicted"] == batch["targets"][:, -T:])[answer_BT])
+  result = {**metrics_lib.loss_figures(total_nll, scored, 0), "scored_tokens": int(scored),
+            "recall": accuracy.result()}
+  if per_query:
+    result["queries"] = {k: np.concatenate(v) for k, v in queries.items()}
+  return result
+
+
+# ----------------------------------------------------------------------------------------------
+# Workdirs, splits and files.
+
+
+def read_text_file(path: str, tokenizer) -> tuple[np.ndarray, int]:
+  """(stream = [eos] + ids + [eos], UTF-8 bytes) of a UTF-8 text file, read as one document."""
+  try:
+    with open(path, "rb") as f:
+      raw = f.read()
+  except OSError as e:
+    raise EvalError(f"--text_file={path} cannot be read ({e.strerror or e}); give a readable "
+                    "UTF-8 text file") from e
+  try:
+    text = raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise EvalError(f"--text_file={path} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset "
+                    f"{e.start}); convert it to UTF-8") from e
+  if not raw:
+    raise EvalError(f"--text_file={path} is empty; give a file with some text")
+  ids = tokenizer.encode(text)
+  eos = np.asarray([tokenizer.eos_id], np.int32)
+  return np.concatenate([eos, ids, eos]), len(raw)
+
+
+def data_parallel_mesh() -> jax.sharding.Mesh:
+  """A `data` x `context` = (every local device) x 1 mesh: batch rows sharded."""
+  devices = jax.local_devices()
+  return jax.make_mesh((len(devices), 1), ("data", "context"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
+
+
+def _load(workdir: str):
+  """(model, tokenizer, config, step): the one place a workdir is loaded."""
+  from efficient_lm import generation  # pylint: disable=import-outside-toplevel
+  return generation.load_workdir(workdir)
+
+
+def _source(config, tokenizer, split: str | None, text_file: str | None):
+  """(name, token stream, bytes) of what to score."""
+  if text_file is not None:
+    tokens, num_bytes = read_text_file(text_file, tokenizer)
+    return os.path.splitext(os.path.basename(text_file))[0] or "text", tokens, num_bytes
+  from efficient_lm import data  # pylint: disable=import-outside-toplevel
+  corpus = data.load(config.data)
+  split = split or config.train.eval_split
+  if split not in corpus.splits:
+    raise EvalError(f"--split={split} is not a split of {corpus.name}; use one of "
+                    f"{', '.join(corpus.splits)}")
+  return split, corpus.tokens(split), corpus.num_bytes(split)
+
+
+def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str | None = None,
+                     context: int | None = None, stride: int | None = None,
+                     batch_size: int | None = None, per_position: bool = False,
+                     out: str | None = None, ablate_context: int = 0,
+                     per_query: bool = False, max_tokens: int = 0) -> dict:
+  """Scores the workdir's latest checkpoint on `split` (default `train.eval_split`) or on
+  `text_file`, over every local device.
+
+  `context` defaults to the model's seq_len, `stride` to `context`, `batch_size`
+  to `data.batch_size` rounded up to a multiple of the device count. Returns
+  `score_stream`'s figures plus model, step, what was scored (`split` or
+  `text_file`), num_bytes and devices; with `per_position` also writes
+  per_position.json and per_position.png into `out` (default
+  `<workdir>/eval/<split or file stem>/`), named in the result as `out`.
+  """
+  if split is not None and text_file is not None:
+    raise EvalError(f"--split={split} and --text_file={text_file} are both given; give one of them")
+  for name, value in (("context", context), ("stride", stride), ("batch_size", batch_size)):
+    if value is not None:
+      _check_positive_int(name, value)
+  workdir = os.path.abspath(os.path.expanduser(workdir))
+  model, tokenizer, config, step = _load(workdir)
+  if config.data.dataset.startswith("mqar:") and text_file is None:
+    return _evaluate_recall(workdir, model, config, step, split, batch_size, per_query)
+  seq_len = config.model.seq_len
+  context = context or seq_len
+  stride = stride or context
+  check_windows(context, stride, seq_len=seq_len, num_logits=predicted_positions(model, seq_len),
+                model_name=f"model.name={config.model.name!r}")
+  name, tokens, num_bytes = _source(config, tokenizer, split, text_file)
+  if max_tokens and max_tokens < len(tokens) - 1:  # the first documents holding max_tokens
+    ends = np.flatnonzero(np.asarray(tokens) == tokenizer.eos_id)
+    cut = int(ends[np.searchsorted(ends, max_tokens)]) if ends[-1] >= max_tokens else len(tokens) - 1
+    num_bytes = num_bytes * cut / (len(tokens) - 1)  # estimated: bytes in proportion to tokens
+    tokens = tokens[:cut + 1]
+  mesh = data_parallel_mesh()
+  devices = mesh.shape["data"]
+  if batch_size is None:
+    batch_size = -(-config.data.batch_size // devices) * devices
+  elif batch_size % devices:
+    raise EvalError(f"batch_size={batch_size} must be a multiple of the {devices} local devices "
+                    f"(rows are split over them); set --batch_size to a multiple of {devices}")
+  result = score_stream(model, tokens, context=context, stride=stride, batch_size=batch_size,
+                        num_bytes=num_bytes, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
+                        per_position=per_position, mesh=mesh, seq_len=seq_len,
+                        loss_chunk=config.train.get("loss_chunk", 0),
+                        ablate_context=ablate_context or 0)
+  where = {"text_file": os.path.abspath(text_file)} if text_file is not None else {"split": name}
+  result = {"model": config.model.name, "step": int(step), **where, **result,
+            "num_bytes": int(num_bytes), "devices": devices}
+  if per_position:
+    out = out or os.path.join(workdir, "eval", name)
+    write_per_position(result, out)
+    result["out"] = os.path.abspath(out)
+  return result
+
+
+def _evaluate_recall(workdir: str, model, config, step: int, split: str | None,
+                     batch_size: int | None, per_query: bool = False) -> dict:
+  from efficient_lm import data  # pylint: disable=import-outside-toplevel
+  corpus = data.load(config.data)
+  split = split or config.train.eval_split
+  if split not in corpus.splits or split == "train":
+    raise EvalError(f"--split={split} is not an evaluation split of {corpus.name}; use validation "
+                    "or test")
+  mesh = data_parallel_mesh()
+  devices = mesh.shape["data"]
+  batch_size = -(-(batch_size or config.data.batch_size) // devices) * devices
+  result = score_recall(model, corpus, split, batch_size=batch_size, mesh=mesh,
+                        loss_chunk=config.train.get("loss_chunk", 0), per_query=per_query)
+  return {"model": config.model.name, "step": int(step), "split": split, **result,
+          "devices": devices, "dataset": config.data.dataset}
+
+
+def write_per_position(result: dict, out: str) -> None:
+  """per_position.json (mean loss and count at each window position) and per_position.png."""
+  os.makedirs(out, exist_ok=True)
+  what = result.get("split") or os.path.basename(result.get("text_file", ""))
+  record = {k: result[k] for k in ("model", "step", "context", "stride", "loss") if k in result}
+  record.update({"what": what, "position": list(range(len(result["per_position_loss"]))),
+                 "loss_at_position": result["per_position_loss"],
+                 "count_at_position": result["per_position_count"]})
+  with open(os.path.join(out, "per_position.json"), "w", encoding="utf-8") as f:
+    json.dump(record, f, indent=1)
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel
+  scored = [(i, v, c) for i, (v, c) in enumerate(zip(result["per_position_loss"],
+                                                    result["per_position_count"])) if c]
+  fig, (ax, counts_ax) = plt.subplots(2, 1, figsize=(7, 5), sharex=True,
+                                      gridspec_kw={"height_ratios": [3, 1]})
+  ax.plot([i for i, _, _ in scored], [v for _, v, _ in scored], lw=1)
+  ax.set_ylabel("mean loss (nats/token)")
+  ax.set_title(f"{result.get('model', '')} step {result.get('step', '')} on {what}: context "
+               f"{result['context']}, stride {result['stride']}")
+  ax.grid(alpha=0.3)
+  counts_ax.plot([i for i, _, _ in scored], [c for _, _, c in scored], lw=1, color="gray")
+  counts_ax.set_ylim(bottom=0)
+  counts_ax.set_ylabel("scored tokens")
+  counts_ax.set_xlabel("position in the window (tokens of context before the target)")
+  counts_ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(os.path.join(out, "per_position.png"), dpi=120)
+  plt.close(fig)

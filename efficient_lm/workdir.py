@@ -1,0 +1,179 @@
+"""The one owner of a training workdir: what it holds, how a run is checked against it, how it is written.
+
+    config.json       the resolved config of the run (evaluation and sampling read it)
+    tokenizer.model   the tokenizer the run trains with
+    data.json         the corpus's identity: dataset, its source's fingerprint (the archive's
+                      sha256, a `text:` folder's file-list hash, a TFDS version), the tokenizer's
+                      sha256 and vocabulary size
+    checkpoints/      Orbax checkpoints (`checkpoint.py`); metrics.jsonl, tensorboard/ (`metrics.py`)
+
+Nothing in a workdir changes until every check has passed: `check` compares the run with what the
+workdir holds (the model, through the checkpoints' metadata; the corpus and tokenizer, through
+`data.json`) and raises one line naming what differs and the fix; only then does `write` put
+`config.json`, `tokenizer.model` and `data.json` in place, each atomically (written beside, then
+renamed). A refused run leaves every file byte-identical.
+"""
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+
+import jax
+import ml_collections
+import numpy as np
+
+from efficient_lm.data import archives
+
+log = logging.getLogger(__name__)
+
+CONFIG, TOKENIZER, DATA = "config.json", "tokenizer.model", "data.json"
+CHECKPOINTS = "checkpoints"
+
+
+class WorkdirError(RuntimeError):
+  """A directory that is not (yet) a training workdir, where one is needed."""
+
+
+class WorkdirMismatchError(WorkdirError):
+  """The workdir holds a run of another model or corpus than the config describes."""
+
+
+def model_meta(config: ml_collections.ConfigDict, params) -> dict:
+  """What a checkpoint's model is: its name and every parameter's shape."""
+  shapes = {jax.tree_util.keystr(path): list(np.shape(x))
+            for path, x in jax.tree_util.tree_leaves_with_path(params)}
+  return {"model_name": config.model.name, "param_shapes": shapes}
+
+
+def _write_atomic(path: str, *, text: str | None = None, copy_from: str | None = None) -> None:
+  """`path` holds `text` (or a copy of `copy_from`) or is untouched: written beside, then renamed."""
+  tmp = f"{path}.{os.getpid()}.tmp"
+  try:
+    if copy_from is not None:
+      shutil.copyfile(copy_from, tmp)
+    else:
+      with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workdir:
+  path: str
+
+  def __post_init__(self):
+    object.__setattr__(self, "path", os.path.abspath(os.path.expanduser(self.path)))
+
+  def file(self, name: str) -> str:
+    return os.path.join(self.path, name)
+
+  @property
+  def checkpoints(self) -> str:
+    return self.file(CHECKPOINTS)
+
+  def has_checkpoints(self) -> bool:
+    folder = self.checkpoints
+    return os.path.isdir(folder) and any(name.isdigit() for name in os.listdir(folder))
+
+  # Reading.
+
+  def saved_config(self) -> ml_collections.ConfigDict | None:
+    if not os.path.isfile(self.file(CONFIG)):
+      return None
+    with open(self.file(CONFIG), encoding="utf-8") as f:
+      return ml_collections.ConfigDict(json.load(f))
+
+  def saved_identity(self) -> dict | None:
+    if not os.path.isfile(self.file(DATA)):
+      return None
+    with open(self.file(DATA), encoding="utf-8") as f:
+      return json.load(f)
+
+  def require_trained(self) -> None:
+    """WorkdirError unless this is a training workdir with a config and a tokenizer (evaluation,
+    sampling)."""
+    for name in (CONFIG, TOKENIZER):
+      if not os.path.exists(self.file(name)):
+        raise WorkdirError(f"{self.path} has no {name}: it is not a training workdir (give the "
+                           "--workdir a `python -m efficient_lm.main` run wrote)")
+    if not self.has_checkpoints():
+      raise WorkdirError(f"{self.path} has no checkpoints yet: train first, or wait for the first "
+                         "save (train.checkpoint_every)")
+
+  # Checking.
+
+  def check_data(self, identity: dict, *, allow_new_data: bool = False) -> None:
+    """WorkdirMismatchError when the workdir's checkpoints were trained on another corpus or
+    tokenizer than `identity` (a `Corpus.identity`), unless `allow_new_data`."""
+    saved = self.saved_identity()
+    if saved is None or not self.has_checkpoints():
+      return
+    differs = [key for key in ("dataset", "source", "tokenizer_sha256", "vocab_size")
+               if saved.get(key) != identity.get(key)]
+    if not differs:
+      return
+    if allow_new_data:
+      log.warning("training further on other data (%s differs from the checkpoints' run: %s); "
+                  "train.allow_new_data=True", ", ".join(differs),
+                  ", ".join(f"{k} {saved.get(k)!r} -> {identity.get(k)!r}" for k in differs))
+      return
+    first = differs[0]
+    what = {"dataset": "dataset", "source": "corpus files", "tokenizer_sha256": "tokenizer",
+            "vocab_size": "vocabulary size"}[first]
+    raise WorkdirMismatchError(
+        f"workdir {self.path} was trained on another {what} ({first}: {saved.get(first)!r} in its "
+        f"{DATA}, the config gives {identity.get(first)!r}); use a new --workdir, or set "
+        "train.allow_new_data=True to train these checkpoints further on the new data (the old "
+        "tokenizer is kept beside the new one)")
+
+  def check_model(self, saved_meta: dict, current_meta: dict) -> None:
+    """WorkdirMismatchError when a checkpoint's model (`model_meta`) is not the config's."""
+    saved = {k: saved_meta.get(k) for k in current_meta}
+    if saved == current_meta:
+      return
+    if saved.get("model_name") != current_meta["model_name"]:
+      what = (f"model.name={saved.get('model_name')!r}, the config has "
+              f"{current_meta['model_name']!r}")
+    else:
+      saved_shapes = saved.get("param_shapes") or {}
+      diff = sorted(k for k in set(saved_shapes) | set(current_meta["param_shapes"])
+                    if saved_shapes.get(k) != current_meta["param_shapes"].get(k))
+      what = (f"parameter shapes differ at {diff[0]}: saved {saved_shapes.get(diff[0])}, "
+              f"config gives {current_meta['param_shapes'].get(diff[0])}")
+    raise WorkdirMismatchError(
+        f"workdir {self.path} holds checkpoints of another model ({what}); use a new --workdir, "
+        f"or the config the workdir was trained with (its {CONFIG})")
+
+  # Writing (after every check).
+
+  def write(self, config: ml_collections.ConfigDict, tokenizer, identity: dict) -> None:
+    """Puts config.json, tokenizer.model (the sentencepiece model; a generated task's
+    description) and data.json in place, atomically each. A tokenizer that replaces a different
+    one (train.allow_new_data) keeps the old file as tokenizer.<its sha256 prefix>.model."""
+    os.makedirs(self.path, exist_ok=True)
+    _write_atomic(self.file(CONFIG), text=config.to_json_best_effort(indent=2))
+    target = self.file(TOKENIZER)
+    source = tokenizer.model_path
+    if source is None:  # a generated source's tokenizer saves itself
+      source = f"{target}.{os.getpid()}.new"
+      tokenizer.save(source)
+    try:
+      if os.path.abspath(source) != target:
+        if os.path.isfile(target) and archives.sha256_of(target) != archives.sha256_of(source):
+          old = self.file(f"tokenizer.{archives.sha256_of(target)[:12]}.model")
+          shutil.copyfile(target, old)
+          log.warning("kept the workdir's previous tokenizer as %s", old)
+        _write_atomic(target, copy_from=source)
+    finally:
+      if tokenizer.model_path is None and os.path.exists(source):
+        os.remove(source)
+    _write_atomic(self.file(DATA), text=json.dumps(identity, indent=1, sort_keys=True))
+
+
+__all__ = ["CONFIG", "DATA", "TOKENIZER", "Workdir", "WorkdirError", "WorkdirMismatchError",
+           "model_meta"]

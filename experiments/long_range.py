@@ -1,0 +1,147 @@
+"""Does any model use long context? Recall at controlled distances (MQAR), every family, paired seeds.
+
+    nice -n 19 python -m experiments.long_range --pause_file=/tmp/efficient_lm_quiet   # every row
+    python -m experiments.long_range --rows=dense@0 --steps=100                        # one row
+    python -m experiments.long_range --render                                          # tables only
+
+The task (`TASK`, `data.dataset='mqar:...'`): windows of 128 tokens, key-value pairs in the first
+96, queries in the last 32 (so Perceiver-AR, which predicts only its latents, is trained and
+scored on the same answers), each query's distance to its pair log-uniform over [10, 96]. Every
+row (model, seed) is a real training run, `python -m efficient_lm.main` in a subprocess with the
+shared settings (`SETTINGS`: width, depth, batch, steps, learning rate) and the family's own
+(`MODELS`: window, period, blocks, pieces, latents, each model's reach stated in `REACH`), then
+`python -m efficient_lm.evaluate --split=test --per_query_out=...`: accuracy per distance bin
+and every answer of the test split (the same 8,192 queries for every model and seed: 2,048 sequences x 4).
+
+Rows go to experiments/results/long_range.json (one per model, seed and distance bin: model, seed,
+bin_low, bin_high, accuracy, stderr, queries) after every run; a row already there is kept
+(resumable, additive; `--force` retrains). The claims are decided by `experiments.verdicts`.
+`--pause_file`: while that file exists the running subprocess is stopped (speed measurements).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+from experiments.common import REPO
+from experiments.runner import run_monitored, tail
+
+TASK = ("mqar:seq_len=128,latents=32,queries=4,pairs=12,min_distance=10,max_distance=96,"
+        "keys=32,values=32,filler=32,eval_sequences=2048")
+SETTINGS = {"data.seq_len": 128, "data.batch_size": 32, "data.vocab_size": 99,
+            "model.d_model": 128, "model.num_layers": 2, "model.num_heads": 4,
+            "model.mlp_ratio": 2, "train.learning_rate": 3e-3, "train.warmup_steps": 100,
+            "train.weight_decay": 0.0, "train.log_every": 100, "train.eval_every": 100000,
+            "train.checkpoint_every": 100000, "train.sample_prompt": "", "train.sample_tokens": 0,
+            "train.schedule": "cosine", "train.eval_split": "validation",
+            "mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1, "mesh.context": 1}
+W, P, S, L, Z = 16, 16, 5, 32, 32   # window, period, skips, block / piece, latents
+MODELS = {
+    "dense": ("configs/dense.py", {}),
+    "sliding_window": ("configs/sliding_window.py", {"model.window": W}),
+    "pi_attention": ("configs/pi_attention.py", {"model.window": W, "model.period": P,
+                                                 "model.num_skips": S}),
+    "bcmt": ("configs/bcmt.py", {"model.block_size": L}),
+    "honly": ("configs/bcmt.py:honly", {"model.block_size": L}),
+    "ecp": ("configs/ecp.py", {"model.num_segments": 128 // (L // 2)}),   # pieces of 16
+    "perceiver_ar": ("configs/perceiver_ar.py", {"model.num_latents": Z}),
+}
+# How far back each model can fetch a value into the query position in one attention hop (two
+# layers may chain two hops): the bins a claim is judged on follow from it.
+REACH = {"dense": 128, "sliding_window": W - 1, "pi_attention": S * P + W - 1,
+         "bcmt": None, "honly": L - 1, "ecp": L - 1, "perceiver_ar": 128}
+SEEDS = (0, 1)
+STEPS = 3000
+
+
+def row_key(model: str, seed: int) -> str:
+  return f"{model}@{seed}"
+
+
+def command(model: str, seed: int, workdir: str, steps: int) -> list[str]:
+  config, fields = MODELS[model]
+  settings = {**SETTINGS, **fields, "data.dataset": TASK, "train.seed": seed,
+              "train.num_steps": steps}
+  return [sys.executable, "-m", "efficient_lm.main", f"--config={config}", f"--workdir={workdir}",
+          *[f"--config.{k}={v}" for k, v in settings.items()]]
+
+
+def run_row(model: str, seed: int, args) -> dict:
+  workdir = os.path.join(args.workdir_root, row_key(model, seed))
+  os.makedirs(workdir, exist_ok=True)
+  train = command(model, seed, workdir, args.steps)
+  print(f"{row_key(model, seed)}: training ({args.steps} steps)", flush=True)
+  run = run_monitored(train, os.path.join(workdir, "..", f"{row_key(model, seed)}.log"),
+                      args.pause_file)
+  if run["returncode"] != 0:
+    raise RuntimeError(f"{row_key(model, seed)} training failed:\n"
+                       f"{tail(os.path.join(workdir, '..', row_key(model, seed) + '.log'))}")
+  queries = os.path.join(workdir, "test_queries.npz")
+  score = [sys.executable, "-m", "efficient_lm.evaluate", f"--workdir={workdir}", "--split=test",
+           f"--per_query_out={queries}"]
+  score_log = os.path.join(workdir, "..", f"{row_key(model, seed)}.score.log")
+  scored = run_monitored(score, score_log, args.pause_file)
+  if scored["returncode"] != 0:
+    raise RuntimeError(f"{row_key(model, seed)} scoring failed:\n{tail(score_log)}")
+  with open(score_log) as f:
+    result = json.loads(f.read().strip().splitlines()[-1])
+  return {"model": model, "seed": seed, "steps": args.steps, "train_seconds": run["seconds"],
+          "load_mean": run["load_mean"], "test_loss": result["loss"], "recall": result["recall"],
+          "queries_file": os.path.relpath(queries, REPO), "command": " ".join(train)}
+
+
+def rows_of(run: dict) -> list[dict]:
+  """The result file's rows: one per distance bin."""
+  recall = run["recall"]
+  return [{"model": run["model"], "seed": run["seed"], "bin_low": int(lo), "bin_high": int(hi),
+           "accuracy": a, "stderr": e, "queries": n}
+          for lo, hi, a, e, n in zip(recall["edges"], recall["edges"][1:], recall["accuracy"],
+                                     recall["stderr"], recall["count"])]
+
+
+def load(path: str) -> dict:
+  if os.path.isfile(path):
+    with open(path) as f:
+      return json.load(f)
+  return {"task": TASK, "settings": SETTINGS, "models": {k: v[1] for k, v in MODELS.items()},
+          "reach": REACH, "runs": {}, "rows": []}
+
+
+def save(results: dict, path: str) -> None:
+  results["rows"] = [row for run in results["runs"].values() for row in rows_of(run)]
+  with open(path + ".tmp", "w") as f:
+    json.dump(results, f, indent=1)
+  os.replace(path + ".tmp", path)
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--rows", default="", help="model@seed,... (default: every model, seeds 0 1)")
+  parser.add_argument("--steps", type=int, default=STEPS)
+  parser.add_argument("--force", action="store_true")
+  parser.add_argument("--results", default=os.path.join(REPO, "experiments", "results",
+                                                        "long_range.json"))
+  parser.add_argument("--workdir_root", default=os.path.join(REPO, "runs", "long_range"))
+  parser.add_argument("--pause_file", default="")
+  args = parser.parse_args(argv)
+  keys = ([tuple(k.split("@")) for k in args.rows.split(",")] if args.rows else
+          [(m, str(s)) for s in SEEDS for m in MODELS])
+  results = load(args.results)
+  for model, seed in keys:
+    key = row_key(model, int(seed))
+    if key in results["runs"] and not args.force:
+      print(f"{key}: kept", flush=True)
+      continue
+    results["runs"][key] = run_row(model, int(seed), args)
+    save(results, args.results)
+    recall = results["runs"][key]["recall"]
+    print(f"{key}: recall {recall['accuracy_all']:.3f}; by bin "
+          + " ".join("-" if a is None else f"{a:.2f}" for a in recall["accuracy"]), flush=True)
+  save(results, args.results)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,125 @@
+"""A workdir nothing can damage: refused runs leave it byte-identical, another corpus is refused,
+a small corpus's tokenizer sets the vocabulary (and sampling never asks for a missing piece)."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from efficient_lm import scoring
+from efficient_lm import generation
+from efficient_lm import train
+from efficient_lm import workdir as workdir_lib
+
+
+def snapshot(path) -> dict[str, str]:
+  """sha256 of every file under `path` (the workdir, checkpoints included)."""
+  out = {}
+  for root, _, files in os.walk(path):
+    for name in files:
+      full = os.path.join(root, name)
+      with open(full, "rb") as f:
+        out[os.path.relpath(full, path)] = hashlib.sha256(f.read()).hexdigest()
+  return out
+
+
+@pytest.fixture
+def trained(tiny_config, tmp_path_factory, _cache={}):
+  """A 10-step tiny dense workdir, shared (tests copy it before changing anything)."""
+  if not _cache:
+    workdir = str(tmp_path_factory.mktemp("trained"))
+    train.train_and_evaluate(tiny_config(num_steps=10, eval_every=10, checkpoint_every=10,
+                                         sample_tokens=0), workdir)
+    _cache["workdir"] = workdir
+  return _cache["workdir"]
+
+
+def copy_of(workdir, tmp_path) -> str:
+  import shutil  # pylint: disable=import-outside-toplevel
+  target = str(tmp_path / "copy")
+  shutil.copytree(workdir, target)
+  return target
+
+
+def test_the_workdir_records_config_tokenizer_and_corpus(trained):
+  names = set(os.listdir(trained))
+  assert {"config.json", "tokenizer.model", "data.json", "checkpoints", "metrics.jsonl"} <= names
+  identity = json.load(open(os.path.join(trained, "data.json")))
+  assert identity["dataset"] == "shakespeare" and identity["vocab_size"] == 384
+  assert identity["tokenizer_sha256"] == workdir_lib.archives.sha256_of(
+      os.path.join(trained, "tokenizer.model"))
+
+
+@pytest.mark.parametrize("change", ["another model", "another width"])
+def test_a_refused_run_leaves_every_file_byte_identical(trained, tiny_config, tmp_path, change):
+  workdir = copy_of(trained, tmp_path)
+  before = snapshot(workdir)
+  config = tiny_config("bcmt" if change == "another model" else "dense", num_steps=20)
+  if change == "another model":
+    config.model.block_size = 8
+  else:
+    config.model.d_model = 64
+  with pytest.raises(workdir_lib.WorkdirMismatchError, match="holds checkpoints of another model"):
+    train.train_and_evaluate(config, workdir)
+  assert snapshot(workdir) == before
+  # ... and what reads the workdir still works.
+  assert scoring.evaluate_workdir(workdir)["step"] == 10
+  model, tokenizer, _, step = generation.load_workdir(workdir)
+  assert step == 10 and generation.generate_text(model, tokenizer, "a", num_tokens=4)
+
+
+def test_another_corpus_is_refused_unless_allowed(trained, tiny_config, tmp_path):
+  workdir = copy_of(trained, tmp_path)
+  before = snapshot(workdir)
+  folder = tmp_path / "notes"
+  folder.mkdir()
+  for i in range(4):  # a corpus of another text, with the same shapes
+    (folder / f"note{i}.txt").write_text(("the river runs to the sea, note %d\n" % i) * 200)
+  config = tiny_config(num_steps=20)
+  config.data.update(dataset=f"text:{folder}/*.txt", archive="", archive_sha256="")
+  with pytest.raises(workdir_lib.WorkdirMismatchError, match=r"trained on another dataset .*"
+                     r"use a new --workdir, or set train.allow_new_data=True"):
+    train.train_and_evaluate(config, workdir)
+  assert snapshot(workdir) == before
+  config.train.allow_new_data = True  # deliberate fine-tuning: continues, old tokenizer kept
+  train.train_and_evaluate(config, workdir)
+  identity = json.load(open(os.path.join(workdir, "data.json")))
+  assert identity["dataset"].startswith("text:")
+  old = json.load(open(os.path.join(trained, "data.json")))["tokenizer_sha256"]
+  assert os.path.isfile(os.path.join(workdir, f"tokenizer.{old[:12]}.model"))
+  assert max(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints"))) == 20
+
+
+def test_a_small_corpus_sets_the_vocabulary_and_samples(tiny_config, tmp_path, caplog):
+  folder = tmp_path / "tiny"
+  folder.mkdir()
+  for i in range(3):
+    (folder / f"{i}.txt").write_text("abc abd abe\n" * 60)
+  config = tiny_config(num_steps=4, log_every=2, eval_every=4, checkpoint_every=4, sample_tokens=8)
+  config.data.update(dataset=f"text:{folder}/*.txt", archive="", archive_sha256="", vocab_size=1024)
+  config.train.sample_prompt = "ab"
+  with caplog.at_level("INFO", logger="efficient_lm.train"):
+    summary = train.train_and_evaluate(config, str(tmp_path / "w"))
+  saved = json.load(open(tmp_path / "w" / "config.json"))
+  vocab = json.load(open(tmp_path / "w" / "data.json"))["vocab_size"]
+  assert vocab < 1024 and saved["data"]["vocab_size"] == vocab == saved["model"]["vocab_size"]
+  assert any("the model's vocabulary is" in r.getMessage() for r in caplog.records)
+  assert summary["sample"].startswith("ab")
+  model, tokenizer, _, _ = generation.load_workdir(str(tmp_path / "w"))
+  assert generation.generate_text(model, tokenizer, "ab", num_tokens=16, temperature=1.0, top_k=0)
+
+
+def test_a_glob_matching_nothing_stops_before_compiling_and_writes_nothing(tmp_path):
+  args = [sys.executable, "-m", "efficient_lm.main", "--config=configs/dense.py",
+          f"--workdir={tmp_path / 'w'}", f"--config.data.dataset=text:{tmp_path}/none/*.txt",
+          f"--config.data.data_dir={tmp_path / 'd'}"]
+  done = subprocess.run(args, capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert done.returncode == 2
+  errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "matches no file" in errors[0], done.stderr[-2000:]
+  assert "compiling" not in done.stderr
+  assert not (tmp_path / "w").exists()
