@@ -1,5 +1,11 @@
 """Every use of Orbax, in one place.
 
+Saves are asynchronous: `save` returns once the arrays are copied off the devices, and Orbax
+writes them in a background thread while training goes on. A save is complete only once Orbax has
+committed it (written into a temporary directory, then renamed): a kill during the write loses that
+save only, never an earlier one. `wait` blocks until the save in flight is committed (a
+preemption, the end of the run, before any restore).
+
 A checkpoint at `<workdir>/checkpoints/<step>` holds three items:
 `state` (parameters, optimizer state and step: a pytree of arrays),
 `data` (the data iterator's state, JSON) and `meta` (JSON: what the model is,
@@ -31,10 +37,10 @@ class NoRestorableCheckpointError(RuntimeError):
 class Checkpointer:
   """Saves and restores training state under `directory`, keeping the newest `max_to_keep`."""
 
-  def __init__(self, directory: str, *, max_to_keep: int | None):
+  def __init__(self, directory: str, *, max_to_keep: int | None, asynchronous: bool = True):
     self.directory = os.path.abspath(directory)
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False)
+        max_to_keep=max_to_keep, create=True, enable_async_checkpointing=asynchronous)
     self._manager = ocp.CheckpointManager(
         self.directory, options=options, item_names=("state", "data", "meta"))
 
@@ -49,9 +55,13 @@ class Checkpointer:
         state=ocp.args.StandardSave(state),
         data=ocp.args.JsonSave(data_state),
         meta=ocp.args.JsonSave(meta)), force=True)
+
+  def wait(self) -> None:
+    """Blocks until the save in flight (if any) is committed."""
     self._manager.wait_until_finished()
 
   def restore_meta(self, step: int) -> dict:
+    self.wait()
     return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
 
   def restore(self, step: int, abstract_state: Any) -> tuple[Any, Any]:
@@ -118,4 +128,5 @@ class Checkpointer:
     self._manager.reload()
 
   def close(self) -> None:
+    self.wait()
     self._manager.close()

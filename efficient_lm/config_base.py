@@ -82,6 +82,10 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   train.eval_split = "validation"   # held-out split for periodic and final eval
   train.eval_tokens = 0             # cap on the tokens a periodic evaluation scores (0 = the whole
                                     # split); the final evaluation always scores all of it
+  train.profile_steps = ""          # 'START:END': a jax.profiler trace of those steps into
+                                    # <workdir>/profile (TensorBoard's profile tab, Perfetto)
+  train.compilation_cache_dir = "~/.cache/efficient_lm/jax_cache"  # persistent compilation cache
+                                    # (a rerun skips compiling the same step); '' = off
   train.allow_new_data = False      # resume a workdir's checkpoints on another corpus or tokenizer
                                     # (deliberate fine-tuning; the old tokenizer file is kept)
   train.sample_prompt = "ROMEO:\n"  # prompt of the sample printed at the end ('' = none)
@@ -98,6 +102,8 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   mesh.dcn_data = -1                # slices along `data` (gradients all-reduced once a step)
   mesh.dcn_fsdp = 1                 # slices along `fsdp` (weights gathered across slices: costly)
   mesh.shard_optimizer_over_data = False  # also split the optimizer state over `data` (ZeRO-1)
+  mesh.max_replicated_fraction = 0.05  # most of the parameters every device may hold whole
+                                    # (fsdp or tensor > 1); above it a config error names them
   # Logical parameter axes -> mesh axes ('' = replicated; 'data,fsdp' = both): see sharding.py.
   mesh.rules = sharding.default_rules()
   return config

@@ -31,7 +31,9 @@ def validate(config: ml_collections.ConfigDict, devices=None) -> None:
   sizes = sharding.validate(config.mesh, config.data, devices=devices,
                             grad_accum_steps=config.train.get("grad_accum_steps", 1))
   models.validate_context(config.model, sizes["context"])  # ring ops: support, block alignment
-  sharding.check_divisible(models.abstract_params(config.model, platform), config.mesh, sizes)
+  params = models.abstract_params(config.model, platform)
+  sharding.check_divisible(params, config.mesh, sizes)
+  sharding.check_replicated(params, config.mesh, sizes)
 
 
 def _validate_train(t: ml_collections.ConfigDict) -> None:
@@ -63,6 +65,11 @@ def _validate_train(t: ml_collections.ConfigDict) -> None:
   require(isinstance(eval_tokens, int) and not isinstance(eval_tokens, bool) and eval_tokens >= 0,
           "train.eval_tokens", eval_tokens, "must be an integer >= 0 (0 = the whole split)",
           "set train.eval_tokens to e.g. 100000, or 0")
+  profile = t.get("profile_steps", "")
+  require(profile == "" or (isinstance(profile, str) and all(
+      part.isdigit() for part in profile.split(":")) and 1 <= profile.count(":") + 1 <= 2
+      and int(profile.split(":")[0]) >= 1), "train.profile_steps", profile,
+      "must be '' or 'START:END' (steps, from 1)", "set train.profile_steps='10:12', or ''")
   require(isinstance(t.get("allow_new_data", False), bool), "train.allow_new_data",
           t.get("allow_new_data"), "must be True or False", "set train.allow_new_data=False")
 

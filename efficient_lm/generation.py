@@ -173,18 +173,20 @@ def reference_generate(model: nnx.Module, prompt_ids, *, num_tokens: int, seq_le
 
 
 
-def load_workdir(workdir: str) -> tuple[nnx.Module, "object", ml_collections.ConfigDict, int]:
+def load_workdir(workdir: str, mesh: jax.sharding.Mesh | None = None
+                 ) -> tuple[nnx.Module, "object", ml_collections.ConfigDict, int]:
   """(model with the latest checkpoint's parameters, tokenizer, config, step) from a workdir.
 
-  The model uses the single-device ops whatever mesh it was trained on; the
-  parameters are restored onto one device.
+  The parameters are restored straight onto `mesh` with the workdir's sharding rules (a model
+  that needed FSDP to train fits the same way), or onto one device; the model uses the
+  single-device ops whatever mesh it was trained on.
   """
   from efficient_lm.data.tokenizer import open_tokenizer  # pylint: disable=import-outside-toplevel
 
   wd = workdir_lib.Workdir(workdir)
   wd.require_trained()
   config = wd.saved_config()
-  built = train_state.build(config, abstract=True)
+  built = train_state.build(config, mesh, abstract=True)
   ckpt = checkpoint.Checkpointer(wd.checkpoints, max_to_keep=None)
   restored = ckpt.restore_latest(built.state, lambda meta: None, set_aside=False)
   ckpt.close()

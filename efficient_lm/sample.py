@@ -16,6 +16,7 @@ from absl import logging as absl_logging
 
 from efficient_lm import cli
 from efficient_lm import generation
+from efficient_lm import scoring
 from efficient_lm import workdir as workdir_lib
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
@@ -35,7 +36,9 @@ def main(argv) -> None:
     generation.check_sampling(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p)
     if FLAGS.max_new_tokens < 1:
       raise ValueError(f"--max_new_tokens={FLAGS.max_new_tokens} must be at least 1")
-    model, tokenizer, config, step = generation.load_workdir(FLAGS.workdir)
+    saved = workdir_lib.Workdir(FLAGS.workdir).saved_config()
+    mesh = scoring.eval_mesh(saved) if saved is not None else None  # restored sharded, as trained
+    model, tokenizer, config, step = generation.load_workdir(FLAGS.workdir, mesh=mesh)
   except (ValueError, workdir_lib.WorkdirError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)

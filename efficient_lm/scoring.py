@@ -39,11 +39,13 @@ every local device (batch rows sharded, parameters replicated); a workdir traine
 """
 
 import json
+import math
 import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from flax import nnx
 
@@ -200,7 +202,8 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
       raise EvalError(f"ablate_context={ablate_context} must be at least --stride={stride} (each "
                       f"scored token keeps ablate_context - stride .. ablate_context - 1 tokens of "
                       f"context) and below --context={context}; set it in [{stride}, {context})")
-  data_size = 1 if mesh is None else mesh.shape["data"]
+  data_size = 1 if mesh is None else math.prod(mesh.shape[a] for a in sharding.BATCH_AXES
+                                                if a in mesh.shape)
   if batch_size % data_size:
     raise EvalError(f"batch_size={batch_size} must be a multiple of the mesh's {data_size} data "
                     f"devices (rows are split over them); set --batch_size to a multiple of "
@@ -209,7 +212,7 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
   n = len(tokens) - 1
   total = num_windows(n, stride)
   if mesh is not None:
-    params = jax.device_put(params, sharding.replicated(mesh))
+    params = _on_mesh(params, mesh)
   step = make_score_step(graphdef, context if per_position else 0, loss_chunk=loss_chunk,
                          per_token=bool(ablate_context))
   sums = {"nll": 0.0, "scored": 0.0, "position_nll": 0.0, "position_count": 0.0}
@@ -299,7 +302,7 @@ def score_recall(model: nnx.Module, corpus, split: str, *, batch_size: int, loss
   from efficient_lm.data import mqar  # pylint: disable=import-outside-toplevel
   graphdef, params = nnx.split(model)
   if mesh is not None:
-    params = jax.device_put(params, sharding.replicated(mesh))
+    params = _on_mesh(params, mesh)
   step = make_score_step(graphdef, loss_chunk=loss_chunk, predictions=True)
   accuracy = mqar.DistanceAccuracy(corpus.task, num_bins)
   total_nll = scored = 0.0
@@ -357,10 +360,32 @@ def data_parallel_mesh() -> jax.sharding.Mesh:
                        axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
 
 
+def eval_mesh(config) -> jax.sharding.Mesh:
+  """The mesh a workdir is scored on: every local device along `fsdp` (parameters sharded as in
+  training, batch rows split), the workdir's `mesh.tensor`; the sequence whole (context 1)."""
+  mesh_cfg = ml_collections.ConfigDict(dict(config.mesh))
+  mesh_cfg.update(data=1, fsdp=-1, context=1, dcn_data=1, dcn_fsdp=1)
+  return sharding.make_mesh(mesh_cfg, jax.local_devices())
+
+
+def _on_mesh(params, mesh):
+  """Parameters on `mesh`: as they are when already placed there (sharded), else replicated."""
+  leaves = jax.tree.leaves(params)
+  if leaves and all(getattr(x, "sharding", None) is not None and
+                    getattr(x.sharding, "mesh", None) == mesh for x in leaves):
+    return params
+  return jax.device_put(params, sharding.replicated(mesh))
+
+
 def _load(workdir: str):
-  """(model, tokenizer, config, step): the one place a workdir is loaded."""
+  """(model, tokenizer, config, step, mesh): the one place a workdir is loaded, its parameters
+  restored straight onto the evaluation mesh (sharded as in training: a model that needed FSDP to
+  train is evaluated the same way)."""
   from efficient_lm import generation  # pylint: disable=import-outside-toplevel
-  return generation.load_workdir(workdir)
+  from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  config = workdir_lib.Workdir(workdir).saved_config()
+  mesh = eval_mesh(config) if config is not None else None
+  return (*generation.load_workdir(workdir, mesh=mesh), mesh)
 
 
 def _source(config, tokenizer, split: str | None, text_file: str | None):
@@ -398,9 +423,9 @@ def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str |
     if value is not None:
       _check_positive_int(name, value)
   workdir = os.path.abspath(os.path.expanduser(workdir))
-  model, tokenizer, config, step = _load(workdir)
+  model, tokenizer, config, step, mesh = _load(workdir)
   if config.data.dataset.startswith("mqar:") and text_file is None:
-    return _evaluate_recall(workdir, model, config, step, split, batch_size, per_query)
+    return _evaluate_recall(workdir, model, config, step, split, batch_size, per_query, mesh)
   seq_len = config.model.seq_len
   context = context or seq_len
   stride = stride or context
@@ -412,8 +437,7 @@ def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str |
     cut = int(ends[np.searchsorted(ends, max_tokens)]) if ends[-1] >= max_tokens else len(tokens) - 1
     num_bytes = num_bytes * cut / (len(tokens) - 1)  # estimated: bytes in proportion to tokens
     tokens = tokens[:cut + 1]
-  mesh = data_parallel_mesh()
-  devices = mesh.shape["data"]
+  devices = mesh.shape["fsdp"]
   if batch_size is None:
     batch_size = -(-config.data.batch_size // devices) * devices
   elif batch_size % devices:
@@ -435,15 +459,14 @@ def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str |
 
 
 def _evaluate_recall(workdir: str, model, config, step: int, split: str | None,
-                     batch_size: int | None, per_query: bool = False) -> dict:
+                     batch_size: int | None, per_query: bool, mesh) -> dict:
   from efficient_lm import data  # pylint: disable=import-outside-toplevel
   corpus = data.load(config.data)
   split = split or config.train.eval_split
   if split not in corpus.splits or split == "train":
     raise EvalError(f"--split={split} is not an evaluation split of {corpus.name}; use validation "
                     "or test")
-  mesh = data_parallel_mesh()
-  devices = mesh.shape["data"]
+  devices = mesh.shape["fsdp"]
   batch_size = -(-(batch_size or config.data.batch_size) // devices) * devices
   result = score_recall(model, corpus, split, batch_size=batch_size, mesh=mesh,
                         loss_chunk=config.train.get("loss_chunk", 0), per_query=per_query)

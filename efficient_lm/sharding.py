@@ -56,7 +56,8 @@ LOGICAL_AXES = {
 def default_rules() -> ml_collections.ConfigDict:
   """`embed` over `fsdp`; `mlp`, `heads` and `vocab` over `tensor`; everything else replicated."""
   rules = {name: "" for name in LOGICAL_AXES}
-  rules.update(embed="fsdp", mlp="tensor", heads="tensor", vocab="tensor")
+  rules.update(embed="fsdp", mlp="tensor", heads="tensor", vocab="tensor",
+               memory="fsdp", gate="tensor")  # BCMT's memory projection and gate: sharded too
   return ml_collections.ConfigDict(rules)
 
 
@@ -316,12 +317,39 @@ def batch_sharding(mesh: jax.sharding.Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(batch_axes(mesh), "context" if "context" in mesh.axis_names else None))
 
 
-def shard_batch(batch: dict[str, np.ndarray], mesh: jax.sharding.Mesh) -> dict[str, jax.Array]:
-  """The global host batch (the same on every process) as global arrays, B over (data, fsdp) and T
-  over context. Each process copies only the slices its own devices hold."""
+def shard_batch(batch: dict[str, np.ndarray], mesh: jax.sharding.Mesh,
+                rows: tuple[int, int, int] | None = None) -> dict[str, jax.Array]:
+  """A host batch as global arrays, B over (data, fsdp) and T over context; each process copies
+  only the slices its own devices hold. `batch` is the whole global batch, or with `rows` =
+  (first, last, global batch size) only this process's rows first..last-1 of it (`process_rows`)."""
   sharding = batch_sharding(mesh)
-  return {name: jax.make_array_from_callback(x_BT.shape, sharding, lambda index, x_BT=x_BT: x_BT[index])
-          for name, x_BT in batch.items()}
+  first, global_rows = (0, None) if rows is None else (rows[0], rows[2])
+
+  def place(x_BT):
+    shape = x_BT.shape if global_rows is None else (global_rows, *x_BT.shape[1:])
+    local = lambda index: x_BT[(slice(index[0].start - first if index[0].start is not None else 0,
+                                      index[0].stop - first if index[0].stop is not None else None),
+                                *index[1:])]
+    return jax.make_array_from_callback(shape, sharding, local if rows is not None else
+                                        (lambda index: x_BT[index]))
+
+  return {name: place(x_BT) for name, x_BT in batch.items()}
+
+
+def process_rows(mesh: jax.sharding.Mesh, batch_size: int, seq_len: int) -> tuple[int, int] | None:
+  """The rows [first, last) of a `[batch_size, seq_len]` batch this process's devices hold, when
+  they are this process's equal, contiguous share in process order (then each process reads only
+  those: per-host input); None when several processes share rows (context across hosts)."""
+  if jax.process_count() == 1:
+    return None
+  index_map = batch_sharding(mesh).addressable_devices_indices_map((batch_size, seq_len))
+  starts = [idx[0].start or 0 for idx in index_map.values()]
+  stops = [batch_size if idx[0].stop is None else idx[0].stop for idx in index_map.values()]
+  first, last = min(starts), max(stops)
+  share = batch_size // jax.process_count()
+  if (last - first) != share or first != jax.process_index() * share:
+    return None
+  return first, last
 
 
 def per_device_bytes(tree) -> tuple[int, float]:
@@ -354,6 +382,44 @@ def check_divisible(abstract_params, mesh_cfg: ml_collections.ConfigDict, sizes:
               f"is not divisible by {' x '.join(f'mesh.{a}={sizes[a]}' for a in axes)} "
               f"(mesh.rules.{name}={','.join(axes)!r} shards it)",
               f"make it a multiple of {size}, or set mesh.rules.{name}='' to keep it replicated")
+
+
+def check_replicated(abstract_params, mesh_cfg: ml_collections.ConfigDict,
+                     sizes: dict[str, int]) -> float:
+  """The share of the parameters (and so of the optimizer state) every device holds whole; a
+  ConfigError above `mesh.max_replicated_fraction` (0.05) on a mesh that shards parameters (fsdp or
+  tensor > 1), naming the largest replicated parameters and a rule that would shard them."""
+  if sizes.get("fsdp", 1) * sizes.get("tensor", 1) == 1:
+    return 0.0
+  rules = parse_rules(mesh_cfg)
+  total = replicated = 0.0
+  offenders = []
+  for path, x in jax.tree_util.tree_leaves_with_path(abstract_params, is_leaf=is_variable):
+    if not is_variable(x):
+      continue
+    shape = x.get_value().shape
+    size = float(np.prod(shape, dtype=np.float64))
+    spec = _fits(shape, logical_spec(variable_names(x), rules), sizes)
+    split = math.prod(sizes[a] for a in _axes_of(spec))
+    total += size / split
+    if split == 1:
+      replicated += size
+      offenders.append((size, jax.tree_util.keystr(path), variable_names(x), shape))
+  fraction = replicated / total if total else 0.0
+  limit = _cfg(mesh_cfg, "max_replicated_fraction", 0.05)
+  if fraction > limit:
+    offenders.sort(reverse=True)
+    _, path, names, shape = offenders[0]
+    axis = "fsdp" if sizes.get("fsdp", 1) > 1 else "tensor"
+    fix = next((f"mesh.rules.{n}={axis!r}" for n, d in zip(names or (), shape)
+                if n and n != "layers" and d % sizes[axis] == 0), "a rule for its axes")
+    others = ", ".join(p for _, p, _, _ in offenders[1:3])
+    raise ConfigError(
+        f"mesh.max_replicated_fraction={limit}: {fraction:.0%} of the parameters per device are "
+        f"replicated on this {_product(sizes)} mesh, the largest {path} {list(shape)} (logical "
+        f"axes {names}){', then ' + others if others else ''}; set {fix} to shard it, or raise "
+        "mesh.max_replicated_fraction")
+  return fraction
 
 
 def validate(mesh_cfg: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict,

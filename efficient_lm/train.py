@@ -13,6 +13,7 @@ workdir: `metrics.jsonl`, `tensorboard/`, `config.json`, `tokenizer.model` and
 
 import dataclasses
 import logging
+import os
 import time
 from typing import Any
 
@@ -61,14 +62,17 @@ def _track_first_bad(first_bad_step, step_metrics, step):
   return jnp.where((first_bad_step < 0) & ~finite, step, first_bad_step)
 
 
-def place_batch(batch: dict, mesh: jax.sharding.Mesh, layout: str = "natural") -> dict:
+def place_batch(batch: dict, mesh: jax.sharding.Mesh, layout: str = "natural",
+                rows: tuple[int, int, int] | None = None) -> dict:
   """A host batch on the mesh, in the model's sequence layout (`ops.ring`: 'zigzag' adds the
-  positions RoPE needs; the loss, a sum over positions, is unchanged by the permutation)."""
-  return sharding.shard_batch(ring.permute_batch(batch, mesh.shape["context"], layout), mesh)
+  positions RoPE needs; the loss, a sum over positions, is unchanged by the permutation); with
+  `rows` (first, last, global size) the batch holds only this process's rows."""
+  return sharding.shard_batch(ring.permute_batch(batch, mesh.shape["context"], layout), mesh, rows)
 
 
 def evaluate(eval_step, params, corpus, split: str, batch_size: int, mesh,
-             layout: str = "natural", max_tokens: int = 0) -> dict[str, float]:
+             layout: str = "natural", max_tokens: int = 0,
+             rows: tuple[int, int] | None = None) -> dict[str, float]:
   """Loss (nats/token), perplexity and bits per byte over the whole split, every token once (or
   its first windows holding at least `max_tokens` targets: `train.eval_tokens`).
 
@@ -80,17 +84,23 @@ def evaluate(eval_step, params, corpus, split: str, batch_size: int, mesh,
   total_nll, scored, targets = 0.0, 0.0, 0.0
   truncated = False
   last_note = time.monotonic()
-  for batch in corpus.eval_batches(split, batch_size=batch_size):
-    nll, weight = eval_step(params, place_batch(batch, mesh, layout))
+  share = {} if rows is None else dict(batch_size=rows[1] - rows[0],
+                                       process_index=jax.process_index(),
+                                       process_count=jax.process_count())
+  for batch in corpus.eval_batches(split, **({"batch_size": batch_size} | share)):
+    placed = place_batch(batch, mesh, layout, None if rows is None else (*rows, batch_size))
+    nll, weight = eval_step(params, placed)
     total_nll += float(nll)
     scored += float(weight)
-    targets += float(np.sum(batch["weights"]))
+    targets += float(np.sum(batch["weights"])) * (1 if rows is None else jax.process_count())
     if time.monotonic() - last_note > 30:
       last_note = time.monotonic()
       log.info("... evaluating on %s: %s tokens so far", split, f"{int(targets):,}")
     if max_tokens and targets >= max_tokens:
       truncated = True
       break
+  if rows is not None and not truncated:  # each process saw its rows: every target, once
+    targets = float(corpus.num_tokens(split))
   share = targets / corpus.num_tokens(split) if truncated else 1.0  # of the split's bytes
   num_bytes = corpus.num_bytes(split) * share * (scored / targets if targets else 1.0)
   figures = metrics_lib.loss_figures(total_nll, scored, num_bytes)
@@ -110,6 +120,7 @@ def compile_only(config: ml_collections.ConfigDict, target: str | None = None,
   no parameters), and what it needs per device; nothing is trained or written. With `target`
   (`targets.load`'s '<platform>:<device>:<topology>') the step is compiled for that accelerator's
   devices, from any host."""
+  use_compilation_cache(config)
   accelerator = targets.load(target, num_slices) if target else None
   devices = accelerator.devices if accelerator else None
   config_check.validate(config, devices)
@@ -142,6 +153,7 @@ class Run:
   train_iter: Any
   writer: Any
   meta: dict
+  rows: tuple[int, int] | None = None  # this process's rows of every batch (per-host input)
 
 
 def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
@@ -173,7 +185,15 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     wd.check_model(saved, meta)
     saved_meta.update(saved)
 
-  train_iter = corpus.train_iterator(batch_size=config.data.batch_size, seed=t.seed)
+  rows = sharding.process_rows(mesh, config.data.batch_size, config.data.seq_len)
+  if rows is None:  # every process reads the global batch and places its own slices
+    train_iter = corpus.train_iterator(batch_size=config.data.batch_size, seed=t.seed)
+  else:  # per-host input: this process reads only its rows of every global batch
+    train_iter = corpus.train_iterator(batch_size=rows[1] - rows[0], seed=t.seed,
+                                       process_index=jax.process_index(),
+                                       process_count=jax.process_count())
+    log.info("each process reads its own %d of the %d rows of every batch", rows[1] - rows[0],
+             config.data.batch_size)
   open_checkpoints = lambda: checkpoint.Checkpointer(wd.checkpoints, max_to_keep=t.keep_checkpoints)
   ckpt, restored = None, None
   if wd.has_checkpoints():  # (a workdir without any is not touched before the checks pass)
@@ -195,7 +215,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   writer = metrics_lib.MetricWriter(wd.path) if distributed.is_primary() else metrics_lib.NullWriter()
   return Run(config=config, workdir=wd.path, corpus=corpus, mesh=mesh,
              layout=models.sequence_layout(config.model, mesh), built=abstract, state=state,
-             train_step=compiled, ckpt=ckpt, train_iter=train_iter, writer=writer, meta=meta)
+             train_step=compiled, ckpt=ckpt, train_iter=train_iter, writer=writer, meta=meta,
+             rows=rows)
 
 
 def _vocab_size(config: ml_collections.ConfigDict, tokenizer, wd: workdir_lib.Workdir) -> int:
@@ -272,12 +293,20 @@ def train_steps(run: Run) -> tuple[dict[str, float], dict | None]:
                   {**run.meta, "learning_rate": float(built.schedule(step))})
 
   stop = preemption.StopRequest()
+  profile = profile_range(run.config)
   with stop:
     for step in range(start_step, t.num_steps):
-      batch = place_batch(next(run.train_iter), run.mesh, run.layout)
+      if profile and step + 1 == profile[0] and distributed.is_primary():
+        jax.profiler.start_trace(os.path.join(run.workdir, "profile"))
+        log.info("profiling steps %d to %d into %s/profile", *profile, run.workdir)
+      batch = place_batch(next(run.train_iter), run.mesh, run.layout,
+                          None if run.rows is None else (*run.rows, run.config.data.batch_size))
       run.state, step_metrics = train_step(run.state, batch)
       done = step + 1
       first_bad_step = _track_first_bad(first_bad_step, step_metrics, done)
+      if profile and done == profile[1] and distributed.is_primary():
+        jax.block_until_ready(step_metrics)
+        jax.profiler.stop_trace()
       if step == start_step:  # the first step includes compilation: keep it out of the rate
         jax.block_until_ready(step_metrics)
         progress.reset_clock(done)
@@ -285,6 +314,7 @@ def train_steps(run: Run) -> tuple[dict[str, float], dict | None]:
       if (stop.requested if jax.process_count() == 1 else
           done % t.log_every == 0 and distributed.any_process(stop.requested)):
         save(done)
+        run.ckpt.wait()  # the save in flight is committed before the process goes
         signal_name = stop.signal_name or "a stop signal on another process"
         log.warning("received %s at step %d: saved checkpoint %d in %s; rerun the same command "
                     "to resume", signal_name, done, done, run.ckpt.directory)
@@ -300,7 +330,7 @@ def train_steps(run: Run) -> tuple[dict[str, float], dict | None]:
         final = done == t.num_steps  # the final evaluation scores the whole split
         eval_metrics = evaluate(eval_step, run.state.params, run.corpus, t.eval_split,
                                 run.config.data.batch_size, run.mesh, run.layout,
-                                max_tokens=0 if final else t.get("eval_tokens", 0))
+                                max_tokens=0 if final else t.get("eval_tokens", 0), rows=run.rows)
         run.writer.write(done, eval_metrics)
         log.info("eval at step %d: loss %.4f  perplexity %.2f  bits/byte %.4f", done,
                  eval_metrics["eval_loss"], eval_metrics["eval_perplexity"],
@@ -319,7 +349,7 @@ def report(run: Run, eval_metrics: dict[str, float], seconds: float) -> dict:
   if not eval_metrics:
     eval_step = make_sharded_eval_step(run.config, run.built)
     eval_metrics = evaluate(eval_step, run.state.params, run.corpus, t.eval_split,
-                            run.config.data.batch_size, run.mesh, run.layout)
+                            run.config.data.batch_size, run.mesh, run.layout, rows=run.rows)
   summary = {"step": int(run.state.step), **eval_metrics, "train_seconds": seconds}
   log.info("done: step %d in %.0f s; %s loss %.4f, bits/byte %.4f", summary["step"], seconds,
            t.eval_split, eval_metrics["eval_loss"], eval_metrics["eval_bits_per_byte"])
@@ -338,9 +368,27 @@ def report(run: Run, eval_metrics: dict[str, float], seconds: float) -> dict:
   return summary
 
 
+def use_compilation_cache(config: ml_collections.ConfigDict) -> None:
+  """jax's persistent compilation cache in `train.compilation_cache_dir` ('' = off)."""
+  folder = config.train.get("compilation_cache_dir", "")
+  if folder:
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
+
+
+def profile_range(config: ml_collections.ConfigDict) -> tuple[int, int] | None:
+  """(first, last) step of `train.profile_steps` ('START:END'), or None."""
+  spec = config.train.get("profile_steps", "")
+  if not spec:
+    return None
+  first, _, last = str(spec).partition(":")
+  return int(first), int(last or first)
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the final eval."""
   config_check.validate(config)
+  use_compilation_cache(config)
   run = setup(config, workdir)
   try:
     start = time.perf_counter()

@@ -4,14 +4,14 @@
     python -m experiments.long_range --rows=dense@0 --steps=100                        # one row
     python -m experiments.long_range --render                                          # tables only
 
-The task (`TASK`, `data.dataset='mqar:...'`): windows of 128 tokens, key-value pairs in the first
-96, queries in the last 32 (so Perceiver-AR, which predicts only its latents, is trained and
-scored on the same answers), each query's distance to its pair log-uniform over [10, 96]. Every
+The task (`TASK`, `data.dataset='mqar:...'`): windows of 192 tokens, key-value pairs in the first
+128, queries in the last 64 (so Perceiver-AR, which predicts only its latents, is trained and
+scored on the same answers), each query's distance to its pair log-uniform over [21, 128]. Every
 row (model, seed) is a real training run, `python -m efficient_lm.main` in a subprocess with the
 shared settings (`SETTINGS`: width, depth, batch, steps, learning rate) and the family's own
 (`MODELS`: window, period, blocks, pieces, latents, each model's reach stated in `REACH`), then
 `python -m efficient_lm.evaluate --split=test --per_query_out=...`: accuracy per distance bin
-and every answer of the test split (the same 8,192 queries for every model and seed: 2,048 sequences x 4).
+and every answer of the test split (the same 8,192 queries for every model and seed: 1,024 sequences x 8).
 
 Rows go to experiments/results/long_range.json (one per model, seed and distance bin: model, seed,
 bin_low, bin_high, accuracy, stderr, queries) after every run; a row already there is kept
@@ -29,16 +29,16 @@ import numpy as np
 from experiments.common import REPO
 from experiments.runner import run_monitored, tail
 
-TASK = ("mqar:seq_len=128,latents=32,queries=4,pairs=12,min_distance=10,max_distance=96,"
-        "keys=32,values=32,filler=32,eval_sequences=2048")
-SETTINGS = {"data.seq_len": 128, "data.batch_size": 32, "data.vocab_size": 99,
+TASK = ("mqar:seq_len=192,latents=64,queries=8,pairs=12,min_distance=21,max_distance=128,"
+        "keys=16,values=16,filler=16,eval_sequences=1024")
+SETTINGS = {"data.seq_len": 192, "data.batch_size": 32, "data.vocab_size": 51,
             "model.d_model": 128, "model.num_layers": 2, "model.num_heads": 4,
-            "model.mlp_ratio": 2, "train.learning_rate": 3e-3, "train.warmup_steps": 100,
+            "model.mlp_ratio": 2, "train.learning_rate": 1e-2, "train.warmup_steps": 200,
             "train.weight_decay": 0.0, "train.log_every": 100, "train.eval_every": 100000,
             "train.checkpoint_every": 100000, "train.sample_prompt": "", "train.sample_tokens": 0,
             "train.schedule": "cosine", "train.eval_split": "validation",
             "mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1, "mesh.context": 1}
-W, P, S, L, Z = 16, 16, 5, 32, 32   # window, period, skips, block / piece, latents
+W, P, S, L, Z = 32, 32, 3, 64, 64   # window, period, skips, block / piece, latents
 MODELS = {
     "dense": ("configs/dense.py", {}),
     "sliding_window": ("configs/sliding_window.py", {"model.window": W}),
@@ -46,13 +46,13 @@ MODELS = {
                                                  "model.num_skips": S}),
     "bcmt": ("configs/bcmt.py", {"model.block_size": L}),
     "honly": ("configs/bcmt.py:honly", {"model.block_size": L}),
-    "ecp": ("configs/ecp.py", {"model.num_segments": 128 // (L // 2)}),   # pieces of 16
+    "ecp": ("configs/ecp.py", {"model.num_segments": 192 // (L // 2)}),   # pieces of 32
     "perceiver_ar": ("configs/perceiver_ar.py", {"model.num_latents": Z}),
 }
 # How far back each model can fetch a value into the query position in one attention hop (two
 # layers may chain two hops): the bins a claim is judged on follow from it.
-REACH = {"dense": 128, "sliding_window": W - 1, "pi_attention": S * P + W - 1,
-         "bcmt": None, "honly": L - 1, "ecp": L - 1, "perceiver_ar": 128}
+REACH = {"dense": 192, "sliding_window": W - 1, "pi_attention": S * P + W - 1,
+         "bcmt": None, "honly": L - 1, "ecp": L - 1, "perceiver_ar": 192}
 SEEDS = (0, 1)
 STEPS = 3000
 

@@ -128,6 +128,7 @@ def test_two_processes_train_like_one_process_with_four_devices(runs):
   assert_ran(runs, "job")
   assert_ran(runs, "single")
   assert "one job of 2 processes over 4 devices (2 here)" in runs["job_logs"][0][1]
+  assert "each process reads its own 2 of the 4 rows of every batch" in runs["job_logs"][0][1]
   reference, job = losses(runs["single"]), losses(runs["job"])
   assert sorted(job) == sorted(reference) == [5, 10, 15, 20, 25, 30]
   for step, loss in job.items():
