@@ -103,7 +103,8 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   mesh.dcn_fsdp = 1                 # slices along `fsdp` (weights gathered across slices: costly)
   mesh.shard_optimizer_over_data = False  # also split the optimizer state over `data` (ZeRO-1)
   mesh.max_replicated_fraction = 0.05  # most of the parameters every device may hold whole
-                                    # (fsdp or tensor > 1); above it a config error names them
+                                    # (fsdp or tensor > 1); above it (and over 1M of them)
+                                    # a config error names them
   # Logical parameter axes -> mesh axes ('' = replicated; 'data,fsdp' = both): see sharding.py.
   mesh.rules = sharding.default_rules()
   return config

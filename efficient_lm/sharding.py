@@ -384,11 +384,17 @@ def check_divisible(abstract_params, mesh_cfg: ml_collections.ConfigDict, sizes:
               f"make it a multiple of {size}, or set mesh.rules.{name}='' to keep it replicated")
 
 
+# Below this many replicated parameters per device (4 MiB in float32) replication cannot matter
+# for fit: a tiny model's norms and biases are a large share of it, and that is fine.
+REPLICATED_FLOOR = 1 << 20
+
+
 def check_replicated(abstract_params, mesh_cfg: ml_collections.ConfigDict,
                      sizes: dict[str, int]) -> float:
   """The share of the parameters (and so of the optimizer state) every device holds whole; a
   ConfigError above `mesh.max_replicated_fraction` (0.05) on a mesh that shards parameters (fsdp or
-  tensor > 1), naming the largest replicated parameters and a rule that would shard them."""
+  tensor > 1), once over `REPLICATED_FLOOR` parameters, naming the largest replicated parameters
+  and a rule that would shard them."""
   if sizes.get("fsdp", 1) * sizes.get("tensor", 1) == 1:
     return 0.0
   rules = parse_rules(mesh_cfg)
@@ -407,7 +413,7 @@ def check_replicated(abstract_params, mesh_cfg: ml_collections.ConfigDict,
       offenders.append((size, jax.tree_util.keystr(path), variable_names(x), shape))
   fraction = replicated / total if total else 0.0
   limit = _cfg(mesh_cfg, "max_replicated_fraction", 0.05)
-  if fraction > limit:
+  if fraction > limit and replicated > REPLICATED_FLOOR:
     offenders.sort(reverse=True)
     _, path, names, shape = offenders[0]
     axis = "fsdp" if sizes.get("fsdp", 1) > 1 else "tensor"

@@ -208,7 +208,12 @@ def test_sharded_training_matches_one_device(name, mesh):
   losses = train_losses(small_config(name, **MESHES[mesh]))
   reference = one_device_losses(name)
   assert reference[-1] < reference[0]  # it trains
-  np.testing.assert_allclose(losses, reference, rtol=1e-5)
+  # The first update's loss agrees to float32 rounding; later ones to 1e-3: Adam turns gradient
+  # elements of ~1e-8 (BCMT's gate has some, equal across meshes to 1e-9) into updates of
+  # lr / 10, so reduction order shows in the loss after two updates (measured 3e-4 on
+  # data2_fsdp2_tensor2). A sharding bug moves the first losses.
+  np.testing.assert_allclose(losses[:2], reference[:2], rtol=1e-5)
+  np.testing.assert_allclose(losses, reference, rtol=1e-3)
 
 
 def collectives(config) -> dict[str, list[str]]:

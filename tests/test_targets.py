@@ -21,7 +21,16 @@ from efficient_lm import config_check, sharding, step_memory, targets, train_sta
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 needs_tpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: pip install -e '.[tpu]'")
 CUDA_PLUGIN = os.environ.get("EFFICIENT_LM_CUDA_PLUGIN", "")
-HAS_CUDA_PLUGIN = importlib.util.find_spec("jax_plugins.xla_cuda12") is not None or bool(
+
+
+def _installed(module: str) -> bool:
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:  # its parent package (`jax_plugins`) is missing
+    return False
+
+
+HAS_CUDA_PLUGIN = _installed("jax_plugins.xla_cuda12") or bool(
     CUDA_PLUGIN and os.path.isdir(os.path.join(CUDA_PLUGIN, "jax_plugins")))
 
 

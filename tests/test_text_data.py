@@ -250,8 +250,8 @@ def test_bad_folders_are_one_error_and_write_nothing(tmp_path, files, pattern, e
     (dict(validation_fraction=True), r'^data\.validation_fraction=True must be a number'),
     (dict(validation_fraction=0.5, test_fraction=0.5),
      r'^data\.validation_fraction=0\.5 plus data\.test_fraction=0\.5 must be below 1'),
-    (dict(archive='ARCHIVE'), r"^data\.archive=.* is only used by the shakespeare, wikitext103 "
-                              r"datasets; set data\.archive to '' for text:"),
+    (dict(archive='ARCHIVE'), r"^data\.archive=.* is only used by the shakespeare, wikitext103, "
+                              r"python_code datasets; set data\.archive to '' for text:"),
 ])
 def test_bad_config_fields_name_the_field(tmp_path, overrides, match):
   _folder(tmp_path / 'in', 3)

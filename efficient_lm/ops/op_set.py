@@ -43,7 +43,12 @@ class OpSet:
 
 
 def single_device(impl: str = "xla", interpret: bool = False) -> OpSet:
-  """The single-device ops on backend `impl` (resolved: not 'auto')."""
+  """The single-device ops on backend `impl` (resolved: not 'auto'); one object per backend."""
+  return _single_device(impl, bool(interpret))
+
+
+@functools.cache
+def _single_device(impl: str, interpret: bool) -> OpSet:
   bind = lambda op: functools.partial(op, impl=impl, interpret=interpret)
   return OpSet(
       causal_attention=bind(attention.causal_attention),
