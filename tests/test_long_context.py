@@ -83,6 +83,21 @@ def test_sequence_chunks_are_the_same_function(name):
   assert_same_function(chunked, whole)
 
 
+@pytest.mark.parametrize("name", ["pi_attention", "bcmt"])
+def test_sequence_chunks_leave_dropout_unchanged(name):
+  """Dropout masks follow each token's row and absolute position: the chunked block is the same
+  function under dropout too (logits equal for one dropout key)."""
+  key = jax.random.key(7)
+  tokens = jax.random.randint(jax.random.key(1), (2, T), 0, 64)
+  out = {}
+  for chunk in (0, 8):
+    model = models.create(tiny_model_config(name, dropout=0.2, seq_chunk=chunk), rngs=nnx.Rngs(0))
+    out[chunk] = np.asarray(model(tokens, dropout_key=key))
+  np.testing.assert_allclose(out[8], out[0], rtol=2e-5, atol=2e-6)
+  model = models.create(tiny_model_config(name, dropout=0.2), rngs=nnx.Rngs(0))
+  assert not np.allclose(np.asarray(model(tokens)), out[0])  # dropout did act
+
+
 def test_sequence_chunks_with_dropout_stay_causal():
   """Chunked blocks with dropout: outputs at t never depend on inputs after t."""
   cfg = tiny_model_config("pi_attention", seq_chunk=8, dropout=0.1)

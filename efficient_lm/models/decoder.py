@@ -8,7 +8,7 @@ with `nnx.scan`, so compile time does not grow with depth; otherwise (a
 per-layer window, a doubling period) they are kept in a list and unrolled.
 """
 
-from typing import Callable
+from typing import Callable, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +19,40 @@ from efficient_lm import sharding
 from efficient_lm.models import chunking
 from efficient_lm.models import layers
 from efficient_lm.ops import precision
+from efficient_lm.ops.pattern import Pattern
 
-MixerFactory = Callable[[int, nnx.Rngs], nnx.Module]
+class Mixer(Protocol):
+  """What a block's mixer must provide (`docs/adding_a_model.md`): the parallel pass over a
+  block's normalized input, and cached decoding."""
+
+  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array) -> jax.Array: ...
+  def init_cache(self, batch_size: int, max_len: int): ...
+  def prefill(self, x_BTD: jax.Array, positions_BT: jax.Array, cache): ...
+  def extend(self, x_BCD: jax.Array, start: jax.Array, cache): ...
+
+
+@runtime_checkable
+class ChunkedMixer(Protocol):
+  """What a mixer of bounded reach provides to run over sequence chunks (`model.seq_chunk`,
+  `models/chunking.py`)."""
+
+  @property
+  def chunk_pattern(self) -> Pattern: ...
+  def keys_values(self, x_BWD: jax.Array, positions_BW: jax.Array) -> tuple[jax.Array, jax.Array]: ...
+  def attend_chunk(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_offset: int,
+                   q_align: int, context=None) -> jax.Array: ...
+
+
+@runtime_checkable
+class ChunkContext(Protocol):
+  """What a chunked mixer with state across the whole sequence adds (BCMT's memory): what each
+  chunk receives, computed over all of them first."""
+
+  def chunk_context(self, window, x_nBCD, positions_nBC, xh_nBHD, ph_nBH, starts_n, halo: int,
+                    chunk: int): ...
+
+
+MixerFactory = Callable[[int, nnx.Rngs], Mixer]
 
 # Stacked (scanned) layers carry a leading `layers` axis in their logical axis names, never sharded.
 LAYERS_AXIS = {nnx.PARTITION_NAME: "layers"}
@@ -66,8 +98,9 @@ class Block(nnx.Module):
     if key is not None:
       mixer_key, mlp_key = jax.random.split(key)
     x_BTD = x_BTD + layers.dropout(self.mixer(self.mixer_norm(x_BTD), positions_BT),
-                                   self.dropout_rate, mixer_key)
-    x_BTD = x_BTD + layers.dropout(self.mlp(self.mlp_norm(x_BTD)), self.dropout_rate, mlp_key)
+                                   self.dropout_rate, mixer_key, positions_BT)
+    x_BTD = x_BTD + layers.dropout(self.mlp(self.mlp_norm(x_BTD)), self.dropout_rate, mlp_key,
+                                   positions_BT)
     return x_BTD
 
   def chunked(self, x_BTD, positions_BT, key):
@@ -87,18 +120,19 @@ class Block(nnx.Module):
       return h_BWD[:, halo:], k_BWHK, v_BWHK
 
     context_n = None
-    if hasattr(self.mixer, "chunk_context"):
+    if isinstance(self.mixer, ChunkContext):
       context_n = self.mixer.chunk_context(window, x_nBCD, positions_nBC, xh_nBHD, ph_nBH,
                                            starts_n, halo, C)
 
     def one_chunk(x_BCD, positions_BC, xh_BHD, ph_BH, start, context):
       mixer_key = mlp_key = None
-      if key is not None:
-        mixer_key, mlp_key = jax.random.split(jax.random.fold_in(key, start))
+      if key is not None:  # the whole block's keys: masks follow the absolute positions
+        mixer_key, mlp_key = jax.random.split(key)
       h_BCD, k_BWHK, v_BWHK = window(x_BCD, positions_BC, xh_BHD, ph_BH)
       y_BCD = self.mixer.attend_chunk(h_BCD, positions_BC, k_BWHK, v_BWHK, start, -halo, C, context)
-      x_BCD = x_BCD + layers.dropout(y_BCD, self.dropout_rate, mixer_key)
-      return x_BCD + layers.dropout(self.mlp(self.mlp_norm(x_BCD)), self.dropout_rate, mlp_key)
+      x_BCD = x_BCD + layers.dropout(y_BCD, self.dropout_rate, mixer_key, positions_BC)
+      return x_BCD + layers.dropout(self.mlp(self.mlp_norm(x_BCD)), self.dropout_rate, mlp_key,
+                                    positions_BC)
 
     return chunking.merge(chunking.map_chunks(one_chunk, x_nBCD, positions_nBC, xh_nBHD, ph_nBH,
                                               starts_n, context_n))

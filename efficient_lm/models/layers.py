@@ -28,10 +28,20 @@ def dtype_of(name: str) -> jnp.dtype:
   return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
 
 
-def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
-  """Inverted dropout; the identity when `key` is None (eval) or `rate` is 0."""
+def dropout(x: jax.Array, rate: float, key: jax.Array | None,
+            positions_BT: jax.Array | None = None) -> jax.Array:
+  """Inverted dropout; the identity when `key` is None (eval) or `rate` is 0. With `positions_BT`
+  (x is `[B, T, ...]`) each token's mask is drawn from `key`, its row and its absolute position
+  alone, so a sequence run in chunks (`model.seq_chunk`) gets the very masks it gets whole."""
   if key is None or rate == 0.0:
     return x
+  if positions_BT is not None:
+    B = x.shape[0]
+    rows_BT = jnp.broadcast_to(jnp.arange(B, dtype=jnp.int32)[:, None], positions_BT.shape)
+    token_key = lambda b, p: jax.random.fold_in(jax.random.fold_in(key, b), p)
+    keys_BT = jax.vmap(jax.vmap(token_key))(rows_BT, positions_BT.astype(jnp.int32))
+    keep = jax.vmap(jax.vmap(lambda k: jax.random.bernoulli(k, 1.0 - rate, x.shape[2:])))(keys_BT)
+    return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
   keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
   return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
 

@@ -335,13 +335,15 @@ def causal_attention(q_BTHK, k_BTHK, v_BTHK, *, scale: float | None = None,
       return jax.lax.ppermute(kv, axis_name, ring), step(s, kv, merged)
 
     # Nothing seen yet: o = 0, lse = NO_KEY_LSE (weight 0 in the first merge).
-    empty = tuple((jnp.zeros_like(q_BCHK[:, qs:qs + ql]),
+    # The running output stays float32 across the steps (cast once at the end): rounding it to
+    # bfloat16 after every merge would grow the error with the number of devices.
+    empty = tuple((jnp.zeros_like(q_BCHK[:, qs:qs + ql], dtype=jnp.float32),
                    jnp.full_like(q_BCHK[:, qs:qs + ql, :, 0], core.NO_KEY_LSE, jnp.float32))
                   for qs, ql in pieces)
     # A loop over the steps (fixed buffers); the last step, outside it, sends nothing.
     kv, merged = jax.lax.fori_loop(0, n - 1, step_and_pass, ((k_BCHK, v_BCHK), empty))
     merged = step(n - 1, kv, merged)
-    return (jnp.concatenate([o for o, _ in merged], axis=1),
+    return (jnp.concatenate([o for o, _ in merged], axis=1).astype(q_BCHK.dtype),
             jnp.concatenate([lse for _, lse in merged], axis=1))
 
   @jax.custom_vjp
