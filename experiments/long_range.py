@@ -33,7 +33,7 @@ TASK = ("mqar:seq_len=192,latents=64,queries=8,pairs=12,min_distance=21,max_dist
         "keys=16,values=16,filler=16,eval_sequences=1024")
 SETTINGS = {"data.seq_len": 192, "data.batch_size": 32, "data.vocab_size": 51,
             "model.d_model": 128, "model.num_layers": 2, "model.num_heads": 4,
-            "model.mlp_ratio": 2, "train.learning_rate": 1e-2, "train.warmup_steps": 200,
+            "model.mlp_ratio": 2, "train.learning_rate": 3e-3, "train.warmup_steps": 100,
             "train.weight_decay": 0.0, "train.log_every": 100, "train.eval_every": 100000,
             "train.checkpoint_every": 100000, "train.sample_prompt": "", "train.sample_tokens": 0,
             "train.schedule": "cosine", "train.eval_split": "validation",

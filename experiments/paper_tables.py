@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 
+from efficient_lm import stats
 from experiments.common import REPO, load_config
 from experiments.runner import run_monitored, tail as _tail
 
@@ -523,37 +524,26 @@ def metric_values(rows: list[dict], metric: tuple, positions: dict) -> list[floa
   return [ranges_loss(c, metric[1]) - ranges_loss(c, metric[2]) for c in curves]
 
 
-def spread(values: list[float]) -> float:
-  return max(values) - min(values)
-
-
-def verdict(better: list[float], worse: list[float], proxy_spread: float | None) -> tuple[float, float, str]:
-  """(gap = mean(worse) - mean(better), the spread it is judged against, the verdict).
-
-  With two or more seeds on both sides the spread is the larger of the two rows' min-max seed
-  spreads; with one seed on a side, the largest seed spread of the table's two-seed rows on the
-  same metric (`proxy_spread`) stands in. Confirmed: gap > spread; refuted: gap < -spread;
-  otherwise not decided at this scale.
-  """
-  gap = statistics.fmean(worse) - statistics.fmean(better)
-  if len(better) > 1 and len(worse) > 1:
-    noise, note = max(spread(better), spread(worse)), ""
-  elif proxy_spread is None:
-    return gap, float("nan"), "pending (no two-seed rows yet)"
-  else:
-    noise, note = proxy_spread, " (one seed; the table's largest seed spread)"
-  if gap > noise:
-    return gap, noise, "**confirmed**" + note
-  if gap < -noise:
-    return gap, noise, "**refuted**" + note
-  return gap, noise, "not decided at this scale" + note
+def verdict(better: dict[int, float], worse: dict[int, float]) -> tuple[float, str, str]:
+  """(gap = mean over paired seeds of worse - better, its p-value and 95% interval, the verdict),
+  by the rule of `efficient_lm.stats` (written before the runs): a paired t-test over the seeds
+  both rows have (`train.seed` fixes the data order: same-seed runs are pairs); confirmed when
+  p < 0.05 and the interval lies above 0, refuted when below; a one-seed side is not decided. Its
+  false-positive rate is 5% (the old "gap > the larger seed spread" rule's was about 22%)."""
+  test = stats.paired_t_test(better, worse)  # lower is better: positive = `better` ahead
+  decision = stats.decide("", test)
+  if test.n < 2:
+    return test.difference, "one seed: not tested", "not decided (one seed)"
+  detail = f"p={test.p_value:.3f}, [{test.ci_low:+.4f}, {test.ci_high:+.4f}]"
+  return test.difference, detail, (f"**{decision.verdict}**" if decision.verdict in (
+      stats.CONFIRMED, stats.REFUTED) else decision.verdict)
 
 
 def render_claims(table: str, entry: dict, positions: dict) -> str:
   """The table's claims, each judged by `verdict` on the rows there are."""
   groups = {k: [r for r in rs if "scores" in r] for k, rs in grouped(entry.get("rows", {}), table)}
   lines = ["| claim (lower loss is ahead) | the paper | ours (mean, min-max over seeds) | gap | "
-           "seed spread | verdict |", "| --- | --- | --- | --- | --- | --- |"]
+           "paired t over seeds (p, 95% interval) | verdict |", "| --- | --- | --- | --- | --- | --- |"]
   for text, better, worse, metric, paper in TABLES[table].get("claims", []):
     a, b = groups.get(better), groups.get(worse)
     va = metric_values(a, metric, positions) if a else None
@@ -561,11 +551,10 @@ def render_claims(table: str, entry: dict, positions: dict) -> str:
     if va is None or vb is None:
       lines.append(f"| {text} | {paper} | (rows not run yet) | | | |")
       continue
-    proxies = [spread(v) for v in (metric_values(rs, metric, positions) for rs in groups.values() if rs)
-               if v is not None and len(v) > 1]
-    gap, noise, decided = verdict(va, vb, max(proxies) if proxies else None)
+    by_seed = lambda rows, values: {r["seed"]: v for r, v in zip(rows, values)}
+    gap, detail, decided = verdict(by_seed(a, va), by_seed(b, vb))
     lines.append(f"| {text} | {paper} | `{better}` {seed_stats(va)} vs `{worse}` {seed_stats(vb)} | "
-                 f"{gap:+.4f} | {noise:.4f} | {decided} |")
+                 f"{gap:+.4f} | {detail} | {decided} |")
   return "\n".join(lines)
 
 

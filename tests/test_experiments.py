@@ -188,9 +188,9 @@ def test_paper_tables_keep_finished_rows_and_add_new_ones(tmp_path, shakespeare_
   text = readme.read_text()
   assert "old" not in text and "| `dense` | 0 |" in text and "| `sliding_window` | 0 |" in text
   assert text.endswith("<!-- /paper_tables:pi_claims -->\nafter\n")
-  # One seed each and no two-seed row yet: the far-context control is pending, π's claims not run.
+  # One seed each: the far-context control is not decided, π's claims not run.
   assert "| control: dense gains there (the same difference, dense below the sliding window)" in text
-  assert "pending (no two-seed rows yet)" in text and "(rows not run yet)" in text
+  assert "not decided (one seed)" in text and "(rows not run yet)" in text
   assert (tmp_path / "paper_tables_pi_positions.png").stat().st_size > 1000
 
 
@@ -228,12 +228,13 @@ def test_paper_tables_queue_and_row_keys():
   curve = {"loss": [3.0, 2.0, None, 1.0], "count": [1, 3, 0, 2]}
   assert pt.band_loss(curve, 0, 2) == pytest.approx(9 / 4) and pt.band_loss(curve, 2, 4) == 1.0
   assert pt.position_bins(8)[0] == (0, 1) and pt.position_bins(8)[-1][1] == 8
-  # The decision rule: the gap against the larger seed spread (or the table's, for one seed).
-  assert pt.verdict([1.0, 1.1], [1.3, 1.35], None)[2] == "**confirmed**"
-  assert pt.verdict([1.3, 1.35], [1.0, 1.1], None)[2] == "**refuted**"
-  assert pt.verdict([1.0, 1.1], [1.05, 1.08], None)[2] == "not decided at this scale"
-  assert pt.verdict([1.2], [1.0, 1.02], 0.05)[2].startswith("**refuted** (one seed")
-  assert pt.verdict([1.2], [1.0], None)[2].startswith("pending")
+  # The decision rule: a paired t over the seeds both rows have (efficient_lm.stats).
+  gap, detail, decided = pt.verdict({0: 1.0, 1: 1.1}, {0: 1.30, 1: 1.41})
+  assert gap == pytest.approx(0.305) and decided == "**confirmed**" and detail.startswith("p=0.010")
+  assert pt.verdict({0: 1.30, 1: 1.41}, {0: 1.0, 1: 1.1})[2] == "**refuted**"
+  # Two seeds that disagree on the size of the gap decide nothing (t has one degree of freedom).
+  assert pt.verdict({0: 1.0, 1: 1.1}, {0: 1.3, 1: 1.15})[2] == "not decided"
+  assert pt.verdict({0: 1.2}, {0: 1.0, 1: 1.02})[2] == "not decided (one seed)"
 
 
 def test_paper_tables_refuses_unknown_rows(tmp_path):
