@@ -77,6 +77,22 @@ def fake_work():
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def fast_first(cases, keep=1) -> list:
+  """Parametrize cases with the first `keep` (or the indices in `keep`) in the fast tier
+  (`pytest -m "not slow"`) and the rest marked slow: a check run for every model, mesh or pattern
+  keeps a few in the fast tier, and the whole suite runs them all."""
+  fast = set(range(keep)) if isinstance(keep, int) else set(keep)
+  out = []
+  for i, case in enumerate(cases):
+    if i not in fast:
+      if isinstance(case, type(pytest.param(None))):
+        case = pytest.param(*case.values, marks=[*case.marks, pytest.mark.slow], id=case.id)
+      else:
+        case = pytest.param(*(case if isinstance(case, tuple) else (case,)), marks=pytest.mark.slow)
+    out.append(case)
+  return out
+
+
 def load_config(name: str, preset: str | None = None):
   """`configs/<name>.py`'s get_config(preset), loaded by path as the entry point does."""
   from efficient_lm import cli  # pylint: disable=import-outside-toplevel

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, fast_first
 from efficient_lm import cli
 from efficient_lm.validation import ConfigError
 
@@ -17,7 +17,7 @@ def run(args, cwd=REPO, module="efficient_lm.main"):
                         cwd=cwd, timeout=300)
 
 
-@pytest.mark.parametrize("args,expected", [
+@pytest.mark.parametrize("args,expected", fast_first([
     (["--config=configs/dense.py", "--config.train.num_step=5"],
      "error: --config.train.num_step is not a config field; did you mean train.num_steps"),
     (["--config=configs/dense.py", "--config.train.num_steps=abc"],
@@ -28,7 +28,7 @@ def run(args, cwd=REPO, module="efficient_lm.main"):
     (["--config=bcmt:1024"], "error: --config=bcmt:1024: unknown configs/bcmt.py preset"),
     (["--config=configs/dense.py", "--bogus_flag=1"], "error: Unknown command line flag 'bogus_flag'"),
     (["--config=configs/dense.py", "--target=tpu:v5e:2x2"], "error: --target compiles for"),
-])
+], keep=(0, 3)))
 def test_every_command_line_mistake_is_one_line(args, expected, tmp_path):
   done = run(args + [f"--workdir={tmp_path / 'w'}"])
   assert done.returncode == 2, done.stderr[-2000:]

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import fast_first
 from efficient_lm.ops import attention
 from efficient_lm.ops import core
 from efficient_lm.ops.core import backends
@@ -99,7 +100,8 @@ def assert_matches(fast, slow, args, cotangents, atol=2e-5):
   return o, lse
 
 
-@pytest.fixture(params=["default", "tiny"])
+# The fast tier runs the tiny block sizes (every loop several times); the whole suite both.
+@pytest.fixture(params=[pytest.param("default", marks=pytest.mark.slow), "tiny"])
 def block_sizes(request, monkeypatch):
   """The tuned block sizes, and tiny ones under which every loop runs several times."""
   if request.param == "tiny":
@@ -165,7 +167,9 @@ SELF_CASES = [
 ]
 
 
-@pytest.mark.parametrize("pattern,T", SELF_CASES, ids=lambda x: repr(x))
+# The fast tier: one of each kind (and a window and skips past T).
+@pytest.mark.parametrize("pattern,T", fast_first(SELF_CASES, keep=(0, 4, 9, 13, 16, 19)),
+                         ids=lambda x: repr(x))
 def test_self_attention_matches_reference(pattern, T, block_sizes):
   check(pattern, T, T, seed=T)
 
@@ -188,9 +192,10 @@ OFFSET_CASES = [
 ]
 
 
-@pytest.mark.parametrize("traced,block_sizes", [(False, "default"), (False, "tiny"), (True, "tiny")],
+@pytest.mark.parametrize("traced,block_sizes", fast_first([(False, "tiny"), (True, "tiny"), (False, "default")], keep=2),
                          ids=["static", "static-tiny", "traced-tiny"], indirect=["block_sizes"])
-@pytest.mark.parametrize("pattern,Tq,Tk,q_start,k_start", OFFSET_CASES, ids=lambda x: repr(x))
+@pytest.mark.parametrize("pattern,Tq,Tk,q_start,k_start", fast_first(OFFSET_CASES, keep=(1, 6, 9)),
+                         ids=lambda x: repr(x))
 def test_offsets_match_reference(pattern, Tq, Tk, q_start, k_start, traced, block_sizes):
   check(pattern, Tq, Tk, q_start=q_start, k_start=k_start, traced=traced, seed=Tq + q_start)
 
@@ -209,16 +214,18 @@ POSITION_CASES = [
 ]
 
 
-@pytest.mark.parametrize("layout,block_sizes", [("BTHK", "default"), ("BHTK", "default"),
-                                                ("BHTK", "tiny")], indirect=["block_sizes"])
-@pytest.mark.parametrize("pattern,Tq,positions,q_start", POSITION_CASES, ids=lambda x: repr(x))
+@pytest.mark.parametrize("layout,block_sizes", fast_first([("BTHK", "default"), ("BHTK", "tiny"),
+                                                           ("BHTK", "default")], keep=2),
+                         indirect=["block_sizes"])
+@pytest.mark.parametrize("pattern,Tq,positions,q_start", fast_first(POSITION_CASES, keep=(0, 5)),
+                         ids=lambda x: repr(x))
 def test_explicit_positions_match_reference(pattern, Tq, positions, q_start, layout, block_sizes):
   check(pattern, Tq, len(positions), q_start=q_start, k_positions=positions, layout=layout,
         seed=len(positions))
 
 
-@pytest.mark.parametrize("pattern", [Pattern.sliding(6), Pattern.blocks(4, 1), Pattern.pi(3, 5, 3),
-                                     Pattern.dense()], ids=repr)
+@pytest.mark.parametrize("pattern", fast_first([Pattern.pi(3, 5, 3), Pattern.sliding(6),
+                                                 Pattern.blocks(4, 1), Pattern.dense()]), ids=repr)
 def test_query_chunks_in_a_scan_equal_one_call(pattern, block_sizes):
   """Sequence chunking: chunks of 8 queries at a traced q_start (a lax.scan under remat), each
   against the whole sequence's keys, equal one call, in values and in every gradient."""
@@ -295,7 +302,7 @@ def test_rows_without_keys_are_zero_and_finite(block_sizes):
   assert np.all(empty_lse[:, :3] < -1e28)
 
 
-@pytest.mark.parametrize("pattern", [Pattern.dense(), Pattern.sliding(7), Pattern.pi(3, 5, 3)],
+@pytest.mark.parametrize("pattern", fast_first([Pattern.pi(3, 5, 3), Pattern.dense(), Pattern.sliding(7)]),
                          ids=repr)
 def test_merge_of_two_pieces_equals_one_call(pattern, block_sizes):
   """Keys split in two ranges (as a ring step does): merge of the two calls = one call, in values
@@ -313,8 +320,8 @@ def test_merge_of_two_pieces_equals_one_call(pattern, block_sizes):
   assert_matches(pieces, whole, args, cotangents)
 
 
-@pytest.mark.parametrize("pattern,T", [(Pattern.dense(), 40), (Pattern.sliding(8), 40),
-                                       (Pattern.blocks(8, 1), 37), (Pattern.pi(4, 6, 4), 40)],
+@pytest.mark.parametrize("pattern,T", fast_first([(Pattern.pi(4, 6, 4), 40), (Pattern.dense(), 40),
+                                                  (Pattern.sliding(8), 40), (Pattern.blocks(8, 1), 37)]),
                          ids=lambda x: repr(x))
 def test_bfloat16_inputs(pattern, T, block_sizes):
   """bf16 q, k, v: o in bf16, lse in float32, close to the float32 reference on the same values."""
@@ -343,8 +350,8 @@ def residuals(fn, *args) -> list[jax.Array]:
   return [x for x in jax.tree.leaves(f_vjp) if hasattr(x, "shape")]
 
 
-@pytest.mark.parametrize("pattern", [Pattern.dense(), Pattern.sliding(32), Pattern.blocks(64, 1),
-                                     Pattern.pi(32, 48, 4)], ids=repr)
+@pytest.mark.parametrize("pattern", fast_first([Pattern.pi(32, 48, 4), Pattern.dense(),
+                                                 Pattern.sliding(32), Pattern.blocks(64, 1)]), ids=repr)
 def test_backward_keeps_only_inputs_outputs_and_lse(pattern):
   """Nothing of size [.., L, M] or [T, T] lives between forward and backward: every residual is
   at most the size of q (q, k, v, o), or of a [B, T, H] row (priors, lse)."""
@@ -444,7 +451,7 @@ def test_attention_impl_field():
 
 # π's gate as logits: exact log-priors near 0 and 1.
 
-@pytest.mark.parametrize("logit", [-12.0, 12.0])
+@pytest.mark.parametrize("logit", fast_first([-12.0, 12.0]))
 def test_gate_logits_give_exact_priors_and_live_gradients(logit):
   z = np.full((2, 40, 2), logit, np.float32)
   z[0, ::3] += 0.5  # not every row the same

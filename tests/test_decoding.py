@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import REPO
+from conftest import REPO, fast_first
 from efficient_lm import generation, models, sample, train
 from test_models import tiny_model_config
 
@@ -54,7 +54,7 @@ def decode_all(model, tokens_BT, *, prompt_len: int, chunk: int):
   return run(params, tokens_BT)
 
 
-@pytest.mark.parametrize("name,fields", DECODER_MODELS, ids=IDS)
+@pytest.mark.parametrize("name,fields", fast_first(DECODER_MODELS, keep=(0, 3, 6)), ids=IDS)
 def test_prefill_chunk_and_steps_equal_the_full_pass(name, fields):
   """Across block/segment boundaries and beyond the window: 40 tokens, prompt 13, chunk 5."""
   cfg = tiny_model_config(name, **fields)
@@ -65,6 +65,7 @@ def test_prefill_chunk_and_steps_equal_the_full_pass(name, fields):
   np.testing.assert_allclose(got_BTV, expected_BTV, atol=2e-4, rtol=2e-4)
 
 
+@pytest.mark.slow  # 10-16 s a model
 @pytest.mark.parametrize("name,fields", [DECODER_MODELS[0], DECODER_MODELS[3], DECODER_MODELS[6]],
                          ids=["dense", "pi", "bcmt"])
 def test_chunked_prefill_equals_one_pass(name, fields):
@@ -111,6 +112,7 @@ def small_model():
                        rngs=nnx.Rngs(7))
 
 
+@pytest.mark.slow  # 10-16 s a model
 def test_greedy_is_deterministic_and_follows_the_full_pass(small_model):
   prompt = [5, 9, 11, 2]
   first = generation.generate(small_model, prompt, num_tokens=12, eos_id=1, temperature=0.0)
@@ -158,6 +160,7 @@ def run_cli(*args):
                         capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # trains a workdir and samples in a subprocess
 def test_cli_samples_a_workdir(tiny_config, tmp_path):
   config = tiny_config("pi_attention", num_steps=10, sample_tokens=0)
   config.model.update(window=8, period=8, num_skips=2)

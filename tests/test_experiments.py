@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from conftest import fast_first
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = ("quickstart.ipynb", "scaling.ipynb", "multi_device.ipynb")
 
@@ -26,6 +28,7 @@ def run_module(args: list[str]) -> subprocess.CompletedProcess:
   return result
 
 
+@pytest.mark.slow  # a benchmark harness in a subprocess: 10-60 s
 def test_benchmark_quick_writes_json_and_plots(tmp_path):
   run_module(["experiments.benchmark", "--quick", "--models=dense,pi_attention", "--seq_lens=64,128",
               f"--out_dir={tmp_path}"])
@@ -46,6 +49,7 @@ def test_benchmark_quick_writes_json_and_plots(tmp_path):
     assert (tmp_path / f"scaling_quick_{name}.png").stat().st_size > 1000
 
 
+@pytest.mark.slow  # a benchmark harness in a subprocess: 10-60 s
 def test_benchmark_stops_a_model_over_the_step_time_limit(tmp_path):
   out = run_module(["experiments.benchmark", "--quick", "--models=dense", "--seq_lens=64,128",
                     "--max_step_seconds=0", f"--out_dir={tmp_path}"]).stdout
@@ -54,6 +58,7 @@ def test_benchmark_stops_a_model_over_the_step_time_limit(tmp_path):
   assert "skipped" in out
 
 
+@pytest.mark.slow  # a benchmark harness in a subprocess: 10-60 s
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed")
 def test_bench_context_compiles_for_a_target(tmp_path):
   run_module(["experiments.bench_context", "--quick", "--target=tpu:v5e:2x2",
@@ -65,6 +70,7 @@ def test_bench_context_compiles_for_a_target(tmp_path):
   assert result["fits"]["sliding_window"] == {"device": 512} and result["timing"] == []
 
 
+@pytest.mark.slow  # a benchmark harness in a subprocess: 10-60 s
 def test_bench_context_quick_reports_memory_fits_and_speed(tmp_path):
   run_module(["experiments.bench_context", "--quick", "--models=pi_attention,dense:reference",
               "--seq_lens=128,512", f"--out_dir={tmp_path}"])
@@ -84,6 +90,7 @@ def test_bench_context_quick_reports_memory_fits_and_speed(tmp_path):
   assert (tmp_path / "context_quick_memory.png").stat().st_size > 1000
 
 
+@pytest.mark.slow  # a benchmark harness in a subprocess: 10-60 s
 def test_accelerator_check_quick_and_without_a_device(tmp_path):
   """The device script says in one line that there is no device (exit 0); its Python part runs
   at tiny sizes here: every backend within tolerance, every model timed, one JSON summary."""
@@ -103,6 +110,7 @@ def test_accelerator_check_quick_and_without_a_device(tmp_path):
     assert (name == "dense") == ("vs_dense" not in r)
 
 
+@pytest.mark.slow  # a benchmark harness in a subprocess: 10-60 s
 def test_bench_sharding_quick_fsdp_shrinks_the_state(tmp_path):
   out = run_module(["experiments.bench_sharding", "--quick", f"--out_dir={tmp_path}"]).stdout
   result = json.loads((tmp_path / "sharding_quick.json").read_text())
@@ -294,7 +302,8 @@ def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch, shakespeare_ar
     assert "context-parallel" in outputs
 
 
-@pytest.mark.parametrize("spec", ["configs/dense.py", "configs/pi_attention.py", "configs/perceiver_ar.py"])
+@pytest.mark.parametrize("spec", fast_first(["configs/pi_attention.py", "configs/dense.py",
+                                             "configs/perceiver_ar.py"]))
 def test_train_step_flops_count_every_layer(spec):
   """XLA's cost analysis counts a scanned layer once; train_step_flops must grow by one layer per layer."""
   from experiments import bench_step

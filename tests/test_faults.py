@@ -54,6 +54,7 @@ def wait_for(condition, process, timeout=240):
     time.sleep(0.05)
 
 
+@pytest.mark.slow  # training subprocesses, killed and resumed
 def test_sigkill_then_restart_ends_bit_for_bit_equal(uninterrupted, tiny_cli_args, tmp_path):
   workdir = str(tmp_path / "killed")
   process = start(tiny_cli_args(workdir))
@@ -73,6 +74,7 @@ def test_sigkill_then_restart_ends_bit_for_bit_equal(uninterrupted, tiny_cli_arg
   assert final["step"] == 40 and final["eval_loss"] == uninterrupted[1]["eval_loss"]
 
 
+@pytest.mark.slow  # training subprocesses, killed and resumed
 def test_sigterm_saves_and_exits_cleanly_then_resumes(uninterrupted, tiny_cli_args, tmp_path):
   workdir = str(tmp_path / "preempted")
   process = start(tiny_cli_args(workdir, checkpoint_every=1000, eval_every=1000))

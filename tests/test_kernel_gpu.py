@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import fast_first
+
 from efficient_lm import targets
 from efficient_lm.ops import core
 from efficient_lm.ops.core import backends, gpu
@@ -111,11 +113,12 @@ SELF_CASES = [
 ]
 
 
-@pytest.mark.parametrize("pattern,T", SELF_CASES, ids=lambda x: repr(x))
+@pytest.mark.parametrize("pattern,T", fast_first(SELF_CASES, keep=(2, 5)), ids=lambda x: repr(x))
 def test_local_patterns_match_reference(pattern, T):
   check(pattern, T, seed=T)
 
 
+@pytest.mark.slow  # 10-16 s in interpret mode
 def test_offsets_priors_layout_and_head_width():
   """Cross-attention offsets, a local prior (lse moves, o does not), heads-first, K = 48 (padded
   to 64 inside the kernel), tiles the other way round."""
@@ -125,6 +128,7 @@ def test_offsets_priors_layout_and_head_width():
   check(Pattern.dense(), 8, 8, q_start=0, k_offset=16, seed=4)  # every key in the future
 
 
+@pytest.mark.slow  # 10-16 s in interpret mode
 def test_pi_skips_beside_the_kernel():
   """π: the window in the kernel, the skips (reaching before the start, and past T) beside it,
   with both priors."""
@@ -133,16 +137,16 @@ def test_pi_skips_beside_the_kernel():
   check(Pattern.pi(3, 5, 4), 10, 25, q_start=15, k_offset=-10, seed=8)  # skips before the keys
 
 
-@pytest.mark.parametrize("pattern,T", [(Pattern.dense(), 40), (Pattern.blocks(8, 1), 37),
-                                       (Pattern.pi(4, 6, 4), 40)], ids=lambda x: repr(x))
+@pytest.mark.parametrize("pattern,T", fast_first([(Pattern.pi(4, 6, 4), 40), (Pattern.dense(), 40),
+                                                  (Pattern.blocks(8, 1), 37)]), ids=lambda x: repr(x))
 def test_bfloat16(pattern, T):
   """bf16 q, k, v: o and its gradients in bf16, lse float32, close to the float32 reference."""
   check(pattern, T, dtype=jnp.bfloat16, atol=3e-2, grad_atol=0.1, seed=9)
 
 
-@pytest.mark.parametrize("pattern,Tq,Tk,q_start,k_offset,q_align", [
-    (Pattern.blocks(8, 1), 16, 24, 0, -8, 8), (Pattern.blocks(8, 1), 16, 24, 16, -8, 8),
-    (Pattern.sliding(6), 8, 14, 0, -6, 1)], ids=lambda x: repr(x))
+@pytest.mark.parametrize("pattern,Tq,Tk,q_start,k_offset,q_align", fast_first([
+    (Pattern.blocks(8, 1), 16, 24, 16, -8, 8), (Pattern.blocks(8, 1), 16, 24, 0, -8, 8),
+    (Pattern.sliding(6), 8, 14, 0, -6, 1)]), ids=lambda x: repr(x))
 def test_traced_start_with_static_offset(pattern, Tq, Tk, q_start, k_offset, q_align):
   """Sequence chunks: Tq queries at a traced q_start (a multiple of q_align) against their keys
   from |k_offset| back (ECP's blocks: one block). Chunk 0's halo sits at negative positions:

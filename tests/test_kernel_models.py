@@ -10,6 +10,8 @@ losses.
 import jax
 import numpy as np
 import pytest
+
+from conftest import fast_first
 from flax import nnx
 
 from efficient_lm import models
@@ -35,7 +37,7 @@ def loss_and_grads(cfg, tokens_BT):
 
 
 @pytest.mark.parametrize("impl", ["splash", "gpu"])
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", fast_first(FAMILIES))
 def test_every_family_on_a_kernel_equals_xla(name, impl):
   chunk = {"seq_chunk": 16} if models.REGISTRY[name].chunkable else {}
   tokens = jax.random.randint(jax.random.key(1), (2, 33), 0, 64)

@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from conftest import fast_first
 from flax import nnx
 
 from efficient_lm import models
@@ -55,16 +57,16 @@ def assert_same_function(a, b, *, rtol=2e-5, atol=2e-6):
   assert any(float(jnp.abs(x).max()) > 0 for x in jax.tree.leaves(ga))
 
 
-@pytest.mark.parametrize("loss_chunk", [8, 12])  # 12: a ragged last chunk, padded with weight 0
-@pytest.mark.parametrize("name", ["dense", "perceiver_ar"])
+@pytest.mark.parametrize("loss_chunk", fast_first([12, 8]))  # 12: a ragged last chunk, padded with weight 0
+@pytest.mark.parametrize("name", fast_first(["dense", "perceiver_ar"]))
 def test_chunked_loss_equals_the_whole_loss(name, loss_chunk):
   cfg = tiny_model_config(name, vocab_size=512)
   whole = loss_and_grads(cfg)
   assert_same_function(loss_and_grads(cfg, loss_chunk=loss_chunk, params=whole[2]), whole)
 
 
-@pytest.mark.parametrize("remat", ["block", "dots"])
-@pytest.mark.parametrize("name", ["dense", "pi_attention"])  # scanned / per-layer blocks (doubling)
+@pytest.mark.parametrize("remat", fast_first(["block", "dots"]))
+@pytest.mark.parametrize("name", fast_first(["dense", "pi_attention"]))  # scanned / per-layer blocks (doubling)
 def test_remat_is_the_same_function(name, remat):
   whole = loss_and_grads(tiny_model_config(name))
   assert_same_function(loss_and_grads(tiny_model_config(name, remat=remat), params=whole[2]), whole)
@@ -75,7 +77,7 @@ def test_remat_is_the_same_function(name, remat):
 CHUNKABLE = ["bcmt", "ecp", "honly", "pi_attention", "sliding_window"]
 
 
-@pytest.mark.parametrize("name", CHUNKABLE)
+@pytest.mark.parametrize("name", fast_first(CHUNKABLE, keep=(CHUNKABLE.index("pi_attention"),)))
 def test_sequence_chunks_are_the_same_function(name):
   whole = loss_and_grads(tiny_model_config(name))
   chunked = loss_and_grads(tiny_model_config(name, seq_chunk=8, remat="block"), loss_chunk=16,
@@ -83,6 +85,7 @@ def test_sequence_chunks_are_the_same_function(name):
   assert_same_function(chunked, whole)
 
 
+@pytest.mark.slow  # ~20 s a model
 @pytest.mark.parametrize("name", ["pi_attention", "bcmt"])
 def test_sequence_chunks_leave_dropout_unchanged(name):
   """Dropout masks follow each token's row and absolute position: the chunked block is the same
@@ -98,6 +101,7 @@ def test_sequence_chunks_leave_dropout_unchanged(name):
   assert not np.allclose(np.asarray(model(tokens)), out[0])  # dropout did act
 
 
+@pytest.mark.slow  # ~20 s: the gradients of every position
 def test_sequence_chunks_with_dropout_stay_causal():
   """Chunked blocks with dropout: outputs at t never depend on inputs after t."""
   cfg = tiny_model_config("pi_attention", seq_chunk=8, dropout=0.1)

@@ -5,6 +5,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+
+from conftest import fast_first
 from flax import nnx
 
 from efficient_lm import models
@@ -35,8 +37,10 @@ def tiny_model_config(name: str = "dense", **overrides) -> ml_collections.Config
   return cfg
 
 
-@pytest.mark.parametrize("name", sorted(models.REGISTRY))
-@pytest.mark.parametrize("position", ["rope", "learned"])
+# The fast tier: the three families and the dense baseline; the whole suite: every model.
+@pytest.mark.parametrize("name", fast_first(sorted(models.REGISTRY), keep=(
+    sorted(models.REGISTRY).index(n) for n in ("bcmt", "dense", "ecp", "pi_attention"))))
+@pytest.mark.parametrize("position", fast_first(["rope", "learned"]))
 def test_causal_through_gradients(name, position):
   """d logits[t] / d embedding[s] is zero for every s > t, and non-zero for some s <= t."""
   cfg = tiny_model_config(name, position=position, tie_embeddings=position == "rope")
@@ -58,7 +62,7 @@ def test_causal_through_gradients(name, position):
     assert norms[t] > 0.0, f"{name}: output {t} ignores its own input"
 
 
-@pytest.mark.parametrize("name", sorted(models.REGISTRY))
+@pytest.mark.parametrize("name", fast_first(sorted(models.REGISTRY), keep=(sorted(models.REGISTRY).index("dense"),)))
 def test_logits_shape_and_dtype(name):
   cfg = tiny_model_config(name)
   model = models.create(cfg, rngs=nnx.Rngs(0))

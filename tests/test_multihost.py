@@ -124,6 +124,7 @@ def assert_ran(runs, name):
     assert rc == 0, f"{name}: {output[-3000:]}"
 
 
+@pytest.mark.slow  # two gloo processes train in subprocesses: over a minute
 def test_two_processes_train_like_one_process_with_four_devices(runs):
   assert_ran(runs, "job")
   assert_ran(runs, "single")
@@ -138,6 +139,7 @@ def test_two_processes_train_like_one_process_with_four_devices(runs):
     assert loss == pytest.approx(evals(runs["single"])[step], rel=1e-5), step
 
 
+@pytest.mark.slow  # two gloo processes train in subprocesses: over a minute
 def test_two_processes_restore_their_checkpoint_and_continue_identically(runs):
   assert_ran(runs, "resumed")
   assert "resumed from" in runs["resumed_logs"][0][1] and "at step 10" in runs["resumed_logs"][0][1]
@@ -153,6 +155,7 @@ def test_two_processes_restore_their_checkpoint_and_continue_identically(runs):
   assert steps == [10, 20, 30]
 
 
+@pytest.mark.slow  # two gloo processes train in subprocesses: over a minute
 def test_only_process_zero_writes_and_logs(runs):
   assert_ran(runs, "job")
   assert [r["step"] for r in read_metrics(runs["job"]) if "loss" in r] == [5, 10, 15, 20, 25, 30]
@@ -167,6 +170,7 @@ def test_only_process_zero_writes_and_logs(runs):
     assert not [f for f in files if ".tmp" in f or f.startswith(".write_test")], (root, files)
 
 
+@pytest.mark.slow  # two gloo processes train in subprocesses: over a minute
 def test_sigterm_to_one_process_stops_the_whole_job_at_one_step(runs, shakespeare_archive, tmp_path):
   """The signal reaches process 1 only; both agree at the next log step, save it together, exit 0."""
   workdir = str(tmp_path / "preempted")

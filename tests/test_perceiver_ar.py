@@ -12,7 +12,7 @@ from efficient_lm import train
 from efficient_lm.models import perceiver_ar
 from efficient_lm.ops import attention
 from efficient_lm.ops.cross_attention import causal_cross_attention, segment_attention
-from conftest import load_config
+from conftest import load_config, fast_first
 from efficient_lm.validation import ConfigError
 from test_models import tiny_model_config
 
@@ -41,7 +41,7 @@ def assert_same_function(fast, reference, args, atol=2e-5):
     np.testing.assert_allclose(got, want, atol=10 * atol, rtol=10 * atol)
 
 
-@pytest.mark.parametrize("Z,T,offset", [(8, 32, 24), (5, 37, 10), (1, 9, 8)])
+@pytest.mark.parametrize("Z,T,offset", fast_first([(5, 37, 10), (8, 32, 24), (1, 9, 8)]))
 def test_causal_cross_attention_equals_dense_masked(Z, T, offset):
   allowed = np.array([[j <= offset + z for j in range(T)] for z in range(Z)])
   args = (normal((2, Z, 2, 8), 0), normal((2, T, 2, 8), 1), normal((2, T, 2, 8), 2))
@@ -78,7 +78,7 @@ def make(name, **overrides):
   return cfg, lambda tokens: forward(params, tokens)
 
 
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("name", fast_first(VARIANTS, keep=2))
 def test_logits_loss_mask_and_no_leak_between_latents(name):
   """Logits `[B, Z, V]`, scored against the last Z targets; changing the token at latent
   position p changes outputs >= p only (the history may be bidirectional, the latents may not);
@@ -138,6 +138,7 @@ def dense_segments(q_BTHK, k_BTHK, v_BTHK, *, num_segments=1, scale=None, **back
   return dense_masked(q_BTHK, k_BTHK, v_BTHK, seg[:, None] == seg[None, :])
 
 
+@pytest.mark.slow  # ~20 s a variant (ECP's reference model is in the fast tier)
 @pytest.mark.parametrize("name", VARIANTS)
 def test_variant_equals_a_dense_masked_reference_model(name, monkeypatch):
   """The whole model with its attentions replaced by plain dense masked ones: same loss and gradients."""
@@ -157,6 +158,7 @@ def test_variant_equals_a_dense_masked_reference_model(name, monkeypatch):
     np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow  # 15-20 s
 def test_strided_compression_starts_as_the_learned_map_and_has_parameters_independent_of_T():
   """Both compressions start as mean pooling of groups of `compression` tokens: with the same other
   weights the two models give the same logits at initialization. The learned map has
@@ -175,6 +177,7 @@ def test_strided_compression_starts_as_the_learned_map_and_has_parameters_indepe
   assert sizes[128]["learned"] - sizes[32]["learned"] == (120 ** 2 - 24 ** 2) // 4
 
 
+@pytest.mark.slow  # 15-20 s
 def test_strided_compression_weights_get_gradients():
   """A different weighting of each group changes the logits: the weights train."""
   cfg = tiny_model_config("compressed_double_attention", compression_op="strided")

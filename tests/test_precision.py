@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+
+from conftest import fast_first
 from flax import nnx
 
 from efficient_lm import models
@@ -47,7 +49,7 @@ def train_losses(name: str, dtype: str, steps: int = 30) -> list[float]:
   return losses
 
 
-@pytest.mark.parametrize("name", sorted(TASKS))
+@pytest.mark.parametrize("name", fast_first(sorted(TASKS), keep=(sorted(TASKS).index("pi_attention"),)))
 def test_bfloat16_training_tracks_float32(name):
   """Every model: 30 steps at model.dtype=bfloat16 end within 2% of the float32 loss (the mean of
   the last 5 steps, which have moved well away from the start)."""

@@ -4,6 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+from conftest import fast_first
 from flax import nnx
 
 from efficient_lm import models
@@ -25,12 +27,12 @@ def gradient_support(cfg) -> np.ndarray:
   return np.linalg.norm(np.asarray(grad(params, model.embed_tokens(tokens))[0]), axis=-1) > 0
 
 
-@pytest.mark.parametrize("name,fields", [
+@pytest.mark.parametrize("name,fields", fast_first([
     ("pi_attention", dict(window=3, period=5, num_skips=2, period_schedule="constant")),
     ("pi_attention", dict(window=2, period=3, num_skips=2, period_schedule="doubling")),
     ("pi_attention", dict(window=4, period=2, num_skips=3, period_schedule="constant")),  # P < W
     ("sliding_window", dict(window=4)),
-])
+], keep=2))
 def test_tool_matches_gradients(name, fields):
   cfg = tiny_model_config(name, seq_len=48, num_layers=3, **fields)
   expected = receptive_field.receptive_field(

@@ -17,7 +17,7 @@ import optax
 import pytest
 from flax import nnx
 
-from conftest import load_config
+from conftest import load_config, fast_first
 from efficient_lm import config_check
 from efficient_lm import models
 from efficient_lm import train
@@ -205,7 +205,7 @@ def train_losses(config, mesh, num_steps=3):
   return losses
 
 
-@pytest.mark.parametrize("name", ["pi_attention", "dense", "bcmt", "ecp"])
+@pytest.mark.parametrize("name", fast_first(["pi_attention", "dense", "bcmt", "ecp"], keep=0))
 def test_context_parallel_training_matches_one_device(name):
   config = tiny_model_config(name)
   one = train_losses(config, mesh_of(1, 1))

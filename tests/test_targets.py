@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, load_config
+from conftest import REPO, load_config, fast_first
 from efficient_lm import config_check, sharding, step_memory, targets, train_state
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -110,6 +110,7 @@ def _padding(dims: list[int], layout: str) -> float:
   return (-(-minor // lanes) * lanes) * (-(-second // rows) * rows) / (minor * second)
 
 
+@pytest.mark.slow  # a TPU compile of a 16K step: ~20 s
 @needs_tpu
 def test_no_sequence_wide_buffer_is_padded_on_tpu():
   """The sequence-chunked block keeps its sequence-wide arrays lane-dense: no array of at least
@@ -130,10 +131,10 @@ def test_no_sequence_wide_buffer_is_padded_on_tpu():
 
 
 @needs_tpu
-@pytest.mark.parametrize("name,preset", [
-    ("dense", None), ("sliding_window", None), ("bcmt", None), ("bcmt", "honly"), ("ecp", None),
+@pytest.mark.parametrize("name,preset", fast_first([
+    ("bcmt", None), ("dense", None), ("sliding_window", None), ("bcmt", "honly"), ("ecp", None),
     pytest.param("perceiver_ar", None, marks=pytest.mark.slow),
-    pytest.param("pi_attention", "doubling", marks=pytest.mark.slow)])
+    pytest.param("pi_attention", "doubling", marks=pytest.mark.slow)]))
 def test_every_family_compiles_for_a_tpu_slice(name, preset):
   """Every family's real train step compiles for v5e:2x2 and, having compiled, is never refused."""
   report, _ = compile_for(small(name, preset), "tpu:v5e:2x2")
@@ -141,6 +142,7 @@ def test_every_family_compiles_for_a_tpu_slice(name, preset):
   assert report["platform"] == "tpu" and report["collectives"]["all-gather"] > 0
 
 
+@pytest.mark.slow  # the command line in a subprocess, compiling for a TPU slice: ~30 s
 @needs_tpu
 def test_compile_only_target_command_line(tmp_path):
   """The command line: the last stdout line is the JSON report; nothing is written; a step the

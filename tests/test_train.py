@@ -10,6 +10,8 @@ import ml_collections
 import numpy as np
 import pytest
 
+from conftest import fast_first
+
 from efficient_lm import metrics
 from efficient_lm import sharding
 from efficient_lm import train
@@ -126,12 +128,12 @@ def test_weighted_nll_scores_the_last_positions():
   assert float(nll) < 1e-6
 
 
-@pytest.mark.parametrize("name,preset,fields", [
+@pytest.mark.parametrize("name,preset,fields", fast_first([
     ("pi_attention", None, dict(window=8, period=8, num_skips=2)),
     ("bcmt", None, dict(block_size=8)),
     ("ecp", None, dict(num_segments=4)),
     ("perceiver_ar", "compressed", dict(num_latents=16, compression=4)),
-])
+]))
 def test_every_family_trains_through_the_loop(name, preset, fields, tiny_config, tmp_path):
   """The loop is model-agnostic: each family trains, checkpoints and evaluates; the final eval equals
   a fresh evaluation of the saved checkpoint (restored into a new model). Learning itself is tested

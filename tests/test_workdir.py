@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, fast_first
 from efficient_lm import scoring
 from efficient_lm import generation
 from efficient_lm import train
@@ -54,7 +54,7 @@ def test_the_workdir_records_config_tokenizer_and_corpus(trained):
       os.path.join(trained, "tokenizer.model"))
 
 
-@pytest.mark.parametrize("change", ["another model", "another width"])
+@pytest.mark.parametrize("change", fast_first(["another model", "another width"]))
 def test_a_refused_run_leaves_every_file_byte_identical(trained, tiny_config, tmp_path, change):
   workdir = copy_of(trained, tmp_path)
   before = snapshot(workdir)
@@ -94,6 +94,7 @@ def test_another_corpus_is_refused_unless_allowed(trained, tiny_config, tmp_path
   assert max(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints"))) == 20
 
 
+@pytest.mark.slow  # trains a tokenizer and a model, samples: ~10 s
 def test_a_small_corpus_sets_the_vocabulary_and_samples(tiny_config, tmp_path, caplog):
   folder = tmp_path / "tiny"
   folder.mkdir()
