@@ -321,3 +321,25 @@ def test_train_step_flops_count_every_layer(spec):
   f2, f3, f4 = flops(2), flops(3), flops(4)
   assert f3 - f2 > 0.05 * f2
   assert f4 - f3 == pytest.approx(f3 - f2, rel=1e-3)
+
+
+def test_ablation_verdicts_follow_the_rule(tmp_path):
+  """Exact nulls are refuted only at exactly 0; an interval above 0 is confirmed only with p < 0.05
+  (two documents give a sign-flip p of at least 0.5: not decided, whatever the interval)."""
+  from experiments import verdicts  # pylint: disable=import-outside-toplevel
+  row = dict(corpus="c", seed=0, ablate_context=512)
+  rows = [dict(row, model="sliding_window", exact_null=True, delta=0.0, ci_low=0.0, ci_high=0.0,
+               p_value=1.0),
+          dict(row, model="honly", exact_null=True, delta=1e-3, ci_low=0.0, ci_high=2e-3,
+               p_value=1.0),
+          dict(row, model="dense", exact_null=False, delta=0.15, ci_low=0.14, ci_high=0.18,
+               p_value=0.49),
+          dict(row, model="pi_attention", exact_null=False, delta=0.05, ci_low=0.02, ci_high=0.08,
+               p_value=0.001),
+          dict(row, model="bcmt", exact_null=False, delta=-0.05, ci_low=-0.08, ci_high=-0.02,
+               p_value=0.001)]
+  path = tmp_path / "ablation.json"
+  path.write_text(json.dumps({"rows": rows}))
+  got = {c["claim"].split()[0]: c["verdict"] for c in verdicts.ablation_claims(str(path))}
+  assert got == {"sliding_window": "refuted", "honly": "not decided", "dense": "not decided",
+                 "pi_attention": "confirmed", "bcmt": "refuted"}
