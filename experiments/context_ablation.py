@@ -133,8 +133,9 @@ def main(argv=None) -> None:
       if gate and model == gate and not all(
           done[(corpus, gate, s)]["ci_low"] > 0 and done[(corpus, gate, s)]["p_value"] < 0.05
           for s in map(int, args.seeds.split(","))):
-        print(f"{corpus}: the gate failed ({gate} does not gain from context beyond "
-              f"{CORPORA[corpus]['ablate']}); no comparison is run on it", flush=True)
+        print(f"{corpus}: the gate is not passed ({gate}'s gain from context beyond "
+              f"{CORPORA[corpus]['ablate']} is not significant over the documents scored); no "
+              "comparison is run on it", flush=True)
         results.setdefault("gates", {})[corpus] = "failed"
         save()
         break
