@@ -107,4 +107,7 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
                                     # a config error names them
   # Logical parameter axes -> mesh axes ('' = replicated; 'data,fsdp' = both): see sharding.py.
   mesh.rules = sharding.default_rules()
+  # Logical activation axes -> mesh axes (`embed`, `heads`, `kv`, `mlp`, `vocab`; the batch and
+  # sequence dimensions go where the batch is placed): see sharding.constrain.
+  mesh.activation_rules = sharding.default_activation_rules()
   return config

@@ -19,6 +19,8 @@ process's iterator yields the same global batch and `shard_batch` places only
 the slices its own devices hold.
 """
 
+import contextlib
+import functools
 import math
 
 import jax
@@ -109,21 +111,24 @@ def _product(sizes: dict) -> str:
   return " x ".join(f"{a}={s}" for a, s in sizes.items())
 
 
+def _axes_value(value, field: str) -> tuple[str, ...]:
+  value = "" if value is None else value
+  require(isinstance(value, str), field, value, "must be a string",
+          f"set {field} to a mesh axis ({', '.join(AXES)}) or '' (replicated)")
+  axes = tuple(a.strip() for a in value.split(",") if a.strip() and a.strip().lower() != "none")
+  for axis in axes:
+    require(axis in AXES, field, value, "names an axis the mesh does not have",
+            f"use one of {', '.join(AXES)} or '' (replicated)")
+  return axes
+
+
 def parse_rules(mesh_cfg: ml_collections.ConfigDict) -> dict[str, tuple[str, ...]]:
   """`mesh.rules` as {logical name: mesh axes}; '' (or 'none') is replicated, 'data,fsdp' two axes."""
   rules = _cfg(mesh_cfg, "rules", None)
   rules = default_rules() if rules is None else rules
   out = {}
   for name in LOGICAL_AXES:
-    value = _cfg(rules, name, "")
-    value = "" if value is None else value
-    require(isinstance(value, str), f"mesh.rules.{name}", value, "must be a string",
-            f"set mesh.rules.{name} to a mesh axis ({', '.join(AXES)}) or '' (replicated)")
-    axes = tuple(a.strip() for a in value.split(",") if a.strip() and a.strip().lower() != "none")
-    for axis in axes:
-      require(axis in AXES, f"mesh.rules.{name}", value, "names an axis the mesh does not have",
-              f"use one of {', '.join(AXES)} or '' (replicated)")
-    out[name] = axes
+    out[name] = _axes_value(_cfg(rules, name, ""), f"mesh.rules.{name}")
   require(not out["layers"], "mesh.rules.layers", rules.get("layers"),
           "must be '': the stacked layers of nnx.scan are never sharded",
           "set mesh.rules.layers=''")
@@ -206,35 +211,88 @@ def _add_axis(shape, spec: P, axis: str, sizes: dict[str, int]) -> P:
   return spec
 
 
-def constrain_tokens(x_BT: jax.Array) -> jax.Array:
-  """Pins an activation `[B, T, ...]` to B over the batch axes and T over `context` (the rest
-  replicated) when traced under `jax.set_mesh` (the train and eval steps are); else unchanged.
+# Every logical axis name an activation may carry (`constrain`). `batch` and `length` are where
+# the input batch is placed (`batch_sharding`): the batch axes and `context`, not configurable;
+# `mesh.activation_rules` maps the others to mesh axes.
+ACTIVATION_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab")
+_FIXED_ACTIVATION_AXES = {"batch": BATCH_AXES, "length": ("context",)}
 
-  Without it XLA may gather a whole batch of activations instead of a layer's sharded weights
-  (FSDP's all-gather of weights and reduce-scatter of gradients is what this keeps)."""
+
+def default_activation_rules() -> ml_collections.ConfigDict:
+  """Activations split as the weights that produce them: `heads`, `mlp` and `vocab` over
+  `tensor`; the residual stream's `embed` whole (its weights' `fsdp` shards are gathered)."""
+  return ml_collections.ConfigDict({"embed": "", "heads": "tensor", "kv": "", "mlp": "tensor",
+                                    "vocab": "tensor"})
+
+
+def parse_activation_rules(mesh_cfg: ml_collections.ConfigDict) -> dict[str, tuple[str, ...]]:
+  """`mesh.activation_rules` as {activation axis: mesh axes}, `batch` and `length` included."""
+  rules = _cfg(mesh_cfg, "activation_rules", None)
+  rules = default_activation_rules() if rules is None else rules
+  unknown = sorted(set(rules.keys()) - set(ACTIVATION_AXES))
+  require(not unknown, f"mesh.activation_rules.{unknown[0] if unknown else ''}", None,
+          "is not an activation axis", f"use one of {', '.join(ACTIVATION_AXES[2:])}")
+  fixed = sorted(set(rules.keys()) & set(_FIXED_ACTIVATION_AXES))
+  require(not fixed, f"mesh.activation_rules.{fixed[0] if fixed else ''}", None,
+          "is where the input batch is placed (the batch axes, `context`), not a rule",
+          "remove it: set mesh.data / mesh.fsdp / mesh.context instead")
+  out = dict(_FIXED_ACTIVATION_AXES)
+  for name in ACTIVATION_AXES[2:]:
+    out[name] = _axes_value(_cfg(rules, name, ""), f"mesh.activation_rules.{name}")
+  return out
+
+
+@functools.cache
+def _default_activation_rules() -> dict[str, tuple[str, ...]]:
+  return parse_activation_rules(ml_collections.ConfigDict())
+
+
+_activation_rules: list[dict] = []  # the rules of the step being traced (`OnMesh`), innermost last
+
+
+def constrain(x: jax.Array, *names: str | None) -> jax.Array:
+  """Pins an activation to its logical axes (`names`, one per leading dimension, None = whole)
+  by the rules of the step being traced (`OnMesh`: `mesh.activation_rules`; else the defaults),
+  when traced under `jax.set_mesh`; else unchanged. Mesh axes of size 1 or that do not divide a
+  dimension are dropped; an axis is used once per array.
+
+  Without it XLA's propagation may pick a layout it cannot leave efficiently and replicate a whole
+  activation (an "involuntary full rematerialization") instead of gathering a layer's weights."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
-    return x_BT
-  batch = tuple(a for a in BATCH_AXES if a in mesh.axis_names and mesh.shape[a] > 1) or None
-  seq = "context" if "context" in mesh.axis_names and mesh.shape["context"] > 1 else None
-  if batch is None and seq is None:
-    return x_BT
-  return jax.lax.with_sharding_constraint(x_BT, P(batch, seq, *([None] * (x_BT.ndim - 2))))
+    return x
+  rules = _activation_rules[-1] if _activation_rules else _default_activation_rules()
+  sizes = {a: mesh.shape.get(a, 1) for a in AXES}
+  spec = _fits(x.shape, logical_spec(tuple(names), rules), sizes)
+  if all(axes is None for axes in spec):
+    return x
+  return jax.lax.with_sharding_constraint(x, spec)
 
 
 class OnMesh:
-  """A jitted function traced (called or lowered) under `jax.set_mesh(mesh)`, so that the
-  model's activation constraints (`constrain_tokens`) see the mesh."""
+  """A jitted function traced (called or lowered) under `jax.set_mesh(mesh)` and the activation
+  rules (`parse_activation_rules`; None = the defaults), so that the model's activation
+  constraints (`constrain`) see both."""
 
-  def __init__(self, jitted, mesh: jax.sharding.Mesh):
+  def __init__(self, jitted, mesh: jax.sharding.Mesh, activation_rules: dict | None = None):
     self.jitted, self.mesh = jitted, mesh
+    self.rules = activation_rules or _default_activation_rules()
+
+  @contextlib.contextmanager
+  def _tracing(self):
+    _activation_rules.append(self.rules)
+    try:
+      with jax.set_mesh(self.mesh):
+        yield
+    finally:
+      _activation_rules.pop()
 
   def __call__(self, *args):
-    with jax.set_mesh(self.mesh):
+    with self._tracing():
       return self.jitted(*args)
 
   def lower(self, *args):
-    with jax.set_mesh(self.mesh):
+    with self._tracing():
       return self.jitted.lower(*args)
 
 
@@ -438,6 +496,7 @@ def validate(mesh_cfg: ml_collections.ConfigDict, data_cfg: ml_collections.Confi
   else:
     sizes = mesh_shape(mesh_cfg, jax.devices() if devices is None else devices)
   parse_rules(mesh_cfg)
+  parse_activation_rules(mesh_cfg)
   context = sizes["context"]
   require(data_cfg.seq_len % context == 0, "mesh.context", context,
           f"must divide data.seq_len={data_cfg.seq_len} (each device holds seq_len / context tokens)",

@@ -53,7 +53,8 @@ def make_train_step(config: ml_collections.ConfigDict, built):
       built.graphdef, built.tx, built.schedule, config.train.seed,
       state_shardings=built.shardings, batch_sharding=sharding.batch_sharding(built.mesh),
       grad_accum_steps=config.train.get("grad_accum_steps", 1),
-      loss_chunk=config.train.get("loss_chunk", 0))
+      loss_chunk=config.train.get("loss_chunk", 0),
+      activation_rules=sharding.parse_activation_rules(config.mesh))
 
 
 def compile_train_step(config: ml_collections.ConfigDict, built):

@@ -111,7 +111,8 @@ def make_sharded_eval_step(config: ml_collections.ConfigDict, built: train_state
   """The eval step with the train state's parameter shardings and the batch's."""
   return train_step_lib.make_eval_step(built.graphdef, params_shardings=built.shardings.params,
                                        batch_sharding=sharding.batch_sharding(built.mesh),
-                                       loss_chunk=config.train.get("loss_chunk", 0))
+                                       loss_chunk=config.train.get("loss_chunk", 0),
+                                       activation_rules=sharding.parse_activation_rules(config.mesh))
 
 
 def compile_only(config: ml_collections.ConfigDict, target: str | None = None,

@@ -79,7 +79,8 @@ def model_nll(model, batch: dict, *, loss_chunk: int = 0, dropout_key=None
 
 
 def make_train_step(graphdef, tx, schedule, seed: int, *, state_shardings=None,
-                    batch_sharding=None, grad_accum_steps: int = 1, loss_chunk: int = 0):
+                    batch_sharding=None, grad_accum_steps: int = 1, loss_chunk: int = 0,
+                    activation_rules: dict | None = None):
   """`train_step(state, batch) -> (state, metrics)`, jitted, the state donated.
 
   With shardings (`train_state.Built.shardings`, `sharding.batch_sharding`) the
@@ -88,7 +89,8 @@ def make_train_step(graphdef, tx, schedule, seed: int, *, state_shardings=None,
   splits the batch into k microbatches (rows j with j % k == i: a device's own
   rows, so no data moves) whose summed NLL and gradients a `lax.scan`
   accumulates: the same loss and gradients as the whole batch in one pass, for
-  the memory of one microbatch.
+  the memory of one microbatch. `activation_rules` (`sharding.parse_activation_rules`;
+  None = the defaults) place the model's activations while it is traced.
   """
 
   def nll_and_weight(params, batch, key):
@@ -135,10 +137,12 @@ def make_train_step(graphdef, tx, schedule, seed: int, *, state_shardings=None,
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   return sharding.OnMesh(jax.jit(train_step, donate_argnums=0,
                                  in_shardings=(state_shardings, batch_sharding),
-                                 out_shardings=(state_shardings, replicated)), mesh)
+                                 out_shardings=(state_shardings, replicated)), mesh,
+                         activation_rules)
 
 
-def make_eval_step(graphdef, *, params_shardings=None, batch_sharding=None, loss_chunk: int = 0):
+def make_eval_step(graphdef, *, params_shardings=None, batch_sharding=None, loss_chunk: int = 0,
+                   activation_rules: dict | None = None):
   """`eval_step(params, batch) -> (summed NLL, summed weights)`, jitted (with the shardings, when
   given, as in shardings)."""
 
@@ -148,4 +152,4 @@ def make_eval_step(graphdef, *, params_shardings=None, batch_sharding=None, loss
   if params_shardings is None:
     return jax.jit(eval_step)
   return sharding.OnMesh(jax.jit(eval_step, in_shardings=(params_shardings, batch_sharding)),
-                         batch_sharding.mesh)
+                         batch_sharding.mesh, activation_rules)

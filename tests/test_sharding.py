@@ -74,6 +74,32 @@ def test_bad_rules_are_named(field, value, message):
     sharding.parse_rules(cfg)
 
 
+@pytest.mark.parametrize("field, value, message", [
+    ("mlp", "tensr", "mesh.activation_rules.mlp='tensr' names an axis the mesh does not have"),
+    ("batch", "data", "mesh.activation_rules.batch=None is where the input batch is placed"),
+    ("hidden", "tensor", "mesh.activation_rules.hidden=None is not an activation axis"),
+])
+def test_bad_activation_rules_are_named(field, value, message):
+  cfg = mesh_cfg()
+  cfg.activation_rules = sharding.default_activation_rules()
+  cfg.activation_rules[field] = value
+  with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+    sharding.validate(cfg, data_cfg(), num_devices=8)
+
+
+def test_activation_rules_place_activations():
+  rules = sharding.parse_activation_rules(mesh_cfg())
+  assert rules["batch"] == ("data", "fsdp") and rules["length"] == ("context",)
+  assert sharding.logical_spec(("batch", "length", "mlp"), rules) == jax.P(("data", "fsdp"), "context", "tensor")
+  mesh = sharding.make_mesh(mesh_cfg(fsdp=4, tensor=2))
+  pin = jax.jit(lambda x: sharding.constrain(x, "batch", "length", "mlp"))
+  with jax.set_mesh(mesh):  # axes of size 1 (data, context) dropped; 5 is not split by tensor=2
+    assert pin(jnp.zeros((8, 16, 6))).sharding.spec == jax.P("fsdp", None, "tensor")
+    assert pin(jnp.zeros((8, 16, 5))).sharding.spec == jax.P("fsdp")  # (trailing Nones dropped)
+  x = jnp.zeros((8, 16))
+  assert sharding.constrain(x, "batch") is x  # no mesh: unchanged
+
+
 def test_divisibility_of_sharded_dimensions_is_checked_before_compile():
   config = load_config("dense")
   config.model.update(num_heads=6, d_model=384)
@@ -306,3 +332,46 @@ def test_resume_on_another_mesh_continues_at_the_same_losses(tiny_config, tmp_pa
     assert loss == pytest.approx(first[step], rel=1e-5), step
   one_device = scoring.evaluate_workdir(resumed)  # restored onto this process's devices
   assert one_device["step"] == 6 and np.isfinite(one_device["loss"])
+
+
+REMATERIALIZATION = "Involuntary full rematerialization"
+
+
+def rematerializations(capfd, lowered) -> list[str]:
+  """XLA's warnings that it replicates a whole array to change its sharding, from compiling
+  `lowered` (the persistent compilation cache off: a cached executable would warn of nothing)."""
+  capfd.readouterr()
+  cache = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    lowered.compile()
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cache)
+  return [line for line in capfd.readouterr().err.splitlines() if REMATERIALIZATION in line]
+
+
+def test_rematerialization_warnings_are_seen(capfd):
+  """The check below can fail: a lookup from an embed-split table re-split along the batch (what
+  the embedding did before its table was gathered) makes XLA replicate the rows."""
+  mesh = sharding.make_mesh(mesh_cfg(data=2, fsdp=2, tensor=2))
+  table = jax.ShapeDtypeStruct((256, 64), jnp.float32,
+                               sharding=jax.NamedSharding(mesh, jax.P("tensor", "fsdp")))
+  ids = jax.ShapeDtypeStruct((8, 256), jnp.int32, sharding=sharding.batch_sharding(mesh))
+  lookup = lambda t, i: jax.lax.with_sharding_constraint(
+      jnp.take(t, i, axis=0), jax.NamedSharding(mesh, jax.P(("data", "fsdp"))))
+  assert rematerializations(capfd, jax.jit(lookup).lower(table, ids))
+
+
+@pytest.mark.parametrize("name,mesh", fast_first(CASES, keep=(
+    CASES.index(("dense", "data2_fsdp2_tensor2")),)))
+def test_no_involuntary_full_rematerialization(name, mesh, capfd):
+  """The train step on the documented meshes compiles without replicating any activation: the
+  residual stream, heads, MLP width and logits are pinned by `mesh.activation_rules`, and the
+  embedding table is gathered before its lookup."""
+  config = small_config(name, **MESHES[mesh])
+  built = train_state.build(config, sharding.make_mesh(config.mesh), abstract=True)
+  state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                       built.state)
+  lowered = step_memory.make_train_step(config, built).lower(
+      state, step_memory.abstract_batch(config, built.mesh))
+  assert not rematerializations(capfd, lowered)

@@ -56,6 +56,7 @@ MixerFactory = Callable[[int, nnx.Rngs], Mixer]
 
 # Stacked (scanned) layers carry a leading `layers` axis in their logical axis names, never sharded.
 LAYERS_AXIS = {nnx.PARTITION_NAME: "layers"}
+TOKENS = ("batch", "length", "embed")  # the residual stream's activation axes (`sharding.constrain`)
 
 REMAT_POLICIES = {
     "block": jax.checkpoint_policies.nothing_saveable,       # keep each block's input only
@@ -211,7 +212,12 @@ class LanguageModel(nnx.Module):
 
   def embed_tokens(self, tokens_BT: jax.Array) -> jax.Array:
     """Scaled token embeddings `[B, T, D]`, float32 (the input of `apply_layers`)."""
-    return self.embed(tokens_BT) * jnp.sqrt(jnp.float32(self.embed.features))
+    # The table's `embed` shards gathered first (as FSDP gathers any layer's weights), so the
+    # lookup is row-parallel: a lookup from an embed-split table gives rows split along D, which
+    # XLA can only re-split along the batch by replicating them.
+    table_VD = sharding.constrain(self.embed.embedding[...], "vocab", None)
+    x_BTD = jnp.take(table_VD, tokens_BT, axis=0) * jnp.sqrt(jnp.float32(self.embed.features))
+    return sharding.constrain(x_BTD, *TOKENS)
 
   def apply_layers(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
                    dropout_key: jax.Array | None = None) -> jax.Array:
@@ -259,7 +265,7 @@ class LanguageModel(nnx.Module):
     if dropout_key is not None and self.dropout_rate > 0:
       embed_key, layers_key = jax.random.split(dropout_key)
       layer_keys = jax.random.split(layers_key, self.num_layers)
-    x_BTD = sharding.constrain_tokens(layers.dropout(x_BTD, self.dropout_rate, embed_key))
+    x_BTD = sharding.constrain(layers.dropout(x_BTD, self.dropout_rate, embed_key), *TOKENS)
     return x_BTD, positions_BT, layer_keys
 
   def logits(self, x_BTD: jax.Array) -> jax.Array:
@@ -268,8 +274,11 @@ class LanguageModel(nnx.Module):
     x_BTD = self.final_norm(x_BTD).astype(self.compute_dtype)
     if self.head is None:
       embedding_VD = self.embed.embedding[...].astype(self.compute_dtype)
-      return precision.einsum_f32("btd,vd->btv", x_BTD, embedding_VD)
-    return precision.einsum_f32("btd,dv->btv", x_BTD, self.head.kernel[...].astype(self.compute_dtype))
+      logits_BTV = precision.einsum_f32("btd,vd->btv", x_BTD, embedding_VD)
+    else:
+      kernel_DV = self.head.kernel[...].astype(self.compute_dtype)
+      logits_BTV = precision.einsum_f32("btd,dv->btv", x_BTD, kernel_DV)
+    return sharding.constrain(logits_BTV, "batch", "length", "vocab")
 
 
 class Decoder(LanguageModel):
@@ -294,7 +303,7 @@ class Decoder(LanguageModel):
                    dropout_key: jax.Array | None = None) -> jax.Array:
     x_BTD, positions_BT, layer_keys = self.prepare_input(x_BTD, positions_BT, dropout_key)
     apply_block = rematerialized(
-        lambda block, x, positions, key: sharding.constrain_tokens(block(x, positions, key)),
+        lambda block, x, positions, key: sharding.constrain(block(x, positions, key), *TOKENS),
         self.remat, in_loop=self.scanned)
     if self.scanned:
       keys = None if layer_keys[0] is None else layer_keys

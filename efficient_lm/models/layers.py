@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from efficient_lm import sharding
 from efficient_lm.ops import core
 from efficient_lm.ops.pattern import Pattern
 
@@ -146,7 +147,8 @@ class Mlp(nnx.Module):
                            kernel_metadata=axes("mlp", "embed"), bias_metadata=axes("embed"))
 
   def __call__(self, x_BTD: jax.Array) -> jax.Array:
-    return self.down(jax.nn.gelu(self.up(x_BTD)))
+    h_BTF = sharding.constrain(self.up(x_BTD), "batch", "length", "mlp")
+    return self.down(jax.nn.gelu(h_BTF))
 
 
 class SelfAttention(nnx.Module):
@@ -180,7 +182,7 @@ class SelfAttention(nnx.Module):
                           kernel_metadata=axes("heads", "embed"))  # input dim H*K, heads-major
 
   def project(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, ...]:
-    qkv_BT3HK = self.qkv(x_BTD)
+    qkv_BT3HK = sharding.constrain(self.qkv(x_BTD), "batch", "length", None, "heads", "kv")
     q_BTHK, k_BTHK, v_BTHK = (qkv_BT3HK[:, :, i] for i in range(3))
     if self.use_rope:
       q_BTHK = rope(q_BTHK, positions_BT, self.rope_base)
@@ -198,7 +200,8 @@ class SelfAttention(nnx.Module):
   def _heads(self, x_BTD: jax.Array, part: slice) -> jax.Array:
     """The projection's outputs `part` (of q, k, v) only: `[B, T, parts, H, K]`."""
     kernel_DnHK = self.qkv.kernel[...][:, part].astype(self.qkv.dtype or x_BTD.dtype)
-    return jnp.einsum("btd,dnhk->btnhk", x_BTD.astype(kernel_DnHK.dtype), kernel_DnHK)
+    x_BTnHK = jnp.einsum("btd,dnhk->btnhk", x_BTD.astype(kernel_DnHK.dtype), kernel_DnHK)
+    return sharding.constrain(x_BTnHK, "batch", "length", None, "heads", "kv")
 
   def queries(self, x_BTD: jax.Array, positions_BT: jax.Array) -> jax.Array:
     q_BTHK = self._heads(x_BTD, slice(0, 1))[:, :, 0]
