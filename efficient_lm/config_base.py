@@ -111,3 +111,26 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   # sequence dimensions go where the batch is placed): see sharding.constrain.
   mesh.activation_rules = sharding.default_activation_rules()
   return config
+
+
+def _fill(target: ml_collections.ConfigDict, source: ml_collections.ConfigDict) -> None:
+  for key, value in source.items():
+    if key not in target:
+      target[key] = value.copy_and_resolve_references() if isinstance(
+          value, ml_collections.ConfigDict) else value
+    elif isinstance(value, ml_collections.ConfigDict) and isinstance(
+        target[key], ml_collections.ConfigDict):
+      _fill(target[key], value)
+
+
+def fill_defaults(config: ml_collections.ConfigDict, section: str | None = None
+                  ) -> ml_collections.ConfigDict:
+  """Every field of `base_config` the config lacks, filled in place with its default (a
+  `config.json` written before the field existed, a hand-written config), so the library reads
+  fields, never restates a default. `section` ('model', ...): `config` is that section alone
+  (its `name` is the model's, for the model section). Returns `config`."""
+  name = config.name if section == "model" else config.model.name
+  base = base_config(name)
+  with config.unlocked():
+    _fill(config, base[section] if section else base)
+  return config

@@ -47,7 +47,7 @@ def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
   """The rate for each step: `train.schedule` over `train.num_steps` steps."""
   peak, warmup, total = t.learning_rate, t.warmup_steps, max(t.num_steps, t.warmup_steps + 1)
   end = END_FRACTION * peak
-  name = t.get("schedule", "cosine")
+  name = t.schedule
   if name == "cosine":
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=peak, warmup_steps=warmup, decay_steps=total, end_value=end)

@@ -446,7 +446,7 @@ def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str |
   result = score_stream(model, tokens, context=context, stride=stride, batch_size=batch_size,
                         num_bytes=num_bytes, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
                         per_position=per_position, mesh=mesh, seq_len=seq_len,
-                        loss_chunk=config.train.get("loss_chunk", 0),
+                        loss_chunk=config.train.loss_chunk,
                         ablate_context=ablate_context or 0)
   where = {"text_file": os.path.abspath(text_file)} if text_file is not None else {"split": name}
   result = {"model": config.model.name, "step": int(step), **where, **result,
@@ -469,7 +469,7 @@ def _evaluate_recall(workdir: str, model, config, step: int, split: str | None,
   devices = mesh.shape["fsdp"]
   batch_size = -(-(batch_size or config.data.batch_size) // devices) * devices
   result = score_recall(model, corpus, split, batch_size=batch_size, mesh=mesh,
-                        loss_chunk=config.train.get("loss_chunk", 0), per_query=per_query)
+                        loss_chunk=config.train.loss_chunk, per_query=per_query)
   return {"model": config.model.name, "step": int(step), "split": split, **result,
           "devices": devices, "dataset": config.data.dataset}
 

@@ -52,8 +52,8 @@ def make_train_step(config: ml_collections.ConfigDict, built):
   return train_step_lib.make_train_step(
       built.graphdef, built.tx, built.schedule, config.train.seed,
       state_shardings=built.shardings, batch_sharding=sharding.batch_sharding(built.mesh),
-      grad_accum_steps=config.train.get("grad_accum_steps", 1),
-      loss_chunk=config.train.get("loss_chunk", 0),
+      grad_accum_steps=config.train.grad_accum_steps,
+      loss_chunk=config.train.loss_chunk,
       activation_rules=sharding.parse_activation_rules(config.mesh))
 
 
@@ -132,7 +132,7 @@ def report(compiled, config: ml_collections.ConfigDict, built, target=None) -> d
       "seq_len": int(config.data.seq_len), "batch_size": int(config.data.batch_size),
       "num_devices": int(built.mesh.size), "mesh": dict(built.mesh.shape),
       "model": config.model.name,
-      "attention_impl": config.model.get("attention_impl", "auto"),
+      "attention_impl": config.model.attention_impl,
       "attention_backend": models.attention_backend_name(config.model, platform),
       "platform": platform,
       "target": target.spec if target is not None else None,

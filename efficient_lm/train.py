@@ -111,7 +111,7 @@ def make_sharded_eval_step(config: ml_collections.ConfigDict, built: train_state
   """The eval step with the train state's parameter shardings and the batch's."""
   return train_step_lib.make_eval_step(built.graphdef, params_shardings=built.shardings.params,
                                        batch_sharding=sharding.batch_sharding(built.mesh),
-                                       loss_chunk=config.train.get("loss_chunk", 0),
+                                       loss_chunk=config.train.loss_chunk,
                                        activation_rules=sharding.parse_activation_rules(config.mesh))
 
 
@@ -178,7 +178,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     config_check.validate(config)
     abstract, compiled = _compiled_step(config, mesh)
   _warn_if_epochs_repeat(config, corpus)
-  wd.check_data(corpus.identity, allow_new_data=t.get("allow_new_data", False))
+  wd.check_data(corpus.identity, allow_new_data=t.allow_new_data)
   meta = workdir_lib.model_meta(config, abstract.state.params)
   saved_meta = {}
 
@@ -331,7 +331,7 @@ def train_steps(run: Run) -> tuple[dict[str, float], dict | None]:
         final = done == t.num_steps  # the final evaluation scores the whole split
         eval_metrics = evaluate(eval_step, run.state.params, run.corpus, t.eval_split,
                                 run.config.data.batch_size, run.mesh, run.layout,
-                                max_tokens=0 if final else t.get("eval_tokens", 0), rows=run.rows)
+                                max_tokens=0 if final else t.eval_tokens, rows=run.rows)
         run.writer.write(done, eval_metrics)
         log.info("eval at step %d: loss %.4f  perplexity %.2f  bits/byte %.4f", done,
                  eval_metrics["eval_loss"], eval_metrics["eval_perplexity"],
@@ -371,7 +371,7 @@ def report(run: Run, eval_metrics: dict[str, float], seconds: float) -> dict:
 
 def use_compilation_cache(config: ml_collections.ConfigDict) -> None:
   """jax's persistent compilation cache in `train.compilation_cache_dir` ('' = off)."""
-  folder = config.train.get("compilation_cache_dir", "")
+  folder = config.train.compilation_cache_dir
   if folder:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
@@ -379,7 +379,7 @@ def use_compilation_cache(config: ml_collections.ConfigDict) -> None:
 
 def profile_range(config: ml_collections.ConfigDict) -> tuple[int, int] | None:
   """(first, last) step of `train.profile_steps` ('START:END'), or None."""
-  spec = config.train.get("profile_steps", "")
+  spec = config.train.profile_steps
   if not spec:
     return None
   first, _, last = str(spec).partition(":")

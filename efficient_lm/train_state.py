@@ -78,7 +78,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
 
   graphdef = nnx.graphdef(nnx.eval_shape(make_model))
   shapes = jax.eval_shape(init)
-  zero1 = "data" if config.mesh.get("shard_optimizer_over_data", False) else None
+  zero1 = "data" if config.mesh.shard_optimizer_over_data else None
   shardings = TrainState(
       step=sharding.replicated(mesh),
       params=sharding.tree_shardings(shapes.params, mesh, rules),

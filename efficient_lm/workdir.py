@@ -24,6 +24,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from efficient_lm import config_base
 from efficient_lm.data import archives
 
 log = logging.getLogger(__name__)
@@ -83,10 +84,11 @@ class Workdir:
   # Reading.
 
   def saved_config(self) -> ml_collections.ConfigDict | None:
+    """The run's config, with the fields added since it was written at their defaults."""
     if not os.path.isfile(self.file(CONFIG)):
       return None
     with open(self.file(CONFIG), encoding="utf-8") as f:
-      return ml_collections.ConfigDict(json.load(f))
+      return config_base.fill_defaults(ml_collections.ConfigDict(json.load(f)))
 
   def saved_identity(self) -> dict | None:
     if not os.path.isfile(self.file(DATA)):

@@ -6,7 +6,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from conftest import fast_first
+from conftest import fast_first, load_config
 from flax import nnx
 
 from efficient_lm import models
@@ -28,10 +28,17 @@ FAMILY_FIELDS = {
 }
 
 
+# The config file (and preset) each model's defaults come from.
+CONFIG_OF = {"honly": ("bcmt", "honly"), "double_attention": ("perceiver_ar", "double"),
+             "compressed_double_attention": ("perceiver_ar", "compressed"),
+             "ssplit_double_attention": ("perceiver_ar", "ssplit")}
+
+
 def tiny_model_config(name: str = "dense", **overrides) -> ml_collections.ConfigDict:
-  cfg = ml_collections.ConfigDict(dict(
-      name=name, vocab_size=64, seq_len=32, d_model=32, num_layers=2, num_heads=4, mlp_ratio=2,
-      dropout=0.0, position="rope", rope_base=10000.0, tie_embeddings=True, dtype="float32"))
+  """The model section of the model's file in configs/, at tiny sizes (FAMILY_FIELDS)."""
+  cfg = load_config(*CONFIG_OF.get(name, (name,))).model.copy_and_resolve_references()
+  assert cfg.name == name, (name, cfg.name)
+  cfg.update(dict(vocab_size=64, seq_len=32, d_model=32, num_layers=2, num_heads=4, mlp_ratio=2))
   cfg.update(FAMILY_FIELDS.get(name, {}))
   cfg.update(overrides)
   return cfg
@@ -112,4 +119,6 @@ def test_dropout_is_keyed():
 ])
 def test_validation_names_the_field(overrides, field):
   with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-    models.create(tiny_model_config(**overrides), rngs=nnx.Rngs(0))
+    cfg = tiny_model_config()
+    cfg.update(overrides)
+    models.create(cfg, rngs=nnx.Rngs(0))

@@ -18,6 +18,7 @@ from efficient_lm.models import dense
 from efficient_lm.models import ecp
 from efficient_lm.models import perceiver_ar
 from efficient_lm.models import pi_attention
+from efficient_lm import config_base
 from efficient_lm import targets
 from efficient_lm.ops import op_set
 from efficient_lm.ops.core import backends
@@ -90,9 +91,11 @@ REGISTRY: dict[str, ModelEntry] = {
 
 def validate(cfg: ml_collections.ConfigDict, platform: str | None = None) -> None:
   """Checks the fields every model shares, then the model's own, then that the attention backend
-  runs its patterns on `platform` (default: jax's backend); raises ConfigError."""
+  runs its patterns on `platform` (default: jax's backend); raises ConfigError. Fields the model
+  section lacks are filled with their defaults first (`config_base.fill_defaults`)."""
   require(cfg.name in REGISTRY, "model.name", cfg.name, "is not a known model",
           f"use one of {', '.join(sorted(REGISTRY))}")
+  config_base.fill_defaults(cfg, "model")
   for field in ("vocab_size", "seq_len", "d_model", "num_layers", "num_heads", "mlp_ratio"):
     require_positive_int(f"model.{field}", cfg[field])
   require(cfg.d_model % cfg.num_heads == 0, "model.d_model", cfg.d_model,
@@ -108,11 +111,11 @@ def validate(cfg: ml_collections.ConfigDict, platform: str | None = None) -> Non
           "is not a known position encoding", "use 'rope' or 'learned'")
   require(cfg.dtype in ("float32", "bfloat16"), "model.dtype", cfg.dtype,
           "is not a supported compute dtype", "use 'float32' (CPU) or 'bfloat16' (accelerators)")
-  remat = cfg.get("remat", "none")
+  remat = cfg.remat
   require(remat in ("none", *decoder.REMAT_POLICIES), "model.remat", remat,
           "is not a rematerialization policy",
           "use 'none', 'block' (keep only block inputs) or 'dots' (also keep matmul outputs)")
-  seq_chunk = cfg.get("seq_chunk", 0)
+  seq_chunk = cfg.seq_chunk
   require(isinstance(seq_chunk, int) and not isinstance(seq_chunk, bool) and seq_chunk >= 0,
           "model.seq_chunk", seq_chunk, "must be an integer >= 0 (0 = the whole window at once)",
           "set model.seq_chunk to e.g. 8192, or 0")
@@ -124,8 +127,7 @@ def validate(cfg: ml_collections.ConfigDict, platform: str | None = None) -> Non
 
 def validate_attention_impl(cfg: ml_collections.ConfigDict, platform: str) -> None:
   """`model.attention_impl` (and `kernel_interpret`) against the platform and the model's patterns."""
-  impl = cfg.get("attention_impl", "auto")
-  interpret = cfg.get("kernel_interpret", False)
+  impl, interpret = cfg.attention_impl, cfg.kernel_interpret
   known = (*backends.IMPLS, *backends.ALIASES)
   require(impl in known, "model.attention_impl", impl, "is not a known attention backend",
           f"use one of {', '.join(backends.IMPLS)}")
@@ -154,15 +156,15 @@ def _validate_seq_chunk(cfg: ml_collections.ConfigDict, seq_chunk: int) -> None:
 
 def attention_backend_name(cfg: ml_collections.ConfigDict, platform: str) -> str:
   """The backend `model.attention_impl` means on `platform` (`auto` resolved)."""
-  return backends.resolve(cfg.get("attention_impl", "auto"), platform)
+  return backends.resolve(cfg.attention_impl, platform)
 
 
 def validate_context(cfg: ml_collections.ConfigDict, context: int) -> None:
   """The model against `context` devices along the sequence (`mesh.context`); raises ConfigError."""
   if context == 1:
     return
-  require(not cfg.get("seq_chunk", 0) or cfg.get("seq_chunk", 0) >= cfg.seq_len, "model.seq_chunk",
-          cfg.get("seq_chunk", 0), f"is not combined with mesh.context={context} (the ring ops "
+  require(not cfg.seq_chunk or cfg.seq_chunk >= cfg.seq_len, "model.seq_chunk",
+          cfg.seq_chunk, f"is not combined with mesh.context={context} (the ring ops "
           "already split the sequence over devices)", "set model.seq_chunk=0, or mesh.context=1")
   entry = REGISTRY[cfg.name]
   parallel = sorted(name for name, e in REGISTRY.items() if e.context_parallel)
@@ -191,6 +193,20 @@ def sequence_layout(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | No
   return REGISTRY[cfg.name].layout if op_set.context_size(mesh) > 1 else "natural"
 
 
+_VALIDATED: set[tuple[str, str, int]] = set()  # (model section, platform, context) seen valid
+
+
+def _validate_once(cfg: ml_collections.ConfigDict, platform: str, context: int) -> None:
+  """`validate` and `validate_context`, once per distinct model section (a run builds its model
+  several times: shapes, the train state, the evaluator, the sampler)."""
+  config_base.fill_defaults(cfg, "model")
+  key = (cfg.to_json_best_effort(sort_keys=True), platform, context)
+  if key not in _VALIDATED:
+    validate(cfg, platform)
+    validate_context(cfg, context)
+    _VALIDATED.add(key)
+
+
 def create(cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs, mesh: jax.sharding.Mesh | None = None,
            platform: str | None = None) -> nnx.Module:
   """Builds the model `cfg.name`; its `__call__(tokens_BT)` returns logits `[B, T', V]`.
@@ -207,12 +223,10 @@ def create(cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs, mesh: jax.sharding
   """
   if platform is None:
     platform = targets.platform_of(list(mesh.devices.flat) if mesh is not None else jax.devices())
-  validate(cfg, platform)
-  validate_context(cfg, op_set.context_size(mesh))
+  _validate_once(cfg, platform, op_set.context_size(mesh))
   entry = REGISTRY[cfg.name]
   ops = op_set.for_mesh(mesh, layout=sequence_layout(cfg, mesh),
-                        impl=attention_backend_name(cfg, platform),
-                        interpret=cfg.get("kernel_interpret", False))
+                        impl=attention_backend_name(cfg, platform), interpret=cfg.kernel_interpret)
   if entry.build is not None:
     return entry.build(cfg, rngs, ops=ops)
   return decoder.Decoder(cfg, lambda layer, rngs: entry.make_mixer(cfg, layer, rngs, ops=ops),

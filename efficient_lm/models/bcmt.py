@@ -243,7 +243,7 @@ class Bcmt(nnx.Module):
 def _mixer(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs, *, use_memory: bool,
            ops: op_set.OpSet) -> Bcmt:
   return Bcmt(cfg.d_model, cfg.num_heads, block_size=cfg.block_size,
-              alpha=cfg.get("alpha", 0.8), use_memory=use_memory,
+              alpha=cfg.alpha, use_memory=use_memory,
               use_rope=cfg.position == "rope", rope_base=cfg.rope_base,
               dtype=layers.dtype_of(cfg.dtype), rngs=rngs, ops=ops)
 

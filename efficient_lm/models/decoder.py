@@ -85,7 +85,7 @@ class Block(nnx.Module):
   def __init__(self, cfg: ml_collections.ConfigDict, mixer: nnx.Module, *, rngs: nnx.Rngs):
     dtype = layers.dtype_of(cfg.dtype)
     self.dropout_rate = cfg.dropout
-    self.seq_chunk = cfg.get("seq_chunk", 0)
+    self.seq_chunk = cfg.seq_chunk
     self.mixer_norm = layers.rms_norm(cfg.d_model, dtype=dtype, rngs=rngs)
     self.mixer = mixer
     self.mlp_norm = layers.rms_norm(cfg.d_model, dtype=dtype, rngs=rngs)
@@ -288,7 +288,7 @@ class Decoder(LanguageModel):
                identical_layers: bool, rngs: nnx.Rngs):
     super().__init__(cfg, rngs)
     self.scanned = identical_layers
-    self.remat = cfg.get("remat", "none")
+    self.remat = cfg.remat
     if identical_layers:
       @nnx.split_rngs(splits=cfg.num_layers)
       @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata=LAYERS_AXIS)

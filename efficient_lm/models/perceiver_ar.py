@@ -90,7 +90,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
   history = cfg.seq_len - cfg.num_latents
   variant = VARIANTS[cfg.name]
   if variant.compress:
-    op = cfg.get("compression_op", "learned")
+    op = cfg.compression_op
     require(op in COMPRESSION_OPS, "model.compression_op", op, "is not a known compression",
             "use 'learned' (the paper's map over the whole history, O(T^2) parameters) or "
             "'strided' (one weight per position of each group, O(compression * d_model))")
@@ -191,7 +191,7 @@ class PerceiverAR(decoder.LanguageModel):
     history = cfg.seq_len - cfg.num_latents
     self.compression = cfg.compression if variant.compress else 1
     self.history = history
-    self.compression_op = cfg.get("compression_op", "learned")
+    self.compression_op = cfg.compression_op
     self.compress = nnx.data(None)
     if variant.compress and history > 0:  # initialized to mean pooling of consecutive tokens
       if self.compression_op == "learned":
