@@ -265,7 +265,7 @@ def paired_t_rule(a_by_seed: Mapping[int, float], b_by_seed: Mapping[int, float]
 
 
 def spread_rule(a_by_seed: Mapping[int, float], b_by_seed: Mapping[int, float]) -> str:
-  """The old rule (experiments/paper_tables.py `verdict`, two seeds or more a side), on losses:
+  """The old rule (experiments/paper_tables/render.py `verdict`, two seeds or more a side), on losses:
   gap = mean(B) - mean(A); confirmed when gap > the larger min-max seed spread of the two rows,
   refuted when gap < -that spread. Unpaired."""
   a, b = list(a_by_seed.values()), list(b_by_seed.values())

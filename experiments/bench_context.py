@@ -25,7 +25,7 @@ the previous T, quadratic for dense) or whose compiled step needs more than
 80% of the memory available is skipped and says so. The ratio of
 each model's tokens/s to dense flash's and dense reference's at the same T
 goes to `speed_ratios`. While timing, a pause file (`--pause_file`) is
-created so that background experiments that honour it (`paper_tables.py
+created so that background experiments that honour it (`paper_tables`
 --pause_file`) stop for the measurement.
 
 `--target=<platform>:<device>:<topology>` (`main --compile_only --target`)

@@ -221,28 +221,28 @@ def test_paper_tables_score_ecp_on_the_perceiver_positions(tmp_path, shakespeare
 
 
 def test_paper_tables_queue_and_row_keys():
-  from experiments import paper_tables as pt
-  order = pt.queue(["bcmt", "pi"])
+  from experiments.paper_tables import plots, render, specs  # pylint: disable=import-outside-toplevel
+  order = specs.queue(["bcmt", "pi"])
   assert len(order) == len(set(order)) == 16
   assert [k for _, k in order[:7]] == ["dense@0", "bcmt:256@0", "bcmt:honly256@0", "dense@0",
                                        "sliding_window@0", "pi_attention@0", "pi_attention:doubling@0"]
   assert all(k.endswith("@1") for _, k in order[7:14]) and order[14:] == [("bcmt", "bcmt:128@0"),
                                                                          ("bcmt", "bcmt:honly128@0")]
-  over = pt.row_overrides("pi", "pi_attention:doubling@1", 665, [])
+  over = specs.row_overrides("pi", "pi_attention:doubling@1", 665, [])
   assert over["train.seed"] == "1" and over["model.period"] == "64" and over["train.warmup_steps"] == "66"
-  assert "model.window" not in pt.row_overrides("pi", "dense@0", 665, [])
-  assert pt.config_arg("bcmt:honly256@1") == "configs/bcmt.py:honly256"
-  assert pt.seed_stats([1.0, 2.0]) == "1.5000 (1.0000-2.0000)" and pt.seed_stats([1.0]) == "1.0000"
+  assert "model.window" not in specs.row_overrides("pi", "dense@0", 665, [])
+  assert specs.config_arg("bcmt:honly256@1") == "configs/bcmt.py:honly256"
+  assert render.seed_stats([1.0, 2.0]) == "1.5000 (1.0000-2.0000)" and render.seed_stats([1.0]) == "1.0000"
   curve = {"loss": [3.0, 2.0, None, 1.0], "count": [1, 3, 0, 2]}
-  assert pt.band_loss(curve, 0, 2) == pytest.approx(9 / 4) and pt.band_loss(curve, 2, 4) == 1.0
-  assert pt.position_bins(8)[0] == (0, 1) and pt.position_bins(8)[-1][1] == 8
+  assert render.band_loss(curve, 0, 2) == pytest.approx(9 / 4) and render.band_loss(curve, 2, 4) == 1.0
+  assert plots.position_bins(8)[0] == (0, 1) and plots.position_bins(8)[-1][1] == 8
   # The decision rule: a paired t over the seeds both rows have (efficient_lm.stats).
-  gap, detail, decided = pt.verdict({0: 1.0, 1: 1.1}, {0: 1.30, 1: 1.41})
+  gap, detail, decided = render.verdict({0: 1.0, 1: 1.1}, {0: 1.30, 1: 1.41})
   assert gap == pytest.approx(0.305) and decided == "**confirmed**" and detail.startswith("p=0.010")
-  assert pt.verdict({0: 1.30, 1: 1.41}, {0: 1.0, 1: 1.1})[2] == "**refuted**"
+  assert render.verdict({0: 1.30, 1: 1.41}, {0: 1.0, 1: 1.1})[2] == "**refuted**"
   # Two seeds that disagree on the size of the gap decide nothing (t has one degree of freedom).
-  assert pt.verdict({0: 1.0, 1: 1.1}, {0: 1.3, 1: 1.15})[2] == "not decided"
-  assert pt.verdict({0: 1.2}, {0: 1.0, 1: 1.02})[2] == "not decided (one seed)"
+  assert render.verdict({0: 1.0, 1: 1.1}, {0: 1.3, 1: 1.15})[2] == "not decided"
+  assert render.verdict({0: 1.2}, {0: 1.0, 1: 1.02})[2] == "not decided (one seed)"
 
 
 def test_paper_tables_refuses_unknown_rows(tmp_path):

@@ -1,0 +1,178 @@
+"""Markdown from the rows: a table per comparison and its claims, each judged by a paired test."""
+
+import os
+import statistics
+
+from efficient_lm import stats
+from experiments.paper_tables.specs import TABLES, split_key
+
+
+def seed_stats(values: list[float]) -> str:
+  """'4.4321' for one value; '4.4321 (4.4300-4.4342)': mean (min-max) for several ('to' between
+  negative ones)."""
+  if len(values) == 1:
+    return f"{values[0]:.4f}"
+  dash = "-" if min(values) >= 0 else " to "
+  return f"{statistics.fmean(values):.4f} ({min(values):.4f}{dash}{max(values):.4f})"
+
+
+def curve_of(row_positions: dict) -> dict:
+  """The row's per-position curve: pooled over the offsets where scored so, else offset 0's."""
+  return row_positions.get("pooled") or row_positions["windows"]
+
+
+def ranges_loss(per_position: dict, ranges) -> float:
+  """Mean loss (weighted by scored tokens) over the positions of the (lo, hi) ranges."""
+  loss, count = per_position["loss"], per_position["count"]
+  where = [p for lo, hi in ranges for p in range(lo, min(hi, len(loss))) if count[p]]
+  n = sum(count[p] for p in where)
+  return sum(loss[p] * count[p] for p in where) / n if n else float("nan")
+
+
+def band_loss(per_position: dict, lo: int, hi: int) -> float:
+  return ranges_loss(per_position, ((lo, hi),))
+
+
+def grouped(rows: dict, table: str) -> list[tuple[str, list[dict]]]:
+  """(config key, its rows by seed) in the table's order, then any others."""
+  by_key: dict[str, list[dict]] = {}
+  for key in sorted(rows, key=lambda k: split_key(k)[1]):
+    if "config_key" in rows[key]:
+      by_key.setdefault(rows[key]["config_key"], []).append(rows[key])
+  order = [k for k, _ in TABLES[table]["rows"] if k in by_key] + sorted(set(by_key) - {k for k, _ in
+                                                                                      TABLES[table]["rows"]})
+  return [(k, by_key[k]) for k in order]
+
+
+def render_table(table: str, entry: dict, positions: dict) -> str:
+  """Markdown for one table: a line per config key with the mean (min-max) over its seeds."""
+  rows = entry.get("rows", {})
+  groups = [(k, [r for r in rs if "scores" in r]) for k, rs in grouped(rows, table)]
+  groups = [(k, rs) for k, rs in groups if rs]
+  if not groups:
+    return "(no rows yet: `python -m experiments.paper_tables --tables=%s`)" % table
+  bench = entry.get("bench", {}).get("rows", {})
+  spec = TABLES[table]
+  if spec["scoring"] == "per_position":
+    bands = spec["bands"]
+    head = (["model", "seeds", "val loss", "bits/byte"] + [f"loss at positions {lo}-{hi - 1}" for lo, hi in bands])
+  else:
+    head = ["model", "seeds", "training eval loss (own positions)",
+            f"last {spec['settings']['model.num_latents']} of each window: loss", "bits/byte",
+            "every position: loss", "bits/byte"]
+  head += ["compiled temp MiB", "GFLOP/step", "params", "tokens/s (side by side)", "min/row", "load"]
+  lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+  for config_key, rs in groups:
+    seeds = ",".join(str(r["seed"]) for r in rs)
+    cells = [f"`{config_key}`", seeds]
+    if spec["scoring"] == "per_position":
+      cells += [seed_stats([r["eval_loss"] for r in rs]), seed_stats([r["eval_bits_per_byte"] for r in rs])]
+      for lo, hi in bands:
+        cells.append(seed_stats([band_loss(curve_of(positions[r["key"]]), lo, hi) for r in rs
+                                 if r["key"] in positions]) if all(r["key"] in positions for r in rs) else "")
+    else:
+      cells.append(seed_stats([r["eval_loss"] for r in rs]))
+      cells += [seed_stats([r["scores"]["last_latents"]["loss"] for r in rs]),
+                seed_stats([r["scores"]["last_latents"]["bits_per_byte"] for r in rs])]
+      if all("every" in r["scores"] for r in rs):
+        cells += [seed_stats([r["scores"]["every"]["loss"] for r in rs]),
+                  seed_stats([r["scores"]["every"]["bits_per_byte"] for r in rs])]
+      else:
+        cells += ["(latents only)", ""]
+    r0 = rs[0]
+    b = bench.get(config_key)
+    cells += [f"{r0['compiled_temp_mib']:,.1f}", f"{r0['step_gflop']:,.1f}", f"{r0['params']:,}",
+              f"{b['tokens_per_sec']:,.0f}" if b else "",
+              f"{statistics.fmean(r['seconds'] for r in rs) / 60:.0f}",
+              f"{statistics.fmean(r['load_mean'] for r in rs):.1f}"]
+    lines.append("| " + " | ".join(cells) + " |")
+  steps = {r["steps"] for _, rs in groups for r in rs}
+  settings = ", ".join(f"{k}={v}" for k, v in spec["settings"].items())
+  extra = "".join(f"; `{k}`: " + ", ".join(f"{f}={v}" for f, v in s.items())
+                  for k, s in spec["row_settings"].items())
+  lines.append("")
+  lines.append(f"Steps: {', '.join(map(str, sorted(steps)))}. Shared settings: {settings}{extra}. "
+               "Two-seed cells: mean (min-max)."
+               + (" Position columns: the per-position validation loss of non-overlapping windows, "
+                  "pooled over the windows starting at 0, 1/4, 1/2 and 3/4 of the context into the "
+                  "split." if spec["scoring"] == "per_position" else "")
+               + " Each row's exact command, seed, wall clock and load are in "
+               "`experiments/results/paper_tables.json`.")
+  if entry.get("bench"):
+    lines.append(f"Side-by-side tokens/s: `{entry['bench']['command']}` (median of "
+                 f"{entry['bench']['repeats']} steps, uptime before: {entry['bench']['uptime_before']}).")
+  return "\n".join(lines)
+
+
+def metric_values(rows: list[dict], metric: tuple, positions: dict) -> list[float] | None:
+  """One value per seed row: ('eval',) the training eval's loss; ('latents',) the last-Z score;
+  ('band', lo, hi) the per-position loss over positions lo..hi-1; ('gain', far, near) the loss over
+  the `far` position ranges minus over the `near` ones. None while a row lacks its curve."""
+  if metric[0] == "eval":
+    return [r["eval_loss"] for r in rows]
+  if metric[0] == "latents":
+    return [r["scores"]["last_latents"]["loss"] for r in rows]
+  if not all(r["key"] in positions for r in rows):
+    return None
+  curves = [curve_of(positions[r["key"]]) for r in rows]
+  if metric[0] == "band":
+    return [band_loss(c, metric[1], metric[2]) for c in curves]
+  return [ranges_loss(c, metric[1]) - ranges_loss(c, metric[2]) for c in curves]
+
+
+def verdict(better: dict[int, float], worse: dict[int, float]) -> tuple[float, str, str]:
+  """(gap = mean over paired seeds of worse - better, its p-value and 95% interval, the verdict),
+  by the rule of `efficient_lm.stats` (written before the runs): a paired t-test over the seeds
+  both rows have (`train.seed` fixes the data order: same-seed runs are pairs); confirmed when
+  p < 0.05 and the interval lies above 0, refuted when below; a one-seed side is not decided. Its
+  false-positive rate is 5% (the old "gap > the larger seed spread" rule's was about 22%)."""
+  test = stats.paired_t_test(better, worse)  # lower is better: positive = `better` ahead
+  decision = stats.decide("", test)
+  if test.n < 2:
+    return test.difference, "one seed: not tested", "not decided (one seed)"
+  detail = f"p={test.p_value:.3f}, [{test.ci_low:+.4f}, {test.ci_high:+.4f}]"
+  return test.difference, detail, (f"**{decision.verdict}**" if decision.verdict in (
+      stats.CONFIRMED, stats.REFUTED) else decision.verdict)
+
+
+def render_claims(table: str, entry: dict, positions: dict) -> str:
+  """The table's claims, each judged by `verdict` on the rows there are."""
+  groups = {k: [r for r in rs if "scores" in r] for k, rs in grouped(entry.get("rows", {}), table)}
+  lines = ["| claim (lower loss is ahead) | the paper | ours (mean, min-max over seeds) | gap | "
+           "paired t over seeds (p, 95% interval) | verdict |", "| --- | --- | --- | --- | --- | --- |"]
+  for text, better, worse, metric, paper in TABLES[table].get("claims", []):
+    a, b = groups.get(better), groups.get(worse)
+    va = metric_values(a, metric, positions) if a else None
+    vb = metric_values(b, metric, positions) if b else None
+    if va is None or vb is None:
+      lines.append(f"| {text} | {paper} | (rows not run yet) | | | |")
+      continue
+    by_seed = lambda rows, values: {r["seed"]: v for r, v in zip(rows, values)}
+    gap, detail, decided = verdict(by_seed(a, va), by_seed(b, vb))
+    lines.append(f"| {text} | {paper} | `{better}` {seed_stats(va)} vs `{worse}` {seed_stats(vb)} | "
+                 f"{gap:+.4f} | {detail} | {decided} |")
+  return "\n".join(lines)
+
+
+
+def render_readme(results: dict, positions: dict, readme: str) -> None:
+  """Replaces the text between `<!-- paper_tables:T -->` and `<!-- /paper_tables:T -->`."""
+  if not os.path.exists(readme):
+    return
+  with open(readme) as f:
+    text = f.read()
+  for table in TABLES:
+    begin, end = f"<!-- paper_tables:{table} -->", f"<!-- /paper_tables:{table} -->"
+    if begin in text and end in text:
+      head, rest = text.split(begin, 1)
+      _, tail = rest.split(end, 1)
+      body = render_table(table, results["tables"].get(table, {}), positions.get(table, {}))
+      text = f"{head}{begin}\n{body}\n{end}{tail}"
+    begin, end = f"<!-- paper_tables:{table}_claims -->", f"<!-- /paper_tables:{table}_claims -->"
+    if begin in text and end in text:
+      head, rest = text.split(begin, 1)
+      _, tail = rest.split(end, 1)
+      body = render_claims(table, results["tables"].get(table, {}), positions.get(table, {}))
+      text = f"{head}{begin}\n{body}\n{end}{tail}"
+  with open(readme, "w") as f:
+    f.write(text)

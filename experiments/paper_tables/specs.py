@@ -1,0 +1,191 @@
+"""The tables: their shared settings, rows (config key, seeds), claims, and each row's command."""
+
+import os
+import shlex
+import sys
+
+from experiments.common import REPO, load_config
+
+# Claims measured on the per-position curve, ('gain', far ranges, near ranges): a row's loss over
+# the far positions minus its loss over the near ones; compared between two models on the same
+# tokens, what the token mix adds to both cancels. BCMT: the first 8 positions of blocks 2-4
+# (256-263, 512-519, 768-775), where HOnly has no context and BCMT its memory, against those of
+# block 1. π: positions 512-2047, past the 4-layer sliding window's reach (4 x 127 = 508
+# tokens), against 128-511.
+BLOCK_STARTS = (((256, 264), (512, 520), (768, 776)), ((0, 8),))
+PAST_REACH = (((512, 2048),), ((128, 512),))
+
+# Shared settings per table (`section.field` -> value, applied to every row whose config has the
+# field), the rows as (config key, seeds), per-row settings, and how rows are scored:
+# 'per_position' (every position of non-overlapping seq_len windows, loss per position) or
+# 'latents' (the last num_latents targets of each window, every token once, for every model; and
+# every position for the models that predict them all).
+TABLES = {
+    "bcmt": {
+        "title": "BCMT paper: dense vs BCMT vs HOnly (the ablation) at blocks 256 and 128",
+        "settings": {"data.seq_len": 1024, "data.batch_size": 2, "model.d_model": 128,
+                     "model.num_layers": 6, "model.num_heads": 4},
+        "rows": [("dense", (0, 1)), ("bcmt:256", (0, 1)), ("bcmt:honly256", (0, 1)),
+                 ("bcmt:128", (0,)), ("bcmt:honly128", (0,))],
+        "row_settings": {},
+        "scoring": "per_position",
+        "bands": [(0, 256), (256, 512), (512, 1024)],
+        "baseline": "bcmt:honly256",
+        "marks": {"block 256 boundaries": (256, 512, 768)},
+        "diff_bin": 8,
+        "claims": [
+            ("dense is ahead of BCMT-256", "dense", "bcmt:256", ("eval",),
+             "4.5752 vs 4.5931: dense ahead by 0.018"),
+            ("BCMT-256 is ahead of HOnly-256 (the memory helps)", "bcmt:256", "bcmt:honly256", ("eval",),
+             "HOnly worse at every block size"),
+            ("BCMT-128 is ahead of HOnly-128", "bcmt:128", "bcmt:honly128", ("eval",),
+             "HOnly worse at every block size"),
+            ("BCMT-256's memory is used: loss at the first 8 positions of blocks 2-4 minus at those of "
+             "block 1 is lower than HOnly-256's", "bcmt:256", "bcmt:honly256", ("gain",) + BLOCK_STARTS,
+             "(the memory's purpose: HOnly has no context there)"),
+            ("control: dense gains there too (the same difference, dense below HOnly-256)", "dense",
+             "bcmt:honly256", ("gain",) + BLOCK_STARTS, "(can this scale show a gain from context?)"),
+        ],
+    },
+    "ecp": {
+        "title": "ECP paper: Perceiver-AR vs Double vs Compressed vs s-Split vs ECP",
+        "settings": {"data.seq_len": 512, "data.batch_size": 4, "model.d_model": 128,
+                     "model.num_layers": 4, "model.num_heads": 4, "model.num_latents": 128,
+                     "model.num_segments": 4},
+        "rows": [("perceiver_ar", (0, 1)), ("ecp", (0, 1)), ("perceiver_ar:double", (0,)),
+                 ("perceiver_ar:compressed", (0,)), ("perceiver_ar:ssplit", (0,))],
+        "row_settings": {},
+        "scoring": "latents",
+        "claims": [
+            ("ECP is ahead of Perceiver-AR on the same positions", "ecp", "perceiver_ar", ("latents",),
+             "ECP ahead"),
+            ("Double is ahead of Perceiver-AR", "perceiver_ar:double", "perceiver_ar", ("latents",),
+             "Double ahead"),
+            ("Compressed is ahead of Perceiver-AR", "perceiver_ar:compressed", "perceiver_ar", ("latents",),
+             "Compressed ahead"),
+            ("s-Split is ahead of Perceiver-AR", "perceiver_ar:ssplit", "perceiver_ar", ("latents",),
+             "s-Split ahead"),
+        ],
+    },
+    "pi": {
+        "title": "π paper: dense vs sliding window vs π-Attention (constant and doubling periods)",
+        "settings": {"data.seq_len": 2048, "data.batch_size": 1, "model.d_model": 128,
+                     "model.num_layers": 4, "model.num_heads": 4, "model.window": 128,
+                     "model.period": 128, "model.num_skips": 3},
+        "rows": [("dense", (0, 1)), ("sliding_window", (0, 1)), ("pi_attention", (0, 1)),
+                 ("pi_attention:doubling", (0, 1))],
+        # The doubling schedule from base period 64: layer periods 64, 128, 256, 512 (the preset's).
+        "row_settings": {"pi_attention:doubling": {"model.period": 64}},
+        "scoring": "per_position",
+        "bands": [(0, 128), (128, 512), (512, 2048)],
+        "baseline": "sliding_window",
+        "marks": {"window 128": (128,), "4-layer window reach 508": (508,)},
+        "diff_bin": 32,
+        "claims": [
+            ("π is ahead of the sliding window", "pi_attention", "sliding_window", ("eval",),
+             "perplexity 18.4 vs 20.1 (0.088 nats)"),
+            ("dense is ahead of π", "dense", "pi_attention", ("eval",), "perplexity 18.3 vs 18.4 (0.005 nats)"),
+            ("π uses context past the sliding window's reach: loss at positions 512-2047 minus at "
+             "128-511 is lower than the sliding window's", "pi_attention", "sliding_window",
+             ("gain",) + PAST_REACH, "(the skips' purpose)"),
+            ("π doubling is ahead of the sliding window", "pi_attention:doubling", "sliding_window",
+             ("eval",), "(not in the paper's tables: our growing-period reading)"),
+            ("control: dense gains there (the same difference, dense below the sliding window)",
+             "dense", "sliding_window", ("gain",) + PAST_REACH, "(can this scale show a gain from context?)"),
+        ],
+    },
+}
+# One epoch of the training plays (1,360,353 tokens) at 2,048 tokens a step.
+DEFAULT_STEPS = 665
+DEFAULT_RESULTS = os.path.join(REPO, "experiments", "results", "paper_tables.json")
+DEFAULT_README = os.path.join(REPO, "experiments", "README.md")
+
+
+def config_arg(key: str) -> str:
+  """'bcmt:128' (or 'bcmt:128@1') -> 'configs/bcmt.py:128'; 'dense' -> 'configs/dense.py'."""
+  name, _, preset = key.split("@")[0].partition(":")
+  return f"configs/{name}.py" + (f":{preset}" if preset else "")
+
+
+def row_key(config_key: str, seed: int) -> str:
+  return f"{config_key}@{seed}"
+
+
+def split_key(key: str) -> tuple[str, int]:
+  """'bcmt:256@1' -> ('bcmt:256', 1)."""
+  config_key, _, seed = key.partition("@")
+  return config_key, int(seed or 0)
+
+
+def all_row_keys(table: str) -> list[str]:
+  return [row_key(k, s) for k, seeds in TABLES[table]["rows"] for s in seeds]
+
+
+def queue(tables: list[str]) -> list[tuple[str, str]]:
+  """(table, row key) in run order: seed 0 of the two-seed rows, then their seed 1, then the rest."""
+  phases: list[list[tuple[str, str]]] = [[], [], []]
+  for table in tables:
+    for config_key, seeds in TABLES[table]["rows"]:
+      for seed in seeds:
+        phase = 2 if len(seeds) == 1 else min(seed, 1)
+        phases[phase].append((table, row_key(config_key, seed)))
+  return [item for phase in phases for item in phase]
+
+
+def row_overrides(table: str, key: str, steps: int, extra: list[str]) -> dict[str, str]:
+  """Every `section.field=value` the row's command sets, in order (later wins); a field the row's
+  config lacks (model.window for dense) is left out."""
+  config_key, seed = split_key(key)
+  config = load_config(config_arg(config_key))
+
+  def has(field: str) -> bool:
+    section, _, name = field.partition(".")
+    return section in config and name in config[section]
+
+  out = {k: str(v) for k, v in TABLES[table]["settings"].items() if has(k)}
+  out.update({k: str(v) for k, v in TABLES[table]["row_settings"].get(config_key, {}).items()})
+  out.update({"train.num_steps": str(steps), "train.warmup_steps": str(max(1, steps // 10)),
+              "train.log_every": str(max(1, steps // 20)), "train.eval_every": str(steps),
+              "train.checkpoint_every": str(steps), "train.sample_tokens": "0",
+              "train.seed": str(seed)})
+  for item in extra:
+    field, _, value = item.partition("=")
+    if has(field):
+      out[field] = value
+  return out
+
+
+def main_command(key: str, workdir: str, overrides: dict[str, str]) -> list[str]:
+  return ([sys.executable, "-m", "efficient_lm.main", f"--config={config_arg(key)}", f"--workdir={workdir}"]
+          + [f"--config.{k}={v}" for k, v in overrides.items()])
+
+
+def quoted(command: list[str]) -> str:
+  return " ".join(shlex.quote(c) for c in ["python"] + command[1:])
+
+
+def _cast(old, value: str):
+  if isinstance(old, bool):
+    return value.lower() in ("1", "true")
+  return type(old)(value) if old is not None else value
+
+
+def configured(key: str, overrides: dict[str, str]):
+  config = load_config(config_arg(key))
+  for field, value in overrides.items():
+    section, name = field.split(".", 1)
+    if name in config[section]:
+      config[section][name] = _cast(config[section][name], value)
+  return config
+
+
+def static_figures(key: str, overrides: dict[str, str]) -> dict:
+  """Params, the compiled train step's temp memory and FLOPs (compile only, random tokens)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from experiments import bench_step  # pylint: disable=import-outside-toplevel
+  config = configured(key, overrides)
+  _, state, _, memory, _ = bench_step.compile_train_step(config)
+  num_params = sum(x.size for x in jax.tree.leaves(state.params))
+  return {"model_name": config.model.name, "params": int(num_params),
+          "compiled_temp_mib": getattr(memory, "temp_size_in_bytes", float("nan")) / 2**20,
+          "step_gflop": bench_step.train_step_flops(config) / 1e9}
