@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from efficient_lm.ops import core
+from efficient_lm.ops import precision
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.pattern import Pattern
 
@@ -29,8 +30,7 @@ def reference_causal_attention(q_BTHK: jax.Array, k_BTHK: jax.Array, v_BTHK: jax
   """
   T = q_BTHK.shape[1]
   scale = _default_scale(q_BTHK, scale)
-  scores_BHTT = jnp.einsum("bqhk,bthk->bhqt", q_BTHK, k_BTHK,
-                           preferred_element_type=jnp.float32) * scale
+  scores_BHTT = precision.einsum_f32("bqhk,bthk->bhqt", q_BTHK, k_BTHK) * scale
   causal_TT = jnp.tril(jnp.ones((T, T), dtype=bool))
   scores_BHTT = jnp.where(causal_TT, scores_BHTT, -jnp.inf)
   probs_BHTT = jax.nn.softmax(scores_BHTT, axis=-1)

@@ -7,6 +7,7 @@ O(Tq Tk) time and memory: for tests, and for comparing against at small sizes
 import jax
 import jax.numpy as jnp
 
+from efficient_lm.ops import precision
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE
 
@@ -28,7 +29,7 @@ def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior
     k_pos = jnp.asarray(k_positions, jnp.int32)
   local = call.pattern.local_visible(q_pos[:, None], k_pos[None, :])
   skip = call.pattern.skip_visible(q_pos[:, None], k_pos[None, :]) if call.pattern.skips else None
-  s = jnp.einsum("bhqk,bhsk->bhqs", q, k, preferred_element_type=F32) * call.scale
+  s = precision.einsum_f32("bhqk,bhsk->bhqs", q, k) * call.scale
   s_local = s if local_prior is None else s + local_prior.astype(F32)[..., None]
   if skip is None:
     s = jnp.where(local, s_local, MASKED)
@@ -42,7 +43,7 @@ def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior
   safe = jnp.where(total > 0, total, 1.0)
   lse = jnp.where(total > 0, peak[..., 0] + jnp.log(safe), NO_KEY_LSE)
   p = e / safe[..., None]
-  o = jnp.einsum("bhqs,bhsk->bhqk", p.astype(v.dtype), v, preferred_element_type=F32).astype(q.dtype)
+  o = precision.einsum_f32("bhqs,bhsk->bhqk", p.astype(v.dtype), v).astype(q.dtype)
   if not heads_first:
     o, lse = jnp.swapaxes(o, 1, 2), jnp.swapaxes(lse, 1, 2)
   return o, lse

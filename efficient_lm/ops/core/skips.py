@@ -13,6 +13,7 @@ lse_l.
 import jax
 import jax.numpy as jnp
 
+from efficient_lm.ops import precision
 from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE
 
 F32 = jnp.float32
@@ -48,7 +49,7 @@ def attend_with_skips(local_attend, call, q, k, v, q_start, local_prior, skip_pr
     k_d, v_d = _shift(k, offset, call.Tq), _shift(v, offset, call.Tq)
     index_T = jnp.arange(call.Tq) + offset
     present_T = (q_pos_T - d >= 0) & (index_T >= 0) & (index_T < call.Tk)
-    s_BTH = jnp.einsum("bthk,bthk->bth", q, k_d, preferred_element_type=F32) * call.scale
+    s_BTH = precision.einsum_f32("bthk,bthk->bth", q, k_d) * call.scale
     if skip_prior is not None:
       s_BTH = s_BTH + skip_prior.astype(F32)
     logits.append(jnp.where(present_T[None, :, None], s_BTH, MASKED))

@@ -17,6 +17,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from efficient_lm.ops import precision
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE, Plan, cdiv, is_static, plan_for
 
@@ -142,7 +143,7 @@ def _band_group(plan: Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, 
   k_band, v_band = band(k_buf), band(v_buf)
   kpos_band = _with_previous(_slice(kpos_buf, band_start, size, 0).reshape(G + nb, L), G, nb, 0)
   local_GLM = plan.pattern.local.local_visible(qpos.reshape(G, L)[:, :, None], kpos_band[:, None, :])
-  s = jnp.einsum(spec["qk"], _blocks(q_g, t, G, L), k_band, preferred_element_type=F32) * plan.scale
+  s = precision.einsum_f32(spec["qk"], _blocks(q_g, t, G, L), k_band) * plan.scale
   if lp_grid is not None:
     s = s + _slice(lp_grid, start, G * L, 2).reshape(B, H, G, L)[..., None]
   s = jnp.where(local_GLM, s, MASKED)
@@ -152,7 +153,7 @@ def _band_group(plan: Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, 
   k_skip = jnp.stack([_slice(k_buf, a, G * L, t) for a in at], axis=t + 1)
   v_skip = jnp.stack([_slice(v_buf, a, G * L, t) for a in at], axis=t + 1)
   present = jnp.stack([_slice(kpos_buf, a, G * L, 0) >= 0 for a in at], axis=1)  # [GL, S]
-  s_skip = jnp.einsum(spec["skip_qk"], q_g, k_skip, preferred_element_type=F32) * plan.scale
+  s_skip = precision.einsum_f32(spec["skip_qk"], q_g, k_skip) * plan.scale
   if sp_grid is not None:
     s_skip = s_skip + _slice(sp_grid, start, G * L, 2)[..., None]
   s_skip = jnp.where(present, s_skip, MASKED)
@@ -196,12 +197,11 @@ def _band_forward(plan: Plan, q, k, v, q_start, k_start, lp, sp):
     m = jnp.maximum(m, NO_KEY_LSE)
     p = jnp.exp(s - m.reshape(B, H, G, L)[..., None])
     l = jnp.sum(p, axis=-1).reshape(B, H, G * L)
-    acc = _unblocks(jnp.einsum(spec["pv"], p.astype(v.dtype), v_band, preferred_element_type=F32), t)
+    acc = _unblocks(precision.einsum_f32(spec["pv"], p.astype(v.dtype), v_band), t)
     if s_skip is not None:
       p_skip = jnp.exp(s_skip - m[..., None])
       l = l + jnp.sum(p_skip, axis=-1)
-      acc = acc + jnp.einsum(spec["skip_pv"], p_skip.astype(v.dtype), v_skip,
-                             preferred_element_type=F32)
+      acc = acc + precision.einsum_f32(spec["skip_pv"], p_skip.astype(v.dtype), v_skip)
     safe_l = jnp.where(l > 0, l, 1.0)
     o = (acc / _rows_to_layout(safe_l, layout)[..., None]).astype(q.dtype)
     lse = jnp.where(l > 0, m + jnp.log(safe_l), NO_KEY_LSE)
@@ -246,11 +246,11 @@ def _band_backward(plan: Plan, q, k, v, q_start, k_start, lp, sp, o, lse, do, dl
     do_g = _slice(do_grid, start, G * L, t)
     do_blk, q_blk = _blocks(do_g, t, G, L), _blocks(q_g, t, G, L)
     p = jnp.exp(s - lse_g.reshape(B, H, G, L)[..., None])
-    dp = jnp.einsum(spec["qk"], do_blk, v_band, preferred_element_type=F32)
+    dp = precision.einsum_f32(spec["qk"], do_blk, v_band)
     ds = p * (dp - delta_g.reshape(B, H, G, L)[..., None])
-    dq = _unblocks(jnp.einsum(spec["pv"], ds.astype(k.dtype), k_band, preferred_element_type=F32), t)
-    dk_band = jnp.einsum(spec["dkv"], ds.astype(q.dtype), q_blk, preferred_element_type=F32)
-    dv_band = jnp.einsum(spec["dkv"], p.astype(do.dtype), do_blk, preferred_element_type=F32)
+    dq = _unblocks(precision.einsum_f32(spec["pv"], ds.astype(k.dtype), k_band), t)
+    dk_band = precision.einsum_f32(spec["dkv"], ds.astype(q.dtype), q_blk)
+    dv_band = precision.einsum_f32(spec["dkv"], p.astype(do.dtype), do_blk)
     band_start = start + plan.front - plan.back * L
     dk_buf = _add_at(dk_buf, band_start, plan.scale * _scatter_band(dk_band, t, G, nb, L), t)
     dv_buf = _add_at(dv_buf, band_start, _scatter_band(dv_band, t, G, nb, L), t)
@@ -259,14 +259,11 @@ def _band_backward(plan: Plan, q, k, v, q_start, k_start, lp, sp, o, lse, do, dl
           dlp_grid, jnp.sum(ds, axis=-1).reshape(B, H, G * L), start, axis=2)
     if s_skip is not None:
       p_skip = jnp.exp(s_skip - lse_g[..., None])
-      dp_skip = jnp.einsum(spec["skip_qk"], do_g, v_skip, preferred_element_type=F32)
+      dp_skip = precision.einsum_f32(spec["skip_qk"], do_g, v_skip)
       ds_skip = p_skip * (dp_skip - delta_g[..., None])
-      dq = dq + jnp.einsum(spec["skip_pv"], ds_skip.astype(k.dtype), k_skip,
-                           preferred_element_type=F32)
-      dk_skip = jnp.einsum(spec["skip_dkv"], ds_skip.astype(q.dtype), q_g,
-                           preferred_element_type=F32) * plan.scale
-      dv_skip = jnp.einsum(spec["skip_dkv"], p_skip.astype(do.dtype), do_g,
-                           preferred_element_type=F32)
+      dq = dq + precision.einsum_f32(spec["skip_pv"], ds_skip.astype(k.dtype), k_skip)
+      dk_skip = precision.einsum_f32(spec["skip_dkv"], ds_skip.astype(q.dtype), q_g) * plan.scale
+      dv_skip = precision.einsum_f32(spec["skip_dkv"], p_skip.astype(do.dtype), do_g)
       for i, d in enumerate(plan.skips):
         at = start + plan.front - d
         take = lambda x: jax.lax.index_in_dim(x, i, axis=t + 1, keepdims=False)
@@ -340,7 +337,7 @@ def _key_blocks(plan: Plan, qs, ks, i, NK: int):
 
 def _block_logits(plan: Plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i):
   """Masked logits `[B, H, Lq, Lk]` of one block pair, and its local / skip masks."""
-  s = jnp.einsum("bhqk,bhsk->bhqs", q_i, k_j, preferred_element_type=F32) * plan.scale
+  s = precision.einsum_f32("bhqk,bhsk->bhqs", q_i, k_j) * plan.scale
   local = plan.pattern.local_visible(qpos_i[:, None], kpos_j[None, :])
   s_local = s if lp_i is None else s + lp_i[..., None]
   if not plan.pattern.skips:
@@ -390,8 +387,8 @@ def _loop_forward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
       correction = jnp.exp(m - m_new)
       p = jnp.exp(s - m_new[..., None])
       l = l * correction + jnp.sum(p, axis=-1)
-      acc = acc * correction[..., None] + jnp.einsum(
-          "bhqs,bhsk->bhqk", p.astype(v.dtype), v_j, preferred_element_type=F32)
+      acc = acc * correction[..., None] + precision.einsum_f32(
+          "bhqs,bhsk->bhqk", p.astype(v.dtype), v_j)
       return m_new, l, acc
 
     lo, hi = _key_blocks(plan, qs, ks, i, NK)
@@ -441,11 +438,11 @@ def _loop_backward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, o, lse,
       kpos_j = kpos_buf if NK == 1 else _slice(kpos_buf, j * Lk, Lk, 0)
       s, local, skip = _block_logits(plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i)
       p = jnp.exp(s - lse_i[..., None])
-      dp = jnp.einsum("bhqk,bhsk->bhqs", do_i, v_j, preferred_element_type=F32)
+      dp = precision.einsum_f32("bhqk,bhsk->bhqs", do_i, v_j)
       ds = p * (dp - delta_i[..., None])
-      dq_i = dq_i + jnp.einsum("bhqs,bhsk->bhqk", ds.astype(k.dtype), k_j, preferred_element_type=F32)
-      dk_j = jnp.einsum("bhqs,bhqk->bhsk", ds.astype(q.dtype), q_i, preferred_element_type=F32)
-      dv_j = jnp.einsum("bhqs,bhqk->bhsk", p.astype(do.dtype), do_i, preferred_element_type=F32)
+      dq_i = dq_i + precision.einsum_f32("bhqs,bhsk->bhqk", ds.astype(k.dtype), k_j)
+      dk_j = precision.einsum_f32("bhqs,bhqk->bhsk", ds.astype(q.dtype), q_i)
+      dv_j = precision.einsum_f32("bhqs,bhqk->bhsk", p.astype(do.dtype), do_i)
       dk_buf = _add_at(dk_buf, j * Lk, plan.scale * dk_j)
       dv_buf = _add_at(dv_buf, j * Lk, dv_j)
       if dlp_i is not None:
