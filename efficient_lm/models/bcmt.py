@@ -104,8 +104,10 @@ class Bcmt(nnx.Module):
     return self.ops.shift_right(self.memory_proj(m_BND.astype(dtype)), 1)
 
   # Sequence-chunked blocks (`models/chunking.py`): chunks hold whole blocks. A first pass over the
-  # chunks pools each block's summary; the memory runs over all of them; a second pass (the block
-  # itself) recomputes each chunk's local attention and fuses it with that chunk's memory.
+  # chunks computes each chunk's local attention and pools each block's summary; the memory runs
+  # over all of them; the block's own pass fuses each chunk's local attention (kept from the first
+  # pass: one `[B, T, D]` array, so each chunk's keys, values and attention are computed once) with
+  # that chunk's memory. HOnly has no first pass: its block pass attends.
 
   @property
   def chunk_pattern(self) -> Pattern:
@@ -120,7 +122,8 @@ class Bcmt(nnx.Module):
 
   def chunk_context(self, window, x_nBCD, positions_nBC, xh_nBHD, ph_nBH, starts_n, halo: int,
                     chunk: int):
-    """The memory each chunk's blocks receive, `[n, B, C / L, D]` (None for HOnly).
+    """(each chunk's local attention `[n, B, C, D]`, the memory its blocks receive
+    `[n, B, C / L, D]`), or None for HOnly.
 
     `window(x_BCD, positions_BC, xh_BHD, ph_BH)` is the block's own: (normed chunk inputs, keys,
     values of the halo and the chunk), from the chunk and its halo's inputs `xh_nBHD`."""
@@ -128,19 +131,22 @@ class Bcmt(nnx.Module):
       return None
     L = self.block_size
 
-    def summaries(x_BCD, positions_BC, xh_BHD, ph_BH, start):
+    def local_and_summaries(x_BCD, positions_BC, xh_BHD, ph_BH, start):
       h_BCD, k_BWHK, v_BWHK = window(x_BCD, positions_BC, xh_BHD, ph_BH)
       h_BCD = self._local(h_BCD, positions_BC, k_BWHK, v_BWHK, start, -halo, chunk)
-      return self.summaries(blockwise.split_blocks(h_BCD, L))
+      return h_BCD, self.summaries(blockwise.split_blocks(h_BCD, L))
 
-    s_nBcD = chunking.map_chunks(summaries, x_nBCD, positions_nBC, xh_nBHD, ph_nBH, starts_n)
+    h_nBCD, s_nBcD = chunking.map_chunks(local_and_summaries, x_nBCD, positions_nBC, xh_nBHD,
+                                         ph_nBH, starts_n)
     p_BND = self.memory_from_summaries(chunking.merge(s_nBcD), x_nBCD.dtype)
-    return chunking.split(p_BND, x_nBCD.shape[2] // L)
+    return h_nBCD, chunking.split(p_BND, x_nBCD.shape[2] // L)
 
   def attend_chunk(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_offset, q_align,
                    context=None):
-    h_BCD = self._local(x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_offset, q_align)
-    return h_BCD if context is None else self.fuse(h_BCD, context)
+    if context is not None:  # the local attention came with the memory: the inputs go unused
+      h_BCD, p_BcD = context  # (and XLA drops the block pass's keys and values)
+      return self.fuse(h_BCD, p_BcD)
+    return self._local(x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_offset, q_align)
 
   # Streaming decoding.
 
