@@ -64,6 +64,22 @@ REMAT_POLICIES = {
 }
 
 
+def stacked(make: Callable[[nnx.Rngs], nnx.Module], num: int, rngs: nnx.Rngs) -> nnx.Module:
+  """`num` modules `make(rngs)` stacked along a leading `layers` axis (for `nnx.scan`), each with
+  its own initialization."""
+  @nnx.split_rngs(splits=num)
+  @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata=LAYERS_AXIS)
+  def make_all(rngs: nnx.Rngs) -> nnx.Module:
+    return make(rngs)
+  return make_all(rngs)
+
+
+def unstacked(stack: nnx.Module, num: int) -> list:
+  """The `num` modules of a `stacked` one, one by one (slices of its parameters)."""
+  graphdef, state = nnx.split(stack)
+  return [nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state)) for i in range(num)]
+
+
 def rematerialized(fn: Callable, remat: str, *, in_loop: bool) -> Callable:
   """`fn` under `nnx.remat` with `model.remat`'s policy ('none': `fn` itself). Inside a scan the
   common-subexpression guard is not needed (and costs speed)."""
@@ -290,11 +306,8 @@ class Decoder(LanguageModel):
     self.scanned = identical_layers
     self.remat = cfg.remat
     if identical_layers:
-      @nnx.split_rngs(splits=cfg.num_layers)
-      @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata=LAYERS_AXIS)
-      def make_blocks(rngs: nnx.Rngs) -> Block:
-        return Block(cfg, make_mixer(0, rngs), rngs=rngs)
-      self.blocks = make_blocks(rngs)
+      self.blocks = stacked(lambda rngs: Block(cfg, make_mixer(0, rngs), rngs=rngs),
+                            cfg.num_layers, rngs)
     else:
       self.blocks = nnx.List([Block(cfg, make_mixer(i, rngs), rngs=rngs)
                               for i in range(cfg.num_layers)])
@@ -332,10 +345,7 @@ class Decoder(LanguageModel):
 
   def layer_blocks(self) -> list:
     """The blocks one by one (a scanned stack sliced per layer)."""
-    if not self.scanned:
-      return list(self.blocks)
-    graphdef, state = nnx.split(self.blocks)
-    return [nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state)) for i in range(self.num_layers)]
+    return unstacked(self.blocks, self.num_layers) if self.scanned else list(self.blocks)
 
   def _through_blocks(self, apply: Callable, x_BTD: jax.Array, cache: list):
     """`apply(block, x, layer_cache) -> (x, layer_cache)` through every layer, the caches updated.

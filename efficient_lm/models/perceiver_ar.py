@@ -210,11 +210,7 @@ class PerceiverAR(decoder.LanguageModel):
     self.first = make_block(rngs)
     self.rest = nnx.data(None)
     if cfg.num_layers > 1:  # identical layers: stacked and applied with nnx.scan
-      @nnx.split_rngs(splits=cfg.num_layers - 1)
-      @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata=decoder.LAYERS_AXIS)
-      def make_rest(rngs: nnx.Rngs) -> PerceiverBlock:
-        return make_block(rngs)
-      self.rest = make_rest(rngs)
+      self.rest = decoder.stacked(make_block, cfg.num_layers - 1, rngs)
 
   def apply_layers(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
                    dropout_key: jax.Array | None = None) -> jax.Array:
@@ -356,10 +352,8 @@ class PerceiverAR(decoder.LanguageModel):
       lowest_slot = zero if self.refine_history else cache["history"]
 
       # Unrolled, one cache per layer (a scan over stacked caches copied them every step).
-      graphdef, state = nnx.split(self.rest)
       rest = []
-      for i, layer_cache in enumerate(cache["rest"]):
-        block = nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state))
+      for block, layer_cache in zip(decoder.unstacked(self.rest, len(cache["rest"])), cache["rest"]):
         x_BCD, layer_cache = block.extend(x_BCD, positions_BC, layer_cache, first_slot,
                                           lowest_slot)
         rest.append(layer_cache)
