@@ -156,23 +156,19 @@ def render_claims(table: str, entry: dict, positions: dict) -> str:
 
 
 def render_readme(results: dict, positions: dict, readme: str) -> None:
-  """Replaces the text between `<!-- paper_tables:T -->` and `<!-- /paper_tables:T -->`."""
+  """Replaces the text between `<!-- paper_tables:T -->` and `<!-- /paper_tables:T -->` (the
+  table) and between the `T_claims` markers (its claims)."""
   if not os.path.exists(readme):
     return
   with open(readme) as f:
     text = f.read()
   for table in TABLES:
-    begin, end = f"<!-- paper_tables:{table} -->", f"<!-- /paper_tables:{table} -->"
-    if begin in text and end in text:
-      head, rest = text.split(begin, 1)
-      _, tail = rest.split(end, 1)
-      body = render_table(table, results["tables"].get(table, {}), positions.get(table, {}))
-      text = f"{head}{begin}\n{body}\n{end}{tail}"
-    begin, end = f"<!-- paper_tables:{table}_claims -->", f"<!-- /paper_tables:{table}_claims -->"
-    if begin in text and end in text:
-      head, rest = text.split(begin, 1)
-      _, tail = rest.split(end, 1)
-      body = render_claims(table, results["tables"].get(table, {}), positions.get(table, {}))
-      text = f"{head}{begin}\n{body}\n{end}{tail}"
+    entry, table_positions = results["tables"].get(table, {}), positions.get(table, {})
+    for marker, render in ((table, render_table), (f"{table}_claims", render_claims)):
+      begin, end = f"<!-- paper_tables:{marker} -->", f"<!-- /paper_tables:{marker} -->"
+      if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        text = f"{head}{begin}\n{render(table, entry, table_positions)}\n{end}{tail}"
   with open(readme, "w") as f:
     f.write(text)
