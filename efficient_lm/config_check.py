@@ -31,11 +31,12 @@ def validate(config: ml_collections.ConfigDict, devices=None) -> None:
   require(splits is None or config.train.eval_split in splits, "train.eval_split",
           config.train.eval_split, f"is not a split of {config.data.dataset}",
           f"set train.eval_split to one of {', '.join(splits or ())}")
+  sharding.parse_rules(config.mesh, known=models.logical_axes())
   sizes = sharding.validate(config.mesh, config.data, devices=devices,
                             grad_accum_steps=config.train.grad_accum_steps)
   models.validate_context(config.model, sizes["context"])  # ring ops: support, block alignment
   params = models.abstract_params(config.model, platform)
-  sharding.check_divisible(params, config.mesh, sizes)
+  sharding.check_divisible(params, config.mesh, sizes, models.logical_axes())
   sharding.check_replicated(params, config.mesh, sizes)
 
 

@@ -12,8 +12,8 @@ by default `mesh.fsdp=-1`, so a plain multi-device run shards its parameters):
 - `context`: the sequence split (context parallelism, `ops.ring`).
 
 Parameters carry logical axis names in their Flax metadata (`out_sharding`:
-`embed`, `mlp`, `heads`, `kv`, `vocab`, `layers`, and the family-specific ones
-below); `mesh.rules` maps each name to a mesh axis ('' = replicated). A `[B, T]`
+`embed`, `mlp`, `heads`, `kv`, `vocab`, `layers`, ..., `SHARED_AXES`, and each family's own,
+declared by its registry entry); `mesh.rules` maps each name to a mesh axis ('' = replicated). A `[B, T]`
 batch is sharded `P(('data', 'fsdp'), 'context')`. With several processes every
 process's iterator yields the same global batch and `shard_batch` places only
 the slices its own devices hold.
@@ -22,6 +22,7 @@ the slices its own devices hold.
 import contextlib
 import functools
 import math
+from typing import Mapping, NamedTuple
 
 import jax
 import ml_collections
@@ -34,33 +35,32 @@ from efficient_lm.validation import ConfigError, require
 AXES = ("data", "fsdp", "tensor", "context")
 BATCH_AXES = ("data", "fsdp")  # the axes the batch is split over
 
-# Every logical axis name a parameter may carry, and the config field that sets its size.
-LOGICAL_AXES = {
-    "embed": "model.d_model",
-    "mlp": "model.mlp_ratio * model.d_model",
-    "heads": "model.num_heads",
-    "kv": "model.d_model / model.num_heads",
-    "vocab": "data.vocab_size",
-    "positions": "data.seq_len",          # learned position embeddings
-    "layers": "model.num_layers",         # the stacked layers of nnx.scan: never sharded
-    "norm": "model.d_model",              # norm scales
-    "gate_hidden": "model.gate_hidden",   # π's gate MLP
-    "pool": "1",                          # BCMT's pooling logit
-    "memory": "model.d_model",            # BCMT's memory projection output
-    "gate": "model.d_model",              # BCMT's gate
-    "history": "model.seq_len - model.num_latents",  # Perceiver-AR's compression
-    "compressed": "(model.seq_len - model.num_latents) / model.compression",
-    "group": "model.compression",
-    "qkv": "3",                           # the q/k/v (or k/v) index of fused projections
+class Axis(NamedTuple):
+  """A logical parameter axis: the config field that sets its size (named in errors) and the mesh
+  axes it is split over by default (`mesh.rules`; '' = replicated, 'data,fsdp' = both)."""
+  size: str
+  rule: str = ""
+
+
+# The axes of the shared decoder's parameters. A model family declares its own in its registry
+# entry (`models.ModelEntry.logical_axes`); `models.logical_axes()` is the union.
+SHARED_AXES = {
+    "embed": Axis("model.d_model", "fsdp"),
+    "mlp": Axis("model.mlp_ratio * model.d_model", "tensor"),
+    "heads": Axis("model.num_heads", "tensor"),
+    "kv": Axis("model.d_model / model.num_heads"),
+    "vocab": Axis("data.vocab_size", "tensor"),
+    "positions": Axis("data.seq_len"),      # learned position embeddings
+    "layers": Axis("model.num_layers"),     # the stacked layers of nnx.scan: never sharded
+    "norm": Axis("model.d_model"),          # norm scales
+    "qkv": Axis("3"),                       # the q/k/v (or k/v) index of fused projections
 }
 
 
-def default_rules() -> ml_collections.ConfigDict:
-  """`embed` over `fsdp`; `mlp`, `heads` and `vocab` over `tensor`; everything else replicated."""
-  rules = {name: "" for name in LOGICAL_AXES}
-  rules.update(embed="fsdp", mlp="tensor", heads="tensor", vocab="tensor",
-               memory="fsdp", gate="tensor")  # BCMT's memory projection and gate: sharded too
-  return ml_collections.ConfigDict(rules)
+def default_rules(axes: Mapping[str, Axis] = SHARED_AXES) -> ml_collections.ConfigDict:
+  """`mesh.rules` at each axis's default (`embed` over `fsdp`; `mlp`, `heads` and `vocab` over
+  `tensor`; a family's own axes as its entry declares)."""
+  return ml_collections.ConfigDict({name: axis.rule for name, axis in axes.items()})
 
 
 def _cfg(mesh_cfg, name: str, default):
@@ -122,19 +122,22 @@ def _axes_value(value, field: str) -> tuple[str, ...]:
   return axes
 
 
-def parse_rules(mesh_cfg: ml_collections.ConfigDict) -> dict[str, tuple[str, ...]]:
-  """`mesh.rules` as {logical name: mesh axes}; '' (or 'none') is replicated, 'data,fsdp' two axes."""
+def parse_rules(mesh_cfg: ml_collections.ConfigDict,
+                known: Mapping[str, Axis] | None = None) -> dict[str, tuple[str, ...]]:
+  """`mesh.rules` as {logical name: mesh axes}; '' (or 'none') is replicated, 'data,fsdp' two axes.
+  A name the rules lack is replicated. With `known` (every axis a model declares:
+  `models.logical_axes()`) a name outside it is a ConfigError."""
   rules = _cfg(mesh_cfg, "rules", None)
   rules = default_rules() if rules is None else rules
-  out = {}
-  for name in LOGICAL_AXES:
-    out[name] = _axes_value(_cfg(rules, name, ""), f"mesh.rules.{name}")
-  require(not out["layers"], "mesh.rules.layers", rules.get("layers"),
+  out = {name: _axes_value(_cfg(rules, name, ""), f"mesh.rules.{name}") for name in rules}
+  require(not out.get("layers"), "mesh.rules.layers", _cfg(rules, "layers", ""),
           "must be '': the stacked layers of nnx.scan are never sharded",
           "set mesh.rules.layers=''")
-  unknown = sorted(set(rules.keys()) - set(LOGICAL_AXES))
-  require(not unknown, f"mesh.rules.{unknown[0] if unknown else ''}", None,
-          "is not a logical axis of any parameter", f"use one of {', '.join(LOGICAL_AXES)}")
+  if known is not None:
+    unknown = sorted(set(rules.keys()) - set(known))
+    require(not unknown, f"mesh.rules.{unknown[0] if unknown else ''}",
+            _cfg(rules, unknown[0], None) if unknown else None,
+            "is not a logical axis of any model's parameters", f"use one of {', '.join(known)}")
   return out
 
 
@@ -230,10 +233,12 @@ def parse_activation_rules(mesh_cfg: ml_collections.ConfigDict) -> dict[str, tup
   rules = _cfg(mesh_cfg, "activation_rules", None)
   rules = default_activation_rules() if rules is None else rules
   unknown = sorted(set(rules.keys()) - set(ACTIVATION_AXES))
-  require(not unknown, f"mesh.activation_rules.{unknown[0] if unknown else ''}", None,
+  require(not unknown, f"mesh.activation_rules.{unknown[0] if unknown else ''}",
+          _cfg(rules, unknown[0], None) if unknown else None,
           "is not an activation axis", f"use one of {', '.join(ACTIVATION_AXES[2:])}")
   fixed = sorted(set(rules.keys()) & set(_FIXED_ACTIVATION_AXES))
-  require(not fixed, f"mesh.activation_rules.{fixed[0] if fixed else ''}", None,
+  require(not fixed, f"mesh.activation_rules.{fixed[0] if fixed else ''}",
+          _cfg(rules, fixed[0], None) if fixed else None,
           "is where the input batch is placed (the batch axes, `context`), not a rule",
           "remove it: set mesh.data / mesh.fsdp / mesh.context instead")
   out = dict(_FIXED_ACTIVATION_AXES)
@@ -424,9 +429,10 @@ def per_device_bytes(tree) -> tuple[int, float]:
   return total, (replicated_bytes / total if total else 0.0)
 
 
-def check_divisible(abstract_params, mesh_cfg: ml_collections.ConfigDict, sizes: dict[str, int]) -> None:
+def check_divisible(abstract_params, mesh_cfg: ml_collections.ConfigDict, sizes: dict[str, int],
+                    logical_axes: Mapping[str, Axis] = SHARED_AXES) -> None:
   """Every parameter dimension a rule shards must be divisible by its mesh axes; raises ConfigError
-  naming the config field that sets the dimension."""
+  naming the config field that sets the dimension (`logical_axes`: `models.logical_axes()`)."""
   rules = parse_rules(mesh_cfg)
   for x in jax.tree.leaves(abstract_params, is_leaf=is_variable):
     names = variable_names(x)
@@ -436,7 +442,8 @@ def check_divisible(abstract_params, mesh_cfg: ml_collections.ConfigDict, sizes:
     for dim, name in zip(shape, names):
       axes = rules.get(name, ()) if name else ()
       size = math.prod(sizes[a] for a in axes)
-      require(dim % size == 0, LOGICAL_AXES.get(name, name), dim,
+      field = logical_axes[name].size if name in logical_axes else name
+      require(dim % size == 0, field, dim,
               f"is not divisible by {' x '.join(f'mesh.{a}={sizes[a]}' for a in axes)} "
               f"(mesh.rules.{name}={','.join(axes)!r} shards it)",
               f"make it a multiple of {size}, or set mesh.rules.{name}='' to keep it replicated")

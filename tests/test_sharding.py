@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 
 from efficient_lm import config_check
+from efficient_lm import models
 from efficient_lm import sharding
 from efficient_lm import train
 from efficient_lm.validation import ConfigError
 from tests.conftest import load_config, fast_first
+from tests.test_models import tiny_model_config
 
 
 def mesh_cfg(**sizes):
@@ -65,19 +67,34 @@ def test_rules_map_logical_names_to_mesh_axes():
 @pytest.mark.parametrize("field, value, message", [
     ("embed", "fsd", "mesh.rules.embed='fsd' names an axis the mesh does not have"),
     ("layers", "fsdp", "mesh.rules.layers='fsdp' must be ''"),
+    ("hidden", "tensor", "mesh.rules.hidden='tensor' is not a logical axis of any model's parameters"),
 ])
 def test_bad_rules_are_named(field, value, message):
   cfg = mesh_cfg()
-  cfg.rules = sharding.default_rules()
+  cfg.rules = sharding.default_rules(models.logical_axes())
   cfg.rules[field] = value
   with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-    sharding.parse_rules(cfg)
+    sharding.parse_rules(cfg, known=models.logical_axes())
+
+
+def test_each_model_declares_its_own_axes():
+  """The registry's axes are the decoder's and each family's own, and every name a parameter
+  carries is one of them: a new name without a declaration fails here."""
+  axes = models.logical_axes()
+  assert set(sharding.SHARED_AXES) < set(axes) and {"memory", "gate_hidden", "history"} <= set(axes)
+  assert axes["memory"].rule == "fsdp"  # BCMT's entry shards its memory projection by default
+  for name in models.REGISTRY:
+    used = {n for x in jax.tree.leaves(models.abstract_params(tiny_model_config(name)),
+                                       is_leaf=sharding.is_variable)
+            for n in sharding.variable_names(x) or () if n}
+    own = set(sharding.SHARED_AXES) | set(models.REGISTRY[name].logical_axes)
+    assert used <= own, (name, used - own)
 
 
 @pytest.mark.parametrize("field, value, message", [
     ("mlp", "tensr", "mesh.activation_rules.mlp='tensr' names an axis the mesh does not have"),
-    ("batch", "data", "mesh.activation_rules.batch=None is where the input batch is placed"),
-    ("hidden", "tensor", "mesh.activation_rules.hidden=None is not an activation axis"),
+    ("batch", "data", "mesh.activation_rules.batch='data' is where the input batch is placed"),
+    ("hidden", "tensor", "mesh.activation_rules.hidden='tensor' is not an activation axis"),
 ])
 def test_bad_activation_rules_are_named(field, value, message):
   cfg = mesh_cfg()

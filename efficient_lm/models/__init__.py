@@ -1,12 +1,13 @@
 """Model registry: `create(model_config, rngs=...)` builds the model named by `model.name`.
 
 Each entry says how to build one layer's mixer, whether all layers are
-identical (scanned) and which model-specific fields to validate. Adding a model
-is adding an entry here and a module beside this one.
+identical (scanned), which model-specific fields to validate and which logical
+axes its own parameters carry. Adding a model is adding an entry here and a
+module beside this one.
 """
 
 import dataclasses
-from typing import Callable
+from typing import Callable, Mapping
 
 import jax
 import ml_collections
@@ -18,7 +19,7 @@ from efficient_lm.models import dense
 from efficient_lm.models import ecp
 from efficient_lm.models import perceiver_ar
 from efficient_lm.models import pi_attention
-from efficient_lm import config_base
+from efficient_lm import sharding
 from efficient_lm import targets
 from efficient_lm.ops import op_set
 from efficient_lm.ops.core import backends
@@ -50,6 +51,10 @@ class ModelEntry:
 
   `patterns(cfg)`: the attention patterns the model trains with, which the
   attention backend (`model.attention_impl`) must be able to express.
+
+  `logical_axes`: the logical axis names its own parameters carry beyond the
+  decoder's (`sharding.SHARED_AXES`), each with the config field that sets its
+  size and its default `mesh.rules` entry.
   """
   make_mixer: Callable[[ml_collections.ConfigDict, int, nnx.Rngs], nnx.Module] | None = None
   identical_layers: Callable[[ml_collections.ConfigDict], bool] = lambda cfg: True
@@ -61,6 +66,7 @@ class ModelEntry:
   chunkable: bool = True
   patterns: Callable[[ml_collections.ConfigDict], list[Pattern]] = lambda cfg: [Pattern.dense()]
   no_context_parallel: str = "it has no ring version of its attention"  # why, if not supported
+  logical_axes: Mapping[str, sharding.Axis] = dataclasses.field(default_factory=dict)
 
 
 REGISTRY: dict[str, ModelEntry] = {
@@ -72,30 +78,44 @@ REGISTRY: dict[str, ModelEntry] = {
                       patterns=lambda cfg: [Pattern.blocks(cfg.seq_len // cfg.num_segments, 1)]),
     **{name: ModelEntry(build=perceiver_ar.build, validate=perceiver_ar.validate,
                         context_parallel=False, chunkable=False, patterns=perceiver_ar.patterns,
-                        no_context_parallel="no ring version of its latent cross-attention")
+                        no_context_parallel="no ring version of its latent cross-attention",
+                        logical_axes=perceiver_ar.LOGICAL_AXES)
        for name in perceiver_ar.VARIANTS},
     "bcmt": ModelEntry(make_mixer=bcmt.make_mixer, validate=bcmt.validate,
                        context_block=lambda cfg: (cfg.block_size, "model.block_size"),
-                       patterns=lambda cfg: [Pattern.blocks(cfg.block_size)]),
+                       patterns=lambda cfg: [Pattern.blocks(cfg.block_size)],
+                       logical_axes=bcmt.LOGICAL_AXES),
     "honly": ModelEntry(make_mixer=bcmt.make_honly_mixer, validate=bcmt.validate_honly,
                         context_block=lambda cfg: (cfg.block_size, "model.block_size"),
                         patterns=lambda cfg: [Pattern.blocks(cfg.block_size)]),
     "pi_attention": ModelEntry(make_mixer=pi_attention.make_pi_mixer,
                                identical_layers=lambda cfg: cfg.period_schedule == "constant",
-                               validate=pi_attention.validate_pi, patterns=pi_attention.pi_patterns),
+                               validate=pi_attention.validate_pi, patterns=pi_attention.pi_patterns,
+                               logical_axes=pi_attention.LOGICAL_AXES),
     "sliding_window": ModelEntry(make_mixer=pi_attention.make_sliding_window_mixer,
                                  validate=pi_attention.validate_sliding_window,
                                  patterns=lambda cfg: [Pattern.sliding(cfg.window)]),
 }
 
 
+def logical_axes() -> dict[str, sharding.Axis]:
+  """Every logical parameter axis: the decoder's and each model's own (what `mesh.rules` may name).
+  Two models declaring one name must mean the same axis."""
+  axes = dict(sharding.SHARED_AXES)
+  for name, entry in REGISTRY.items():
+    for axis, spec in entry.logical_axes.items():
+      if axes.setdefault(axis, spec) != spec:
+        raise ValueError(f"models.REGISTRY[{name!r}] declares logical axis {axis!r} as {spec}, "
+                         f"already declared as {axes[axis]}: give it another name")
+  return axes
+
+
 def validate(cfg: ml_collections.ConfigDict, platform: str | None = None) -> None:
   """Checks the fields every model shares, then the model's own, then that the attention backend
-  runs its patterns on `platform` (default: jax's backend); raises ConfigError. Fields the model
-  section lacks are filled with their defaults first (`config_base.fill_defaults`)."""
+  runs its patterns on `platform` (default: jax's backend); raises ConfigError. The section has
+  every field (`config_base.fill_defaults` fills an older one at the door)."""
   require(cfg.name in REGISTRY, "model.name", cfg.name, "is not a known model",
           f"use one of {', '.join(sorted(REGISTRY))}")
-  config_base.fill_defaults(cfg, "model")
   for field in ("vocab_size", "seq_len", "d_model", "num_layers", "num_heads", "mlp_ratio"):
     require_positive_int(f"model.{field}", cfg[field])
   require(cfg.d_model % cfg.num_heads == 0, "model.d_model", cfg.d_model,
@@ -199,7 +219,6 @@ _VALIDATED: set[tuple[str, str, int]] = set()  # (model section, platform, conte
 def _validate_once(cfg: ml_collections.ConfigDict, platform: str, context: int) -> None:
   """`validate` and `validate_context`, once per distinct model section (a run builds its model
   several times: shapes, the train state, the evaluator, the sampler)."""
-  config_base.fill_defaults(cfg, "model")
   key = (cfg.to_json_best_effort(sort_keys=True), platform, context)
   if key not in _VALIDATED:
     validate(cfg, platform)
@@ -238,5 +257,5 @@ def abstract_params(cfg: ml_collections.ConfigDict, platform: str | None = None)
   return nnx.state(nnx.eval_shape(lambda: create(cfg, rngs=nnx.Rngs(0), platform=platform)))
 
 
-__all__ = ["ConfigError", "REGISTRY", "ModelEntry", "abstract_params", "create", "sequence_layout",
-           "validate", "validate_context"]
+__all__ = ["ConfigError", "REGISTRY", "ModelEntry", "abstract_params", "create", "logical_axes",
+           "sequence_layout", "validate", "validate_context"]

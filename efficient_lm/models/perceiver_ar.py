@@ -55,6 +55,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from efficient_lm import sharding
 from efficient_lm.models import decoder
 from efficient_lm.models import layers
 from efficient_lm.ops import op_set
@@ -76,6 +77,11 @@ VARIANTS = {
     "double_attention": Variant(refine_history=True, compress=False, split_history=False),
     "compressed_double_attention": Variant(refine_history=True, compress=True, split_history=False),
     "ssplit_double_attention": Variant(refine_history=True, compress=False, split_history=True),
+}
+LOGICAL_AXES = {  # the learned compression map [history, compressed] and its group weights
+    "history": sharding.Axis("model.seq_len - model.num_latents"),
+    "compressed": sharding.Axis("(model.seq_len - model.num_latents) / model.compression"),
+    "group": sharding.Axis("model.compression"),
 }
 
 

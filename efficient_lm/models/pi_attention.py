@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from efficient_lm import sharding
 from efficient_lm.models import layers
 from efficient_lm.ops import attention
 from efficient_lm.ops import op_set
@@ -25,6 +26,7 @@ from efficient_lm.ops.pattern import Pattern
 from efficient_lm.validation import require, require_positive_int
 
 PERIOD_SCHEDULES = ("constant", "doubling")
+LOGICAL_AXES = {"gate_hidden": sharding.Axis("model.gate_hidden")}  # the gate MLP's hidden width
 
 
 def layer_period(cfg: ml_collections.ConfigDict, layer: int) -> int:
