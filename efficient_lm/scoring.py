@@ -2,40 +2,13 @@
 what its context is worth (`--ablate_context`), recall by distance (MQAR). The command line:
 `efficient_lm.evaluate`.
 
-Windows. A token stream of n targets (stream[i + 1] is the target of input
-position i) is cut into windows of up to `context` = N inputs moving by
-`stride` = S: window w covers input positions [w*S - (N - S), w*S + S), clipped
-at 0 and at n, and scores only its last S targets (the first window all of
-its own), so every target is scored exactly once, with up to N - 1 tokens of
-context before it. N = S = the model's seq_len (the default) are the training
-eval's non-overlapping windows (`train.evaluate`); S < N is the overlapping
-evaluation LMs are usually compared with. Every window is fed to the model as
-exactly seq_len tokens: a causal model gets it at the start, padded after
-(padding it never sees); a model whose logits cover only the last Z positions
-(the Perceiver-AR family: its latents) gets it right-aligned after
-end-of-document tokens, so its last S <= Z targets fall on latents. With the
-default windows (N = S = seq_len > Z) such a model is laid out as in training
-and scores only the last Z targets of each window; it is charged the bytes of
-what it scored (bytes x scored / targets), as `train.evaluate` does.
-
-Context ablation (`ablate_context=N`, N >= S). The same windows are scored twice, the second
-time with every input more than N positions before the window's end replaced by an
-end-of-document token (as if a document had started there): each scored token keeps between
-N - S and N - 1 tokens of context. The per-token difference (ablated minus full NLL: what the
-context beyond N is worth) is averaged overall and per bucket of the token's position in its
-document, with a 95% bootstrap interval over documents (`stats.paired_bootstrap`). A model whose
-receptive field is below N - S computes exactly the same numbers in both passes (the same
-arrays, the same positions, masked keys weigh exactly 0), so its difference is exactly 0: the
-sliding window, and HOnly with block-aligned windows (N, S and the context multiples of the
-block).
-
-Every score goes through the train step's own loss (`train_step.token_nll`: the final norm, the
-head and the cross-entropy over chunks of `train.loss_chunk` positions), so a long context never
-builds `[B, T, V]` logits. `score_stream` scores any token stream with a model;
-`evaluate_workdir` loads a workdir (config, tokenizer, latest checkpoint) and scores a split of
-its corpus or a UTF-8 file (one document: [eos] + ids + [eos]) over a data-parallel mesh of
-every local device (batch rows sharded, parameters replicated); a workdir trained on MQAR
-(`data.dataset='mqar:...'`) is scored on its split's answers, per distance bin.
+`score_stream(model, tokens, context=N, stride=S, ...)` scores every target of a token stream once,
+each window of up to N inputs scoring its last S targets (S <= N <= seq_len, else an `EvalError`),
+through the train step's chunked loss (`train_step.token_nll`: no `[B, T, V]` logits); with
+`ablate_context=A` it scores each token again with only its last A - S .. A - 1 tokens of context.
+`score_recall` scores an MQAR split per distance bin; `evaluate_workdir` loads a workdir and scores
+a split of its corpus or a UTF-8 file. Details (windows, the Perceiver-AR layout, the ablation,
+recall): docs/evaluation.md.
 """
 
 import json
@@ -106,7 +79,7 @@ def window_batch(tokens: np.ndarray, windows: np.ndarray, *, context: int, strid
   """`[B, seq_len]` inputs, targets, weights (1 = scored), window positions and stream positions
   (of each input; -1 outside) for window ids `windows` (ids past the last window give
   all-padding rows of weight 0). `ablate` = N > 0: every input more than N before the window's
-  end is an end-of-document token instead (the module docstring)."""
+  end is an end-of-document token instead (docs/evaluation.md, Context ablation)."""
   n = len(tokens) - 1
   w_B = np.asarray(windows, np.int64)
   real_B = w_B < num_windows(n, stride)
@@ -168,7 +141,7 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
                  mesh: jax.sharding.Mesh | None = None, seq_len: int | None = None,
                  loss_chunk: int = 0, ablate_context: int = 0, buckets: int = 4,
                  bootstrap_seed: int = 0) -> dict:
-  """Scores every target of the 1-D token stream `tokens` once (see the module docstring).
+  """Scores every target of the 1-D token stream `tokens` once (docs/evaluation.md, Windows).
 
   `num_bytes`: the UTF-8 bytes the stream's text holds (bits per byte's
   denominator). `seq_len`: the model's input length (default `model.seq_len`

@@ -1,42 +1,12 @@
 """Paired tests for the paper-table claims, and the rule that turns them into verdicts.
 
-The design. Every model of a table is trained with the same seeds, and `train.seed` fixes the
-initialization and the data order, so model A's seed-s run and model B's seed-s run are a PAIR:
-what the seed does to both cancels in their difference. Readouts with many items per run (the
-per-query recall accuracies, the per-document context-ablation deltas) are paired once more, by
-item: A and B are scored on the same queries / documents.
-
-The rule (fixed before the runs; `decide`). A claim "A is better than B" on a metric is judged on
-the paired differences, oriented so that a positive difference means A is better (B - A for a
-loss, A - B for an accuracy):
-  - per-seed values (one number per run): a paired t-test on the per-seed differences, over the
-    seeds both models were trained with (`paired_t_test`);
-  - per-item values (many numbers per run): a bootstrap over items, whole documents at a time when
-    items are grouped by document, for the 95% interval, and a sign-flip test for the p-value
-    (`paired_bootstrap`).
-The claim is *confirmed* when the two-sided p-value is below 0.05 and the 95% confidence interval
-of the mean difference lies entirely above 0; *refuted* when p < 0.05 and the interval lies
-entirely below 0; *not decided* otherwise, and always when there are fewer than 2 pairs (a
-one-seed row is reported, not tested). It is *not comparable*, whatever the numbers, when a
-precondition the caller states fails: e.g. the two models were not trained to the same point, or
-a model did not learn the task within its own reach ("not trained"). With no true difference the
-rule declares a verdict (either way) at most 5% of the time (`false_positive_rate`; tests/
-test_stats.py); the old rule, "the gap of the seed means exceeds the larger min-max spread of the
-two rows' 2 seeds", did so about 20% of the time (a one-sigma test).
-
-Two seeds decide little. With n = 2 pairs the t distribution has 1 degree of freedom and the 95%
-critical value is 12.71 (not 1.96): a claim is decided only when the two per-seed gaps agree to
-within about +-8% of their mean (|d1 + d2| > 12.71 |d1 - d2|). More seeds are the way to decide
-more claims (n = 3: 4.30; n = 5: 2.78).
-
-What the item bootstrap measures. Resampling items measures how much the verdict depends on the
-finite evaluation set, given these trained runs; it does not see the variation between training
-runs (seeds). Its verdict is about these runs ("these checkpoints of A recall better than those
-of B on queries like these"), not about the architectures over training randomness; only the
-per-seed test speaks to that.
-
-Everything here is numpy and the standard library (no scipy): the Student-t tail for integer
-degrees of freedom is the finite series of Abramowitz & Stegun 26.7.3-4.
+`paired_t_test` (per-seed values, paired by `train.seed`) and `paired_bootstrap` (per-item values,
+resampled whole by `groups`, e.g. documents) return a `TestResult`, positive = A better; `decide`
+gives the verdict: confirmed (p < 0.05 and the 95% interval above 0), refuted (p < 0.05, interval
+below 0), not decided (otherwise, or fewer than 2 pairs), not comparable (a stated precondition
+fails). `false_positive_rate` measures a rule on simulated nulls. numpy only, no scipy.
+Details (the paired design, what two seeds decide, what the bootstrap measures):
+docs/evaluation.md, Statistics.
 
     python -m efficient_lm.stats      # the false-positive rates of the new and the old rule
 """
@@ -182,7 +152,7 @@ def paired_bootstrap(values_a: Sequence[float], values_b: Sequence[float], group
   difference is as likely to have either sign; the p-value is the share of `num_resamples`
   random sign flips whose |sum| reaches the observed |sum|, counting the observed one:
   (1 + hits) / (1 + num_resamples) (a valid Monte-Carlo p-value, never below 1 / (1 + R)).
-  Fewer than 2 clusters: NaN p and interval. Measures evaluation-set noise only (see the module).
+  Fewer than 2 clusters: NaN p and interval. Measures evaluation-set noise only (docs/evaluation.md).
 
   Few clusters: the sign-flip test stays valid at any number (but with G clusters p >= 2 / 2^G,
   so at most 5 documents nothing is decided), while the percentile interval runs narrow: in
@@ -232,7 +202,7 @@ def paired_bootstrap(values_a: Sequence[float], values_b: Sequence[float], group
 
 def decide(claim: str, result: TestResult,
            comparable: bool | str | Callable[[], bool | str] = True) -> Decision:
-  """The verdict on "A is better than B" from a test's `result` (module docstring: the rule).
+  """The verdict on "A is better than B" from a test's `result` (docs/evaluation.md: the rule).
 
   confirmed: p < 0.05 and ci_low > 0 (the 95% interval excludes 0 in A's favour);
   refuted: p < 0.05 and ci_high < 0; not decided: otherwise, or fewer than 2 pairs;

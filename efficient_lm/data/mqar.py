@@ -1,63 +1,14 @@
 """Multi-query associative recall (MQAR) at controlled distances: `data.dataset='mqar:<options>'`.
 
-The task. A window holds key-value pairs `k v` and, in its last `latents` (Z) positions, queries
-`? k` whose next token must be the key's value. Each query's distance (the value's position in
-the query minus its position in the pair) is drawn log-uniform over [min_distance, max_distance],
-so accuracy can be read per distance bin: a model that loses facts beyond its reach (a sliding
-window, a memory that forgets) shows it as a drop in the far bins. Every answer lies in the last
-Z positions, so every family, Perceiver-AR (it predicts only its Z latents) included, is trained
-and scored on the same targets; the loss is on the answers only (weight 1 there, 0 elsewhere).
-
-The contract. Sequence i of a split is a pure function of (task, split, seed, i), generated on
-the fly (no files): every process builds the same global batches, and a resumed iterator
-continues exactly. `train` is unbounded (indexed by how many sequences were drawn; its seed is
-the run's `train.seed`); `validation` and `test` hold `eval_sequences` fixed sequences each, the
-same for every training seed. Window = seq_len + 1 tokens: x[0] = x[S] = eos, inputs = x[:-1],
-targets = x[1:], so a split's stream [eos, body_0, eos, body_1, eos, ...] packs exactly like a
-text corpus's (`MqarCorpus.tokens`).
-
-Options (comma-separated key=value after 'mqar:'; every one has a default, so 'mqar:' runs):
-
-    seq_len=S         the window; default the run's data.seq_len (parse's seq_len), else 1024.
-                      data.seq_len must equal it (`check`).
-    latents=Z         the last Z input positions hold the queries; default min(256, S // 4).
-                      A Perceiver-AR model needs model.num_latents >= Z.
-    queries=Q         queries per sequence; default max(1, Z // 16).
-    pairs=P           key-value pairs per sequence (Q of them are queried, P - Q are distractors);
-                      default 4 * Q.
-    min_distance=D0   shortest distance; default 32 (at least 3).
-    max_distance=D1   longest distance; default S - Z (at most S - 3).
-    keys=K, values=V  sizes of the key and value alphabets; default 1024 each. Keys are drawn
-                      without replacement (each appears once as a pair), values with replacement.
-    filler=F          filler-only ids; default 1024. Filler cells draw uniformly from the
-                      V value ids and the F filler ids (a share V / (V + F) of them are values),
-                      so values also appear as noise and recall must go key -> value, not
-                      "find the odd token". F=0 is allowed (all filler is then values).
-    eval_sequences=N  sequences in validation and in test; default 512 (512 x 16 = 8192 queries).
-    seed=s            the seed of the validation / test sequences (and mixed into train's); default 0.
-
-Distances: d = floor(D) with D log-uniform on [D0, D1 + 1), so a range [a, b) of integers gets
-the share log(b / a) / log((D1 + 1) / D0). Limits (one-line ConfigErrors): queries fill at most
-3/4 of the latents and pairs at most 3/4 of the positions before them (placed at random, they
-would jam), and at either end of the distance range the expected queries fill at most a quarter
-of the positions those distances allow (`_crowding`): layouts that do not fit are drawn again,
-and rare retries leave the distribution log-uniform within sampling noise.
-
-Vocabulary: 0 pad, 1 eos, 2 the query marker '?', then keys [3, 3+K), values [3+K, 3+K+V),
-filler [3+K+V, 3+K+V+F); `task.vocab_size` = 3 + K + V + F (data.vocab_size must equal it).
-
-Batches. `train_iterator` yields {inputs, targets, weights} (the three keys the compiled train
-step takes); `eval_batches` adds `distances`: int32 `[B, S]`, the query's distance at each answer
-position and -1 elsewhere. It is `[B, S]` like the others, so it is sharded and permuted with
-them and ignored by the loss (which reads inputs, targets, weights and, for a permuted layout,
-positions); drop it before placing a batch to save the transfer. Padding rows (the last eval
-batch) have weight 0 and distance -1. `num_bytes(split)` is the split's number of answers, so
-the library's bits per byte reads as bits per answer (the loss is nats per answer).
-
-Scoring: `distance_bins(task, num_bins)` and `DistanceAccuracy` (or `accuracy_by_distance`):
-per-bin accuracy of argmax predictions at the answers, its binomial standard error and counts.
-Give it distances and targets in the same layout as the predictions (the host batch for a
-natural layout; a permuted batch's own arrays otherwise).
+`parse(dataset, seq_len)` -> `MqarTask` (every option has a default, so 'mqar:' runs; a bad
+option is a one-line ConfigError); `check` / `validate` hold it against data.seq_len,
+data.vocab_size and a Perceiver-AR model's num_latents; `load` -> `MqarCorpus`, the
+`pipeline.Corpus` interface with no files: `train_iterator` yields {inputs, targets, weights},
+`eval_batches` adds `distances` (`[B, S]`, the query's distance at each answer, -1 elsewhere).
+Sequence i of a split is a pure function of (task, split, seed, i); the loss is on the answers
+only, all in the last `latents` positions. `DistanceAccuracy` / `accuracy_by_distance`: accuracy
+of argmax predictions per distance bin.
+Details (layout, options and defaults, limits, distances, vocabulary, batches): docs/data.md, MQAR.
 """
 
 import dataclasses
@@ -92,7 +43,7 @@ _DRAWS = 16      # random candidate positions tried before enumerating all of th
 
 @dataclasses.dataclass(frozen=True)
 class MqarTask:
-  """One MQAR task: every option resolved (see the module docstring)."""
+  """One MQAR task: every option resolved (docs/data.md, MQAR)."""
   seq_len: int
   latents: int
   queries: int
@@ -537,7 +488,7 @@ def _require_int(name: str, value: Any, least: int) -> None:
 
 
 class MqarCorpus:
-  """The `pipeline.Corpus` interface over generated MQAR sequences (see the module docstring)."""
+  """The `pipeline.Corpus` interface over generated MQAR sequences (docs/data.md, MQAR)."""
 
   def __init__(self, task: MqarTask, *, batch_size: int = 8):
     self.task = task

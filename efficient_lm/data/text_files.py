@@ -2,31 +2,13 @@
 
     --config.data.dataset='text:~/notes/**/*.txt'    # `~` expanded, `**` any depth
 
-Each matched file is one document (features `text`, and `title` = its path relative to the
-pattern's leading directories without wildcards, the "root"). Hidden files and folders (a
-name starting with '.') are not matched, as with any glob. Files with a NUL byte in their
-first 8 KiB are binary and skipped, empty files are skipped, invalid UTF-8 becomes U+FFFD,
-CRLF / CR line ends become '\\n' and a leading byte-order mark is dropped; one log line
-gives the counts.
-
-Splits `train`, `validation`, `test`:
-
-- 3 or more usable files: by file. The files are ranked by the sha256 of their relative
-  path; the first round(validation_fraction * n) go to validation, the next
-  round(test_fraction * n) to test, the rest to train. A held-out split whose fraction is
-  above 0 gets at least one file, and train keeps at least one. The ranking depends only on
-  each file's own path, never on the order the filesystem lists them, and adding or removing
-  a file moves only the few files at the rank boundaries.
-- 1 or 2 files: by bytes, within each file: the last `test_fraction` of its UTF-8 bytes is
-  test, the `validation_fraction` before it validation, the rest train, each cut at the
-  line boundary nearest the target (at a character boundary if the file has too few lines).
-  One warning says so.
-
-A split whose fraction is 0 is not written. The data lands in
-`<data.data_dir>/tfds/text/<cache_key>/`, where `cache_key` hashes every matched file's
-absolute path, size and modification time and the two fractions: an edited, added or
-removed file means a new key, so the corpus (and, through the corpus id, its tokenizer and
-token streams) is prepared again, and two folders never share a cache.
+`scan` globs, checks and reads every matched file, writing nothing (a ConfigError if nothing
+matches, a DataError if no file is usable text), and returns a `Scan` with its cache key;
+`make_builder` gives the `TextFiles` builder, one document per file (features `text`, `title`),
+stored in `<data.data_dir>/tfds/text/<cache_key>/`. Splits `train`, `validation`, `test`: by file
+with 3 or more usable files (`assign_files`, by sha256 rank of the relative path), else by bytes
+within each file (`cut_text`); a split of fraction 0 is not written.
+Details: README.md, Data ("Your own text"), and docs/data.md, "Your own files".
 """
 
 import dataclasses
@@ -83,7 +65,7 @@ class Scan:
     return {'validation_fraction': self.validation_fraction, 'test_fraction': self.test_fraction}
 
   def split_files(self) -> dict[str, list[TextFile]]:
-    """Files per split (by-file mode; see the module docstring); splits of fraction 0 omitted."""
+    """Files per split (by-file mode; docs/data.md); splits of fraction 0 omitted."""
     by_relpath = {f.relpath: f for f in self.files}
     return {split: [by_relpath[r] for r in relpaths]
             for split, relpaths in assign_files(list(by_relpath), **self.fractions()).items()}
@@ -130,7 +112,7 @@ def held_out_counts(n: int, validation_fraction: float, test_fraction: float) ->
 
 def assign_files(relpaths: list[str], *, validation_fraction: float,
                  test_fraction: float) -> dict[str, list[str]]:
-  """Relative paths per split, by sha256 rank (see the module docstring); each list sorted."""
+  """Relative paths per split, by sha256 rank (docs/data.md); each list sorted."""
   ranked = sorted(relpaths, key=_rank)
   counts = held_out_counts(len(ranked), validation_fraction, test_fraction)
   splits, start = {}, 0

@@ -1,51 +1,14 @@
-"""The Perceiver-AR family (docs/architecture.md): PerceiverAR and three double-attention variants.
+"""The Perceiver-AR family: PerceiverAR and the three double-attention variants (`VARIANTS`).
 
-Every layer works on a stream `[history; latents]`: the latents are the last
-Z = `num_latents` positions, the history the T - Z before them. The latent
-queries cross-attend causally to the whole stream (`causal_cross_attention`,
-the one primitive all four share). What differs is what becomes of the history:
-
-- `perceiver_ar`: used as keys/values in layer 1 only, then dropped; layers
-  2.. are causal self-attention over the latents (the same primitive with no
-  history).
-- `double_attention`: kept in every layer and refined by its own
-  bidirectional self-attention (no history position is ever predicted).
-- `compressed_double_attention`: as double, on a history first compressed
-  along the sequence by `compression` (`model.compression_op`):
-  `learned` (the paper's): a learned linear map over the whole history,
-  T - Z -> (T - Z) / compression, initialized to mean pooling. It has
-  (T - Z)^2 / compression parameters: O(T^2) (268M at a 32K context), so it is
-  not efficient in T. `strided`: a learned weight per position of each group
-  of `compression` consecutive tokens and per channel (`[compression, D]`,
-  initialized to mean pooling), applied to every group: O(compression * D)
-  parameters, whatever T.
-- `ssplit_double_attention`: as double, the history's self-attention kept
-  inside `num_history_segments` disjoint segments.
-
-The model returns logits for the latent positions only, `[B, Z, V]`; the
-training loop scores them against the last Z targets, so only latents are
-trained. History and latents share each layer's weights (one q/k/v
-projection, one MLP).
-
-Decoding (`init_cache`, `prefill`, `extend`), the paper's scheme made exact:
-the history is fixed at prefill and every later token is a new latent. A
-prompt of P tokens has history h = P - min(Z, P) (a prompt shorter than Z is
-all latents) and `prefill` returns `model(prompt)`. Then every decoded
-position's logits equal one full pass over the whole sequence (N tokens) with
-the same history, i.e. with num_latents = N - h; the latents grow past Z (the
-model is exact, not a window of the last Z). The history never changes once
-prefilled (its self-attention does not see latents), so the cache holds, per
-layer, the keys/values of that layer's stream in one buffer of
-`max_len` slots, slot = position: layer 1's history and latents; in layers
-2.. the latents only for `perceiver_ar` (slots h.. used), history and latents
-for the double variants (each layer's history keys computed once, at
-prefill). A decoding step costs O(max_len) per layer. `compressed_double_attention`
-keeps (seq_len - Z) / compression history slots, not seq_len - Z, and, its
-compression being tied to a history of seq_len - Z, prefills exactly
-`seq_len` tokens (another length is a clear error); `ssplit_double_attention`
-needs h to be a multiple of `num_history_segments`. A prompt left-padded with
-end-of-document tokens (or cut) to `seq_len` tokens, the training window,
-suits every variant. Learned positions limit max_len to seq_len.
+Every layer works on a stream `[history; latents]`, the latents the last Z = `num_latents`
+positions, whose queries cross-attend causally to the whole stream (`causal_cross_attention`).
+The history is dropped after layer 1 (`perceiver_ar`), or refined in every layer by its own
+bidirectional self-attention (`double_attention`), first compressed along the sequence
+(`compressed_double_attention`, `model.compression_op`), or inside `num_history_segments`
+segments (`ssplit_double_attention`). Logits `[B, Z, V]`, latents only. Decoding (`init_cache`,
+`prefill`, `extend`) fixes the history at prefill and makes every new token a latent: its logits
+equal one full pass over the sequence with that history.
+Details: docs/architecture.md, "The Perceiver-AR family and ECP" and "Generation".
 """
 
 import dataclasses
@@ -273,7 +236,7 @@ class PerceiverAR(decoder.LanguageModel):
 
     return x_BSD[:, -Z:], ((first_kv, rest_kv) if keep_cache else None)
 
-  # Cached decoding (see "Decoding" in the module docstring).
+  # Cached decoding (docs/architecture.md, "Generation").
 
   def _slot_shift(self) -> int:
     """Absolute position minus stream slot of a latent: the history tokens compression removed."""

@@ -1,28 +1,13 @@
 """Context-parallel (ring) versions of the ops (docs/architecture.md, "Context parallelism").
 
-Each op has the signature of its single-device twin plus keyword-only `mesh`
-and `axis_name`: it takes and returns *global* arrays whose T axis is sharded
-over `mesh.shape[axis_name]` devices (and B over `data` when the mesh has that
-axis), and equals the single-device op. Inside `jax.shard_map` every device
-holds C = T / devices tokens and receives what it needs from the devices
-behind it with `jax.lax.ppermute`; no device ever gathers the whole sequence.
-
-- `sliding_window_attention`, `pi_attention`, `block_local_attention`: a halo
-  of the keys/values the chunk's queries can see from behind (the pattern's
-  reach: window - 1, π's farthest skip, `lookback` blocks), fetched from as
-  many devices back as it spans; then the core (`ops.core.attend`) on chunk +
-  halo at their global positions. Block-local needs C a multiple of
-  block_size (blocks never straddle devices).
-- `exponential_memory`: each device's (numerator, denominator) totals,
-  combined into an exclusive prefix by a log-step (Hillis-Steele) ppermute
-  scan over devices: ceil(log2 devices) + 1 exchanges.
-- `causal_attention`: ring attention. Keys/values rotate around the ring;
-  each step is a core call per (query piece, key piece) at their positions,
-  combined with `core.merge`; pieces of work entirely in the future see no key
-  block and cost nothing. `layout='zigzag'` (each device holds chunks i and
-  2n-1-i of 2n) balances that work: use `to_layout` / `permute_batch` once on
-  the batch and pass the matching positions to RoPE.
-- `shift_right`: x[:, i - distance], the sharded twin of `attention.shift_right`.
+Each op has the signature of its single-device twin plus keyword-only `mesh` and `axis_name`: it
+takes and returns *global* arrays whose T axis is sharded over `mesh.shape[axis_name]` devices (T
+divisible by them), and equals the single-device op. No device gathers the whole sequence:
+`sliding_window_attention`, `pi_attention` and `block_local_attention` (C = T / devices a multiple
+of block_size) fetch a halo from the devices behind; `exponential_memory` combines the devices'
+totals by a log-step prefix scan; `causal_attention` is ring attention (`layout='zigzag'`, with
+`to_layout` / `permute_batch` once on the batch, balances its work); `shift_right` is the sharded
+`attention.shift_right`.
 """
 
 import functools

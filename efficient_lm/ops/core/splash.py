@@ -1,26 +1,14 @@
 """The `splash` backend: jax's Pallas TPU splash-attention kernels, masks from the `Pattern`.
 
 Contract (`backends.Backend`): `attend(call, q, k, v, ...) -> (o, lse)`, differentiable in
-q, k, v and the priors under cotangents on o and lse.
+q, k, v and the priors under cotangents on o and lse. `unsupported` names the calls it cannot
+run, which the front door runs on `xla`: explicit key positions, a traced k_offset, an unknown
+block phase, dtypes other than float32 / bfloat16, more than `MAX_KEYS` (65,408) keys in one
+call. π's skips run beside the kernel (`skips.attend_with_skips`). `interpret=True` runs the
+kernels in Pallas interpret mode (CPU tests).
 
-- Every local pattern (causal, window, blocks with lookback, bidirectional segments, π's
-  window) lets query i see one interval of key indices, `lo[i] <= j < hi[i]`. Both bounds
-  are packed in one int32 per query (the kernel's `q_sequence`, 16 bits each) and one mask
-  function (`_interval_mask`) tests them inside the kernel. The intervals, and the key
-  blocks each query block visits (splash's `MaskInfo`, built here from the intervals in
-  O(Tq * Tk / block) numpy, not by splash's per-block processing), depend only on (pattern,
-  Tq, Tk, k_offset, q_phase, block sizes); cached. Keys at negative positions (chunk 0's
-  halo at a traced q_start) raise lo in-graph.
-- Forward with splash's logsumexp; backward with splash's dq and dkv kernels, the lse
-  cotangent entering as `di - dlse`. q is scaled before the kernel; rows that see no key give
-  o = 0, lse = NO_KEY_LSE. Priors shift lse outside the kernel; π's skips run beside it
-  (`skips.attend_with_skips`). Batch and heads share one kernel call (`[B * H, T, K]`), per
-  shard on a mesh (`kernel_mesh.per_shard`: Mosaic lowers a kernel only where every mesh axis
-  is manual). k and v are cast to q's dtype.
-- `xla` (via `unsupported`): explicit key positions, a traced k_offset, an unknown block
-  phase, dtypes other than float32 / bfloat16, more than 65,408 keys in one call.
-
-`interpret=True` runs the kernels in Pallas interpret mode (CPU tests).
+Details (the interval mask, the cached block tables, the backward): docs/architecture.md,
+"Attention core".
 """
 
 import dataclasses
