@@ -169,6 +169,32 @@ def test_recorded_distances(task, validation):
       assert task.min_distance <= q - p <= task.max_distance
 
 
+def test_one_token_pairs_keep_the_layout_and_the_distances(task, validation):
+  """pair_tokens=1: each pair is one token (k, v) where its value was; the key's cell holds the
+  filler it was given, and everything else (queries, answers, distances, the other cells) is
+  the same sequence as the two-token task's."""
+  joint = mqar.parse(SMALL + ',pair_tokens=1')
+  assert joint.pair_tokens == 1 and mqar.parse(joint.spec) == joint and 'pair_tokens=1' in joint.spec
+  assert 'pair_tokens' not in task.spec  # the default is not spelled: older specs are unchanged
+  assert joint.vocab_size == task.vocab_size + task.keys * task.values
+  tok = mqar.MqarTokenizer(joint)
+  for index in range(8):
+    x2, d2 = mqar.sequence(task, 'validation', index)
+    x1, d1 = mqar.sequence(joint, 'validation', index)
+    np.testing.assert_array_equal(d1, d2)
+    pairs = [p for p in range(1, task.seq_len - task.latents) if task.key_start <= x2[p] < task.value_start]
+    assert len(pairs) == task.pairs
+    for p in pairs:  # the pair token at p + 1 names the key and the value of the two-token pair
+      assert tok.decode([x1[p + 1]]) == f'k{x2[p] - task.key_start}=v{x2[p + 1] - task.value_start}'
+      assert not task.key_start <= x1[p] < task.value_start  # no key outside the queries
+    changed = np.flatnonzero(x1 != x2)
+    assert set(changed) <= {c for p in pairs for c in (p, p + 1)}
+    np.testing.assert_array_equal(tok.encode(tok.decode(x1)), x1)
+  with pytest.raises(ConfigError, match=r'mqar:pair_tokens=3 must be 1 or 2'):
+    mqar.parse(SMALL + ',pair_tokens=3')
+  with pytest.raises(ConfigError, match=r'keys x values pair tokens = '):
+    mqar.check(joint, joint.seq_len, vocab_size=task.vocab_size)
+
 def test_distances_are_log_uniform(task):
   d_N = np.concatenate([mqar.sequence(task, 'train', i)[1] for i in range(1000)])
   d_N = d_N[d_N >= 0]

@@ -32,7 +32,9 @@ TRAIN_SEQUENCES = 2**32  # the train split's nominal size: the iterator wraps af
 DEFAULT_SEQ_LEN = 1024
 DEFAULT_BINS = 8
 OPTIONS = ('seq_len', 'latents', 'queries', 'pairs', 'min_distance', 'max_distance', 'keys',
-           'values', 'filler', 'eval_sequences', 'seed')
+           'values', 'filler', 'eval_sequences', 'seed', 'pair_tokens')
+DEFAULT_PAIR_TOKENS = 2  # `k v`; 1 = one token per pair. A spec names pair_tokens only when 1, so
+                         # the tasks written before it keep their spec and their sequences.
 _ATTEMPTS = 100  # layouts tried per sequence before giving up (a retry is rare: see _crowding)
 _DRAWS = 16      # random candidate positions tried before enumerating all of them
 
@@ -55,6 +57,7 @@ class MqarTask:
   filler: int
   eval_sequences: int
   seed: int
+  pair_tokens: int = DEFAULT_PAIR_TOKENS
 
   @property
   def key_start(self) -> int:
@@ -69,13 +72,21 @@ class MqarTask:
     return NUM_RESERVED + self.keys + self.values
 
   @property
-  def vocab_size(self) -> int:
+  def pair_start(self) -> int:
+    """The first pair token (pair_tokens=1): pair (k, v) is pair_start + k * values + v."""
     return NUM_RESERVED + self.keys + self.values + self.filler
 
   @property
+  def vocab_size(self) -> int:
+    joint = self.keys * self.values if self.pair_tokens == 1 else 0
+    return NUM_RESERVED + self.keys + self.values + self.filler + joint
+
+  @property
   def spec(self) -> str:
-    """The canonical dataset string: every option spelled out; parse(spec) == self."""
-    return PREFIX + ','.join(f'{name}={getattr(self, name)}' for name in OPTIONS)
+    """The canonical dataset string: every option spelled out (pair_tokens only when it is not
+    the default); parse(spec) == self."""
+    return PREFIX + ','.join(f'{name}={getattr(self, name)}' for name in OPTIONS
+                             if name != 'pair_tokens' or self.pair_tokens != DEFAULT_PAIR_TOKENS)
 
   def num_sequences(self, split: str) -> int:
     if split not in SPLITS:
@@ -166,12 +177,16 @@ def parse(dataset: str, seq_len: int | None = None) -> MqarTask:
     _fail('max_distance', D1, f'crowds the long distances: about {long[1]:.1f} of queries={Q} fall '
           f'at distance {long[0]} or more, more than a quarter of the {long[2]} positions there '
           'hold (3 each)', 'lower max_distance or queries')
+  pair_tokens = given.get('pair_tokens', DEFAULT_PAIR_TOKENS)
+  if pair_tokens not in (1, 2):
+    _fail('pair_tokens', pair_tokens, 'must be 1 or 2', "write pair_tokens=2 (a pair is 'k v', the "
+          "default) or pair_tokens=1 (one token per pair)")
   N = positive('eval_sequences', given.get('eval_sequences', 512))
   seed = given.get('seed', 0)
   if not 0 <= seed < 2**32:
     _fail('seed', seed, 'must be in [0, 2**32)', 'set seed to a non-negative 32-bit integer')
   return MqarTask(seq_len=S, latents=Z, queries=Q, pairs=P, min_distance=D0, max_distance=D1,
-                  keys=K, values=V, filler=F, eval_sequences=N, seed=seed)
+                  keys=K, values=V, filler=F, eval_sequences=N, seed=seed, pair_tokens=pair_tokens)
 
 
 def _crowding(S: int, Z: int, Q: int, D0: int, D1: int):
@@ -209,8 +224,9 @@ def check(task: MqarTask, seq_len: int, *, vocab_size: int | None = None,
                       f'{task.seq_len}; set data.seq_len={task.seq_len} (or leave seq_len out of '
                       'data.dataset to take data.seq_len)')
   if vocab_size is not None and vocab_size < task.vocab_size:
+    pairs = ' + keys x values pair tokens' if task.pair_tokens == 1 else ''
     raise ConfigError(f'data.vocab_size={vocab_size!r} is below the mqar vocabulary '
-                      f'(3 reserved + keys + values + filler = {task.vocab_size}); set '
+                      f'(3 reserved + keys + values + filler{pairs} = {task.vocab_size}); set '
                       f'data.vocab_size={task.vocab_size} (a larger one is lowered to it)')
   if num_latents is not None and num_latents < task.latents:
     raise ConfigError(f'model.num_latents={num_latents!r} is below mqar:latents={task.latents}: '
@@ -225,10 +241,11 @@ def check(task: MqarTask, seq_len: int, *, vocab_size: int | None = None,
 def _split_key(task: MqarTask, split: str, seed: int) -> list[int]:
   """Four 32-bit words naming (task, split, seed): the entropy every sequence of the split
   starts from. Held-out splits ignore `seed` (the same for every training seed), and
-  eval_sequences is left out (more eval sequences extend the set)."""
+  eval_sequences is left out (more eval sequences extend the set), and so is pair_tokens (the
+  one-token form writes the same layouts)."""
   if split != 'train':
     seed = 0
-  content = dataclasses.replace(task, eval_sequences=0).spec
+  content = dataclasses.replace(task, eval_sequences=0, pair_tokens=DEFAULT_PAIR_TOKENS).spec
   digest = hashlib.sha256(json.dumps([content, split, int(seed)]).encode()).digest()
   return [int.from_bytes(digest[i:i + 4], 'little') for i in range(0, 16, 4)]
 
@@ -335,7 +352,10 @@ def sequence(task: MqarTask, split: str, index: int, seed: int = 0) -> tuple[np.
   p_P = np.concatenate([queried[1], distractors])
   x = (task.value_start + rng.integers(task.values + task.filler, size=S + 1)).astype(np.int32)
   x[0] = x[S] = EOS_ID
-  x[p_P], x[p_P + 1] = keys_P, values_P
+  if task.pair_tokens == 2:
+    x[p_P], x[p_P + 1] = keys_P, values_P
+  else:  # one token where the value would be (the key's cell keeps its filler): the same distances
+    x[p_P + 1] = task.pair_start + (keys_P - task.key_start) * task.values + values_P - task.value_start
   Q = task.queries
   x[q_Q - 1], x[q_Q], x[q_Q + 1] = QUERY_ID, keys_P[:Q], values_P[:Q]
   distances_S = np.full(S, -1, np.int32)
@@ -362,7 +382,8 @@ def batch(task: MqarTask, split: str, indices, seed: int = 0) -> dict[str, np.nd
 
 class MqarTokenizer:
   """Ids <-> words: '<pad>', '<eos>', '?', 'k<i>', 'v<i>', 'f<i>' (i counts from 0 within its
-  range; decode of an id outside the vocabulary gives '<id:N>'). No sentencepiece model
+  range), 'k<i>=v<j>' for a pair token (pair_tokens=1); decode of an id outside the vocabulary
+  gives '<id:N>'. No sentencepiece model
   (model_path None): `save` writes the task instead (JSON: kind, dataset, vocab_size), which
   `load` reads back, so a workdir records which task it was trained on."""
 
@@ -397,6 +418,9 @@ class MqarTokenizer:
     for letter, start, size in self._ranges():
       if start <= i < start + size:
         return f'{letter}{i - start}'
+    t = self.task
+    if t.pair_tokens == 1 and t.pair_start <= i < t.vocab_size:
+      return f'k{(i - t.pair_start) // t.values}=v{(i - t.pair_start) % t.values}'
     return f'<id:{i}>'
 
   def decode(self, ids) -> str:
@@ -410,6 +434,11 @@ class MqarTokenizer:
       if word in fixed:
         ids.append(fixed[word])
         continue
+      pair = re.fullmatch(r'k([0-9]+)=v([0-9]+)', word)
+      t = self.task
+      if pair and t.pair_tokens == 1 and int(pair[1]) < t.keys and int(pair[2]) < t.values:
+        ids.append(t.pair_start + int(pair[1]) * t.values + int(pair[2]))
+        continue
       for letter, start, size in self._ranges():
         if word[:1] == letter and word[1:].isdigit() and int(word[1:]) < size:
           ids.append(start + int(word[1:]))
@@ -417,7 +446,8 @@ class MqarTokenizer:
       else:
         raise ValueError(f'{word!r} is not an MQAR token of {self.task.spec}; write k<i> (i < '
                          f'{self.task.keys}), v<i> (i < {self.task.values}), f<i> (i < '
-                         f'{self.task.filler}), ?, <eos> or <pad>')
+                         f'{self.task.filler}), ?, <eos> or <pad>'
+                         + (', or k<i>=v<j> (a pair)' if self.task.pair_tokens == 1 else ''))
     return np.asarray(ids, np.int32)
 
   def encode_batch(self, texts) -> list[np.ndarray]:
