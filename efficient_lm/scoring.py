@@ -270,8 +270,8 @@ def score_recall(model: nnx.Module, corpus, split: str, *, batch_size: int, loss
                  per_query: bool = False) -> dict:
   """MQAR (`data.mqar`): the answers' loss and accuracy per distance bin (its standard error and
   queries per bin) over every sequence of `split`; with `per_query`, `queries`: every answer's
-  sequence, distance and correctness (arrays, for paired tests across models on the same
-  queries)."""
+  sequence, position (its input position in the window), distance and correctness (arrays, for
+  paired tests across models on the same queries)."""
   from efficient_lm.data import mqar  # pylint: disable=import-outside-toplevel
   graphdef, params = nnx.split(model)
   if mesh is not None:
@@ -279,7 +279,7 @@ def score_recall(model: nnx.Module, corpus, split: str, *, batch_size: int, loss
   step = make_score_step(graphdef, loss_chunk=loss_chunk, predictions=True)
   accuracy = mqar.DistanceAccuracy(corpus.task, num_bins)
   total_nll = scored = 0.0
-  queries = {"sequence": [], "distance": [], "correct": []}
+  queries = {"sequence": [], "position": [], "distance": [], "correct": []}
   for first, batch in zip(range(0, 1 << 62, batch_size),
                           corpus.eval_batches(split, batch_size=batch_size)):
     distances = batch.pop("distances")
@@ -292,7 +292,9 @@ def score_recall(model: nnx.Module, corpus, split: str, *, batch_size: int, loss
       T = out["predicted"].shape[1]
       answer_BT = distances[:, -T:] >= 0
       rows_BT = np.broadcast_to(first + np.arange(len(distances))[:, None], answer_BT.shape)
+      columns_BT = np.broadcast_to(distances.shape[1] - T + np.arange(T)[None, :], answer_BT.shape)
       queries["sequence"].append(rows_BT[answer_BT])
+      queries["position"].append(columns_BT[answer_BT])
       queries["distance"].append(distances[:, -T:][answer_BT])
       queries["correct"].append((out["predicted"] == batch["targets"][:, -T:])[answer_BT])
   result = {**metrics_lib.loss_figures(total_nll, scored, 0), "scored_tokens": int(scored),

@@ -6,12 +6,16 @@
 
 The task (`TASK`, `data.dataset='mqar:...'`): windows of 192 tokens, key-value pairs in the first
 128, queries in the last 64 (so Perceiver-AR, which predicts only its latents, is trained and
-scored on the same answers), each query's distance to its pair log-uniform over [21, 128]. Every
+scored on the same answers), each query's distance to its pair log-uniform over [21, 128], one
+token per pair (`pair_tokens=1`: one attention hop answers a query; docs/data.md, MQAR). Every
 row (model, seed) is a real training run, `python -m efficient_lm.main` in a subprocess with the
 shared settings (`SETTINGS`: width, depth, batch, steps, learning rate) and the family's own
-(`MODELS`: window, period, blocks, pieces, latents, each model's reach stated in `REACH`), then
+(`MODELS`: window, period, blocks, pieces, latents; which queries each model's attention reaches
+in one hop follows from its patterns: `in_reach`), then
 `python -m efficient_lm.evaluate --split=test --per_query_out=...`: accuracy per distance bin
-and every answer of the test split (the same 8,192 queries for every model and seed: 1,024 sequences x 8).
+and every answer of the test split (the same 8,192 queries for every model and seed: 1,024
+sequences x 8). `dense_two_token` is dense on the same layouts with two-token pairs (`k v`,
+Zoology's form): what the one-token form saves.
 
 Rows go to experiments/results/long_range.json (one per model, seed and distance bin: model, seed,
 bin_low, bin_high, accuracy, stderr, queries) after every run; a row already there is kept
@@ -26,12 +30,14 @@ import sys
 
 import numpy as np
 
-from experiments.common import REPO
+from efficient_lm import models
+from experiments.common import REPO, load_config
 from experiments.runner import run_monitored, tail
 
-TASK = ("mqar:seq_len=192,latents=64,queries=8,pairs=12,min_distance=21,max_distance=128,"
-        "keys=16,values=16,filler=16,eval_sequences=1024")
-SETTINGS = {"data.seq_len": 192, "data.batch_size": 32, "data.vocab_size": 51,
+TWO_TOKEN_TASK = ("mqar:seq_len=192,latents=64,queries=8,pairs=12,min_distance=21,"
+                  "max_distance=128,keys=16,values=16,filler=16,eval_sequences=1024")
+TASK = TWO_TOKEN_TASK + ",pair_tokens=1"
+SETTINGS = {"data.seq_len": 192, "data.batch_size": 32, "data.vocab_size": 307,
             "model.d_model": 128, "model.num_layers": 2, "model.num_heads": 4,
             "model.mlp_ratio": 2, "train.learning_rate": 3e-3, "train.warmup_steps": 100,
             "train.weight_decay": 0.0, "train.log_every": 100, "train.eval_every": 100000,
@@ -48,13 +54,33 @@ MODELS = {
     "honly": ("configs/bcmt.py:honly", {"model.block_size": L}),
     "ecp": ("configs/ecp.py", {"model.num_segments": 192 // (L // 2)}),   # pieces of 32
     "perceiver_ar": ("configs/perceiver_ar.py", {"model.num_latents": Z}),
+    "dense_two_token": ("configs/dense.py", {"data.dataset": TWO_TOKEN_TASK, "data.vocab_size": 51}),
 }
-# How far back each model can fetch a value into the query position in one attention hop (two
-# layers may chain two hops): the bins a claim is judged on follow from it.
-REACH = {"dense": 192, "sliding_window": W - 1, "pi_attention": S * P + W - 1,
-         "bcmt": None, "honly": L - 1, "ecp": L - 1, "perceiver_ar": 192}
 SEEDS = (0, 1)
+ROWS = [(m, s) for s in SEEDS for m in MODELS if m != "dense_two_token"] + [("dense_two_token", 0)]
 STEPS = 3000
+
+
+def model_config(model: str):
+  """The model section a row trains (its config file, the shared settings, its own fields)."""
+  path, fields = MODELS[model]
+  config = load_config(path)
+  for key, value in {**SETTINGS, **fields}.items():
+    section, field = key.split(".")
+    if section in ("model", "data"):
+      config[section][field] = value
+  return config.model
+
+
+def in_reach(model: str, positions: np.ndarray, distances: np.ndarray) -> np.ndarray:
+  """Which queries (answer input position q, distance d) the model's attention reaches in one hop:
+  some layer's pattern shows the query the pair's token (input position q - d + 1). BCMT's memory
+  is not an attention pattern: only its blocks count."""
+  cfg = model_config(model)
+  seen = np.zeros(np.shape(positions), bool)
+  for pattern in models.REGISTRY[cfg.name].patterns(cfg):
+    seen |= np.asarray(pattern.visible(positions, positions - distances + 1))
+  return seen
 
 
 def row_key(model: str, seed: int) -> str:
@@ -63,7 +89,7 @@ def row_key(model: str, seed: int) -> str:
 
 def command(model: str, seed: int, workdir: str, steps: int) -> list[str]:
   config, fields = MODELS[model]
-  settings = {**SETTINGS, **fields, "data.dataset": TASK, "train.seed": seed,
+  settings = {**SETTINGS, "data.dataset": TASK, **fields, "train.seed": seed,
               "train.num_steps": steps}
   return [sys.executable, "-m", "efficient_lm.main", f"--config={config}", f"--workdir={workdir}",
           *[f"--config.{k}={v}" for k, v in settings.items()]]
@@ -107,7 +133,7 @@ def load(path: str) -> dict:
     with open(path) as f:
       return json.load(f)
   return {"task": TASK, "settings": SETTINGS, "models": {k: v[1] for k, v in MODELS.items()},
-          "reach": REACH, "runs": {}, "rows": []}
+          "runs": {}, "rows": []}
 
 
 def save(results: dict, path: str) -> None:
@@ -128,7 +154,7 @@ def main(argv=None) -> None:
   parser.add_argument("--pause_file", default="")
   args = parser.parse_args(argv)
   keys = ([tuple(k.split("@")) for k in args.rows.split(",")] if args.rows else
-          [(m, str(s)) for s in SEEDS for m in MODELS])
+          [(m, str(s)) for m, s in ROWS])
   results = load(args.results)
   for model, seed in keys:
     key = row_key(model, int(seed))

@@ -10,9 +10,9 @@ over the seeds both have). The verdict is the bootstrap's (these runs); the per-
 reported beside it, and with 2 seeds decides only very consistent gaps (1 degree of freedom).
 
 Preconditions ("not comparable" whatever the numbers):
-  - trained: each model recalls at least `TRAINED` of the queries inside its own one-hop reach
-    (`long_range.REACH`); a model that does not solve recall where it can reach is "not trained",
-    not refuted;
+  - trained: each model recalls at least `TRAINED` of the queries its own attention reaches in
+    one hop (`long_range.in_reach`, from its patterns); a model that does not solve recall where
+    it can reach is "not trained", not refuted;
   - the same point: both models trained the same steps on the same task.
 
 Context-ablation claims (experiments/results/context_ablation.json): "the model gains from context
@@ -32,15 +32,17 @@ TRAINED = 0.5  # the share of queries inside its own reach a model must recall t
 RESULTS = os.path.join(REPO, "experiments", "results")
 
 # (claim, A, B, the distances it is judged on: [low, high)), stated before the runs.
+# A query at distance d reads the pair's token d - 1 positions back: the window (W - 1 back) ends
+# at d = W, the skips (m P back) reach d = S P + 1, ECP's pieces at most d = L.
 W, P, S, L = long_range.W, long_range.P, long_range.S, long_range.L
 RECALL_CLAIMS = [
     ("pi-Attention recalls past the sliding window's reach (its skips)", "pi_attention",
-     "sliding_window", (W, S * P + W)),
-    ("BCMT's memory recalls past one block, where HOnly cannot", "bcmt", "honly", (L, 10**9)),
+     "sliding_window", (W + 1, S * P + W + 1)),
+    ("BCMT's memory recalls past one block, where HOnly cannot", "bcmt", "honly", (L + 1, 10**9)),
     ("ECP recalls as far as Perceiver-AR (past ECP's one-hop reach)", "ecp", "perceiver_ar",
-     (L, 10**9)),
+     (L + 1, 10**9)),
     ("dense attention recalls past the sliding window's reach", "dense", "sliding_window",
-     (W, 10**9)),
+     (W + 1, 10**9)),
 ]
 
 
@@ -49,12 +51,11 @@ def load_queries(run: dict) -> dict:
     return {k: f[k] for k in f.files}
 
 
-def in_reach_accuracy(run: dict, reach: int | None) -> float | None:
-  """The share of test queries a run recalls at distances it can reach in one hop."""
-  if reach is None:
-    return None
+def in_reach_accuracy(run: dict) -> float | None:
+  """The share of the test queries its attention reaches in one hop that a run recalls (None
+  when it reaches none)."""
   q = load_queries(run)
-  inside = q["distance"] <= reach
+  inside = long_range.in_reach(run["model"], q["position"], q["distance"])
   return float(q["correct"][inside].mean()) if inside.any() else None
 
 
@@ -68,7 +69,7 @@ def recall_claim(results: dict, claim: str, a: str, b: str, bins: tuple[int, int
   for model in (a, b):
     for seed in seeds:
       run = runs[long_range.row_key(model, seed)]
-      acc = in_reach_accuracy(run, results["reach"].get(model))
+      acc = in_reach_accuracy(run)
       if acc is not None and acc < TRAINED:
         why_not = (f"not trained: {model}@{seed} recalls {acc:.2f} of the queries inside its own "
                    f"reach (< {TRAINED})")

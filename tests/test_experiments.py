@@ -343,3 +343,21 @@ def test_ablation_verdicts_follow_the_rule(tmp_path):
   got = {c["claim"].split()[0]: c["verdict"] for c in verdicts.ablation_claims(str(path))}
   assert got == {"sliding_window": "refuted", "honly": "not decided", "dense": "not decided",
                  "pi_attention": "confirmed", "bcmt": "refuted"}
+
+
+def test_recall_reach_follows_each_models_patterns():
+  """Which MQAR queries a model's attention reaches in one hop (the "trained" precondition of the
+  recall verdicts): the pair's token sits at q - d + 1, so the window of W reaches d <= W, π's
+  skips d = m P + 1, a block only its own, ECP its piece and the one before."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from experiments import long_range  # pylint: disable=import-outside-toplevel
+  W, P, S, L = long_range.W, long_range.P, long_range.S, long_range.L
+  q = 150  # an answer in the latents (the last block of L); every pair lies before them
+  d = np.array([W, W + 2, P + 1, 2 * P + 1, S * P + 1, S * P + 2, q - L + 1])
+  reach = {m: long_range.in_reach(m, np.full(len(d), q), d).tolist() for m in long_range.MODELS}
+  assert reach["sliding_window"] == [True] + [False] * 6
+  assert reach["pi_attention"] == [True, False, True, True, True, False, False]
+  assert not any(reach["honly"]) and not any(reach["bcmt"])  # the memory is not a pattern
+  piece = L // 2  # ECP: pieces of L / 2; q's piece starts at 128, the one before at 96
+  assert reach["ecp"] == [q - x + 1 >= (q // piece - 1) * piece for x in d.tolist()]
+  assert all(reach["dense"]) and all(reach["perceiver_ar"])

@@ -12,6 +12,7 @@ import pytest
 from flax import nnx
 
 from efficient_lm import models
+from efficient_lm.data import mqar
 from efficient_lm import scoring
 from efficient_lm import train
 from efficient_lm import train_state
@@ -76,9 +77,16 @@ def test_recall_by_distance_through_the_evaluator(tiny_config, tmp_path):
   summary = train.train_and_evaluate(config, workdir)
   assert summary["step"] == 4 and np.isfinite(summary["eval_loss"])
   assert json.load(open(os.path.join(workdir, "config.json")))["data"]["vocab_size"] == 51
-  result = scoring.evaluate_workdir(workdir, split="validation")
+  result = scoring.evaluate_workdir(workdir, split="validation", per_query=True)
   recall = result["recall"]
   assert recall["count_all"] == 24 * 2 == sum(recall["count"])
+  # Every answer once, where the task put it: its sequence, input position and distance.
+  queries = result["queries"]
+  task = mqar.parse(config.data.dataset)
+  expected = [(i, q, d) for i in range(24)
+              for q, d in enumerate(mqar.sequence(task, "validation", i)[1]) if d >= 0]
+  assert sorted(zip(queries["sequence"], queries["position"], queries["distance"])) == expected
+  assert queries["correct"].mean() * 48 == pytest.approx(recall["accuracy_all"] * 48)
   for accuracy, error, count in zip(recall["accuracy"], recall["stderr"], recall["count"]):
     if count:
       assert 0.0 <= accuracy <= 1.0
