@@ -18,8 +18,10 @@ sequences x 8). `dense_two_token` is dense on the same layouts with two-token pa
 Zoology's form): what the one-token form saves.
 
 Rows go to experiments/results/long_range.json (one per model, seed and distance bin: model, seed,
-bin_low, bin_high, accuracy, stderr, queries) after every run; a row already there is kept
-(resumable, additive; `--force` retrains). The claims are decided by `experiments.verdicts`.
+bin_low, bin_high, accuracy, stderr, queries) after every run, every answer of a run to
+experiments/results/long_range_queries/<model>@<seed>.npz (sequence, position, distance,
+correct: what the verdicts test); a row already there is kept (resumable, additive; `--force`
+retrains). The claims are decided by `experiments.verdicts`.
 `--pause_file`: while that file exists the running subprocess is stopped (speed measurements).
 """
 
@@ -58,7 +60,7 @@ MODELS = {
 }
 SEEDS = (0, 1)
 ROWS = [(m, s) for s in SEEDS for m in MODELS if m != "dense_two_token"] + [("dense_two_token", 0)]
-STEPS = 3000
+STEPS = 2000
 
 
 def model_config(model: str):
@@ -105,7 +107,9 @@ def run_row(model: str, seed: int, args) -> dict:
   if run["returncode"] != 0:
     raise RuntimeError(f"{row_key(model, seed)} training failed:\n"
                        f"{tail(os.path.join(workdir, '..', row_key(model, seed) + '.log'))}")
-  queries = os.path.join(workdir, "test_queries.npz")
+  queries = os.path.join(os.path.dirname(args.results), "long_range_queries",
+                         f"{row_key(model, seed)}.npz")
+  os.makedirs(os.path.dirname(queries), exist_ok=True)
   score = [sys.executable, "-m", "efficient_lm.evaluate", f"--workdir={workdir}", "--split=test",
            f"--per_query_out={queries}"]
   score_log = os.path.join(workdir, "..", f"{row_key(model, seed)}.score.log")
