@@ -20,9 +20,31 @@ def axes(*names: str | None) -> dict:
   return {"out_sharding": names, "eager_sharding": False}
 
 
-def rms_norm(d_model: int, *, dtype, rngs: nnx.Rngs) -> nnx.RMSNorm:
+class RMSNorm(nnx.Module):
+  """x / sqrt(mean(x^2) + epsilon) * scale over the last axis: statistics and product in float32,
+  the result in the compute dtype (`dtype`), as `nnx.RMSNorm` (the same parameter, `scale`, logical
+  axis `norm`, initialized from its own key). The scale multiplies the `[rows, D]` view, so its
+  gradient is one reduction over rows: over a `[1, T, D]` array XLA:CPU reduces it 50-100x slower
+  (measured: 52 ms against 0.4 ms at T = 8192, D = 256), a tenth of a long-context step."""
+
+  def __init__(self, d_model: int, *, dtype, rngs: nnx.Rngs, epsilon: float = 1e-6):
+    self.scale = nnx.Param(nnx.initializers.ones(rngs.params(), (d_model,), jnp.float32),
+                           **axes("norm"))
+    self.dtype = dtype
+    self.epsilon = epsilon
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    dtype = self.dtype or jnp.result_type(x, self.scale[...])
+    x32 = x.astype(dtype).astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.epsilon)
+    D = x.shape[-1]
+    scale = self.scale[...].astype(dtype).astype(jnp.float32)
+    return (y.reshape(-1, D) * scale).reshape(x.shape).astype(dtype)
+
+
+def rms_norm(d_model: int, *, dtype, rngs: nnx.Rngs) -> RMSNorm:
   """RMSNorm whose scale is replicated (logical axis `norm`)."""
-  return nnx.RMSNorm(d_model, dtype=dtype, rngs=rngs, scale_metadata=axes("norm"))
+  return RMSNorm(d_model, dtype=dtype, rngs=rngs)
 
 
 def dtype_of(name: str) -> jnp.dtype:
