@@ -67,10 +67,6 @@ class Plan:
   k_block: int = 0
 
   @property
-  def t_axis(self) -> int:
-    return 1 if self.layout == "BTHK" else 2
-
-  @property
   def key_rows(self) -> int:
     return self.front + (self.groups * self.group + self.fwd) * self.block
 

@@ -81,28 +81,22 @@ def _vma_zero(*xs) -> jax.Array:
   return zero
 
 
-# The banded schedule. It runs heads-first (`_forward` transposes "BTHK" calls); its helpers
-# take the sequence axis `plan.t_axis` as a parameter. Row quantities (lse, priors, delta) are
-# `[B, H, rows]`.
+# The banded schedule, heads-first (`_forward` transposes "BTHK" calls): q, k, v are `[B, H, T, K]`
+# (the sequence on axis T_AXIS), row quantities (lse, priors, delta) `[B, H, rows]`. Einsum letters:
+# g groups' blocks, q queries, m band keys, s skips.
 
-_BAND_SPECS = {  # einsum specs: g groups' blocks, q queries, m band keys, s skips
-    "BHTK": dict(qk="bhgqk,bhgmk->bhgqm", pv="bhgqm,bhgmk->bhgqk", dkv="bhgqm,bhgqk->bhgmk",
-                 skip_qk="bhtk,bhtsk->bhts", skip_pv="bhts,bhtsk->bhtk", skip_dkv="bhts,bhtk->bhtsk"),
-}
-
-
-def _rows_to_layout(x_BHR: jax.Array, layout: str) -> jax.Array:
-  """`[B, H, rows]` -> broadcastable against a `layout` array's `[B, rows, H]` / `[B, H, rows]`."""
-  return jnp.swapaxes(x_BHR, 1, 2) if layout == "BTHK" else x_BHR
+T_AXIS = 2
+QK, PV, DKV = "bhgqk,bhgmk->bhgqm", "bhgqm,bhgmk->bhgqk", "bhgqm,bhgqk->bhgmk"
+SKIP_QK, SKIP_PV, SKIP_DKV = "bhtk,bhtsk->bhts", "bhts,bhtsk->bhtk", "bhts,bhtk->bhtsk"
 
 
-def _blocks(x: jax.Array, t: int, count: int, L: int) -> jax.Array:
-  """Split the sequence axis t into `count` blocks of L."""
-  return x.reshape(*x.shape[:t], count, L, *x.shape[t + 1:])
+def _blocks(x: jax.Array, count: int, L: int) -> jax.Array:
+  """`[B, H, count * L, ...]` -> `[B, H, count, L, ...]`."""
+  return x.reshape(*x.shape[:T_AXIS], count, L, *x.shape[T_AXIS + 1:])
 
 
-def _unblocks(x: jax.Array, t: int) -> jax.Array:
-  return x.reshape(*x.shape[:t], x.shape[t] * x.shape[t + 1], *x.shape[t + 2:])
+def _unblocks(x: jax.Array) -> jax.Array:
+  return x.reshape(*x.shape[:T_AXIS], x.shape[T_AXIS] * x.shape[T_AXIS + 1], *x.shape[T_AXIS + 2:])
 
 
 def _band_grid(plan: Plan, q_start, k_start):
@@ -131,19 +125,19 @@ def _with_previous(x: jax.Array, count: int, extra: int, axis: int) -> jax.Array
 def _band_group(plan: Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, sp_grid):
   """One group's q slab, masked local logits `[B, H, G, L, M]` with the band's keys and values,
   and (π) skip logits `[B, H, GL, S]` with the skip keys and values (stacked after the t axis)."""
-  t, spec = plan.t_axis, _BAND_SPECS[plan.layout]
+  t = T_AXIS
   L, G, nb = plan.block, plan.group, plan.back + plan.fwd
-  B, H = q_grid.shape[0], q_grid.shape[3 - t]
+  B, H = q_grid.shape[:2]
   start = g * G * L
   q_g = _slice(q_grid, start, G * L, t)
   qpos = origin + start + jnp.arange(G * L, dtype=jnp.int32)
   band_start = start + plan.front - plan.back * L
   size = (G + nb) * L
-  band = lambda buf: _with_previous(_blocks(_slice(buf, band_start, size, t), t, G + nb, L), G, nb, t)
+  band = lambda buf: _with_previous(_blocks(_slice(buf, band_start, size, t), G + nb, L), G, nb, t)
   k_band, v_band = band(k_buf), band(v_buf)
   kpos_band = _with_previous(_slice(kpos_buf, band_start, size, 0).reshape(G + nb, L), G, nb, 0)
   local_GLM = plan.pattern.local.local_visible(qpos.reshape(G, L)[:, :, None], kpos_band[:, None, :])
-  s = precision.einsum_f32(spec["qk"], _blocks(q_g, t, G, L), k_band) * plan.scale
+  s = precision.einsum_f32(QK, _blocks(q_g, G, L), k_band) * plan.scale
   if lp_grid is not None:
     s = s + _slice(lp_grid, start, G * L, 2).reshape(B, H, G, L)[..., None]
   s = jnp.where(local_GLM, s, MASKED)
@@ -153,7 +147,7 @@ def _band_group(plan: Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, 
   k_skip = jnp.stack([_slice(k_buf, a, G * L, t) for a in at], axis=t + 1)
   v_skip = jnp.stack([_slice(v_buf, a, G * L, t) for a in at], axis=t + 1)
   present = jnp.stack([_slice(kpos_buf, a, G * L, 0) >= 0 for a in at], axis=1)  # [GL, S]
-  s_skip = precision.einsum_f32(spec["skip_qk"], q_g, k_skip) * plan.scale
+  s_skip = precision.einsum_f32(SKIP_QK, q_g, k_skip) * plan.scale
   if sp_grid is not None:
     s_skip = s_skip + _slice(sp_grid, start, G * L, 2)[..., None]
   s_skip = jnp.where(present, s_skip, MASKED)
@@ -163,10 +157,9 @@ def _band_group(plan: Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, 
 def _band_inputs(plan: Plan, q, k, v, q_start, k_start, lp, sp):
   origin, phase, key_offset = _band_grid(plan, q_start, k_start)
   rows = plan.groups * plan.group * plan.block
-  t = plan.t_axis
-  q_grid = _window(q, -phase, rows, t)
-  k_buf = _window(k, key_offset, plan.key_rows, t)
-  v_buf = _window(v, key_offset, plan.key_rows, t)
+  q_grid = _window(q, -phase, rows)
+  k_buf = _window(k, key_offset, plan.key_rows)
+  v_buf = _window(v, key_offset, plan.key_rows)
   kpos_buf = _band_key_positions(plan, origin, key_offset)
   lp_grid = None if lp is None else _window(lp, -phase, rows)
   sp_grid = None if sp is None else _window(sp, -phase, rows)
@@ -183,8 +176,7 @@ def _groups_loop(plan: Plan, body, carry):
 def _band_forward(plan: Plan, q, k, v, q_start, k_start, lp, sp):
   origin, phase, _, q_grid, k_buf, v_buf, kpos_buf, lp_grid, sp_grid = _band_inputs(
       plan, q, k, v, q_start, k_start, lp, sp)
-  t, spec, layout = plan.t_axis, _BAND_SPECS[plan.layout], plan.layout
-  B, H, rows, Kv = q.shape[0], q.shape[3 - t], q_grid.shape[t], v.shape[-1]
+  B, H, rows, Kv = *q_grid.shape[:3], v.shape[-1]
   L, G = plan.block, plan.group
 
   def body(g, carry):
@@ -197,43 +189,44 @@ def _band_forward(plan: Plan, q, k, v, q_start, k_start, lp, sp):
     m = jnp.maximum(m, NO_KEY_LSE)
     p = jnp.exp(s - m.reshape(B, H, G, L)[..., None])
     l = jnp.sum(p, axis=-1).reshape(B, H, G * L)
-    acc = _unblocks(precision.einsum_f32(spec["pv"], p.astype(v.dtype), v_band), t)
+    acc = _unblocks(precision.einsum_f32(PV, p.astype(v.dtype), v_band))
     if s_skip is not None:
       p_skip = jnp.exp(s_skip - m[..., None])
       l = l + jnp.sum(p_skip, axis=-1)
-      acc = acc + precision.einsum_f32(spec["skip_pv"], p_skip.astype(v.dtype), v_skip)
+      acc = acc + precision.einsum_f32(SKIP_PV, p_skip.astype(v.dtype), v_skip)
     safe_l = jnp.where(l > 0, l, 1.0)
-    o = (acc / _rows_to_layout(safe_l, layout)[..., None]).astype(q.dtype)
+    o = (acc / safe_l[..., None]).astype(q.dtype)
     lse = jnp.where(l > 0, m + jnp.log(safe_l), NO_KEY_LSE)
     start = g * G * L
-    return (jax.lax.dynamic_update_slice_in_dim(o_grid, o, start, axis=t),
+    return (jax.lax.dynamic_update_slice_in_dim(o_grid, o, start, axis=T_AXIS),
             jax.lax.dynamic_update_slice_in_dim(lse_grid, lse, start, axis=2))
 
   zero = _vma_zero(q, k, v, q_start, k_start, lp, sp)
   o_shape = list(q_grid.shape[:3]) + [Kv]
   init = (jnp.zeros(o_shape, q.dtype) + zero.astype(q.dtype), jnp.zeros((B, H, rows), F32) + zero)
   o_grid, lse_grid = _groups_loop(plan, body, init)
-  return _window(o_grid, phase, plan.Tq, t), _window(lse_grid, phase, plan.Tq)
+  return _window(o_grid, phase, plan.Tq), _window(lse_grid, phase, plan.Tq)
 
 
-def _scatter_band(x: jax.Array, t: int, G: int, nb: int, L: int) -> jax.Array:
-  """The adjoint of `_with_previous` on a band gradient (blocks on axis t, band on t + 1): the
-  slab gradient, sequence axis t, (G + nb) L long."""
+def _scatter_band(x: jax.Array, G: int, nb: int, L: int) -> jax.Array:
+  """The adjoint of `_with_previous` on a band gradient (blocks on the sequence axis, the band
+  after it): the slab gradient, (G + nb) L long."""
+  t = T_AXIS
   out = 0.0
   for s in range(nb + 1):
     out = out + _pad_axis(jax.lax.slice_in_dim(x, s * L, (s + 1) * L, axis=t + 1), t, s, nb - s)
-  return _unblocks(out, t)
+  return _unblocks(out)
 
 
 def _band_backward(plan: Plan, q, k, v, q_start, k_start, lp, sp, o, lse, do, dlse):
   origin, phase, key_offset, q_grid, k_buf, v_buf, kpos_buf, lp_grid, sp_grid = _band_inputs(
       plan, q, k, v, q_start, k_start, lp, sp)
-  t, spec, layout = plan.t_axis, _BAND_SPECS[plan.layout], plan.layout
-  B, H, rows = q.shape[0], q.shape[3 - t], q_grid.shape[t]
+  t = T_AXIS
+  B, H, rows = q_grid.shape[:3]
   L, G, nb = plan.block, plan.group, plan.back + plan.fwd
-  do_grid = _window(do, -phase, rows, t)
+  do_grid = _window(do, -phase, rows)
   lse_grid = _window(lse, -phase, rows)
-  delta = _rows_to_layout(jnp.sum(do.astype(F32) * o.astype(F32), axis=-1), layout) - dlse
+  delta = jnp.sum(do.astype(F32) * o.astype(F32), axis=-1) - dlse
   delta_grid = _window(delta, -phase, rows)
 
   def body(g, carry):
@@ -244,26 +237,26 @@ def _band_backward(plan: Plan, q, k, v, q_start, k_start, lp, sp, o, lse, do, dl
     lse_g = _slice(lse_grid, start, G * L, 2)
     delta_g = _slice(delta_grid, start, G * L, 2)
     do_g = _slice(do_grid, start, G * L, t)
-    do_blk, q_blk = _blocks(do_g, t, G, L), _blocks(q_g, t, G, L)
+    do_blk, q_blk = _blocks(do_g, G, L), _blocks(q_g, G, L)
     p = jnp.exp(s - lse_g.reshape(B, H, G, L)[..., None])
-    dp = precision.einsum_f32(spec["qk"], do_blk, v_band)
+    dp = precision.einsum_f32(QK, do_blk, v_band)
     ds = p * (dp - delta_g.reshape(B, H, G, L)[..., None])
-    dq = _unblocks(precision.einsum_f32(spec["pv"], ds.astype(k.dtype), k_band), t)
-    dk_band = precision.einsum_f32(spec["dkv"], ds.astype(q.dtype), q_blk)
-    dv_band = precision.einsum_f32(spec["dkv"], p.astype(do.dtype), do_blk)
+    dq = _unblocks(precision.einsum_f32(PV, ds.astype(k.dtype), k_band))
+    dk_band = precision.einsum_f32(DKV, ds.astype(q.dtype), q_blk)
+    dv_band = precision.einsum_f32(DKV, p.astype(do.dtype), do_blk)
     band_start = start + plan.front - plan.back * L
-    dk_buf = _add_at(dk_buf, band_start, plan.scale * _scatter_band(dk_band, t, G, nb, L), t)
-    dv_buf = _add_at(dv_buf, band_start, _scatter_band(dv_band, t, G, nb, L), t)
+    dk_buf = _add_at(dk_buf, band_start, plan.scale * _scatter_band(dk_band, G, nb, L), t)
+    dv_buf = _add_at(dv_buf, band_start, _scatter_band(dv_band, G, nb, L), t)
     if lp_grid is not None:
       dlp_grid = jax.lax.dynamic_update_slice_in_dim(
           dlp_grid, jnp.sum(ds, axis=-1).reshape(B, H, G * L), start, axis=2)
     if s_skip is not None:
       p_skip = jnp.exp(s_skip - lse_g[..., None])
-      dp_skip = precision.einsum_f32(spec["skip_qk"], do_g, v_skip)
+      dp_skip = precision.einsum_f32(SKIP_QK, do_g, v_skip)
       ds_skip = p_skip * (dp_skip - delta_g[..., None])
-      dq = dq + precision.einsum_f32(spec["skip_pv"], ds_skip.astype(k.dtype), k_skip)
-      dk_skip = precision.einsum_f32(spec["skip_dkv"], ds_skip.astype(q.dtype), q_g) * plan.scale
-      dv_skip = precision.einsum_f32(spec["skip_dkv"], p_skip.astype(do.dtype), do_g)
+      dq = dq + precision.einsum_f32(SKIP_PV, ds_skip.astype(k.dtype), k_skip)
+      dk_skip = precision.einsum_f32(SKIP_DKV, ds_skip.astype(q.dtype), q_g) * plan.scale
+      dv_skip = precision.einsum_f32(SKIP_DKV, p_skip.astype(do.dtype), do_g)
       for i, d in enumerate(plan.skips):
         at = start + plan.front - d
         take = lambda x: jax.lax.index_in_dim(x, i, axis=t + 1, keepdims=False)
@@ -283,9 +276,9 @@ def _band_backward(plan: Plan, q, k, v, q_start, k_start, lp, sp, o, lse, do, dl
           jnp.zeros(buf_shape(k, plan.key_rows), F32) + zero,
           jnp.zeros(buf_shape(v, plan.key_rows), F32) + zero)
   dq_grid, dlp_grid, dsp_grid, dk_buf, dv_buf = _groups_loop(plan, body, init)
-  dq = _window(dq_grid, phase, plan.Tq, t).astype(q.dtype)
-  dk = _window_transpose(dk_buf, key_offset, plan.Tk, t).astype(k.dtype)
-  dv = _window_transpose(dv_buf, key_offset, plan.Tk, t).astype(v.dtype)
+  dq = _window(dq_grid, phase, plan.Tq).astype(q.dtype)
+  dk = _window_transpose(dk_buf, key_offset, plan.Tk).astype(k.dtype)
+  dv = _window_transpose(dv_buf, key_offset, plan.Tk).astype(v.dtype)
   dlp = None if lp is None else _window(dlp_grid, phase, plan.Tq)
   dsp = None if sp is None else _window(dsp_grid, phase, plan.Tq)
   return dq, dk, dv, dlp, dsp
