@@ -27,6 +27,7 @@ retrains). The claims are decided by `experiments.verdicts`.
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -147,6 +148,32 @@ def save(results: dict, path: str) -> None:
   os.replace(path + ".tmp", path)
 
 
+def render(results: dict) -> str:
+  """The recall table: one row per model, accuracy per distance bin (each seed's, '/'-joined),
+  the bins' integer distances as headers; chance is 1 / values."""
+  runs = sorted(results["runs"].values(), key=lambda r: (list(MODELS).index(r["model"]), r["seed"]))
+  if not runs:
+    return "(no runs yet)"
+  edges = runs[0]["recall"]["edges"]
+  bins = [f"{math.ceil(lo)}-{math.ceil(hi) - 1}" for lo, hi in zip(edges, edges[1:])]
+  by_model: dict[str, list[dict]] = {}
+  for run in runs:
+    by_model.setdefault(run["model"], []).append(run)
+  lines = ["| model | seeds | " + " | ".join(f"d {b}" for b in bins) + " | all |",
+           "| --- | --- |" + " --- |" * (len(bins) + 1)]
+  for model, model_runs in by_model.items():
+    cells = [" / ".join(f"{r['recall']['accuracy'][i]:.2f}" for r in model_runs)
+             for i in range(len(bins))]
+    overall = " / ".join(f"{r['recall']['accuracy_all']:.3f}" for r in model_runs)
+    seeds = ",".join(str(r["seed"]) for r in model_runs)
+    lines.append(f"| `{model}` | {seeds} | " + " | ".join(cells) + f" | {overall} |")
+  counts = runs[0]["recall"]["count"]
+  lines.append("")
+  lines.append("Queries per bin (every row): " + ", ".join(f"{b}: {n:,}" for b, n in zip(bins, counts))
+               + "; standard error at most sqrt(0.25 / n) (0.5 accuracy).")
+  return "\n".join(lines)
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--rows", default="", help="model@seed,... (default: every model, seeds 0 1)")
@@ -156,7 +183,11 @@ def main(argv=None) -> None:
                                                         "long_range.json"))
   parser.add_argument("--workdir_root", default=os.path.join(REPO, "runs", "long_range"))
   parser.add_argument("--pause_file", default="")
+  parser.add_argument("--render", action="store_true", help="only print the table of the results")
   args = parser.parse_args(argv)
+  if args.render:
+    print(render(load(args.results)))
+    return
   keys = ([tuple(k.split("@")) for k in args.rows.split(",")] if args.rows else
           [(m, str(s)) for m, s in ROWS])
   results = load(args.results)

@@ -361,3 +361,17 @@ def test_recall_reach_follows_each_models_patterns():
   piece = L // 2  # ECP: pieces of L / 2; q's piece starts at 128, the one before at 96
   assert reach["ecp"] == [q - x + 1 >= (q // piece - 1) * piece for x in d.tolist()]
   assert all(reach["dense"]) and all(reach["perceiver_ar"])
+
+
+def test_recall_table_lists_every_seed_per_bin():
+  from experiments import long_range  # pylint: disable=import-outside-toplevel
+  recall = lambda a: {"edges": [21.0, 26.3, 33.1], "accuracy": a, "count": [10, 12],
+                      "accuracy_all": sum(a) / 2}
+  runs = {f"{m}@{s}": {"model": m, "seed": s, "recall": recall(a)} for m, s, a in (
+      ("sliding_window", 1, [1.0, 0.0625]), ("dense", 0, [1.0, 1.0]),
+      ("sliding_window", 0, [0.99, 0.07]))}
+  table = long_range.render({"runs": runs}).splitlines()
+  assert table[0] == "| model | seeds | d 21-26 | d 27-33 | all |"
+  assert table[2] == "| `dense` | 0 | 1.00 | 1.00 | 1.000 |"
+  assert table[3] == "| `sliding_window` | 0,1 | 0.99 / 1.00 | 0.07 / 0.06 | 0.530 / 0.531 |"
+  assert "21-26: 10, 27-33: 12" in table[-1]
