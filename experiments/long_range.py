@@ -34,6 +34,7 @@ import sys
 import numpy as np
 
 from efficient_lm import models
+from efficient_lm.data import mqar
 from experiments.common import REPO, load_config
 from experiments.runner import run_monitored, tail
 
@@ -73,6 +74,28 @@ def model_config(model: str):
     if section in ("model", "data"):
       config[section][field] = value
   return config.model
+
+
+MEMORY_MODELS = ("bcmt",)  # a path from every earlier block through the memory: never a null
+
+
+def multi_hop_reach(model: str, positions: np.ndarray, distances: np.ndarray) -> np.ndarray:
+  """Whether any path of at most num_layers attention hops (each hop: a key some layer's pattern
+  shows, or the position itself) leads from the pair's token to the answer. False: an exact null,
+  no weights can recall that query. Analysis only: a [seq_len, seq_len] visibility matrix."""
+  cfg = model_config(model)
+  if model in MEMORY_MODELS:
+    return np.ones(np.shape(positions), bool)
+  T = cfg.seq_len
+  i = np.arange(T)
+  sees = np.eye(T, dtype=bool)
+  for pattern in models.REGISTRY[cfg.name].patterns(cfg):
+    sees |= np.asarray(pattern.visible(i[:, None], i[None, :]))
+  reach = np.eye(T, dtype=bool)  # reach[a, p]: a's token has arrived at position p
+  for _ in range(cfg.num_layers):
+    reach = (reach.astype(np.int32) @ sees.T.astype(np.int32)) > 0
+  positions = np.asarray(positions)
+  return reach[positions - np.asarray(distances) + 1, positions]
 
 
 def in_reach(model: str, positions: np.ndarray, distances: np.ndarray) -> np.ndarray:
@@ -148,25 +171,44 @@ def save(results: dict, path: str) -> None:
   os.replace(path + ".tmp", path)
 
 
+def null_accuracy(run: dict, chance: float) -> str:
+  """'accuracy (z, n)' over the queries no path reaches (`multi_hop_reach`); z = (accuracy -
+  chance) / its binomial standard error at chance. '-' when the model reaches every query."""
+  path = os.path.join(REPO, run.get("queries_file", ""))
+  if "queries_file" not in run or not os.path.isfile(path):
+    return "?"
+  with np.load(path) as f:
+    q = {k: f[k] for k in f.files}
+  null = ~multi_hop_reach(run["model"], q["position"], q["distance"])
+  if not null.any():
+    return "-"
+  n, accuracy = int(null.sum()), float(q["correct"][null].mean())
+  z = (accuracy - chance) / math.sqrt(chance * (1 - chance) / n)
+  return f"{accuracy:.3f} (z {z:+.1f}, n {n:,})"
+
+
 def render(results: dict) -> str:
   """The recall table: one row per model, accuracy per distance bin (each seed's, '/'-joined),
-  the bins' integer distances as headers; chance is 1 / values."""
+  the bins' integer distances as headers, and the accuracy where no path reaches the pair
+  (`null_accuracy`: at chance, 1 / values, if the model is what its patterns say)."""
   runs = sorted(results["runs"].values(), key=lambda r: (list(MODELS).index(r["model"]), r["seed"]))
   if not runs:
     return "(no runs yet)"
+  chance = 1.0 / mqar.parse(TASK).values
   edges = runs[0]["recall"]["edges"]
   bins = [f"{math.ceil(lo)}-{math.ceil(hi) - 1}" for lo, hi in zip(edges, edges[1:])]
   by_model: dict[str, list[dict]] = {}
   for run in runs:
     by_model.setdefault(run["model"], []).append(run)
-  lines = ["| model | seeds | " + " | ".join(f"d {b}" for b in bins) + " | all |",
-           "| --- | --- |" + " --- |" * (len(bins) + 1)]
+  lines = ["| model | seeds | " + " | ".join(f"d {b}" for b in bins) + " | all | no path |",
+           "| --- | --- |" + " --- |" * (len(bins) + 2)]
   for model, model_runs in by_model.items():
     cells = [" / ".join(f"{r['recall']['accuracy'][i]:.2f}" for r in model_runs)
              for i in range(len(bins))]
     overall = " / ".join(f"{r['recall']['accuracy_all']:.3f}" for r in model_runs)
     seeds = ",".join(str(r["seed"]) for r in model_runs)
-    lines.append(f"| `{model}` | {seeds} | " + " | ".join(cells) + f" | {overall} |")
+    nulls = " / ".join(null_accuracy(r, chance) for r in model_runs)
+    lines.append(f"| `{model}` | {seeds} | " + " | ".join(cells) + f" | {overall} | {nulls} |")
   counts = runs[0]["recall"]["count"]
   lines.append("")
   lines.append("Queries per bin (every row): " + ", ".join(f"{b}: {n:,}" for b, n in zip(bins, counts))

@@ -358,6 +358,13 @@ def test_recall_reach_follows_each_models_patterns():
   assert reach["sliding_window"] == [True] + [False] * 6
   assert reach["pi_attention"] == [True, False, True, True, True, False, False]
   assert not any(reach["honly"]) and not any(reach["bcmt"])  # the memory is not a pattern
+  # Two layers chain two hops: the window's 2 (W - 1) + 1, ECP's two pieces back; HOnly never
+  # leaves its block, BCMT's memory reaches every block before.
+  paths = {m: long_range.multi_hop_reach(m, np.full(4, q), np.array([2 * W - 1, 2 * W, 87, 88]))
+           for m in ("sliding_window", "ecp", "honly", "bcmt")}
+  assert paths["sliding_window"].tolist() == [True, False, False, False]
+  assert paths["ecp"].tolist() == [True, True, True, False]  # the pair at 64 (piece 2) vs 63
+  assert not paths["honly"].any() and paths["bcmt"].all()
   piece = L // 2  # ECP: pieces of L / 2; q's piece starts at 128, the one before at 96
   assert reach["ecp"] == [q - x + 1 >= (q // piece - 1) * piece for x in d.tolist()]
   assert all(reach["dense"]) and all(reach["perceiver_ar"])
@@ -371,7 +378,7 @@ def test_recall_table_lists_every_seed_per_bin():
       ("sliding_window", 1, [1.0, 0.0625]), ("dense", 0, [1.0, 1.0]),
       ("sliding_window", 0, [0.99, 0.07]))}
   table = long_range.render({"runs": runs}).splitlines()
-  assert table[0] == "| model | seeds | d 21-26 | d 27-33 | all |"
-  assert table[2] == "| `dense` | 0 | 1.00 | 1.00 | 1.000 |"
-  assert table[3] == "| `sliding_window` | 0,1 | 0.99 / 1.00 | 0.07 / 0.06 | 0.530 / 0.531 |"
+  assert table[0] == "| model | seeds | d 21-26 | d 27-33 | all | no path |"
+  assert table[2] == "| `dense` | 0 | 1.00 | 1.00 | 1.000 | ? |"  # no per-query file here
+  assert table[3] == "| `sliding_window` | 0,1 | 0.99 / 1.00 | 0.07 / 0.06 | 0.530 / 0.531 | ? / ? |"
   assert "21-26: 10, 27-33: 12" in table[-1]
