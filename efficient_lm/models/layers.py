@@ -23,9 +23,11 @@ def axes(*names: str | None) -> dict:
 class RMSNorm(nnx.Module):
   """x / sqrt(mean(x^2) + epsilon) * scale over the last axis: statistics and product in float32,
   the result in the compute dtype (`dtype`), as `nnx.RMSNorm` (the same parameter, `scale`, logical
-  axis `norm`, initialized from its own key). The scale multiplies the `[rows, D]` view, so its
-  gradient is one reduction over rows: over a `[1, T, D]` array XLA:CPU reduces it 50-100x slower
-  (measured: 52 ms against 0.4 ms at T = 8192, D = 256), a tenth of a long-context step."""
+  axis `norm`, initialized from its own key). With one row (`[1, T, D]`, the long-context batch)
+  the scale multiplies the `[T, D]` array without its unit axis: XLA:CPU reduces the scale's
+  gradient over `[1, T, D]` 50-100x slower (52 ms against 0.4 ms at T = 8192, D = 256), a tenth of
+  a long-context step. Only a unit axis is dropped (a bitcast): merging a batch and a sequence
+  axis would cut across their shardings (fsdp x context)."""
 
   def __init__(self, d_model: int, *, dtype, rngs: nnx.Rngs, epsilon: float = 1e-6):
     self.scale = nnx.Param(nnx.initializers.ones(rngs.params(), (d_model,), jnp.float32),
@@ -37,9 +39,10 @@ class RMSNorm(nnx.Module):
     dtype = self.dtype or jnp.result_type(x, self.scale[...])
     x32 = x.astype(dtype).astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.epsilon)
-    D = x.shape[-1]
     scale = self.scale[...].astype(dtype).astype(jnp.float32)
-    return (y.reshape(-1, D) * scale).reshape(x.shape).astype(dtype)
+    if y.ndim > 2 and y.shape[0] == 1:
+      return (y[0] * scale)[None].astype(dtype)
+    return (y * scale).astype(dtype)
 
 
 def rms_norm(d_model: int, *, dtype, rngs: nnx.Rngs) -> RMSNorm:
