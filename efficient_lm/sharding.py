@@ -11,10 +11,10 @@ by default `mesh.fsdp=-1`, so a plain multi-device run shards its parameters):
 - `tensor`: tensor parallelism: heads, MLP width and vocabulary split.
 - `context`: the sequence split (context parallelism, `ops.ring`).
 
-Parameters carry logical axis names in their Flax metadata (`out_sharding`:
-`embed`, `mlp`, `heads`, `kv`, `vocab`, `layers`, ..., `SHARED_AXES`, and each family's own,
-declared by its registry entry); `mesh.rules` maps each name to a mesh axis ('' = replicated). A `[B, T]`
-batch is sharded `P(('data', 'fsdp'), 'context')`. With several processes every
+Parameters carry logical axis names in their Flax metadata (`out_sharding`): the
+decoder's (`SHARED_AXES`: `embed`, `mlp`, `heads`, `kv`, `vocab`, `layers`, ...) and each
+family's own, declared by its registry entry; `mesh.rules` maps each name to a mesh axis ('' =
+replicated). A `[B, T]` batch is sharded `P(('data', 'fsdp'), 'context')`. With several processes every
 process's iterator yields the same global batch and `shard_batch` places only
 the slices its own devices hold.
 """
