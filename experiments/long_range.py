@@ -62,7 +62,7 @@ MODELS = {
 }
 SEEDS = (0, 1)
 ROWS = [(m, s) for s in SEEDS for m in MODELS if m != "dense_two_token"] + [("dense_two_token", 0)]
-STEPS = 2000
+STEPS = 1000
 
 
 def model_config(model: str):
