@@ -11,6 +11,10 @@ import os
 # for those targets from this host: `--target`); several test processes may load libtpu.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+# Tests compile hundreds of tiny programs and run each once: XLA's backend optimisations (LLVM -O0
+# instead of -O2) cost more time than they save. HLO passes, layouts, buffer assignment and so the
+# compiled memory figures are unchanged (`test_core.py` checks it).
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + " --xla_force_host_platform_device_count=8").strip()

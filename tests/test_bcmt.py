@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import load_config
+from conftest import fast_first, load_config
 from efficient_lm import models
 from efficient_lm.models import bcmt
 from efficient_lm.models import decoder
@@ -39,7 +39,7 @@ def grads_of_output(name, ts=BOUNDARIES):
   return {t: np.asarray(grad_norms(params, x_BTD, t)) for t in ts}
 
 
-@pytest.mark.parametrize("name", ["bcmt", "honly"])
+@pytest.mark.parametrize("name", fast_first(["bcmt", "honly"], keep=(1,)))
 def test_causal_at_block_boundaries(name):
   """No output depends on a later token, in particular not the last token of a block on the next."""
   for t, norms in grads_of_output(name).items():
@@ -72,8 +72,8 @@ def decode_all(model, tokens_BT):
   return jnp.stack(logits, axis=1)
 
 
-@pytest.mark.parametrize("name,position,scanned", [
-    ("bcmt", "rope", True), ("bcmt", "learned", False), ("honly", "rope", True)])
+@pytest.mark.parametrize("name,position,scanned", fast_first([
+    ("bcmt", "rope", True), ("bcmt", "learned", False), ("honly", "rope", True)], keep=(0, 2)))
 def test_streaming_decoding_equals_forward(name, position, scanned):
   """Token-by-token logits equal the full pass's at every position: 4 blocks and a ragged fifth."""
   cfg = tiny_model_config(name, block_size=L, position=position, seq_len=40)
@@ -155,6 +155,7 @@ def plain_bcmt_mixer(p, x_BTD, *, num_heads, block_size, alpha, rope_base):
   return h + g * p_BTD
 
 
+@pytest.mark.slow
 def test_mixer_equals_its_five_steps_written_plainly():
   """The BCMT mixer against the plain reference, value and every gradient, on random weights."""
   cfg = tiny_model_config("bcmt", block_size=L, alpha=0.7)

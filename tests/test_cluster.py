@@ -21,6 +21,7 @@ def state_bytes(state) -> int:
   return sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(state))
 
 
+@pytest.mark.slow
 def test_a_resumed_setup_holds_the_state_once(tiny_config, tmp_path):
   config = tiny_config(num_steps=4, checkpoint_every=4, eval_every=4, sample_tokens=0)
   train.train_and_evaluate(config, str(tmp_path / "w"))
@@ -61,6 +62,7 @@ def test_a_mostly_replicated_state_is_refused_naming_the_rule():
   config_check.validate(config)
 
 
+@pytest.mark.slow
 def test_an_interrupted_async_save_loses_only_that_save(tiny_config, tmp_path):
   """A kill during an asynchronous save leaves Orbax's temporary directory: the run resumes from
   the previous committed checkpoint and finishes as an uninterrupted run would."""

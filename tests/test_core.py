@@ -264,6 +264,7 @@ def test_traced_positions_and_start_under_jit():
   np.testing.assert_allclose(lse, rlse, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_priors_give_one_softmax_over_the_union(block_sizes):
   """Priors on a skip-free pattern, on both parts of π, and a scale."""
   check(Pattern.sliding(6), 30, 30, priors=(True, False), seed=3)
@@ -281,6 +282,7 @@ def test_priors_give_one_softmax_over_the_union(block_sizes):
   np.testing.assert_allclose(both[1], merged[1], atol=2e-5)
 
 
+@pytest.mark.slow
 def test_rows_without_keys_are_zero_and_finite(block_sizes):
   """o = 0, lse = NO_KEY_LSE (finite), no NaN in any gradient, and merge weights such rows 0."""
   (q, k, v, _, _), (cot_o, cot_lse) = random_inputs(6, 6, seed=7)
@@ -350,8 +352,9 @@ def residuals(fn, *args) -> list[jax.Array]:
   return [x for x in jax.tree.leaves(f_vjp) if hasattr(x, "shape")]
 
 
-@pytest.mark.parametrize("pattern", fast_first([Pattern.pi(32, 48, 4), Pattern.dense(),
-                                                 Pattern.sliding(32), Pattern.blocks(64, 1)]), ids=repr)
+@pytest.mark.slow
+@pytest.mark.parametrize("pattern", [Pattern.pi(32, 48, 4), Pattern.dense(), Pattern.sliding(32),
+                                     Pattern.blocks(64, 1)], ids=repr)
 def test_backward_keeps_only_inputs_outputs_and_lse(pattern):
   """Nothing of size [.., L, M] or [T, T] lives between forward and backward: every residual is
   at most the size of q (q, k, v, o), or of a [B, T, H] row (priors, lse)."""
@@ -388,6 +391,22 @@ def test_compiled_memory_doubles_with_T(name, op):
     reference = fwd_bwd_temp_bytes(functools.partial(attention.causal_attention, impl="reference"),
                                    4096)
     assert small * 8 < reference, (small, reference)
+
+
+
+def test_test_compile_mode_keeps_the_compiled_memory():
+  """tests/conftest.py compiles with jax_disable_most_optimizations (LLVM -O0: faster compiles);
+  the memory figures the tests check come from HLO passes and buffer assignment, the same."""
+  op = functools.partial(attention.sliding_window_attention, window=64)
+  figures = {}
+  for disabled in (True, False):
+    previous = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", disabled)
+    try:
+      figures[disabled] = fwd_bwd_temp_bytes(lambda q, k, v: op(q, k, v), 1024)
+    finally:
+      jax.config.update("jax_disable_most_optimizations", previous)
+  assert figures[True] == figures[False], figures
 
 
 # Layouts, errors and the causal op's implementations.
@@ -428,6 +447,7 @@ def test_causal_attention_impls():
       attention.causal_attention(q, k, v, impl="cudnn")
 
 
+@pytest.mark.slow
 def test_attention_impl_field():
   """model.attention_impl: 'reference' and 'flash' (= 'xla') build the same dense model; bad
   values and a kernel off its hardware (not interpreted) are config errors naming the field."""
@@ -451,7 +471,8 @@ def test_attention_impl_field():
 
 # π's gate as logits: exact log-priors near 0 and 1.
 
-@pytest.mark.parametrize("logit", fast_first([-12.0, 12.0]))
+@pytest.mark.slow
+@pytest.mark.parametrize("logit", [-12.0, 12.0])
 def test_gate_logits_give_exact_priors_and_live_gradients(logit):
   z = np.full((2, 40, 2), logit, np.float32)
   z[0, ::3] += 0.5  # not every row the same

@@ -11,6 +11,7 @@ from efficient_lm import models
 from efficient_lm.models import decoder
 from efficient_lm.models import ecp
 from efficient_lm.validation import ConfigError
+from conftest import fast_first
 from test_models import tiny_model_config
 
 
@@ -34,8 +35,8 @@ def build(cfg, op=None):
                          identical_layers=ecp.identical_layers(cfg), rngs=nnx.Rngs(0))
 
 
-@pytest.mark.parametrize("options", [
-    dict(), dict(shared_kv=True, rope_first_layer_only=True, num_segments=32)])
+@pytest.mark.parametrize("options", fast_first([
+    dict(), dict(shared_kv=True, rope_first_layer_only=True, num_segments=32)], keep=(1,)))
 def test_ecp_equals_dense_masked_reference_model(options):
   cfg = tiny_model_config("ecp", **options)
   T, L = cfg.seq_len, cfg.seq_len // cfg.num_segments

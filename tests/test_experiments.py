@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-from conftest import fast_first
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = ("quickstart.ipynb", "scaling.ipynb", "multi_device.ipynb")
@@ -302,8 +301,9 @@ def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch, shakespeare_ar
     assert "context-parallel" in outputs
 
 
-@pytest.mark.parametrize("spec", fast_first(["configs/pi_attention.py", "configs/dense.py",
-                                             "configs/perceiver_ar.py"]))
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["configs/pi_attention.py", "configs/dense.py",
+                                  "configs/perceiver_ar.py"])
 def test_train_step_flops_count_every_layer(spec):
   """XLA's cost analysis counts a scanned layer once; train_step_flops must grow by one layer per layer."""
   from experiments import bench_step

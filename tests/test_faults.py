@@ -103,6 +103,7 @@ def _damage(workdir, step):
       open(os.path.join(root, name), "w").close()
 
 
+@pytest.mark.slow
 def test_damaged_latest_checkpoint_falls_back(uninterrupted, tiny_config, tmp_path, caplog):
   workdir = str(tmp_path / "damaged")
   shutil.copytree(uninterrupted[0], workdir)
@@ -126,6 +127,7 @@ def test_no_restorable_checkpoint_refuses_to_start_over(uninterrupted, tiny_conf
   assert checkpoint_steps(workdir) == [20, 30, 40]  # nothing moved or overwritten
 
 
+@pytest.mark.slow
 def test_non_finite_step_stops_without_a_poisoned_checkpoint(tiny_config, tmp_path):
   config = tiny_config(learning_rate=1e30, warmup_steps=0, checkpoint_every=1, log_every=100)
   workdir = str(tmp_path / "nan")

@@ -57,8 +57,9 @@ def assert_same_function(a, b, *, rtol=2e-5, atol=2e-6):
   assert any(float(jnp.abs(x).max()) > 0 for x in jax.tree.leaves(ga))
 
 
-@pytest.mark.parametrize("loss_chunk", fast_first([12, 8]))  # 12: a ragged last chunk, padded with weight 0
-@pytest.mark.parametrize("name", fast_first(["dense", "perceiver_ar"]))
+@pytest.mark.slow
+@pytest.mark.parametrize("loss_chunk", [12, 8])  # 12: a ragged last chunk, padded with weight 0
+@pytest.mark.parametrize("name", ["dense", "perceiver_ar"])
 def test_chunked_loss_equals_the_whole_loss(name, loss_chunk):
   cfg = tiny_model_config(name, vocab_size=512)
   whole = loss_and_grads(cfg)
@@ -77,7 +78,8 @@ def test_remat_is_the_same_function(name, remat):
 CHUNKABLE = ["bcmt", "ecp", "honly", "pi_attention", "sliding_window"]
 
 
-@pytest.mark.parametrize("name", fast_first(CHUNKABLE, keep=(CHUNKABLE.index("pi_attention"),)))
+@pytest.mark.slow
+@pytest.mark.parametrize("name", CHUNKABLE)
 def test_sequence_chunks_are_the_same_function(name):
   whole = loss_and_grads(tiny_model_config(name))
   chunked = loss_and_grads(tiny_model_config(name, seq_chunk=8, remat="block"), loss_chunk=16,
@@ -140,6 +142,7 @@ def run_main(args: list[str], tmp_path) -> subprocess.CompletedProcess:
                         cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
 
 
+@pytest.mark.slow
 def test_compile_only_reports_the_step_and_writes_nothing(tmp_path):
   args = main_command("configs/pi_attention.py", "--config.data.seq_len=256",
                       "--config.data.batch_size=2", "--config.model.remat=block",
@@ -156,6 +159,7 @@ def test_compile_only_reports_the_step_and_writes_nothing(tmp_path):
   assert not (tmp_path / "w").exists() and not (tmp_path / "d").exists()  # no data, no workdir
 
 
+@pytest.mark.slow
 def test_a_step_too_large_is_refused_before_any_data(tmp_path):
   """Dense reference attention at 256K tokens needs terabytes of [T, T] scores: one line, exit 2."""
   args = main_command("configs/dense.py", "--config.model.attention_impl=reference",

@@ -28,6 +28,7 @@ def flat(tree) -> dict[str, np.ndarray]:
   return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(tree)}
 
 
+@pytest.mark.slow
 def test_zero_gradients_shrink_kernels_by_lr_times_decay_and_leave_norms_and_biases():
   """60 AdamW steps with zero gradients: every kernel and embedding is multiplied by
   prod(1 - lr_t * wd); norm scales and biases do not move."""
@@ -112,6 +113,7 @@ def test_dropout_keys_are_not_initializer_keys():
   assert init_keys & old
 
 
+@pytest.mark.slow
 def test_sample_does_not_import_the_training_loop():
   code = "import sys, efficient_lm.sample; print('efficient_lm.train' in sys.modules)"
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

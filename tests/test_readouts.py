@@ -65,6 +65,7 @@ def test_ablation_arguments_are_checked():
     ablation(tiny_model_config("dense"), stream(65, 64), ablate=4)
 
 
+@pytest.mark.slow
 def test_recall_by_distance_through_the_evaluator(tiny_config, tmp_path):
   """A tiny run on MQAR: the workdir records the task, and the evaluator reports accuracy per
   distance bin with its standard error and count (every query of the split, once)."""
@@ -94,6 +95,7 @@ def test_recall_by_distance_through_the_evaluator(tiny_config, tmp_path):
   assert result["scored_tokens"] == 48
 
 
+@pytest.mark.slow
 def test_the_evaluator_at_long_context_stays_within_the_train_steps_memory():
   """The score step at 131,072 tokens scores through the chunked loss: its temporaries are below
   the train step's (whose loss is chunked too), far from the 4 GiB of [1, T, 8192] logits."""

@@ -32,7 +32,7 @@ def gradient_support(cfg) -> np.ndarray:
     ("pi_attention", dict(window=2, period=3, num_skips=2, period_schedule="doubling")),
     ("pi_attention", dict(window=4, period=2, num_skips=3, period_schedule="constant")),  # P < W
     ("sliding_window", dict(window=4)),
-], keep=2))
+], keep=(1,)))
 def test_tool_matches_gradients(name, fields):
   cfg = tiny_model_config(name, seq_len=48, num_layers=3, **fields)
   expected = receptive_field.receptive_field(

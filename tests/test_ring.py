@@ -62,11 +62,11 @@ def assert_same_function(fast, reference, args, cotangent, atol=2e-5):
 
 
 # 8 devices along the sequence: C = 4 tokens each.
-@pytest.mark.parametrize("window, period, num_skips", [
+@pytest.mark.parametrize("window, period, num_skips", fast_first([
     (3, 2, 4),    # period below C; skips inside the window are dropped
     (2, 9, 3),    # period over two devices, not a multiple of C; the farthest skips pass the start
     (11, 3, 6),   # window wider than two devices' chunks, with skips
-])
+], keep=(1, 2)))
 def test_pi_attention_equals_single_device(window, period, num_skips):
   q, k, v, gate, cotangent = inputs()
   kw = dict(window=window, period=period, num_skips=num_skips)
@@ -91,7 +91,7 @@ def test_block_local_attention_equals_single_device(block_size, lookback):
                        functools.partial(attention.block_local_attention, **kw), (q, k, v), cotangent)
 
 
-@pytest.mark.parametrize("layout", ["natural", "zigzag"])
+@pytest.mark.parametrize("layout", fast_first(["natural", "zigzag"]))
 def test_ring_causal_attention_equals_dense(layout):
   q, k, v, _, cotangent = inputs()
   n = 4

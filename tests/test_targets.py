@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, load_config, fast_first
+from conftest import REPO, load_config
 from efficient_lm import config_check, sharding, step_memory, targets, train_state
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
@@ -81,6 +81,7 @@ def test_gpu_descriptions_ship_with_the_package():
   assert 140e9 < memory < 152e9 and "cuda_compute_capability { major: 9 minor: 0 }" in text
 
 
+@pytest.mark.slow
 @needs_tpu
 def test_tpu_step_report_uses_the_platform_figure():
   """On TPU the figure is the program's peak plus code (not the sum of the analysis' sizes: its
@@ -130,11 +131,11 @@ def test_no_sequence_wide_buffer_is_padded_on_tpu():
   assert report["fits"]
 
 
+@pytest.mark.slow
 @needs_tpu
-@pytest.mark.parametrize("name,preset", fast_first([
+@pytest.mark.parametrize("name,preset", [
     ("bcmt", None), ("dense", None), ("sliding_window", None), ("bcmt", "honly"), ("ecp", None),
-    pytest.param("perceiver_ar", None, marks=pytest.mark.slow),
-    pytest.param("pi_attention", "doubling", marks=pytest.mark.slow)]))
+    ("perceiver_ar", None), ("pi_attention", "doubling")])
 def test_every_family_compiles_for_a_tpu_slice(name, preset):
   """Every family's real train step compiles for v5e:2x2 and, having compiled, is never refused."""
   report, _ = compile_for(small(name, preset), "tpu:v5e:2x2")
@@ -171,6 +172,7 @@ def test_compile_only_target_command_line(tmp_path):
   assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: --target=")
 
 
+@pytest.mark.slow
 @needs_tpu
 def test_two_slices_make_a_hybrid_mesh():
   """--num_slices=2: the data axis runs across the slices (mesh.dcn_data=-1 takes them), fsdp

@@ -305,6 +305,7 @@ def test_utf8_repair_and_binary_skip_counts(tmp_path, caplog):
   assert 'ELF' not in everything and 'w' * 100 not in everything
 
 
+@pytest.mark.slow
 def test_train_split_shorter_than_seq_len_stops_before_training(tmp_path):
   _write(tmp_path / 'in', {'a.txt': 'a short note\n', 'b.txt': 'another one\n', 'c.txt': 'third\n'})
   config = load_config('dense')
@@ -327,6 +328,7 @@ def test_train_split_shorter_than_seq_len_stops_before_training(tmp_path):
 # End to end.
 
 
+@pytest.mark.slow
 def test_pi_attention_trains_on_a_text_folder(tmp_path):
   _folder(tmp_path / 'notes', 12, prefix='note')
   config = load_config('pi_attention')

@@ -10,7 +10,6 @@ import ml_collections
 import numpy as np
 import pytest
 
-from conftest import fast_first
 
 from efficient_lm import metrics
 from efficient_lm import sharding
@@ -54,6 +53,7 @@ def test_loss_falls_and_workdir_has_everything(finished_run):
   assert summary["sample"].startswith("ROMEO:\n") and len(summary["sample"]) > len("ROMEO:\n")
 
 
+@pytest.mark.slow
 def test_more_steps_continue_from_the_latest_checkpoint(tiny_config, tmp_path, caplog):
   workdir = str(tmp_path / "extended")
   train.train_and_evaluate(tiny_config(num_steps=20), workdir)
@@ -67,6 +67,7 @@ def test_more_steps_continue_from_the_latest_checkpoint(tiny_config, tmp_path, c
   assert len(jumps) == 1 and "0.0003 in the checkpoint's run, 0.00123 now" in jumps[0], jumps
 
 
+@pytest.mark.slow
 def test_resumed_run_equals_uninterrupted_run(finished_run, tiny_config, tmp_path):
   """Lose everything after checkpoint 20 of a 40-step run; rerunning ends at the same loss."""
   workdir = str(tmp_path / "interrupted")
@@ -128,12 +129,13 @@ def test_weighted_nll_scores_the_last_positions():
   assert float(nll) < 1e-6
 
 
-@pytest.mark.parametrize("name,preset,fields", fast_first([
+@pytest.mark.slow
+@pytest.mark.parametrize("name,preset,fields", [
     ("pi_attention", None, dict(window=8, period=8, num_skips=2)),
     ("bcmt", None, dict(block_size=8)),
     ("ecp", None, dict(num_segments=4)),
     ("perceiver_ar", "compressed", dict(num_latents=16, compression=4)),
-]))
+])
 def test_every_family_trains_through_the_loop(name, preset, fields, tiny_config, tmp_path):
   """The loop is model-agnostic: each family trains, checkpoints and evaluates; the final eval equals
   a fresh evaluation of the saved checkpoint (restored into a new model). Learning itself is tested

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, fast_first
+from conftest import REPO
 from efficient_lm import scoring
 from efficient_lm import generation
 from efficient_lm import train
@@ -54,7 +54,8 @@ def test_the_workdir_records_config_tokenizer_and_corpus(trained):
       os.path.join(trained, "tokenizer.model"))
 
 
-@pytest.mark.parametrize("change", fast_first(["another model", "another width"]))
+@pytest.mark.slow
+@pytest.mark.parametrize("change", ["another model", "another width"])
 def test_a_refused_run_leaves_every_file_byte_identical(trained, tiny_config, tmp_path, change):
   workdir = copy_of(trained, tmp_path)
   before = snapshot(workdir)
@@ -72,6 +73,7 @@ def test_a_refused_run_leaves_every_file_byte_identical(trained, tiny_config, tm
   assert step == 10 and generation.generate_text(model, tokenizer, "a", num_tokens=4)
 
 
+@pytest.mark.slow
 def test_another_corpus_is_refused_unless_allowed(trained, tiny_config, tmp_path):
   workdir = copy_of(trained, tmp_path)
   before = snapshot(workdir)
