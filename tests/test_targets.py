@@ -153,7 +153,7 @@ def test_compile_only_target_command_line(tmp_path):
           "--config.model.d_model=64", "--config.model.num_heads=2", "--config.data.vocab_size=512",
           f"--config.data.data_dir={tmp_path / 'd'}"]
   env = dict(os.environ)
-  ok = subprocess.run(base + ["--config.data.seq_len=4096", "--config.data.batch_size=4"],
+  ok = subprocess.run(base + ["--config.data.seq_len=1024", "--config.data.batch_size=4"],
                       capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
   assert ok.returncode == 0, ok.stderr[-2000:]
   report = json.loads(ok.stdout.strip().splitlines()[-1])
