@@ -52,8 +52,8 @@ TABLES = {
         "settings": {"data.seq_len": 512, "data.batch_size": 4, "model.d_model": 128,
                      "model.num_layers": 4, "model.num_heads": 4, "model.num_latents": 128,
                      "model.num_segments": 4},
-        "rows": [("perceiver_ar", (0, 1)), ("ecp", (0, 1)), ("perceiver_ar:double", (0,)),
-                 ("perceiver_ar:compressed", (0,)), ("perceiver_ar:ssplit", (0,))],
+        "rows": [("perceiver_ar", (0, 1)), ("ecp", (0, 1)), ("perceiver_ar:double", (0, 1)),
+                 ("perceiver_ar:compressed", (0, 1)), ("perceiver_ar:ssplit", (0, 1))],
         "row_settings": {},
         "scoring": "latents",
         "claims": [
