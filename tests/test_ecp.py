@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import fast_first
 from efficient_lm import models
 from efficient_lm.models import decoder
 from efficient_lm.models import ecp
 from efficient_lm.validation import ConfigError
-from conftest import fast_first
 from test_models import tiny_model_config
 
 
