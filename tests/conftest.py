@@ -15,10 +15,31 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # instead of -O2) cost more time than they save. HLO passes, layouts, buffer assignment and so the
 # compiled memory figures are unchanged (`test_core.py` checks it).
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " --xla_force_host_platform_device_count=8").strip()
+# And XLA's classic CPU fusion emitters instead of the MLIR ones: half the compile time again, the
+# same fusions and buffers (`test_core.py` checks this too). Subprocesses get these flags through
+# `subprocess_env`.
+TEST_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false"
 
+
+def xla_flags(devices: int | None = None) -> str:
+  """The tests' XLA_FLAGS: the compile mode above, and `devices` fake CPU devices (None: one)."""
+  return TEST_XLA_FLAGS + (f" --xla_force_host_platform_device_count={devices}" if devices else "")
+
+
+def subprocess_env(devices: int | None = None, **extra) -> dict:
+  """This environment for a child process, which sees `devices` fake CPU devices (None: one,
+  as a user's run does) and compiles in the tests' mode."""
+  return {**os.environ, "XLA_FLAGS": xla_flags(devices), **extra}
+
+
+_flags = os.environ.get("XLA_FLAGS", "")
+if "xla_force_host_platform_device_count" not in _flags:
+  _flags += " --xla_force_host_platform_device_count=8"
+if TEST_XLA_FLAGS not in _flags:
+  _flags += " " + TEST_XLA_FLAGS
+os.environ["XLA_FLAGS"] = _flags.strip()
+
+import collections
 import hashlib
 import io
 import random
@@ -79,6 +100,17 @@ def fake_work():
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pytest_collection_modifyitems(config, items):
+  """Long work first, so that the xdist workers finish on short tests rather than one waiting
+  on a long one: the files whose tests share a trained fixture (`xdist_group`: one worker runs
+  them together), then files by their number of slow tests; each file's tests stay together
+  (module fixtures are built once)."""
+  del config
+  slow = collections.Counter(item.module.__name__ for item in items if item.get_closest_marker("slow"))
+  grouped = {item.module.__name__ for item in items if item.get_closest_marker("xdist_group")}
+  items.sort(key=lambda item: (item.module.__name__ not in grouped, -slow[item.module.__name__]))
 
 
 def fast_first(cases, keep=1) -> list:

@@ -20,6 +20,9 @@ from efficient_lm import scoring
 from efficient_lm import train
 from efficient_lm.generation import load_workdir
 
+# The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).
+pytestmark = pytest.mark.xdist_group("evaluate_runs")
+
 NUM_LATENTS = 8
 
 

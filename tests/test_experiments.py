@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from conftest import subprocess_env, xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = ("quickstart.ipynb", "scaling.ipynb", "multi_device.ipynb")
@@ -17,7 +18,7 @@ NOTEBOOKS = ("quickstart.ipynb", "scaling.ipynb", "multi_device.ipynb")
 
 def one_device_env() -> dict:
   """The environment without conftest's 8 fake devices: the scripts run as a user runs them."""
-  return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  return subprocess_env()
 
 
 def run_module(args: list[str]) -> subprocess.CompletedProcess:
@@ -291,7 +292,7 @@ def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch, shakespeare_ar
          "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
   for key, value in env.items():
     monkeypatch.setenv(key, value)
-  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  monkeypatch.setenv("XLA_FLAGS", xla_flags())  # one device, as a user's kernel has
   notebook = nbformat.read(os.path.join(REPO, "experiments", name), as_version=4)
   nbclient.NotebookClient(notebook, timeout=600, kernel_name="python3",
                           resources={"metadata": {"path": str(tmp_path)}}).execute()

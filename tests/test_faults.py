@@ -15,6 +15,9 @@ from conftest import REPO
 from efficient_lm import checkpoint
 from efficient_lm import train
 
+# The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).
+pytestmark = pytest.mark.xdist_group("faults_uninterrupted")
+
 
 def read_metrics(workdir):
   with open(os.path.join(workdir, "metrics.jsonl")) as f:

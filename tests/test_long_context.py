@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import fast_first
+from conftest import fast_first, subprocess_env
 from flax import nnx
 
 from efficient_lm import models
@@ -137,7 +137,7 @@ def main_command(config: str, *fields: str) -> list[str]:
 
 
 def run_main(args: list[str], tmp_path) -> subprocess.CompletedProcess:
-  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one device, as a user runs it
+  env = subprocess_env()  # one device, as a user runs it
   return subprocess.run(args + [f"--workdir={tmp_path / 'w'}", f"--config.data.data_dir={tmp_path / 'd'}"],
                         cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
 

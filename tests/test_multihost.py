@@ -12,9 +12,12 @@ import time
 import jax
 import pytest
 
-from conftest import REPO
+from conftest import REPO, subprocess_env
 from efficient_lm import distributed
 from efficient_lm.validation import ConfigError
+
+# The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).
+pytestmark = pytest.mark.xdist_group("multihost_runs")
 
 # Environment that would make a child (or this process) join some other job.
 LAUNCHER_ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID", "SLURM_STEP_NODELIST",
@@ -48,9 +51,8 @@ def launch(args, log_dir, *, num_processes: int, devices_per_process: int, timeo
   Returns each process's (return code, output). Output goes to files (a full pipe must not stall
   a process); `while_running(processes, log_paths)` is called once all have started.
   """
-  env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
-  env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices_per_process}",
-             JAX_PLATFORMS="cpu")
+  env = {k: v for k, v in subprocess_env(devices_per_process, JAX_PLATFORMS="cpu").items()
+         if k not in LAUNCHER_ENV}
   job = []
   if num_processes > 1:
     job = [f"--coordinator_address=localhost:{free_port()}", f"--num_processes={num_processes}"]
