@@ -16,14 +16,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = ("quickstart.ipynb", "scaling.ipynb", "multi_device.ipynb")
 
 
-def one_device_env() -> dict:
-  """The environment without conftest's 8 fake devices: the scripts run as a user runs them."""
-  return subprocess_env()
-
-
 def run_module(args: list[str]) -> subprocess.CompletedProcess:
   result = subprocess.run([sys.executable, "-m", *args], cwd=REPO, capture_output=True, text=True,
-                          env=one_device_env())
+                          env=subprocess_env())
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   return result
 
@@ -95,7 +90,7 @@ def test_accelerator_check_quick_and_without_a_device(tmp_path):
   """The device script says in one line that there is no device (exit 0); its Python part runs
   at tiny sizes here: every backend within tolerance, every model timed, one JSON summary."""
   script = subprocess.run(["bash", "experiments/accelerator_check.sh"], cwd=REPO, capture_output=True,
-                          text=True, env=one_device_env(), timeout=120)
+                          text=True, env=subprocess_env(), timeout=120)
   assert script.returncode == 0 and script.stdout.strip().count("\n") == 0
   assert script.stdout.startswith("accelerator_check: no GPU or TPU on this machine")
   out = tmp_path / "check.json"
@@ -148,7 +143,7 @@ def test_paper_tables_keep_finished_rows_and_add_new_ones(tmp_path, shakespeare_
   log = tmp_path / "first.log"
   with open(log, "w") as out:
     proc = subprocess.Popen([sys.executable, "-m", *common, "--models=dense@0"], cwd=REPO, stdout=out,
-                            stderr=subprocess.STDOUT, env=one_device_env())
+                            stderr=subprocess.STDOUT, env=subprocess_env())
   deadline = time.time() + 120
   while "paused pid" not in log.read_text():
     assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
