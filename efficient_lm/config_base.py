@@ -24,6 +24,9 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   data.archive = ""                 # local copy of the dataset archive; '' = download it
   data.archive_sha256 = ""          # expected sha256 of the archive; '' = the official one
   data.text_key = "text"            # text feature of a 'tfds:<name>' dataset
+  data.document_mask = True         # batches carry document ids: no position attends across an
+                                    # end-of-document token into another document (generated
+                                    # tasks such as mqar: one document a sequence, no ids)
   data.tokenizer_train_bytes = 20_000_000  # the tokenizer trains on at most this much text: the
                                     # same share of every train document (0 = all of it). Below
                                     # the cap (the embedded corpus: 4.5 MB) nothing changes; above
@@ -125,14 +128,25 @@ def _fill(target: ml_collections.ConfigDict, source: ml_collections.ConfigDict) 
       _fill(target[key], value)
 
 
-def fill_defaults(config: ml_collections.ConfigDict, section: str | None = None
-                  ) -> ml_collections.ConfigDict:
+# Fields added later whose default changes what a run computes: a `config.json` written before
+# them gets the behaviour it was trained with.
+BEFORE_FIELD = {("data", "document_mask"): False}
+
+
+def fill_defaults(config: ml_collections.ConfigDict, section: str | None = None, *,
+                  saved: bool = False) -> ml_collections.ConfigDict:
   """Every field of `base_config` the config lacks, filled in place with its default (a
   `config.json` written before the field existed, a hand-written config), so the library reads
-  fields, never restates a default. `section` ('model', ...): `config` is that section alone
-  (its `name` is the model's, for the model section). Returns `config`."""
+  fields, never restates a default. `saved`: the config is a run's `config.json`, and a field in
+  `BEFORE_FIELD` it lacks gets the value the run was trained with. `section` ('model', ...):
+  `config` is that section alone (its `name` is the model's, for the model section). Returns
+  `config`."""
   name = config.name if section == "model" else config.model.name
   base = base_config(name)
   with config.unlocked():
+    if saved and section is None:
+      for (part, field), value in BEFORE_FIELD.items():
+        if part in config and field not in config[part]:
+          config[part][field] = value
     _fill(config, base[section] if section else base)
   return config

@@ -25,6 +25,7 @@ from efficient_lm import checkpoint
 from efficient_lm import models
 from efficient_lm import train_state
 from efficient_lm import workdir as workdir_lib
+from efficient_lm.data import corpus as corpus_lib
 
 
 def sample_logits(logits_BV: jax.Array, key: jax.Array, *, temperature: float, top_k: int = 0,
@@ -66,23 +67,29 @@ def context_room(model: nnx.Module, prompt_len: int) -> int:
   return max_positions - max(prompt_len + 1, window)
 
 
-def prefill(model: nnx.Module, tokens_BT: jax.Array, cache, chunk: int | None = None):
+def prefill(model: nnx.Module, tokens_BT: jax.Array, cache, chunk: int | None = None,
+            segment_ids_BT: jax.Array | None = None):
   """(logits at the last prompt position `[B, V]`, cache): one parallel pass, or chunks of `chunk`
-  tokens (the first by `prefill`, the rest by `extend`) when the prompt is longer."""
+  tokens (the first by `prefill`, the rest by `extend`) when the prompt is longer.
+  `segment_ids_BT`: the prompt's document ids (None: one document)."""
   T = tokens_BT.shape[1]
   first = T if chunk is None else min(chunk, T)
-  logits, cache = model.prefill(tokens_BT[:, :first], cache)
+  ids = lambda a, b: None if segment_ids_BT is None else segment_ids_BT[:, a:b]
+  logits, cache = model.prefill(tokens_BT[:, :first], cache, ids(0, first))
   for start in range(first, T, chunk or T):
-    logits, cache = model.extend(tokens_BT[:, start:start + chunk], cache, start)
+    logits, cache = model.extend(tokens_BT[:, start:start + chunk], cache, start,
+                                 ids(start, start + chunk))
   return logits[:, -1], cache
 
 
 def generate(model: nnx.Module, prompt_ids, *, num_tokens: int, eos_id: int,
              temperature: float = 0.8, top_k: int = 40, top_p: float = 1.0, seed: int = 0,
-             prefill_chunk: int | None = None, vocab_size: int | None = None) -> np.ndarray:
+             prefill_chunk: int | None = None, vocab_size: int | None = None,
+             document_mask: bool = False) -> np.ndarray:
   """`num_tokens` new token ids continuing the 1-D `prompt_ids` (a document's start). With
   `vocab_size` (the tokenizer's) no id at or past it is ever drawn, even from a model whose
-  vocabulary is larger."""
+  vocabulary is larger. `document_mask`: the model was trained within documents
+  (`data.document_mask`): an end-of-document token, in the prompt or drawn, opens a new one."""
   check_sampling(temperature, top_k, top_p)
   if prefill_chunk is not None and prefill_chunk < 1:
     raise ValueError(f"prefill_chunk={prefill_chunk} must be at least 1 (or None: one pass)")
@@ -100,6 +107,7 @@ def generate(model: nnx.Module, prompt_ids, *, num_tokens: int, eos_id: int,
     context = ([eos_id] * (window - len(context)) + context)[-window:]
   context = np.asarray(context, np.int32)[None]
   P = context.shape[1]
+  context_ids = corpus_lib.document_ids(context, eos_id) if document_mask else None
   graphdef, params = nnx.split(model)
   def sample(logits_BV, key):
     if vocab_size is not None and vocab_size < logits_BV.shape[-1]:
@@ -108,38 +116,44 @@ def generate(model: nnx.Module, prompt_ids, *, num_tokens: int, eos_id: int,
                          top_p=top_p).astype(jnp.int32)
 
   @jax.jit
-  def run(params, context_BP, key):
+  def run(params, context_BP, ids_BP, key):
     model = nnx.merge(graphdef, params)
     logits_BV, cache = prefill(model, context_BP, model.init_cache(1, P + num_tokens),
-                               prefill_chunk)
+                               prefill_chunk, ids_BP)
     first_B = sample(logits_BV, jax.random.fold_in(key, 0))
+    last_id_B = None if ids_BP is None else ids_BP[:, -1]
 
     def body(carry, i):  # params ride in the carry so the module is built at the body's level
-      params, cache, token_B = carry
-      logits_BV, cache = nnx.merge(graphdef, params).decode_step(token_B, cache, P + i)
+      params, cache, token_B, id_B = carry
+      if id_B is not None:  # the token's document: an end-of-document token opens the next
+        id_B = id_B + (token_B == eos_id).astype(jnp.int32)
+      logits_BV, cache = nnx.merge(graphdef, params).decode_step(token_B, cache, P + i, id_B)
       next_B = sample(logits_BV, jax.random.fold_in(key, i + 1))
-      return (params, cache, next_B), next_B
+      return (params, cache, next_B, id_B), next_B
 
-    _, rest_NB = jax.lax.scan(body, (params, cache, first_B), jnp.arange(num_tokens - 1))
+    _, rest_NB = jax.lax.scan(body, (params, cache, first_B, last_id_B),
+                              jnp.arange(num_tokens - 1))
     return jnp.concatenate([first_B[None], rest_NB], axis=0)[:, 0]
 
-  return np.asarray(run(params, jnp.asarray(context), jax.random.key(seed)))
+  ids = None if context_ids is None else jnp.asarray(context_ids)
+  return np.asarray(run(params, jnp.asarray(context), ids, jax.random.key(seed)))
 
 
 def generate_text(model: nnx.Module, tokenizer, prompt: str, *, num_tokens: int, seed: int = 0,
                   temperature: float = 0.8, top_k: int = 40, top_p: float = 1.0,
-                  prefill_chunk: int | None = None) -> str:
+                  prefill_chunk: int | None = None, document_mask: bool = False) -> str:
   """The prompt followed by its sampled continuation, decoded."""
   prompt_ids = tokenizer.encode(prompt)
   new_ids = generate(model, prompt_ids, num_tokens=num_tokens, eos_id=tokenizer.eos_id,
                      temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                     prefill_chunk=prefill_chunk, vocab_size=tokenizer.vocab_size)
+                     prefill_chunk=prefill_chunk, vocab_size=tokenizer.vocab_size,
+                     document_mask=document_mask)
   return tokenizer.decode(np.concatenate([prompt_ids, new_ids]))
 
 
 def reference_generate(model: nnx.Module, prompt_ids, *, num_tokens: int, seq_len: int,
                        eos_id: int, pad_id: int, temperature: float = 0.8, top_k: int = 40,
-                       seed: int = 0) -> np.ndarray:
+                       seed: int = 0, document_mask: bool = False) -> np.ndarray:
   """The uncached decoder: one forward pass over a window of `seq_len` tokens per new token.
 
   While the context is shorter than the window it is placed at the start and
@@ -153,7 +167,10 @@ def reference_generate(model: nnx.Module, prompt_ids, *, num_tokens: int, seq_le
 
   @jax.jit
   def next_token(params, window_T, index, key):
-    logits_1TV = nnx.merge(graphdef, params)(window_T[None])
+    ids = None
+    if document_mask:
+      ids = jnp.cumsum(window_T[None] == eos_id, axis=1, dtype=jnp.int32)
+    logits_1TV = nnx.merge(graphdef, params)(window_T[None], segment_ids_BT=ids)
     return sample_logits(logits_1TV[:, index], key, temperature=temperature, top_k=top_k)[0]
 
   tokens = [eos_id] + [int(t) for t in prompt_ids]
@@ -210,4 +227,5 @@ def sample_from_state(config: ml_collections.ConfigDict, params, tokenizer, prom
   room = context_room(model, len(tokenizer.encode(prompt)))
   if room < 1:
     return None
-  return generate_text(model, tokenizer, prompt, num_tokens=min(num_tokens, room), seed=seed)
+  return generate_text(model, tokenizer, prompt, num_tokens=min(num_tokens, room), seed=seed,
+                       document_mask=config.data.document_mask)

@@ -48,7 +48,8 @@ def main(argv) -> None:
     text = generation.generate_text(model, tokenizer, prompt, num_tokens=FLAGS.max_new_tokens,
                                     seed=FLAGS.seed, temperature=FLAGS.temperature,
                                     top_k=FLAGS.top_k, top_p=FLAGS.top_p,
-                                    prefill_chunk=FLAGS.prefill_chunk or None)
+                                    prefill_chunk=FLAGS.prefill_chunk or None,
+                                    document_mask=config.data.document_mask)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)

@@ -26,6 +26,7 @@ from efficient_lm import metrics as metrics_lib
 from efficient_lm import sharding
 from efficient_lm import stats
 from efficient_lm import train_step
+from efficient_lm.data import corpus as corpus_lib
 
 
 class EvalError(ValueError):
@@ -74,12 +75,13 @@ def num_windows(num_targets: int, stride: int) -> int:
 
 
 def window_batch(tokens: np.ndarray, windows: np.ndarray, *, context: int, stride: int, seq_len: int,
-                 right_align: bool, eos_id: int, pad_id: int, ablate: int = 0
-                 ) -> dict[str, np.ndarray]:
+                 right_align: bool, eos_id: int, pad_id: int, ablate: int = 0,
+                 document_mask: bool = False) -> dict[str, np.ndarray]:
   """`[B, seq_len]` inputs, targets, weights (1 = scored), window positions and stream positions
   (of each input; -1 outside) for window ids `windows` (ids past the last window give
   all-padding rows of weight 0). `ablate` = N > 0: every input more than N before the window's
-  end is an end-of-document token instead (docs/evaluation.md, Context ablation)."""
+  end is an end-of-document token instead (docs/evaluation.md, Context ablation). With
+  `document_mask`, the inputs' document ids as training saw them (`segment_ids`)."""
   n = len(tokens) - 1
   w_B = np.asarray(windows, np.int64)
   real_B = w_B < num_windows(n, stride)
@@ -96,13 +98,16 @@ def window_batch(tokens: np.ndarray, windows: np.ndarray, *, context: int, strid
   inputs_BT = np.where(inside_BT, tokens[p_BT], fill)
   if ablate:
     inputs_BT = np.where(inside_BT & (stream_BT < end_B[:, None] - ablate), eos_id, inputs_BT)
-  return {
+  batch = {
       "inputs": inputs_BT.astype(np.int32),
       "targets": np.where(inside_BT, tokens[p_BT + 1], pad_id).astype(np.int32),
       "weights": scored_BT.astype(np.float32),
       "window_positions": np.where(inside_BT, p_BT - start_B[:, None], 0).astype(np.int32),
       "stream_positions": stream_BT.astype(np.int32),
   }
+  if document_mask:
+    batch["segment_ids"] = corpus_lib.document_ids(batch["inputs"], eos_id)
+  return batch
 
 
 def make_score_step(graphdef, num_positions: int = 0, *, loss_chunk: int = 0,
@@ -115,7 +120,7 @@ def make_score_step(graphdef, num_positions: int = 0, *, loss_chunk: int = 0,
   @jax.jit
   def score_step(params, batch):
     model = nnx.merge(graphdef, params)
-    x_BTD = model.hidden(batch["inputs"])
+    x_BTD = model.hidden(batch["inputs"], segment_ids_BT=batch.get("segment_ids"))
     T = x_BTD.shape[1]
     nll_BT, *predicted = train_step.token_nll(model, x_BTD, batch["targets"], loss_chunk,
                                               predictions=predictions)
@@ -140,7 +145,7 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
                  num_bytes: int, eos_id: int, pad_id: int, per_position: bool = False,
                  mesh: jax.sharding.Mesh | None = None, seq_len: int | None = None,
                  loss_chunk: int = 0, ablate_context: int = 0, buckets: int = 4,
-                 bootstrap_seed: int = 0) -> dict:
+                 bootstrap_seed: int = 0, document_mask: bool = False) -> dict:
   """Scores every target of the 1-D token stream `tokens` once (docs/evaluation.md, Windows).
 
   `num_bytes`: the UTF-8 bytes the stream's text holds (bits per byte's
@@ -149,6 +154,7 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
   (and a `context` axis of size 1, as `sharding.shard_batch` expects) to shard
   batch rows over; `batch_size` must then be a multiple of its data size.
   `loss_chunk`: `train.loss_chunk` (positions per chunk of the head and loss).
+  `document_mask`: the model attends within documents (`data.document_mask`).
   Returns loss (nats/token), perplexity, bits_per_byte, scored_tokens,
   target_tokens (= len(tokens) - 1), num_windows, context and stride, and with
   `per_position` per_position_loss (None where nothing was scored) and
@@ -207,7 +213,7 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
 
   for first in range(0, total, batch_size):
     layout = dict(context=context, stride=stride, seq_len=seq_len, right_align=right_align,
-                  eos_id=eos_id, pad_id=pad_id)
+                  eos_id=eos_id, pad_id=pad_id, document_mask=document_mask)
     windows = np.arange(first, first + batch_size)
     batch = window_batch(tokens, windows, **layout)
     place = lambda b: sharding.shard_batch(b, mesh) if mesh is not None else b
@@ -422,7 +428,8 @@ def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str |
                         num_bytes=num_bytes, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
                         per_position=per_position, mesh=mesh, seq_len=seq_len,
                         loss_chunk=config.train.loss_chunk,
-                        ablate_context=ablate_context or 0)
+                        ablate_context=ablate_context or 0,
+                        document_mask=config.data.document_mask)
   where = {"text_file": os.path.abspath(text_file)} if text_file is not None else {"split": name}
   result = {"model": config.model.name, "step": int(step), **where, **result,
             "num_bytes": int(num_bytes), "devices": devices}

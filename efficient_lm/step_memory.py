@@ -30,6 +30,7 @@ from efficient_lm import models
 from efficient_lm import sharding
 from efficient_lm import targets
 from efficient_lm import train_step as train_step_lib
+from efficient_lm.data import config as data_config
 
 
 class StepTooLargeError(MemoryError):
@@ -44,6 +45,8 @@ def abstract_batch(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -
   batch = {"inputs": shape(jnp.int32), "targets": shape(jnp.int32), "weights": shape(jnp.float32)}
   if models.sequence_layout(config.model, mesh) != "natural":
     batch["positions"] = shape(jnp.int32)
+  if data_config.has_document_ids(config.data):
+    batch["segment_ids"] = shape(jnp.int32)
   return batch
 
 

@@ -74,7 +74,8 @@ def chunked_weighted_nll(model, x_BTD: jax.Array, targets_BT: jax.Array, weights
 def model_nll(model, batch: dict, *, loss_chunk: int = 0, dropout_key=None
               ) -> tuple[jax.Array, jax.Array]:
   """(summed NLL, summed weight) of a batch under `model` (chunked over positions when asked)."""
-  x_BTD = model.hidden(batch["inputs"], positions_BT=batch.get("positions"), dropout_key=dropout_key)
+  x_BTD = model.hidden(batch["inputs"], positions_BT=batch.get("positions"),
+                       segment_ids_BT=batch.get("segment_ids"), dropout_key=dropout_key)
   return chunked_weighted_nll(model, x_BTD, batch["targets"], batch["weights"], loss_chunk)
 
 

@@ -88,7 +88,7 @@ class Workdir:
     if not os.path.isfile(self.file(CONFIG)):
       return None
     with open(self.file(CONFIG), encoding="utf-8") as f:
-      return config_base.fill_defaults(ml_collections.ConfigDict(json.load(f)))
+      return config_base.fill_defaults(ml_collections.ConfigDict(json.load(f)), saved=True)
 
   def saved_identity(self) -> dict | None:
     if not os.path.isfile(self.file(DATA)):

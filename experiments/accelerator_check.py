@@ -123,7 +123,7 @@ def visible_pairs(pattern: Pattern, T: int) -> int:
 def model_flops(config, num_params: int) -> float:
   T, H = config.data.seq_len, config.model.num_heads
   K = config.model.d_model // H
-  patterns = models.REGISTRY[config.model.name].patterns(config.model)
+  patterns = list(models.attention_patterns(config.model))
   layers = [patterns[min(i, len(patterns) - 1)] for i in range(config.model.num_layers)]
   attention_flops = sum(12 * visible_pairs(p, T) * K * H for p in layers)
   return 6.0 * num_params * T * config.data.batch_size + attention_flops * config.data.batch_size

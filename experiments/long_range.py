@@ -89,7 +89,7 @@ def multi_hop_reach(model: str, positions: np.ndarray, distances: np.ndarray) ->
   T = cfg.seq_len
   i = np.arange(T)
   sees = np.eye(T, dtype=bool)
-  for pattern in models.REGISTRY[cfg.name].patterns(cfg):
+  for pattern in models.attention_patterns(cfg):
     sees |= np.asarray(pattern.visible(i[:, None], i[None, :]))
   reach = np.eye(T, dtype=bool)  # reach[a, p]: a's token has arrived at position p
   for _ in range(cfg.num_layers):
@@ -104,7 +104,7 @@ def in_reach(model: str, positions: np.ndarray, distances: np.ndarray) -> np.nda
   is not an attention pattern: only its blocks count."""
   cfg = model_config(model)
   seen = np.zeros(np.shape(positions), bool)
-  for pattern in models.REGISTRY[cfg.name].patterns(cfg):
+  for pattern in models.attention_patterns(cfg):
     seen |= np.asarray(pattern.visible(positions, positions - distances + 1))
   return seen
 

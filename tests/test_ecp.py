@@ -1,5 +1,6 @@
 """ECP: the whole model equals the shared decoder with a dense masked attention of ECP's pattern."""
 
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +12,7 @@ from conftest import fast_first
 from efficient_lm import models
 from efficient_lm.models import decoder
 from efficient_lm.models import ecp
+from efficient_lm.ops.route import Route
 from efficient_lm.validation import ConfigError
 from test_models import tiny_model_config
 
@@ -20,18 +22,22 @@ def ecp_mask(T, L):
   return np.array([[j <= i and j // L >= i // L - 1 for j in range(T)] for i in range(T)])
 
 
-def dense_ecp_op(T, L):
-  allowed = jnp.asarray(ecp_mask(T, L))
+@dataclasses.dataclass(frozen=True)
+class DenseMaskRoute(Route):
+  """A route that ignores the pattern and attends through the hand-built ECP mask (dense)."""
+  piece: int = 0
 
-  def op(q, k, v):
+  def attend(self, q, k, v, pattern, **kwargs):
+    del pattern, kwargs
+    allowed = jnp.asarray(ecp_mask(q.shape[1], self.piece))
     logits = jnp.einsum("bihk,bjhk->bhij", q, k) / np.sqrt(q.shape[-1])
     logits = jnp.where(allowed[None, None], logits, -jnp.inf)
     return jnp.einsum("bhij,bjhk->bihk", jax.nn.softmax(logits, axis=-1), v)
-  return op
 
 
-def build(cfg, op=None):
-  return decoder.Decoder(cfg, lambda layer, rngs: ecp.make_mixer(cfg, layer, rngs, op=op),
+def build(cfg, route=None):
+  kwargs = {} if route is None else dict(route=route)
+  return decoder.Decoder(cfg, lambda layer, rngs: ecp.make_mixer(cfg, layer, rngs, **kwargs),
                          identical_layers=ecp.identical_layers(cfg), rngs=nnx.Rngs(0))
 
 
@@ -40,7 +46,7 @@ def build(cfg, op=None):
 def test_ecp_equals_dense_masked_reference_model(options):
   cfg = tiny_model_config("ecp", **options)
   T, L = cfg.seq_len, cfg.seq_len // cfg.num_segments
-  fast, reference = build(cfg), build(cfg, op=dense_ecp_op(T, L))
+  fast, reference = build(cfg), build(cfg, route=DenseMaskRoute(piece=L))
   tokens = jax.random.randint(jax.random.key(0), (2, T), 0, cfg.vocab_size)
 
   def loss_and_grad(model):

@@ -210,7 +210,7 @@ def test_a_cudnn_refusal_runs_the_kernel(monkeypatch):
   monkeypatch.setattr(gpu, "_cudnn_attend", refuse)
   (q, k, v, _, _), _ = inputs(20, 20, seed=15)
   call = call_of(Pattern.sliding(5), T=20, dtype="float32")
-  o, lse = gpu.attend(call, q, k, v, 0, 0, None, None, None, interpret=True)
+  o, lse = gpu.attend(call, q, k, v, 0, 0, None, None, None, None, None, interpret=True)
   want = core.attend(q, k, v, Pattern.sliding(5), scale=0.125, impl="reference")
   np.testing.assert_allclose(o, want[0], atol=2e-5)
   np.testing.assert_allclose(lse, want[1], atol=2e-5)

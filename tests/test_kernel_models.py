@@ -39,7 +39,7 @@ def loss_and_grads(cfg, tokens_BT):
 @pytest.mark.parametrize("impl", fast_first(["splash", "gpu"], keep=(1,)))
 @pytest.mark.parametrize("name", fast_first(FAMILIES))
 def test_every_family_on_a_kernel_equals_xla(name, impl):
-  chunk = {"seq_chunk": 16} if models.REGISTRY[name].chunkable else {}
+  chunk = {"seq_chunk": 16} if models.chunkable(tiny_model_config(name)) else {}
   tokens = jax.random.randint(jax.random.key(1), (2, 33), 0, 64)
   want_loss, want = loss_and_grads(tiny_model_config(name, attention_impl="xla", **chunk), tokens)
   fallbacks = sum(core.FALLBACKS.values())

@@ -35,9 +35,8 @@ def no_fallback(monkeypatch, request):
   def refuse(*args, **kwargs):
     raise AssertionError("this call fell back to the xla backend")
 
-  backends._load()
-  registry = backends._REGISTRY
-  monkeypatch.setitem(registry, "xla", dataclasses.replace(registry["xla"], attend=refuse))
+  from efficient_lm.ops.core import xla  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(xla, "BACKEND", dataclasses.replace(xla.BACKEND, attend=refuse))
 
 
 def attend(impl, pattern, **kw):

@@ -23,7 +23,6 @@ from efficient_lm import models
 from efficient_lm import train
 from efficient_lm.ops import attention
 from efficient_lm.ops import memory
-from efficient_lm.ops import op_set
 from efficient_lm.ops import ring
 from efficient_lm.validation import ConfigError
 
@@ -70,7 +69,7 @@ def assert_same_function(fast, reference, args, cotangent, atol=2e-5):
 def test_pi_attention_equals_single_device(window, period, num_skips):
   q, k, v, gate, cotangent = inputs()
   kw = dict(window=window, period=period, num_skips=num_skips)
-  assert_same_function(functools.partial(ring.pi_attention, mesh=mesh_of(1, 8), **kw),
+  assert_same_function(functools.partial(attention.pi_attention, mesh=mesh_of(1, 8), **kw),
                        functools.partial(attention.pi_attention, **kw), (q, k, v, gate), cotangent)
 
 
@@ -78,7 +77,7 @@ def test_pi_attention_equals_single_device(window, period, num_skips):
 def test_sliding_window_equals_single_device(window):
   q, k, v, _, cotangent = inputs()
   assert_same_function(
-      functools.partial(ring.sliding_window_attention, window=window, mesh=mesh_of(1, 8)),
+      functools.partial(attention.sliding_window_attention, window=window, mesh=mesh_of(1, 8)),
       functools.partial(attention.sliding_window_attention, window=window), (q, k, v), cotangent)
 
 
@@ -87,7 +86,7 @@ def test_sliding_window_equals_single_device(window):
 def test_block_local_attention_equals_single_device(block_size, lookback):
   q, k, v, _, cotangent = inputs()
   kw = dict(block_size=block_size, lookback=lookback)
-  assert_same_function(functools.partial(ring.block_local_attention, mesh=mesh_of(2, 4), **kw),
+  assert_same_function(functools.partial(attention.block_local_attention, mesh=mesh_of(2, 4), **kw),
                        functools.partial(attention.block_local_attention, **kw), (q, k, v), cotangent)
 
 
@@ -96,7 +95,7 @@ def test_ring_causal_attention_equals_dense(layout):
   q, k, v, _, cotangent = inputs()
   n = 4
   to, back = (lambda x: ring.to_layout(x, n, layout)), (lambda x: ring.from_layout(x, n, layout))
-  fast = lambda q, k, v: back(ring.causal_attention(to(q), to(k), to(v), mesh=mesh_of(2, n),
+  fast = lambda q, k, v: back(attention.causal_attention(to(q), to(k), to(v), mesh=mesh_of(2, n),
                                                     layout=layout))
   assert_same_function(fast, attention.causal_attention, (q, k, v), cotangent)
 
@@ -129,7 +128,7 @@ def test_shift_right_equals_single_device():
 
 def test_sharded_pi_attention_permutes_and_never_gathers():
   q, k, v, gate, _ = inputs()
-  op = functools.partial(ring.pi_attention, window=3, period=9, num_skips=3, mesh=mesh_of(1, 8))
+  op = functools.partial(attention.pi_attention, window=3, period=9, num_skips=3, mesh=mesh_of(1, 8))
   loss = lambda *a: jnp.sum(op(*a))
   hlo = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3))).lower(q, k, v, gate).compile().as_text()
   assert "collective-permute" in hlo
@@ -139,27 +138,33 @@ def test_sharded_pi_attention_permutes_and_never_gathers():
 def test_bad_shapes_are_named():
   q, k, v, _, _ = inputs()
   with pytest.raises(ValueError, match="T=32 must be divisible by the 3 devices"):
-    ring.sliding_window_attention(q, k, v, window=3, mesh=mesh_of(1, 3))
+    attention.sliding_window_attention(q, k, v, window=3, mesh=mesh_of(1, 3))
   with pytest.raises(ValueError, match="block_size=8 must divide the 4 tokens"):
-    ring.block_local_attention(q, k, v, block_size=8, mesh=mesh_of(1, 8))
+    attention.block_local_attention(q, k, v, block_size=8, mesh=mesh_of(1, 8))
   with pytest.raises(ValueError, match="zigzag layout needs T=32 divisible by 2 \\* devices = 64"):
     ring.layout_positions(32, 32, "zigzag")
 
 
-def test_op_set_is_chosen_by_the_mesh():
-  assert op_set.for_mesh(None) is op_set.SINGLE_DEVICE
-  assert op_set.for_mesh(mesh_of(8, 1)) is op_set.SINGLE_DEVICE
-  ops = op_set.for_mesh(mesh_of(2, 4), layout="zigzag")
-  assert ops.context == 4 and ops.layout == "zigzag"
-  assert ops.pi_attention.func is ring.pi_attention
+def test_route_is_chosen_by_the_mesh():
+  """A model's route shards the sequence only on a context axis of several devices, in the layout
+  its patterns need (dense: zig-zag ring attention; bounded reach: natural, halos)."""
+  routes = lambda name, mesh: {m.route for _, m in models.create(
+      tiny_model_config(name).model, rngs=nnx.Rngs(0), mesh=mesh).iter_modules()
+      if hasattr(m, "route")}
+  for mesh in (None, mesh_of(8, 1)):
+    assert {r.mesh for r in routes("dense", mesh)} == {None}
+  (dense,) = routes("dense", mesh_of(2, 4))
+  assert dense.context == 4 and dense.layout == "zigzag"
+  (pi,) = routes("pi_attention", mesh_of(2, 4))
+  assert pi.context == 4 and pi.layout == "natural"
 
 
 @pytest.mark.parametrize("name, overrides, message", [
     ("perceiver_ar", {"num_latents": 16}, "mesh.context=4 > 1 is not supported for model.name='perceiver_ar'"),
     ("bcmt", {"block_size": 16}, "mesh.context=4 leaves 8 tokens per device, not a multiple of "
-     "model.block_size = 16"),
+     "bcmt's attention block of 16 tokens"),
     ("ecp", {"num_segments": 2}, "mesh.context=4 leaves 8 tokens per device, not a multiple of "
-     "the segment length"),
+     "ecp's attention block of 16 tokens"),
 ])
 def test_unsupported_context_configs_are_named(name, overrides, message):
   config = tiny_model_config(name)

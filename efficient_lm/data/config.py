@@ -13,7 +13,7 @@ from efficient_lm.data import registry
 from efficient_lm.validation import ConfigError, require, require_positive_int
 
 TFDS_PREFIX, TEXT_PREFIX = registry.TFDS_PREFIX, registry.TEXT_PREFIX
-FRACTION_DEFAULTS = {'validation_fraction': 0.05, 'test_fraction': 0.05}  # text: held-out shares
+FRACTION_DEFAULTS, fraction = registry.FRACTION_DEFAULTS, registry.fraction
 MIN_VOCAB_SIZE = 260  # the tokenizer's reserved pieces: <pad>, <unk>, </s>, '\n', 256 bytes
 FIELDS = ('dataset', 'seq_len', 'batch_size', 'vocab_size', 'data_dir', 'archive', 'archive_sha256',
           'text_key', 'tokenizer_train_bytes')
@@ -23,12 +23,19 @@ class DataError(ValueError):
   """The data itself (not a config field) cannot be used: an empty split, say."""
 
 
-def fraction(data_config, name: str):
-  """`data.<name>` (validation_fraction, test_fraction), or its default if the config lacks it."""
+def document_mask(data_config) -> bool:
+  """`data.document_mask`, or its default (True) if the config lacks it."""
   try:
-    return data_config[name]
+    return data_config['document_mask']
   except (KeyError, AttributeError):
-    return FRACTION_DEFAULTS[name]
+    return True
+
+
+def has_document_ids(data_config) -> bool:
+  """Whether the batches carry `segment_ids`: `data.document_mask` on a corpus of documents (a
+  generated task's sequences are one document each)."""
+  source = registry.lookup(data_config['dataset'])
+  return document_mask(data_config) and not (source is not None and source.generated)
 
 
 def _field(cfg, name: str):
@@ -96,6 +103,9 @@ def validate(data_config) -> None:
   text_key = data_config['text_key']
   require(isinstance(text_key, str) and text_key != '', 'data.text_key', text_key,
           'must name the text feature', "set data.text_key, e.g. 'text'")
+  mask = document_mask(data_config)
+  require(isinstance(mask, bool), 'data.document_mask', mask, 'must be True or False',
+          'set data.document_mask=True (documents never attend into each other) or False')
   train_bytes = data_config['tokenizer_train_bytes']
   require(_is_int(train_bytes) and train_bytes >= 0, 'data.tokenizer_train_bytes', train_bytes,
           'must be an integer >= 0', 'set it to 0 (all the train split) or a byte budget')

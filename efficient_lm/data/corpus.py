@@ -2,7 +2,8 @@
 
 Packing: window w of a split is stream[w*S : w*S + S + 1] (consecutive windows share one token),
 inputs = window[:-1], targets = window[1:], so every token after the first is a target exactly
-once. The training iterator shuffles whole windows anew each epoch; its state is a small JSON-able
+once. With `document_mask` a batch also carries `segment_ids` (`document_ids`): an
+end-of-document token opens the next document (it is what precedes a document's first token). The training iterator shuffles whole windows anew each epoch; its state is a small JSON-able
 dict, checkpointed with the model, so a resumed run sees exactly the batches it would have.
 """
 
@@ -18,6 +19,12 @@ def _is_int(v) -> bool:
   return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
+def document_ids(inputs_BT: np.ndarray, eos_id: int) -> np.ndarray:
+  """`[B, T]` int32: each input's document in its row, counted from 0; an end-of-document token
+  belongs to the document it opens."""
+  return np.cumsum(np.asarray(inputs_BT) == eos_id, axis=1, dtype=np.int32)
+
+
 @dataclasses.dataclass(frozen=True)
 class Split:
   tokens: np.ndarray  # int32 stream, memory-mapped
@@ -29,7 +36,7 @@ class Corpus:
   """A tokenized corpus: token streams per split, the tokenizer, and batch iterators."""
 
   def __init__(self, *, name: str, tokenizer, splits: dict[str, Split], seq_len: int,
-               batch_size: int, identity: dict | None = None):
+               batch_size: int, identity: dict | None = None, document_mask: bool = False):
     self.name = name
     # What the corpus is (a workdir records it: `workdir.py`): dataset, a fingerprint of its
     # source, the tokenizer's sha256 and vocabulary size.
@@ -38,6 +45,7 @@ class Corpus:
     self._splits = splits
     self.seq_len = seq_len
     self.batch_size = batch_size
+    self.document_mask = document_mask
 
   @property
   def splits(self) -> tuple[str, ...]:
@@ -97,7 +105,8 @@ class Corpus:
     num_windows = self.num_windows(split, drop_remainder=True, seq_len=seq_len)
     require(num_windows > 0, 'data.seq_len', seq_len,
             f'is longer than the {split!r} split ({self.num_tokens(split)} tokens)', 'lower data.seq_len')
-    gather = _TrainGather(self.tokens(split), seq_len, batch_size, process_index)
+    eos = self.tokenizer.eos_id if self.document_mask else None
+    gather = _TrainGather(self.tokens(split), seq_len, batch_size, process_index, eos)
     ds = (grain.MapDataset.range(num_windows)
           .shuffle(seed=int(seed))
           .repeat(None)
@@ -129,11 +138,14 @@ class Corpus:
       valid = positions < n
       window = np.asarray(tokens[np.minimum(positions, n - 1)], dtype=np.int32)
       window = np.where(valid, window, pad).astype(np.int32)
-      yield {
+      batch = {
           'inputs': window[:, :-1],
           'targets': window[:, 1:],
           'weights': valid[:, 1:].astype(np.float32),
       }
+      if self.document_mask:
+        batch['segment_ids'] = document_ids(batch['inputs'], self.tokenizer.eos_id)
+      yield batch
 
   def __repr__(self) -> str:
     sizes = ', '.join(f'{s}={self.num_tokens(s)}' for s in self.splits)
@@ -143,8 +155,10 @@ class Corpus:
 class _TrainGather:
   """Maps a global batch of window indices to this process's (inputs, targets, weights)."""
 
-  def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, process_index: int):
+  def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, process_index: int,
+               eos_id: int | None = None):
     self._tokens = tokens
+    self._eos_id = eos_id  # None: no document ids
     self._seq_len = seq_len
     self._rows = slice(process_index * batch_size, (process_index + 1) * batch_size)
     self._offsets = np.arange(seq_len + 1, dtype=np.int64)
@@ -152,8 +166,11 @@ class _TrainGather:
   def __call__(self, window_ids) -> dict[str, np.ndarray]:
     starts = np.asarray(window_ids, dtype=np.int64)[self._rows] * self._seq_len
     window = np.asarray(self._tokens[starts[:, None] + self._offsets[None, :]], dtype=np.int32)
-    return {
+    batch = {
         'inputs': window[:, :-1],
         'targets': window[:, 1:],
         'weights': np.ones(window[:, 1:].shape, np.float32),
     }
+    if self._eos_id is not None:
+      batch['segment_ids'] = document_ids(batch['inputs'], self._eos_id)
+    return batch

@@ -133,6 +133,6 @@ def load(data_config, checked=None) -> corpus_lib.Corpus:
               'vocab_size': tokenizer.vocab_size}
   corpus = corpus_lib.Corpus(name=name, tokenizer=tokenizer, splits=splits,
                              seq_len=data_config['seq_len'], batch_size=data_config['batch_size'],
-                             identity=identity)
+                             identity=identity, document_mask=data_config_lib.document_mask(data_config))
   log.info('%r', corpus)
   return corpus

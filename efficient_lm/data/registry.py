@@ -13,6 +13,7 @@ from typing import Callable
 TFDS_PREFIX = 'tfds:'
 TEXT_PREFIX = 'text:'
 MQAR_PREFIX = 'mqar:'
+FRACTION_DEFAULTS = {'validation_fraction': 0.05, 'test_fraction': 0.05}  # text: held-out shares
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,10 +40,16 @@ class Source:
     return importlib.import_module(f'efficient_lm.data.{self.generated}')
 
 
+def fraction(data_config, name: str):
+  """`data.<name>` (validation_fraction, test_fraction), or its default if the config lacks it."""
+  try:
+    return data_config[name]
+  except (KeyError, AttributeError):
+    return FRACTION_DEFAULTS[name]
+
+
 def _text_splits(data_config) -> tuple[str, ...]:
-  from efficient_lm.data import config as data_config_lib  # pylint: disable=g-import-not-at-top
-  held_out = [s for s in ('validation', 'test')
-              if data_config_lib.fraction(data_config, f'{s}_fraction') > 0]
+  held_out = [s for s in ('validation', 'test') if fraction(data_config, f'{s}_fraction') > 0]
   return ('train', *held_out)
 
 

@@ -2,11 +2,13 @@
 
 Each entry says how to build one layer's mixer, whether all layers are
 identical (scanned), which model-specific fields to validate and which logical
-axes its own parameters carry. Adding a model is adding an entry here and a
-module beside this one.
+axes its own parameters carry; everything about attention is read from the
+mixers' own patterns. Adding a model is adding an entry here, a module beside
+this one and a config (docs/adding_a_model.md).
 """
 
 import dataclasses
+import math
 from typing import Callable, Mapping
 
 import jax
@@ -21,9 +23,10 @@ from efficient_lm.models import perceiver_ar
 from efficient_lm.models import pi_attention
 from efficient_lm import sharding
 from efficient_lm import targets
-from efficient_lm.ops import op_set
+from efficient_lm.ops import route as route_lib
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.pattern import Pattern
+from efficient_lm.ops.route import Route
 from efficient_lm.validation import ConfigError, require, require_positive_int
 
 
@@ -32,70 +35,95 @@ class ModelEntry:
   """How to build one model.
 
   Most models are the shared decoder with their own mixer: `make_mixer(cfg,
-  layer, rngs)`, with `identical_layers(cfg)` saying whether the layers can be
-  scanned. A model with another structure (Perceiver-AR) gives `build(cfg,
-  rngs)` instead. Either way the module has `__call__(tokens_BT)`,
-  `hidden(tokens_BT)`, `embed_tokens(tokens_BT)` and `from_embeddings(x_BTD)` (tests differentiate
-  through it).
+  layer, rngs, *, route)`, with `identical_layers(cfg)` saying whether the
+  layers can be scanned. A model with another structure (Perceiver-AR) gives
+  `build(cfg, rngs, *, route)` instead. Either way the module has
+  `__call__(tokens_BT, *, positions_BT, segment_ids_BT)`, `hidden(...)`,
+  `embed_tokens(tokens_BT)` and `from_embeddings(x_BTD)` (tests differentiate
+  through it), and reaches attention only through `route` (`ops.route.Route`:
+  the backend, and the ring when the sequence is sharded).
 
-  Context parallelism (`mesh.context > 1`): `make_mixer` gets the ring ops as
-  `ops=`; `context_block(cfg)` is (size, what) that each device's chunk of
-  the sequence must be a multiple of; `layout` the sequence order the
-  training loop feeds ('zigzag' balances dense ring attention); a model
-  without ring ops has `context_parallel=False`.
-
-  Sequence chunking (`model.seq_chunk`): a model whose queries see a bounded
-  reach runs its blocks over chunks of the sequence; each chunk must be a
-  multiple of `context_block(cfg)` too. One whose queries see the whole window
-  (dense, Perceiver-AR's latents) has `chunkable=False`.
-
-  `patterns(cfg)`: the attention patterns the model trains with, which the
-  attention backend (`model.attention_impl`) must be able to express.
+  Everything about attention is read from the modules' own `patterns` (each
+  mixer states its pattern once): which backends can run them, whether the
+  blocks can run over sequence chunks (bounded reach), the block each device's
+  chunk must be a multiple of, the ring and the sequence layout of context
+  parallelism. A model whose structure has no ring (Perceiver-AR's latents)
+  has `context_parallel=False` and says why in `no_context_parallel`.
 
   `logical_axes`: the logical axis names its own parameters carry beyond the
   decoder's (`sharding.SHARED_AXES`), each with the config field that sets its
   size and its default `mesh.rules` entry.
   """
-  make_mixer: Callable[[ml_collections.ConfigDict, int, nnx.Rngs], nnx.Module] | None = None
+  make_mixer: Callable[..., nnx.Module] | None = None
   identical_layers: Callable[[ml_collections.ConfigDict], bool] = lambda cfg: True
   validate: Callable[[ml_collections.ConfigDict], None] = lambda cfg: None
-  build: Callable[[ml_collections.ConfigDict, nnx.Rngs], nnx.Module] | None = None
+  build: Callable[..., nnx.Module] | None = None
   context_parallel: bool = True
-  context_block: Callable[[ml_collections.ConfigDict], tuple[int, str]] = lambda cfg: (1, "")
-  layout: str = "natural"
-  chunkable: bool = True
-  patterns: Callable[[ml_collections.ConfigDict], list[Pattern]] = lambda cfg: [Pattern.dense()]
   no_context_parallel: str = "it has no ring version of its attention"  # why, if not supported
   logical_axes: Mapping[str, sharding.Axis] = dataclasses.field(default_factory=dict)
 
 
 REGISTRY: dict[str, ModelEntry] = {
-    "dense": ModelEntry(make_mixer=dense.make_mixer, layout="zigzag", chunkable=False),
+    "dense": ModelEntry(make_mixer=dense.make_mixer),
     "ecp": ModelEntry(make_mixer=ecp.make_mixer, identical_layers=ecp.identical_layers,
-                      validate=ecp.validate, context_block=lambda cfg: (
-                          cfg.seq_len // cfg.num_segments,
-                          "the segment length data.seq_len / model.num_segments"),
-                      patterns=lambda cfg: [Pattern.blocks(cfg.seq_len // cfg.num_segments, 1)]),
+                      validate=ecp.validate),
     **{name: ModelEntry(build=perceiver_ar.build, validate=perceiver_ar.validate,
-                        context_parallel=False, chunkable=False, patterns=perceiver_ar.patterns,
+                        context_parallel=False,
                         no_context_parallel="no ring version of its latent cross-attention",
                         logical_axes=perceiver_ar.LOGICAL_AXES)
        for name in perceiver_ar.VARIANTS},
     "bcmt": ModelEntry(make_mixer=bcmt.make_mixer, validate=bcmt.validate,
-                       context_block=lambda cfg: (cfg.block_size, "model.block_size"),
-                       patterns=lambda cfg: [Pattern.blocks(cfg.block_size)],
                        logical_axes=bcmt.LOGICAL_AXES),
-    "honly": ModelEntry(make_mixer=bcmt.make_honly_mixer, validate=bcmt.validate_honly,
-                        context_block=lambda cfg: (cfg.block_size, "model.block_size"),
-                        patterns=lambda cfg: [Pattern.blocks(cfg.block_size)]),
+    "honly": ModelEntry(make_mixer=bcmt.make_honly_mixer, validate=bcmt.validate_honly),
     "pi_attention": ModelEntry(make_mixer=pi_attention.make_pi_mixer,
                                identical_layers=lambda cfg: cfg.period_schedule == "constant",
-                               validate=pi_attention.validate_pi, patterns=pi_attention.pi_patterns,
+                               validate=pi_attention.validate_pi,
                                logical_axes=pi_attention.LOGICAL_AXES),
     "sliding_window": ModelEntry(make_mixer=pi_attention.make_sliding_window_mixer,
-                                 validate=pi_attention.validate_sliding_window,
-                                 patterns=lambda cfg: [Pattern.sliding(cfg.window)]),
+                                 validate=pi_attention.validate_sliding_window),
 }
+
+
+def _build(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs, route: Route) -> nnx.Module:
+  """The model `cfg.name` on `route`, unvalidated."""
+  entry = REGISTRY[cfg.name]
+  if entry.build is not None:
+    return entry.build(cfg, rngs, route=route)
+  return decoder.Decoder(cfg, lambda layer, rngs: entry.make_mixer(cfg, layer, rngs, route=route),
+                         identical_layers=entry.identical_layers(cfg), rngs=rngs)
+
+
+_PATTERNS: dict[str, tuple[Pattern, ...]] = {}
+
+
+def attention_patterns(cfg: ml_collections.ConfigDict) -> tuple[Pattern, ...]:
+  """Every attention pattern the model trains with, read from its modules' `patterns` (the model
+  built from shapes only; nothing is allocated)."""
+  key = cfg.to_json_best_effort(sort_keys=True)
+  if key not in _PATTERNS:
+    model = nnx.eval_shape(lambda: _build(cfg, nnx.Rngs(0), route_lib.DEFAULT))
+    found = []
+    for _, module in model.iter_modules():
+      found += [p for p in getattr(module, "patterns", ()) if p not in found]
+    _PATTERNS[key] = tuple(found)
+  return _PATTERNS[key]
+
+
+def context_block(cfg: ml_collections.ConfigDict) -> int:
+  """What each device's (or sequence chunk's) share of the sequence must be a multiple of: the
+  patterns' blocks (BCMT's block, ECP's piece), 1 without blocks."""
+  return math.lcm(1, *(p.block_size for p in attention_patterns(cfg) if p.block_size))
+
+
+def chunkable(cfg: ml_collections.ConfigDict) -> bool:
+  """Whether the blocks can run over sequence chunks: every pattern's reach is bounded."""
+  return all(p.reach is not None for p in attention_patterns(cfg))
+
+
+def ring_layout(cfg: ml_collections.ConfigDict) -> str:
+  """The sequence order a sharded sequence arrives in: 'zigzag' when dense causal attention runs
+  as ring attention (its work balanced), else 'natural' (halos)."""
+  return "natural" if chunkable(cfg) else "zigzag"
 
 
 def logical_axes() -> dict[str, sharding.Axis]:
@@ -155,23 +183,22 @@ def validate_attention_impl(cfg: ml_collections.ConfigDict, platform: str) -> No
           "set model.kernel_interpret=False (True runs a kernel in Pallas interpret mode: tests)")
   reason = backends.check(impl, platform, interpret)
   require(reason is None, "model.attention_impl", impl, f"cannot run here: {reason}", "see above")
-  reason = backends.check_patterns(impl, platform, REGISTRY[cfg.name].patterns(cfg))
+  reason = backends.check_patterns(impl, platform, list(attention_patterns(cfg)))
   require(reason is None, "model.attention_impl", impl,
           f"cannot express {cfg.name}'s attention: {reason}", "set model.attention_impl accordingly")
 
 
 def _validate_seq_chunk(cfg: ml_collections.ConfigDict, seq_chunk: int) -> None:
-  entry = REGISTRY[cfg.name]
-  require(entry.chunkable, "model.seq_chunk", seq_chunk,
+  require(REGISTRY[cfg.name].build is None and chunkable(cfg), "model.seq_chunk", seq_chunk,
           f"is not supported for model.name={cfg.name!r}: its queries see the whole window, so "
           "its blocks cannot run over chunks of it",
           "set model.seq_chunk=0 (model.remat and train.loss_chunk still cut its memory)")
   require(cfg.seq_len % seq_chunk == 0, "model.seq_chunk", seq_chunk,
           f"must divide data.seq_len={cfg.seq_len}", f"set model.seq_chunk to a divisor of {cfg.seq_len}")
-  block, what = entry.context_block(cfg)
+  block = context_block(cfg)
   require(seq_chunk % block == 0, "model.seq_chunk", seq_chunk,
-          f"is not a multiple of {what} = {block} (a chunk holds whole blocks)",
-          f"set model.seq_chunk to a multiple of {block}")
+          f"is not a multiple of {cfg.name}'s attention block of {block} tokens (a chunk holds "
+          "whole blocks)", f"set model.seq_chunk to a multiple of {block}")
 
 
 def attention_backend_name(cfg: ml_collections.ConfigDict, platform: str) -> str:
@@ -196,21 +223,28 @@ def validate_context(cfg: ml_collections.ConfigDict, context: int) -> None:
           f"must divide data.seq_len={cfg.seq_len} (each device holds seq_len / context tokens)",
           f"set mesh.context to a divisor of {cfg.seq_len}")
   chunk = cfg.seq_len // context
-  block, what = entry.context_block(cfg)
+  block = context_block(cfg)
   require(chunk % block == 0, "mesh.context", context,
-          f"leaves {chunk} tokens per device, not a multiple of {what} = {block} (blocks may "
-          "not straddle devices)", f"choose mesh.context so that data.seq_len / mesh.context "
-          f"is a multiple of {block}")
-  if entry.layout == "zigzag":
+          f"leaves {chunk} tokens per device, not a multiple of {cfg.name}'s attention block of "
+          f"{block} tokens (blocks may not straddle devices)",
+          f"choose mesh.context so that data.seq_len / mesh.context is a multiple of {block}")
+  if ring_layout(cfg) == "zigzag":
     require(cfg.seq_len % (2 * context) == 0, "mesh.context", context,
             f"needs data.seq_len={cfg.seq_len} divisible by 2 * mesh.context (the zig-zag "
             "layout gives each device two half-chunks)",
             f"set data.seq_len to a multiple of {2 * context}")
 
 
+def context_size(mesh: jax.sharding.Mesh | None, axis_name: str = "context") -> int:
+  """Devices along the sequence axis (1 without a mesh or without that axis)."""
+  if mesh is None or axis_name not in mesh.axis_names:
+    return 1
+  return mesh.shape[axis_name]
+
+
 def sequence_layout(cfg: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None) -> str:
   """The order the training loop feeds tokens in: 'natural', or 'zigzag' (`ops.ring`)."""
-  return REGISTRY[cfg.name].layout if op_set.context_size(mesh) > 1 else "natural"
+  return ring_layout(cfg) if context_size(mesh) > 1 else "natural"
 
 
 _VALIDATED: set[tuple[str, str, int]] = set()  # (model section, platform, context) seen valid
@@ -234,22 +268,19 @@ def create(cfg: ml_collections.ConfigDict, *, rngs: nnx.Rngs, mesh: jax.sharding
   (Perceiver-AR) returns the last `T'` of them. Every parameter carries its
   logical axis names (`out_sharding` metadata, see `efficient_lm.sharding`);
   the model itself is created unplaced (`train_state.build` places it). With a
-  `mesh` whose `context` axis has several devices the mixers call the ring ops
-  (`ops.op_set.for_mesh`); the batch must then come in
+  `mesh` whose `context` axis has several devices the route shards the
+  sequence (`ops.ring`); the batch must then come in
   `sequence_layout(cfg, mesh)` order with its positions. The attention runs on
   the backend `model.attention_impl` names for the platform of the mesh's
   devices (or `platform`, for a model built from shapes only).
   """
   if platform is None:
     platform = targets.platform_of(list(mesh.devices.flat) if mesh is not None else jax.devices())
-  _validate_once(cfg, platform, op_set.context_size(mesh))
-  entry = REGISTRY[cfg.name]
-  ops = op_set.for_mesh(mesh, layout=sequence_layout(cfg, mesh),
-                        impl=attention_backend_name(cfg, platform), interpret=cfg.kernel_interpret)
-  if entry.build is not None:
-    return entry.build(cfg, rngs, ops=ops)
-  return decoder.Decoder(cfg, lambda layer, rngs: entry.make_mixer(cfg, layer, rngs, ops=ops),
-                         identical_layers=entry.identical_layers(cfg), rngs=rngs)
+  context = context_size(mesh)
+  _validate_once(cfg, platform, context)
+  route = Route(impl=attention_backend_name(cfg, platform), interpret=cfg.kernel_interpret,
+                mesh=mesh if context > 1 else None, layout=sequence_layout(cfg, mesh))
+  return _build(cfg, rngs, route)
 
 
 def abstract_params(cfg: ml_collections.ConfigDict, platform: str | None = None):
@@ -257,5 +288,6 @@ def abstract_params(cfg: ml_collections.ConfigDict, platform: str | None = None)
   return nnx.state(nnx.eval_shape(lambda: create(cfg, rngs=nnx.Rngs(0), platform=platform)))
 
 
-__all__ = ["ConfigError", "REGISTRY", "ModelEntry", "abstract_params", "create", "logical_axes",
+__all__ = ["ConfigError", "REGISTRY", "ModelEntry", "abstract_params", "attention_patterns",
+           "chunkable", "context_block", "context_size", "create", "logical_axes", "ring_layout",
            "sequence_layout", "validate", "validate_context"]

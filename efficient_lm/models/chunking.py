@@ -23,14 +23,18 @@ import jax.numpy as jnp
 from efficient_lm.ops.pattern import Pattern
 
 
-def halo(pattern: Pattern, chunk: int) -> int:
-  """Keys before a chunk (of `chunk` queries, starting at a multiple of it) its queries may see."""
-  if pattern.reach is None:
+def halo(patterns: Pattern | tuple[Pattern, ...], chunk: int) -> int:
+  """Keys before a chunk (of `chunk` queries, starting at a multiple of it) the queries of any of
+  `patterns` may see."""
+  patterns = (patterns,) if isinstance(patterns, Pattern) else tuple(patterns)
+  if any(p.reach is None for p in patterns):
     raise ValueError("a pattern of unbounded reach (dense attention) cannot be chunked; set "
                      "model.seq_chunk=0 for it")
-  q_first = chunk * (2 + pattern.reach // chunk)  # far from the start: nothing is clipped at 0
-  lowest, _ = pattern.key_range(q_first, q_first + chunk - 1)
-  return q_first - lowest
+  lowest = []
+  for pattern in patterns:
+    q_first = chunk * (2 + pattern.reach // chunk)  # far from the start: nothing is clipped at 0
+    lowest.append(q_first - pattern.key_range(q_first, q_first + chunk - 1)[0])
+  return max(lowest)
 
 
 def split(x_BT: jax.Array, chunk: int) -> jax.Array:

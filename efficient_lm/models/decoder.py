@@ -2,7 +2,8 @@
 
 Models differ in their *mixer*, built per layer by a factory
 `make_mixer(layer, rngs) -> nnx.Module` whose modules are called as
-`mixer(x_BTD, positions_BT) -> y_BTD`. When every layer has the same settings
+`mixer(x_BTD, positions_BT, segment_ids_BT) -> y_BTD` (document ids, or None:
+one document). When every layer has the same settings
 (`identical_layers=True`) the blocks are created with `nnx.vmap` and applied
 with `nnx.scan`, so compile time does not grow with depth; otherwise (a
 per-layer window, a doubling period) they are kept in a list and unrolled.
@@ -22,34 +23,32 @@ from efficient_lm.ops import precision
 from efficient_lm.ops.pattern import Pattern
 
 class Mixer(Protocol):
-  """What a block's mixer must provide (`docs/adding_a_model.md`): the parallel pass over a
-  block's normalized input, and cached decoding."""
-
-  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array) -> jax.Array: ...
-  def init_cache(self, batch_size: int, max_len: int): ...
-  def prefill(self, x_BTD: jax.Array, positions_BT: jax.Array, cache): ...
-  def extend(self, x_BCD: jax.Array, start: jax.Array, cache): ...
-
-
-@runtime_checkable
-class ChunkedMixer(Protocol):
-  """What a mixer of bounded reach provides to run over sequence chunks (`model.seq_chunk`,
-  `models/chunking.py`)."""
+  """What a block's mixer must provide (`docs/adding_a_model.md`): the patterns it attends with
+  (stated once, read by the registry), the parallel pass over a block's normalized input, the
+  pass over a sequence chunk, and cached decoding. `segment_ids` are document ids (None: one
+  document); `layers.SelfAttention` provides all of it."""
 
   @property
-  def chunk_pattern(self) -> Pattern: ...
+  def patterns(self) -> tuple[Pattern, ...]: ...
+  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array,
+               segment_ids_BT: jax.Array | None = None) -> jax.Array: ...
   def keys_values(self, x_BWD: jax.Array, positions_BW: jax.Array) -> tuple[jax.Array, jax.Array]: ...
   def attend_chunk(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_offset: int,
-                   q_align: int, context=None) -> jax.Array: ...
+                   q_align: int, segment_ids=None) -> jax.Array: ...
+  def init_cache(self, batch_size: int, max_len: int): ...
+  def prefill(self, x_BTD: jax.Array, positions_BT: jax.Array, cache, segment_ids_BT=None): ...
+  def extend(self, x_BCD: jax.Array, start: jax.Array, cache, segment_ids_BC=None): ...
 
 
 @runtime_checkable
 class ChunkContext(Protocol):
   """What a chunked mixer with state across the whole sequence adds (BCMT's memory): what each
-  chunk receives, computed over all of them first."""
+  chunk receives, computed over all of them first, and how a chunk uses it."""
 
-  def chunk_context(self, window, x_nBCD, positions_nBC, xh_nBHD, ph_nBH, starts_n, halo: int,
-                    chunk: int): ...
+  def chunk_context(self, window, x_nBCD, positions_nBC, xh_nBHD, ph_nBH, seg_n, starts_n,
+                    halo: int, chunk: int): ...
+  def attend_chunk_with(self, context, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start,
+                        k_offset: int, q_align: int, segment_ids=None) -> jax.Array: ...
 
 
 MixerFactory = Callable[[int, nnx.Rngs], Mixer]
@@ -107,28 +106,34 @@ class Block(nnx.Module):
     self.mlp_norm = layers.rms_norm(cfg.d_model, dtype=dtype, rngs=rngs)
     self.mlp = layers.Mlp(cfg.d_model, cfg.mlp_ratio, dtype=dtype, rngs=rngs)
 
-  def __call__(self, x_BTD, positions_BT, key):
+  def __call__(self, x_BTD, positions_BT, segment_ids_BT, key):
     T = x_BTD.shape[1]
     if self.seq_chunk and T > self.seq_chunk and T % self.seq_chunk == 0:
-      return self.chunked(x_BTD, positions_BT, key)
+      return self.chunked(x_BTD, positions_BT, segment_ids_BT, key)
     mixer_key = mlp_key = None
     if key is not None:
       mixer_key, mlp_key = jax.random.split(key)
-    x_BTD = x_BTD + layers.dropout(self.mixer(self.mixer_norm(x_BTD), positions_BT),
-                                   self.dropout_rate, mixer_key, positions_BT)
+    y_BTD = self.mixer(self.mixer_norm(x_BTD), positions_BT, segment_ids_BT)
+    x_BTD = x_BTD + layers.dropout(y_BTD, self.dropout_rate, mixer_key, positions_BT)
     x_BTD = x_BTD + layers.dropout(self.mlp(self.mlp_norm(x_BTD)), self.dropout_rate, mlp_key,
                                    positions_BT)
     return x_BTD
 
-  def chunked(self, x_BTD, positions_BT, key):
+  def chunked(self, x_BTD, positions_BT, segment_ids_BT, key):
     """`__call__` over chunks of `seq_chunk` tokens (see `models/chunking.py`)."""
     C = self.seq_chunk
     n = x_BTD.shape[1] // C
-    halo = chunking.halo(self.mixer.chunk_pattern, C)
+    halo = chunking.halo(self.mixer.patterns, C)
     x_nBCD, positions_nBC = chunking.split(x_BTD, C), chunking.split(positions_BT, C)
     starts_n = jnp.arange(n, dtype=jnp.int32) * C
     # The inputs of the `halo` positions before each chunk: all a chunk needs of the ones before it.
     xh_nBHD, ph_nBH = chunking.halos(x_nBCD, halo), chunking.halos(positions_nBC, halo)
+    # Document ids: each chunk's, and its window's (the halo's and its own); (None, None) without.
+    seg_n = (None, None)
+    if segment_ids_BT is not None:
+      s_nBC = chunking.split(segment_ids_BT.astype(jnp.int32), C)
+      # Before the sequence start the halo is never visible (negative positions): any id serves.
+      seg_n = (s_nBC, jax.vmap(chunking.window)(chunking.halos(s_nBC, halo), s_nBC))
 
     def window(x_BCD, positions_BC, xh_BHD, ph_BH):
       """(the chunk's normed inputs, the keys and values of its halo and itself)."""
@@ -138,31 +143,36 @@ class Block(nnx.Module):
 
     context_n = None
     if isinstance(self.mixer, ChunkContext):
-      context_n = self.mixer.chunk_context(window, x_nBCD, positions_nBC, xh_nBHD, ph_nBH,
+      context_n = self.mixer.chunk_context(window, x_nBCD, positions_nBC, xh_nBHD, ph_nBH, seg_n,
                                            starts_n, halo, C)
 
-    def one_chunk(x_BCD, positions_BC, xh_BHD, ph_BH, start, context):
+    def one_chunk(x_BCD, positions_BC, xh_BHD, ph_BH, seg, start, context):
       mixer_key = mlp_key = None
       if key is not None:  # the whole block's keys: masks follow the absolute positions
         mixer_key, mlp_key = jax.random.split(key)
       h_BCD, k_BWHK, v_BWHK = window(x_BCD, positions_BC, xh_BHD, ph_BH)
-      y_BCD = self.mixer.attend_chunk(h_BCD, positions_BC, k_BWHK, v_BWHK, start, -halo, C, context)
+      seg = None if seg[0] is None else seg
+      args = (h_BCD, positions_BC, k_BWHK, v_BWHK, start, -halo, C, seg)
+      if context is None:
+        y_BCD = self.mixer.attend_chunk(*args)
+      else:
+        y_BCD = self.mixer.attend_chunk_with(context, *args)
       x_BCD = x_BCD + layers.dropout(y_BCD, self.dropout_rate, mixer_key, positions_BC)
       return x_BCD + layers.dropout(self.mlp(self.mlp_norm(x_BCD)), self.dropout_rate, mlp_key,
                                     positions_BC)
 
     return chunking.merge(chunking.map_chunks(one_chunk, x_nBCD, positions_nBC, xh_nBHD, ph_nBH,
-                                              starts_n, context_n))
+                                              seg_n, starts_n, context_n))
 
-  def prefill(self, x_BTD, positions_BT, cache):
+  def prefill(self, x_BTD, positions_BT, segment_ids_BT, cache):
     """A prompt through the block (no dropout), filling the mixer's cache."""
-    y_BTD, cache = self.mixer.prefill(self.mixer_norm(x_BTD), positions_BT, cache)
+    y_BTD, cache = self.mixer.prefill(self.mixer_norm(x_BTD), positions_BT, cache, segment_ids_BT)
     x_BTD = x_BTD + y_BTD
     return x_BTD + self.mlp(self.mlp_norm(x_BTD)), cache
 
-  def extend(self, x_BCD, start, cache):
+  def extend(self, x_BCD, start, segment_ids_BC, cache):
     """New tokens at positions start.. through the block, against the mixer's cache."""
-    y_BCD, cache = self.mixer.extend(self.mixer_norm(x_BCD), start, cache)
+    y_BCD, cache = self.mixer.extend(self.mixer_norm(x_BCD), start, cache, segment_ids_BC)
     x_BCD = x_BCD + y_BCD
     return x_BCD + self.mlp(self.mlp_norm(x_BCD)), cache
 
@@ -207,24 +217,30 @@ class LanguageModel(nnx.Module):
                              kernel_metadata=layers.axes("embed", "vocab"))
 
   def __call__(self, tokens_BT: jax.Array, *, positions_BT: jax.Array | None = None,
+               segment_ids_BT: jax.Array | None = None,
                dropout_key: jax.Array | None = None) -> jax.Array:
     """Logits `[B, T', V]` (float32) for int tokens `[B, T]`: the last T' positions (T' = T but
     for Perceiver-AR). `dropout_key=None` means no dropout (evaluation); `positions_BT`
-    defaults to 0..T-1 (a context-parallel layout passes its own)."""
-    return self.logits(self.hidden(tokens_BT, positions_BT=positions_BT, dropout_key=dropout_key))
+    defaults to 0..T-1 (a context-parallel layout passes its own); `segment_ids_BT` (int `[B, T]`,
+    one id per document) keeps every position inside its own document (None: one document)."""
+    return self.logits(self.hidden(tokens_BT, positions_BT=positions_BT,
+                                   segment_ids_BT=segment_ids_BT, dropout_key=dropout_key))
 
   def hidden(self, tokens_BT: jax.Array, *, positions_BT: jax.Array | None = None,
+             segment_ids_BT: jax.Array | None = None,
              dropout_key: jax.Array | None = None) -> jax.Array:
     """The last layer's outputs `[B, T', D]` (float32), before the final norm and the head: what a
     chunked loss (`train_step.chunked_weighted_nll`) turns into logits a chunk at a time."""
     return self.apply_layers(self.embed_tokens(tokens_BT), positions_BT=positions_BT,
-                             dropout_key=dropout_key)
+                             segment_ids_BT=segment_ids_BT, dropout_key=dropout_key)
 
   def from_embeddings(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
+                      segment_ids_BT: jax.Array | None = None,
                       dropout_key: jax.Array | None = None) -> jax.Array:
     """Logits from token embeddings `[B, T, D]` (`embed_tokens`'s output): tests differentiate
     through it to check causality."""
-    return self.logits(self.apply_layers(x_BTD, positions_BT=positions_BT, dropout_key=dropout_key))
+    return self.logits(self.apply_layers(x_BTD, positions_BT=positions_BT,
+                                         segment_ids_BT=segment_ids_BT, dropout_key=dropout_key))
 
   def embed_tokens(self, tokens_BT: jax.Array) -> jax.Array:
     """Scaled token embeddings `[B, T, D]`, float32 (the input of `apply_layers`)."""
@@ -236,6 +252,7 @@ class LanguageModel(nnx.Module):
     return sharding.constrain(x_BTD, *TOKENS)
 
   def apply_layers(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
+                   segment_ids_BT: jax.Array | None = None,
                    dropout_key: jax.Array | None = None) -> jax.Array:
     """Embeddings `[B, T, D]` -> the last layer's outputs `[B, T', D]` (T' = T but for Perceiver-AR)."""
     raise NotImplementedError
@@ -250,19 +267,23 @@ class LanguageModel(nnx.Module):
     """
     raise NotImplementedError
 
-  def prefill(self, tokens_BT: jax.Array, cache):
-    """(what `model(tokens_BT)` returns, the cache after it): one parallel pass over a prompt
-    at positions 0..T-1, from a fresh cache."""
+  def prefill(self, tokens_BT: jax.Array, cache, segment_ids_BT: jax.Array | None = None):
+    """(what `model(tokens_BT, segment_ids_BT=...)` returns, the cache after it): one parallel
+    pass over a prompt at positions 0..T-1, from a fresh cache."""
     raise NotImplementedError
 
-  def extend(self, tokens_BC: jax.Array, cache, start: jax.Array):
+  def extend(self, tokens_BC: jax.Array, cache, start: jax.Array,
+             segment_ids_BC: jax.Array | None = None):
     """(logits `[B, C, V]`, cache) for C tokens at positions start..start+C-1 after the cached
-    ones: C = 1 is a decoding step, larger C a chunk of a long prompt."""
+    ones: C = 1 is a decoding step, larger C a chunk of a long prompt. `segment_ids_BC`: their
+    document ids (in the numbering the earlier ones used; None: document 0)."""
     raise NotImplementedError
 
-  def decode_step(self, tokens_B: jax.Array, cache, position: jax.Array):
+  def decode_step(self, tokens_B: jax.Array, cache, position: jax.Array,
+                  segment_ids_B: jax.Array | None = None):
     """Logits `[B, V]` for one token per sequence at `position` (a scalar), and the new cache."""
-    logits_B1V, cache = self.extend(tokens_B[:, None], cache, position)
+    ids = None if segment_ids_B is None else segment_ids_B[:, None]
+    logits_B1V, cache = self.extend(tokens_B[:, None], cache, position, ids)
     return logits_B1V[:, 0], cache
 
   def prepare_input(self, x_BTD: jax.Array, positions_BT: jax.Array | None,
@@ -313,22 +334,24 @@ class Decoder(LanguageModel):
                               for i in range(cfg.num_layers)])
 
   def apply_layers(self, x_BTD: jax.Array, *, positions_BT: jax.Array | None = None,
+                   segment_ids_BT: jax.Array | None = None,
                    dropout_key: jax.Array | None = None) -> jax.Array:
     x_BTD, positions_BT, layer_keys = self.prepare_input(x_BTD, positions_BT, dropout_key)
     apply_block = rematerialized(
-        lambda block, x, positions, key: sharding.constrain(block(x, positions, key), *TOKENS),
+        lambda block, x, positions, segments, key: sharding.constrain(
+            block(x, positions, segments, key), *TOKENS),
         self.remat, in_loop=self.scanned)
     if self.scanned:
       keys = None if layer_keys[0] is None else layer_keys
 
-      @nnx.scan(in_axes=(nnx.Carry, 0, None, 0 if keys is not None else None), out_axes=nnx.Carry,
-                transform_metadata=LAYERS_AXIS)
-      def apply_blocks(x_BTD, block, positions_BT, key):
-        return apply_block(block, x_BTD, positions_BT, key)
+      @nnx.scan(in_axes=(nnx.Carry, 0, None, None, 0 if keys is not None else None),
+                out_axes=nnx.Carry, transform_metadata=LAYERS_AXIS)
+      def apply_blocks(x_BTD, block, positions_BT, segment_ids_BT, key):
+        return apply_block(block, x_BTD, positions_BT, segment_ids_BT, key)
 
-      return apply_blocks(x_BTD, self.blocks, positions_BT, keys)
+      return apply_blocks(x_BTD, self.blocks, positions_BT, segment_ids_BT, keys)
     for block, key in zip(self.blocks, layer_keys):
-      x_BTD = apply_block(block, x_BTD, positions_BT, key)
+      x_BTD = apply_block(block, x_BTD, positions_BT, segment_ids_BT, key)
     return x_BTD
 
   # Cached decoding: every mixer has init_cache, prefill and extend.
@@ -360,16 +383,18 @@ class Decoder(LanguageModel):
       new_cache.append(layer_cache)
     return x_BTD, new_cache
 
-  def prefill(self, tokens_BT: jax.Array, cache):
+  def prefill(self, tokens_BT: jax.Array, cache, segment_ids_BT: jax.Array | None = None):
     x_BTD, positions_BT, _ = self.prepare_input(self.embed_tokens(tokens_BT), None, None)
     x_BTD, cache = self._through_blocks(
-        lambda block, x, c: block.prefill(x, positions_BT, c), x_BTD, cache)
+        lambda block, x, c: block.prefill(x, positions_BT, segment_ids_BT, c), x_BTD, cache)
     return self.logits(x_BTD), cache
 
-  def extend(self, tokens_BC: jax.Array, cache, start: jax.Array):
+  def extend(self, tokens_BC: jax.Array, cache, start: jax.Array,
+             segment_ids_BC: jax.Array | None = None):
     B, C = tokens_BC.shape
     start = jnp.asarray(start, jnp.int32)
     _, positions_BC = layers.chunk_positions(start, B, C)
     x_BCD, _, _ = self.prepare_input(self.embed_tokens(tokens_BC), positions_BC, None)
-    x_BCD, cache = self._through_blocks(lambda block, x, c: block.extend(x, start, c), x_BCD, cache)
+    x_BCD, cache = self._through_blocks(
+        lambda block, x, c: block.extend(x, start, segment_ids_BC, c), x_BCD, cache)
     return self.logits(x_BCD), cache

@@ -2,7 +2,7 @@
 
 The sequence is cut into `num_segments` pieces of L = T / num_segments tokens.
 Piece t's queries attend to all of piece t - 1 and causally to piece t (piece
-0 causally to itself): `block_local_attention(block_size=L, lookback=1)`.
+0 causally to itself): `Pattern.blocks(L, lookback=1)`.
 A pair of consecutive pieces is the paper's PAR block ("history" half, then
 "latent" half); every position is a query and every position is trained.
 Information travels one piece further back per layer.
@@ -14,15 +14,13 @@ Options from the authors' code, default off: `shared_kv` (keys and values
 from one projection; RoPE rotates the keys only) and `rope_first_layer_only`.
 """
 
-import functools
-
 import jax
 import ml_collections
 from flax import nnx
 
 from efficient_lm.models import layers
-from efficient_lm.ops import op_set
 from efficient_lm.ops.pattern import Pattern
+from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
 from efficient_lm.validation import divisors_near, require, require_positive_int
 
 
@@ -41,20 +39,18 @@ def identical_layers(cfg: ml_collections.ConfigDict) -> bool:
   return not (cfg.rope_first_layer_only and cfg.position == "rope")
 
 
-def ecp_op(cfg: ml_collections.ConfigDict, ops: op_set.OpSet = op_set.SINGLE_DEVICE
-           ) -> layers.AttentionOp:
+def pattern(cfg: ml_collections.ConfigDict) -> Pattern:
   """Each piece attends to the previous piece and causally to itself."""
-  return functools.partial(ops.block_local_attention,
-                           block_size=cfg.seq_len // cfg.num_segments, lookback=1)
+  return Pattern.blocks(cfg.seq_len // cfg.num_segments, lookback=1)
 
 
 class SharedKVAttention(layers.SelfAttention):
   """SelfAttention whose keys and values come from one projection (v is the un-rotated k)."""
 
-  def __init__(self, d_model: int, num_heads: int, op: layers.AttentionOp, *, use_rope: bool,
-               rope_base: float, dtype, rngs: nnx.Rngs, keys: Pattern | None = None, **kwargs):
-    super().__init__(d_model, num_heads, op, use_rope=use_rope, rope_base=rope_base, dtype=dtype,
-                     rngs=rngs, keys=keys, **kwargs)
+  def __init__(self, d_model: int, num_heads: int, pattern: Pattern, *, use_rope: bool,
+               rope_base: float, dtype, rngs: nnx.Rngs, **kwargs):
+    super().__init__(d_model, num_heads, pattern, use_rope=use_rope, rope_base=rope_base,
+                     dtype=dtype, rngs=rngs, **kwargs)
     self.qkv = nnx.LinearGeneral(d_model, (2, num_heads, d_model // num_heads), use_bias=False,
                                  dtype=dtype, rngs=rngs,
                                  kernel_metadata=layers.axes("embed", "qkv", "heads", "kv"))
@@ -79,11 +75,9 @@ class SharedKVAttention(layers.SelfAttention):
 
 
 def make_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
-               op: layers.AttentionOp | None = None,
-               ops: op_set.OpSet = op_set.SINGLE_DEVICE) -> nnx.Module:
-  """ECP's attention for `layer`; `op` replaces the ECP op (tests pass a dense masked reference)."""
+               route: Route = DEFAULT_ROUTE) -> nnx.Module:
+  """ECP's attention for `layer`."""
   use_rope = cfg.position == "rope" and (layer == 0 or not cfg.rope_first_layer_only)
   module = SharedKVAttention if cfg.shared_kv else layers.SelfAttention
-  return module(cfg.d_model, cfg.num_heads, op or ecp_op(cfg, ops), use_rope=use_rope,
-                rope_base=cfg.rope_base, dtype=layers.dtype_of(cfg.dtype), rngs=rngs,
-                keys=Pattern.blocks(cfg.seq_len // cfg.num_segments, lookback=1), attend=ops.attend)
+  return module(cfg.d_model, cfg.num_heads, pattern(cfg), route=route, use_rope=use_rope,
+                rope_base=cfg.rope_base, dtype=layers.dtype_of(cfg.dtype), rngs=rngs)

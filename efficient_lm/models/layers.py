@@ -1,16 +1,13 @@
-"""Building blocks shared by every model: projections, RoPE, MLP, dropout, decoding caches."""
-
-from typing import Callable
+"""Building blocks shared by every model: projections, RoPE, MLP, dropout, decoding caches, and
+`SelfAttention`, the one way a mixer reaches attention."""
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from efficient_lm import sharding
-from efficient_lm.ops import core
 from efficient_lm.ops.pattern import Pattern
-
-AttentionOp = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+from efficient_lm.ops.route import Route
 
 
 def axes(*names: str | None) -> dict:
@@ -84,11 +81,12 @@ def rope(x_BTHK: jax.Array, positions_BT: jax.Array, base: float) -> jax.Array:
   return rotated.astype(x_BTHK.dtype)
 
 
-# Key/value buffers for decoding: `span` slots, position p in slot p % span, `pos` = -1 when empty.
-# Keys and values are stored heads-first and rank 3, `[B * H, span, K]` (N = B * H): XLA on CPU
-# then updates the slot in place and the core (layout "BHTK", a free reshape) reads the buffer
-# straight into its matmul (with `[B, S, H, K]` it copied the whole cache every step: decoding
-# time grew with the cache's size).
+# Key/value buffers for decoding: `span` slots, position p in slot p % span, `pos` = -1 when empty,
+# `seg` the document id of each slot's token (per batch row). Keys and values are stored
+# heads-first and rank 3, `[B * H, span, K]` (N = B * H): XLA on CPU then updates the slot in
+# place and the core (layout "BHTK", a free reshape) reads the buffer straight into its matmul
+# (with `[B, S, H, K]` it copied the whole cache every step: decoding time grew with the
+# cache's size).
 
 def heads_first(x_BCHK: jax.Array) -> jax.Array:
   """`[B, C, H, K]` -> `[B * H, C, K]`, the cache layout."""
@@ -96,49 +94,42 @@ def heads_first(x_BCHK: jax.Array) -> jax.Array:
   return jnp.swapaxes(x_BCHK, 1, 2).reshape(B * H, C, K)
 
 
-def cached_attention(q_BCHK: jax.Array, k_NSK: jax.Array, v_NSK: jax.Array, pos_S: jax.Array,
-                     pattern: Pattern, start: jax.Array, *,
-                     local_prior_BCH: jax.Array | None = None,
-                     skip_prior_BCH: jax.Array | None = None) -> jax.Array:
-  """C queries at positions start.. over cached keys/values `[B * H, S, K]` at slot positions
-  `pos_S` (-1 = empty), as `pattern` allows: the core in the cache layout. Returns `[B, C, H, K]`.
-
-  The priors (`[B, C, H]`, π's log-gates) are added to the local / skip logits.
-  """
-  B, C, H, K = q_BCHK.shape
-  heads = lambda x_NSK: x_NSK.reshape(B, H, x_NSK.shape[1], x_NSK.shape[2])
-  prior = lambda p_BCH: None if p_BCH is None else jnp.swapaxes(p_BCH, 1, 2)
-  o_BHCK, _ = core.attend(jnp.swapaxes(q_BCHK, 1, 2), heads(k_NSK), heads(v_NSK), pattern,
-                          q_start=start, k_positions=pos_S, layout="BHTK",
-                          local_prior=prior(local_prior_BCH), skip_prior=prior(skip_prior_BCH))
-  return jnp.swapaxes(o_BHCK, 1, 2)
+def document_ids(segment_ids_BT: jax.Array | None, batch_size: int, length: int) -> jax.Array:
+  """`segment_ids_BT` as int32, or one document (zeros) when None."""
+  if segment_ids_BT is None:
+    return jnp.zeros((batch_size, length), jnp.int32)
+  return jnp.asarray(segment_ids_BT, jnp.int32)
 
 
 def kv_cache_init(batch_size: int, span: int, num_heads: int, head_dim: int, dtype) -> dict:
   shape = (batch_size * num_heads, span, head_dim)
   return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
-          "pos": jnp.full((span,), -1, jnp.int32)}
+          "pos": jnp.full((span,), -1, jnp.int32),
+          "seg": jnp.full((batch_size, span), -1, jnp.int32)}
 
 
-def kv_cache_extend(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: jax.Array
-                    ) -> tuple[jax.Array, jax.Array, jax.Array, dict]:
-  """(keys `[B * H, S, K]`, values, their positions `[S]`, the new cache) for C new tokens.
+def kv_cache_extend(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: jax.Array,
+                    seg_BC: jax.Array) -> tuple[tuple[jax.Array, ...], dict]:
+  """((keys `[B * H, S, K]`, values, their positions `[S]`, their document ids `[B, S]`), the new
+  cache) for C new tokens.
 
   One token (decoding) is written into its slot first and attends over the
   cache in place: the slot it overwrites (position - span) is out of every
   pattern's reach. A chunk attends over the old cache followed by itself, then
   is written.
   """
-  new_cache = kv_cache_write(cache, k_BCHK, v_BCHK, pos_C)
+  new_cache = kv_cache_write(cache, k_BCHK, v_BCHK, pos_C, seg_BC)
   if k_BCHK.shape[1] == 1:
-    return new_cache["k"], new_cache["v"], new_cache["pos"], new_cache
+    return (new_cache["k"], new_cache["v"], new_cache["pos"], new_cache["seg"]), new_cache
   as_cached = lambda x_BCHK, a: heads_first(x_BCHK).astype(a.dtype)
-  return (jnp.concatenate([cache["k"], as_cached(k_BCHK, cache["k"])], axis=1),
-          jnp.concatenate([cache["v"], as_cached(v_BCHK, cache["v"])], axis=1),
-          jnp.concatenate([cache["pos"], pos_C]), new_cache)
+  return ((jnp.concatenate([cache["k"], as_cached(k_BCHK, cache["k"])], axis=1),
+           jnp.concatenate([cache["v"], as_cached(v_BCHK, cache["v"])], axis=1),
+           jnp.concatenate([cache["pos"], pos_C]),
+           jnp.concatenate([cache["seg"], seg_BC], axis=1)), new_cache)
 
 
-def kv_cache_write(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: jax.Array) -> dict:
+def kv_cache_write(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: jax.Array,
+                   seg_BC: jax.Array) -> dict:
   """The cache after storing the chunk (only its last `span` tokens when the chunk is longer)."""
   span = cache["pos"].shape[0]
   k_NCK, v_NCK = heads_first(k_BCHK), heads_first(v_BCHK)
@@ -146,13 +137,14 @@ def kv_cache_write(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: jax
     slot = pos_C[0] % span
     put = lambda a, x, axis: jax.lax.dynamic_update_slice_in_dim(a, x.astype(a.dtype), slot, axis)
     return {"k": put(cache["k"], k_NCK, 1), "v": put(cache["v"], v_NCK, 1),
-            "pos": put(cache["pos"], pos_C, 0)}
+            "pos": put(cache["pos"], pos_C, 0), "seg": put(cache["seg"], seg_BC, 1)}
   if k_NCK.shape[1] > span:
-    k_NCK, v_NCK, pos_C = k_NCK[:, -span:], v_NCK[:, -span:], pos_C[-span:]
+    k_NCK, v_NCK, pos_C, seg_BC = k_NCK[:, -span:], v_NCK[:, -span:], pos_C[-span:], seg_BC[:, -span:]
   slots_C = pos_C % span
   return {"k": cache["k"].at[:, slots_C].set(k_NCK.astype(cache["k"].dtype)),
           "v": cache["v"].at[:, slots_C].set(v_NCK.astype(cache["v"].dtype)),
-          "pos": cache["pos"].at[slots_C].set(pos_C)}
+          "pos": cache["pos"].at[slots_C].set(pos_C),
+          "seg": cache["seg"].at[:, slots_C].set(seg_BC.astype(jnp.int32))}
 
 
 def chunk_positions(start: jax.Array, batch_size: int, length: int) -> tuple[jax.Array, jax.Array]:
@@ -177,27 +169,22 @@ class Mlp(nnx.Module):
 
 
 class SelfAttention(nnx.Module):
-  """q, k, v projections, RoPE (optional), an attention op, output projection.
+  """q, k, v projections, RoPE (optional), attention over `pattern`, output projection.
 
-  The op is any `(q_BTHK, k_BTHK, v_BTHK) -> o_BTHK` function: dense causal
-  attention for the baseline, a windowed or blockwise op for the efficient
-  models. Models whose mixer needs more (a gate, a memory) wrap this module,
-  call `project` and `out` themselves and may pass `op=None`.
-
-  With `keys` (the op's `Pattern`) the module also decodes: `init_cache`,
-  `prefill` (the op over a prompt, keeping its last keys/values) and `extend`
-  (new tokens against the cache: decoding and chunked prefill). `attend` is
-  the core on the model's attention backend (`OpSet.attend`), for sequence
-  chunks; decoding runs on the XLA core (its caches have explicit positions).
+  The pattern is stated once, here; every attention runs through `route.attend`
+  (`ops.route`: the backend, and the ring when the sequence is sharded), in
+  every mode: the whole sequence (`__call__`), a sequence chunk
+  (`attend_chunk`, `models/chunking.py`), and cached decoding (`init_cache`,
+  `prefill`, `extend`). `local_prior` / `skip_prior` (`[B, T, H]`, π's
+  log-gates) join the local and skip logits; `segment_ids` (`[B, T]`,
+  document ids) keep every query inside its own document.
   """
 
-  def __init__(self, d_model: int, num_heads: int, op: AttentionOp | None, *, use_rope: bool,
-               rope_base: float, dtype, rngs: nnx.Rngs, keys: Pattern | None = None,
-               attend: Callable = core.attend):
+  def __init__(self, d_model: int, num_heads: int, pattern: Pattern, *, route: Route,
+               use_rope: bool, rope_base: float, dtype, rngs: nnx.Rngs):
     self.num_heads = num_heads
-    self.op = op
-    self.keys = keys
-    self.attend_fn = attend
+    self.pattern = pattern
+    self.route = route
     self.use_rope = use_rope
     self.rope_base = rope_base
     # q, k, v as one [D, 3, H, K] projection: heads stay whole when `heads` is sharded.
@@ -205,6 +192,11 @@ class SelfAttention(nnx.Module):
                                  dtype=dtype, rngs=rngs, kernel_metadata=axes("embed", "qkv", "heads", "kv"))
     self.out = nnx.Linear(d_model, d_model, use_bias=False, dtype=dtype, rngs=rngs,
                           kernel_metadata=axes("heads", "embed"))  # input dim H*K, heads-major
+
+  @property
+  def patterns(self) -> tuple[Pattern, ...]:
+    """The patterns this module attends with (what the registry checks the backend against)."""
+    return (self.pattern,)
 
   def project(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, ...]:
     qkv_BT3HK = sharding.constrain(self.qkv(x_BTD), "batch", "length", None, "heads", "kv")
@@ -214,10 +206,16 @@ class SelfAttention(nnx.Module):
       k_BTHK = rope(k_BTHK, positions_BT, self.rope_base)
     return q_BTHK, k_BTHK, v_BTHK
 
-  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array) -> jax.Array:
-    B, T, D = x_BTD.shape
-    o_BTHK = self.op(*self.project(x_BTD, positions_BT))
-    return self.out(o_BTHK.reshape(B, T, D))
+  def output(self, o_BTHK: jax.Array) -> jax.Array:
+    """The output projection of attention outputs `[B, T, H, K]`."""
+    B, T, H, K = o_BTHK.shape
+    return self.out(o_BTHK.reshape(B, T, H * K))
+
+  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array,
+               segment_ids_BT: jax.Array | None = None, **priors) -> jax.Array:
+    q_BTHK, k_BTHK, v_BTHK = self.project(x_BTD, positions_BT)
+    return self.output(self.route.attend(q_BTHK, k_BTHK, v_BTHK, self.pattern,
+                                         segment_ids=segment_ids_BT, **priors))
 
   # The same projections one part at a time (sequence-chunked blocks, `models/chunking.py`):
   # the keys and values of the whole sequence, the queries of a chunk.
@@ -237,46 +235,55 @@ class SelfAttention(nnx.Module):
     k_BTHK, v_BTHK = kv_BT2HK[:, :, 0], kv_BT2HK[:, :, 1]
     return (rope(k_BTHK, positions_BT, self.rope_base) if self.use_rope else k_BTHK), v_BTHK
 
-  def attend_window(self, q_BCHK: jax.Array, k_BWHK: jax.Array, v_BWHK: jax.Array, q_start,
-                    k_offset: int, q_align: int, pattern: Pattern | None = None, **priors
-                    ) -> jax.Array:
-    """Output projection `[B, C, D]` of a chunk of queries (at the traced `q_start`, a multiple
-    of `q_align`) attending over its key window, which starts `k_offset` (static) before."""
-    B, C, H, K = q_BCHK.shape
-    o_BCHK, _ = self.attend_fn(q_BCHK, k_BWHK, v_BWHK, pattern or self.keys, q_start=q_start,
-                               k_offset=k_offset, q_align=q_align, with_lse=False, **priors)
-    return self.out(o_BCHK.reshape(B, C, H * K))
+  def attend_chunk(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_offset: int,
+                   q_align: int, segment_ids=None, **priors) -> jax.Array:
+    """The output `[B, C, D]` of a chunk of queries (at the traced `q_start`, a multiple of
+    `q_align`) attending over its key window, which starts `k_offset` (static) before;
+    `segment_ids` = (the chunk's document ids `[B, C]`, the window's `[B, W]`) or None."""
+    q_ids, k_ids = segment_ids if segment_ids is not None else (None, None)
+    o_BCHK = self.route.attend(self.queries(x_BCD, positions_BC), k_BWHK, v_BWHK, self.pattern,
+                               q_start=q_start, k_offset=k_offset, q_align=q_align,
+                               segment_ids=q_ids, k_segment_ids=k_ids, **priors)
+    return self.output(o_BCHK)
 
-  def attend_chunk(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_offset, q_align,
-                   context=None):
-    """The mixer's output for a chunk of tokens, given its key window (`models/chunking.py`)."""
-    del context
-    return self.attend_window(self.queries(x_BCD, positions_BC), k_BWHK, v_BWHK, q_start,
-                              k_offset, q_align)
-
-  @property
-  def chunk_pattern(self) -> Pattern | None:
-    return self.keys
-
-  # Cached decoding (modules built with `keys`).
+  # Cached decoding: a ring buffer of the keys any later token can still see.
 
   def init_cache(self, batch_size: int, max_len: int) -> dict:
     D = self.out.in_features
-    return kv_cache_init(batch_size, self.keys.span(max_len), self.num_heads, D // self.num_heads,
-                     self.qkv.dtype or jnp.float32)
+    return kv_cache_init(batch_size, self.pattern.span(max_len), self.num_heads,
+                         D // self.num_heads, self.qkv.dtype or jnp.float32)
 
-  def prefill(self, x_BTD: jax.Array, positions_BT: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+  def prefill(self, x_BTD: jax.Array, positions_BT: jax.Array, cache: dict,
+              segment_ids_BT: jax.Array | None = None, **priors) -> tuple[jax.Array, dict]:
     """The ordinary pass over a prompt from an empty cache; the cache keeps its last keys/values."""
-    B, T, D = x_BTD.shape
+    B, T, _ = x_BTD.shape
     q_BTHK, k_BTHK, v_BTHK = self.project(x_BTD, positions_BT)
-    y_BTD = self.out(self.op(q_BTHK, k_BTHK, v_BTHK).reshape(B, T, D))
-    return y_BTD, kv_cache_write(cache, k_BTHK, v_BTHK, positions_BT[0])
+    y_BTD = self.output(self.route.attend(q_BTHK, k_BTHK, v_BTHK, self.pattern,
+                                          segment_ids=segment_ids_BT, **priors))
+    seg_BT = document_ids(segment_ids_BT, B, T)
+    return y_BTD, kv_cache_write(cache, k_BTHK, v_BTHK, positions_BT[0], seg_BT)
 
-  def extend(self, x_BCD: jax.Array, start: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+  def extend(self, x_BCD: jax.Array, start: jax.Array, cache: dict,
+             segment_ids_BC: jax.Array | None = None, **priors) -> tuple[jax.Array, dict]:
     """C tokens at positions start.. against the cached keys and each other."""
-    B, C, D = x_BCD.shape
+    B, C, _ = x_BCD.shape
     pos_C, positions_BC = chunk_positions(start, B, C)
     q_BCHK, k_BCHK, v_BCHK = self.project(x_BCD, positions_BC)
-    k_NSK, v_NSK, pos_S, cache = kv_cache_extend(cache, k_BCHK, v_BCHK, pos_C)
-    o_BCHK = cached_attention(q_BCHK, k_NSK, v_NSK, pos_S, self.keys, pos_C[0])
-    return self.out(o_BCHK.reshape(B, C, D)), cache
+    seg_BC = document_ids(segment_ids_BC, B, C)
+    (k_NSK, v_NSK, pos_S, seg_BS), cache = kv_cache_extend(cache, k_BCHK, v_BCHK, pos_C, seg_BC)
+    return self.output(self.cached(q_BCHK, k_NSK, v_NSK, pos_S, pos_C[0], seg_BC, seg_BS,
+                                   **priors)), cache
+
+  def cached(self, q_BCHK: jax.Array, k_NSK: jax.Array, v_NSK: jax.Array, pos_S: jax.Array,
+             start: jax.Array, seg_BC: jax.Array, seg_BS: jax.Array, *, pattern=None,
+             local_prior=None, skip_prior=None) -> jax.Array:
+    """C queries at positions start.. over cached keys / values `[B * H, S, K]` at slot positions
+    `pos_S` (-1 = empty) and documents `seg_BS`: the route in the cache's layout, `[B, C, H, K]`."""
+    B, C, H, K = q_BCHK.shape
+    heads = lambda x_NSK: x_NSK.reshape(B, H, x_NSK.shape[1], x_NSK.shape[2])
+    prior = lambda p_BCH: None if p_BCH is None else jnp.swapaxes(p_BCH, 1, 2)
+    o_BHCK = self.route.attend(jnp.swapaxes(q_BCHK, 1, 2), heads(k_NSK), heads(v_NSK),
+                               pattern or self.pattern, q_start=start, k_positions=pos_S,
+                               local_prior=prior(local_prior), skip_prior=prior(skip_prior),
+                               segment_ids=seg_BC, k_segment_ids=seg_BS, layout="BHTK")
+    return jnp.swapaxes(o_BHCK, 1, 2)

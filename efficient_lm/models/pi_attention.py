@@ -1,9 +1,10 @@
 """π-Attention (docs/architecture.md, "π-Attention") and its baseline, sliding-window attention.
 
 π mixer: q, k, v; a per-token, per-head gate from a small MLP on the token's
-representation; `ops.attention.pi_attention` (local window + periodic skips,
-log-prior fusion in one softmax); output projection. The baseline is the same
-window with no skips and no gate ("RingAttention" in the paper's tables).
+representation; attention over `Pattern.pi` (local window + periodic skips)
+with the gate as log-priors (one softmax); output projection. The baseline is
+the same window with no skips and no gate ("RingAttention" in the paper's
+tables).
 
 Per-layer settings: `model.window`, `model.period` and `model.num_skips` are
 scalars; `model.period_schedule='doubling'` gives layer l the period
@@ -19,10 +20,10 @@ from flax import nnx
 
 from efficient_lm import sharding
 from efficient_lm.models import layers
-from efficient_lm.ops import attention
-from efficient_lm.ops import op_set
 from efficient_lm.ops import precision
+from efficient_lm.ops.priors import gate_priors
 from efficient_lm.ops.pattern import Pattern
+from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
 from efficient_lm.validation import require, require_positive_int
 
 PERIOD_SCHEDULES = ("constant", "doubling")
@@ -34,7 +35,9 @@ def layer_period(cfg: ml_collections.ConfigDict, layer: int) -> int:
 
 
 class LocalMixer(nnx.Module):
-  """The π mixer (`gated=True`) and the sliding-window one (`gated=False`, no skips).
+  """The π mixer (`gated=True`: the window and the layer's skips, with the gate's log-priors) and
+  the sliding-window one (`gated=False`: the window alone). Its attention is a
+  `layers.SelfAttention` over `pattern`, in every mode; the gate only adds the priors.
 
   Cached decoding keeps a ring buffer of the last max(window, num_skips * period + 1)
   keys and values per layer (the window and the farthest skip bound what any
@@ -42,16 +45,13 @@ class LocalMixer(nnx.Module):
   period (with a doubling period deeper layers hold more).
   """
 
-  def __init__(self, cfg: ml_collections.ConfigDict, *, window: int, period: int = 1,
-               num_skips: int = 0, gated: bool, rngs: nnx.Rngs,
-               ops: op_set.OpSet = op_set.SINGLE_DEVICE):
+  def __init__(self, cfg: ml_collections.ConfigDict, pattern: Pattern, *, gated: bool,
+               route: Route, rngs: nnx.Rngs):
     dtype = layers.dtype_of(cfg.dtype)
-    self.ops = ops
-    self.window, self.period, self.num_skips, self.gated = window, period, num_skips, gated
-    self.num_heads = cfg.num_heads
-    self.attn = layers.SelfAttention(cfg.d_model, cfg.num_heads, op=None,
+    self.gated = gated
+    self.attn = layers.SelfAttention(cfg.d_model, cfg.num_heads, pattern, route=route,
                                      use_rope=cfg.position == "rope", rope_base=cfg.rope_base,
-                                     dtype=dtype, rngs=rngs, attend=ops.attend)
+                                     dtype=dtype, rngs=rngs)
     self.gate_in = nnx.data(None)
     self.gate_out = nnx.data(None)
     if gated:
@@ -61,6 +61,14 @@ class LocalMixer(nnx.Module):
       self.gate_out = nnx.Linear(cfg.gate_hidden, cfg.num_heads, dtype=dtype, rngs=rngs,
                                  kernel_metadata=layers.axes("gate_hidden", "heads"),
                                  bias_metadata=layers.axes("heads"))
+
+  @property
+  def pattern(self) -> Pattern:
+    return self.attn.pattern
+
+  @property
+  def patterns(self) -> tuple[Pattern, ...]:
+    return self.attn.patterns
 
   def gate_logits(self, x_BTD: jax.Array) -> jax.Array:
     """The logit z of the local part's prior weight g = sigmoid(z), per token and head, float32:
@@ -75,49 +83,29 @@ class LocalMixer(nnx.Module):
     """The prior weight of the local part, per token and head, in (0, 1)."""
     return jax.nn.sigmoid(self.gate_logits(x_BTD))
 
-  def priors(self, x_BTD: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(local, skip) log-priors `[B, T, H]`, float32: log g and log(1 - g)."""
-    return attention.gate_priors(gate_logits_BTH=self.gate_logits(x_BTD))
+  def priors(self, x_BTD: jax.Array) -> dict:
+    """{local_prior, skip_prior} `[B, T, H]`, float32: log g and log(1 - g); {} without a gate or
+    with no skip (then log g shifts every logit of a row equally)."""
+    if not self.gated or not self.pattern.skips:
+      return {}
+    local_BTH, skip_BTH = gate_priors(gate_logits_BTH=self.gate_logits(x_BTD))
+    return {"local_prior": local_BTH, "skip_prior": skip_BTH}
 
-  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array) -> jax.Array:
-    return self.attend(x_BTD, *self.attn.project(x_BTD, positions_BT))
-
-  def attend(self, x_BTD, q_BTHK, k_BTHK, v_BTHK) -> jax.Array:
-    B, T, D = x_BTD.shape
-    if self.gated:
-      o_BTHK = self.ops.pi_attention(q_BTHK, k_BTHK, v_BTHK, None,
-                                     gate_logits_BTH=self.gate_logits(x_BTD), window=self.window,
-                                     period=self.period, num_skips=self.num_skips)
-    else:
-      o_BTHK = self.ops.sliding_window_attention(q_BTHK, k_BTHK, v_BTHK, window=self.window)
-    return self.attn.out(o_BTHK.reshape(B, T, D))
+  def __call__(self, x_BTD: jax.Array, positions_BT: jax.Array,
+               segment_ids_BT: jax.Array | None = None) -> jax.Array:
+    return self.attn(x_BTD, positions_BT, segment_ids_BT, **self.priors(x_BTD))
 
   # Sequence-chunked blocks (`models/chunking.py`).
-
-  @property
-  def chunk_pattern(self) -> Pattern:
-    return self.pattern
 
   def keys_values(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
     return self.attn.keys_values(x_BTD, positions_BT)
 
   def attend_chunk(self, x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_offset, q_align,
-                   context=None):
-    del context
-    priors = {}
-    if self.gated:
-      priors = dict(zip(("local_prior", "skip_prior"), self.priors(x_BCD)))
-    return self.attn.attend_window(self.attn.queries(x_BCD, positions_BC), k_BWHK, v_BWHK,
-                                   q_start, k_offset, q_align, self.pattern, **priors)
+                   segment_ids=None) -> jax.Array:
+    return self.attn.attend_chunk(x_BCD, positions_BC, k_BWHK, v_BWHK, q_start, k_offset,
+                                  q_align, segment_ids, **self.priors(x_BCD))
 
-  # Cached decoding: a ring buffer indexed by position % span.
-
-  @property
-  def pattern(self) -> Pattern:
-    """Who sees whom: π's window and skips (any length), or the window alone."""
-    if self.gated:
-      return Pattern.pi(self.window, self.period, self.num_skips)
-    return Pattern.sliding(self.window)
+  # Cached decoding: the attention's ring buffer, the same priors as the parallel pass.
 
   @property
   def skip_offsets(self) -> list[int]:
@@ -131,44 +119,31 @@ class LocalMixer(nnx.Module):
   def init_cache(self, batch_size: int, max_len: int = 0) -> dict:
     """`max_len` is not needed: the span is fixed by the window and the skips."""
     del max_len
-    D = self.attn.out.in_features
-    return layers.kv_cache_init(batch_size, self.cache_span, self.num_heads, D // self.num_heads,
-                               self.attn.qkv.dtype or jnp.float32)
+    return self.attn.init_cache(batch_size, self.cache_span)
 
-  def prefill(self, x_BTD: jax.Array, positions_BT: jax.Array, cache: dict
-              ) -> tuple[jax.Array, dict]:
-    q_BTHK, k_BTHK, v_BTHK = self.attn.project(x_BTD, positions_BT)
-    y_BTD = self.attend(x_BTD, q_BTHK, k_BTHK, v_BTHK)
-    return y_BTD, layers.kv_cache_write(cache, k_BTHK, v_BTHK, positions_BT[0])
+  def prefill(self, x_BTD: jax.Array, positions_BT: jax.Array, cache: dict,
+              segment_ids_BT: jax.Array | None = None) -> tuple[jax.Array, dict]:
+    return self.attn.prefill(x_BTD, positions_BT, cache, segment_ids_BT, **self.priors(x_BTD))
 
-  def extend(self, x_BCD: jax.Array, start: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
-    B, C, D = x_BCD.shape
-    pos_C, positions_BC = layers.chunk_positions(start, B, C)
-    q_BCHK, k_BCHK, v_BCHK = self.attn.project(x_BCD, positions_BC)
-    k_NSK, v_NSK, pos_S, cache = layers.kv_cache_extend(cache, k_BCHK, v_BCHK, pos_C)
-    priors = {}
-    if self.gated:  # the same log-priors as the parallel pass
-      priors = dict(zip(("local_prior_BCH", "skip_prior_BCH"), self.priors(x_BCD)))
-    o_BCHK = layers.cached_attention(q_BCHK, k_NSK, v_NSK, pos_S, self.pattern, pos_C[0], **priors)
-    return self.attn.out(o_BCHK.reshape(B, C, D)), cache
+  def extend(self, x_BCD: jax.Array, start: jax.Array, cache: dict,
+             segment_ids_BC: jax.Array | None = None) -> tuple[jax.Array, dict]:
+    return self.attn.extend(x_BCD, start, cache, segment_ids_BC, **self.priors(x_BCD))
+
+
+def layer_pattern(cfg: ml_collections.ConfigDict, layer: int) -> Pattern:
+  """π's pattern of `layer`: the window and the layer's skips."""
+  return Pattern.pi(cfg.window, layer_period(cfg, layer), cfg.num_skips)
 
 
 def make_pi_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
-                  ops: op_set.OpSet = op_set.SINGLE_DEVICE) -> nnx.Module:
-  return LocalMixer(cfg, window=cfg.window, period=layer_period(cfg, layer),
-                    num_skips=cfg.num_skips, gated=True, rngs=rngs, ops=ops)
+                  route: Route = DEFAULT_ROUTE) -> nnx.Module:
+  return LocalMixer(cfg, layer_pattern(cfg, layer), gated=True, route=route, rngs=rngs)
 
 
 def make_sliding_window_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
-                              ops: op_set.OpSet = op_set.SINGLE_DEVICE) -> nnx.Module:
+                              route: Route = DEFAULT_ROUTE) -> nnx.Module:
   del layer
-  return LocalMixer(cfg, window=cfg.window, gated=False, rngs=rngs, ops=ops)
-
-
-def pi_patterns(cfg: ml_collections.ConfigDict) -> list[Pattern]:
-  """Every layer's π pattern (the window and its layer's skips)."""
-  return [Pattern.pi(cfg.window, layer_period(cfg, layer), cfg.num_skips)
-          for layer in range(cfg.num_layers)]
+  return LocalMixer(cfg, Pattern.sliding(cfg.window), gated=False, route=route, rngs=rngs)
 
 
 def validate_sliding_window(cfg: ml_collections.ConfigDict) -> None:

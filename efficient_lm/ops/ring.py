@@ -1,23 +1,29 @@
-"""Context-parallel (ring) versions of the ops (docs/architecture.md, "Context parallelism").
+"""Context parallelism: attention and the sequence-wide ops with T sharded over a mesh axis
+(docs/architecture.md, "Context parallelism").
 
-Each op has the signature of its single-device twin plus keyword-only `mesh` and `axis_name`: it
-takes and returns *global* arrays whose T axis is sharded over `mesh.shape[axis_name]` devices (T
-divisible by them), and equals the single-device op. No device gathers the whole sequence:
-`sliding_window_attention`, `pi_attention` and `block_local_attention` (C = T / devices a multiple
-of block_size) fetch a halo from the devices behind; `exponential_memory` combines the devices'
-totals by a log-step prefix scan; `causal_attention` is ring attention (`layout='zigzag'`, with
-`to_layout` / `permute_batch` once on the batch, balances its work); `shift_right` is the sharded
-`attention.shift_right`.
+Each function takes and returns *global* arrays whose T axis is sharded over
+`mesh.shape[axis_name]` devices (T divisible by them) and equals its single-device twin.
+No device gathers the whole sequence.
+
+- `attend(q, k, v, pattern, ...)`: self-attention of the sharded sequence, the ring chosen from
+  the pattern. A pattern of bounded reach (windows, blocks, π's skips) fetches a halo of
+  `reach` keys from the devices behind and runs one core call per device; dense causal
+  attention is ring attention proper: keys and values travel around the ring, each step one
+  core call per (query piece, key piece) merged by log-sum-exp, with a hand-written backward
+  that rotates them again (`layout='zigzag'`, the batch permuted once by `to_layout` /
+  `permute_batch`, balances the work). Every step runs on the backend `impl` (its kernels get
+  static masks: the halo's offset, or one of three cases of a ring step), document ids travel
+  with the keys.
+- `exponential_memory`: the devices' (numerator, denominator) totals combined by a log-step
+  prefix scan (restarting at documents).
+- `shift_right`: the sharded `attention.shift_right`.
 """
-
-import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from efficient_lm.ops import attention
 from efficient_lm.ops import core
 from efficient_lm.ops import memory
 from efficient_lm.ops.pattern import Pattern
@@ -66,9 +72,9 @@ def permute_batch(batch: dict, num_devices: int, layout: str) -> dict:
   return out
 
 
-# Plumbing shared by the ops.
+# Plumbing.
 
-def _num_devices(mesh: jax.sharding.Mesh, axis_name: str) -> int:
+def num_devices(mesh: jax.sharding.Mesh, axis_name: str) -> int:
   if axis_name not in mesh.axis_names:
     raise ValueError(f"axis_name={axis_name!r} is not an axis of the mesh {mesh.axis_names}")
   return mesh.shape[axis_name]
@@ -90,12 +96,26 @@ def _check_length(T: int, n: int) -> int:
   return T // n
 
 
-def _from_behind(x: jax.Array, hops: int, axis_name: str, n: int) -> jax.Array:
-  """Device i receives device i - hops's `x`; zeros where that is before device 0."""
+def _sharded(body, mesh: jax.sharding.Mesh, arrays_and_specs: list, out_specs):
+  """`jax.shard_map(body)` over the given arrays; a None array is passed through as None."""
+  present = [(i, a, s) for i, (a, s) in enumerate(arrays_and_specs) if a is not None]
+
+  def inner(*given):
+    full = [None] * len(arrays_and_specs)
+    for (i, _, _), x in zip(present, given):
+      full[i] = x
+    return body(*full)
+
+  return jax.shard_map(inner, mesh=mesh, in_specs=tuple(s for _, _, s in present),
+                       out_specs=out_specs)(*(a for _, a, _ in present))
+
+
+def _from_behind(x, hops: int, axis_name: str, n: int):
+  """Device i receives device i - hops's `x` (a pytree); zeros where that is before device 0."""
   if hops == 0:
     return x
   if hops >= n:
-    return jnp.zeros_like(x)
+    return jax.tree.map(jnp.zeros_like, x)
   return jax.lax.ppermute(x, axis_name, [(i, i + hops) for i in range(n - hops)])
 
 
@@ -125,7 +145,7 @@ def _with_halo(x_BC: jax.Array, halo: int, axis_name: str, n: int) -> jax.Array:
   return jnp.concatenate(pieces + [x_BC], axis=1)
 
 
-def _halo(pattern: Pattern, C: int, T: int) -> int:
+def halo(pattern: Pattern, C: int, T: int) -> int:
   """Keys from behind a chunk of C tokens that its queries can see (never more than T - C).
 
   From the pattern: the distance from a chunk's first query to the lowest key
@@ -137,128 +157,69 @@ def _halo(pattern: Pattern, C: int, T: int) -> int:
   return min(first - lowest, T - C)
 
 
-def _local_band(q_BCHK, k_BCHK, v_BCHK, local_prior_BCH=None, skip_prior_BCH=None, *,
-                pattern: Pattern, halo: int, axis_name: str, n: int, scale) -> jax.Array:
-  """The core on this device's chunk, its keys extended by a `halo` from behind.
+# Attention.
 
-  Queries sit at idx * C + arange(C), keys at idx * C - halo + arange(halo + C):
-  on device 0 the halo's positions are negative, so never visible.
-  """
-  C = q_BCHK.shape[1]
-  q_start = jax.lax.axis_index(axis_name) * C
-  o_BCHK, _ = core.attend(q_BCHK, _with_halo(k_BCHK, halo, axis_name, n),
-                          _with_halo(v_BCHK, halo, axis_name, n), pattern, q_start=q_start,
-                          k_start=q_start - halo, scale=scale, local_prior=local_prior_BCH,
-                          skip_prior=skip_prior_BCH)
-  return o_BCHK
-
-
-# The ops.
-
-def shift_right(x_BT: jax.Array, distance: int, *, mesh: jax.sharding.Mesh,
-                axis_name: str = "context") -> jax.Array:
-  """x[:, i - distance] at position i (zeros before the start), T sharded."""
-  n = _num_devices(mesh, axis_name)
-  _check_length(x_BT.shape[1], n)
-  spec = _seq_spec(mesh, axis_name)
-  body = lambda x: _shifted(x, distance, axis_name, n)
-  return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(x_BT)
-
-
-def _local_op(pattern: Pattern, mesh: jax.sharding.Mesh, axis_name: str, scale, arrays: tuple
-              ) -> jax.Array:
-  """`pattern` over global arrays (q, k, v, then optional [B, T, H] priors), T sharded."""
-  n = _num_devices(mesh, axis_name)
-  T = arrays[0].shape[1]
+def check_pattern(pattern: Pattern, T: int, n: int, layout: str) -> None:
+  """Raises ValueError when `pattern` has no ring over n devices at length T in `layout`."""
   C = _check_length(T, n)
-  spec = _seq_spec(mesh, axis_name, heads=True)
-  body = functools.partial(_local_band, pattern=pattern, halo=_halo(pattern, C, T),
-                           axis_name=axis_name, n=n, scale=scale)
-  return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * len(arrays), out_specs=spec)(*arrays)
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout={layout!r} must be one of {LAYOUTS}")
+  if pattern.reach is None and not (pattern.causal and pattern.block_size is None):
+    raise ValueError(f"{pattern} sees the whole sequence both ways: it has no ring version")
+  if pattern.reach is not None and layout != "natural":
+    raise ValueError(f"a pattern of bounded reach ({pattern}) is sharded in the natural layout, "
+                     f"not {layout!r}")
+  if pattern.block_size is not None and C % pattern.block_size:
+    raise ValueError(f"block_size={pattern.block_size} must divide the {C} tokens each of the {n} "
+                     f"devices holds (T={T}): blocks may not straddle devices")
 
 
-def sliding_window_attention(q_BTHK, k_BTHK, v_BTHK, *, window: int, scale: float | None = None,
-                             mesh: jax.sharding.Mesh, axis_name: str = "context") -> jax.Array:
-  """`attention.sliding_window_attention` with T sharded: a halo of window - 1 keys/values."""
-  attention._check_positive("window", window)  # pylint: disable=protected-access
-  return _local_op(Pattern.sliding(window), mesh, axis_name, scale, (q_BTHK, k_BTHK, v_BTHK))
+def attend(q_BTHK, k_BTHK, v_BTHK, pattern: Pattern, *, mesh: jax.sharding.Mesh,
+           axis_name: str = "context", layout: str = "natural", scale: float | None = None,
+           local_prior: jax.Array | None = None, skip_prior: jax.Array | None = None,
+           segment_ids: jax.Array | None = None, impl: str = "xla",
+           interpret: bool = False) -> jax.Array:
+  """Self-attention of a sequence sharded along T (see the module docstring): o `[B, T, H, K]`.
 
-
-def pi_attention(q_BTHK, k_BTHK, v_BTHK, gate_BTH=None, *, window: int, period: int,
-                 num_skips: int, scale: float | None = None, gate_logits_BTH=None,
-                 mesh: jax.sharding.Mesh, axis_name: str = "context") -> jax.Array:
-  """`attention.pi_attention` with T sharded.
-
-  The halo is the pattern's reach, max(window - 1, farthest skip) keys/values
-  from the devices behind (any period: below C, several Cs, past the start);
-  the core then reads the window and the skips from chunk + halo.
+  `local_prior` / `skip_prior` `[B, T, H]` and `segment_ids` `[B, T]` (document ids) are
+  sharded like the sequence.
   """
-  attention.check_pi_settings(window, period, num_skips)
-  local_BTH, skip_BTH = attention.gate_priors(gate_BTH, gate_logits_BTH)
-  pattern = Pattern.pi(window, period, num_skips, seq_len=q_BTHK.shape[1])
-  if not pattern.skips:  # no skip ever lands: the gate shifts every logit of a row equally
-    return _local_op(pattern, mesh, axis_name, scale, (q_BTHK, k_BTHK, v_BTHK))
-  return _local_op(pattern, mesh, axis_name, scale, (q_BTHK, k_BTHK, v_BTHK, local_BTH, skip_BTH))
+  n = num_devices(mesh, axis_name)
+  check_pattern(pattern, q_BTHK.shape[1], n, layout)
+  if pattern.reach is not None:
+    return _local_attend(q_BTHK, k_BTHK, v_BTHK, pattern, mesh=mesh, axis_name=axis_name,
+                         scale=scale, local_prior=local_prior, skip_prior=skip_prior,
+                         segment_ids=segment_ids, impl=impl, interpret=interpret)
+  if local_prior is not None or skip_prior is not None:
+    raise ValueError("ring attention over the whole causal context takes no priors")
+  return _ring_attend(q_BTHK, k_BTHK, v_BTHK, mesh=mesh, axis_name=axis_name, layout=layout,
+                      scale=scale, segment_ids=segment_ids, impl=impl, interpret=interpret)
 
 
-def block_local_attention(q_BTHK, k_BTHK, v_BTHK, *, block_size: int, lookback: int = 0,
-                          scale: float | None = None, mesh: jax.sharding.Mesh,
-                          axis_name: str = "context") -> jax.Array:
-  """`attention.block_local_attention` with T sharded; C must be a multiple of block_size.
-
-  Blocks never straddle devices; `lookback` blocks come in as a halo.
-  """
-  attention._check_positive("block_size", block_size)  # pylint: disable=protected-access
-  attention._check_lookback(lookback)  # pylint: disable=protected-access
-  n = _num_devices(mesh, axis_name)
+def _local_attend(q_BTHK, k_BTHK, v_BTHK, pattern: Pattern, *, mesh, axis_name, scale,
+                  local_prior, skip_prior, segment_ids, impl, interpret) -> jax.Array:
+  """A bounded pattern: each device's queries over its chunk and a halo of keys from behind, at
+  idx * C + arange(C) and idx * C - halo + arange(halo + C) (on device 0 the halo's positions
+  are negative, so never visible)."""
+  n = num_devices(mesh, axis_name)
   T = q_BTHK.shape[1]
-  C = _check_length(T, n)
-  if C % block_size:
-    raise ValueError(f"block_size={block_size} must divide the {C} tokens each of the {n} devices "
-                     f"holds (T={T}): blocks may not straddle devices")
-  return _local_op(Pattern.blocks(block_size, lookback), mesh, axis_name, scale,
-                   (q_BTHK, k_BTHK, v_BTHK))
+  C = T // n
+  reach = halo(pattern, C, T)
+  heads, seq = _seq_spec(mesh, axis_name, heads=True), _seq_spec(mesh, axis_name)
 
+  def body(q_BCHK, k_BCHK, v_BCHK, lp_BCH, sp_BCH, seg_BC):
+    extend = lambda x: _with_halo(x, reach, axis_name, n)
+    o_BCHK, _ = core.attend(
+        q_BCHK, extend(k_BCHK), extend(v_BCHK), pattern,
+        q_start=jax.lax.axis_index(axis_name) * C, k_offset=-reach, q_align=C, scale=scale,
+        local_prior=lp_BCH, skip_prior=sp_BCH, q_segments=seg_BC,
+        k_segments=None if seg_BC is None else extend(seg_BC), impl=impl, interpret=interpret,
+        with_lse=False)
+    return o_BCHK
 
-def exponential_memory(s_BND: jax.Array, alpha: float | jax.Array, *, mesh: jax.sharding.Mesh,
-                       axis_name: str = "context") -> jax.Array:
-  """`memory.exponential_memory` with the N blocks sharded.
-
-  Each device runs the single-device memory on its blocks from a zero state
-  (num_j / den_j, den_j = (1 - alpha^(j+1)) / (1 - alpha)); the state entering
-  it, sum over earlier devices of alpha^(blocks in between) * their totals, is
-  an exclusive prefix computed by a log-step scan of affine maps
-  x -> alpha^Nc x + total over the devices (ppermute by 1, 2, 4, ...).
-  """
-  memory._check_alpha(alpha)  # pylint: disable=protected-access
-  n = _num_devices(mesh, axis_name)
-  Nc = _check_length(s_BND.shape[1], n)
-  spec = _seq_spec(mesh, axis_name)
-
-  def body(s_BND, alpha):
-    idx = jax.lax.axis_index(axis_name)
-    m_BND = memory.exponential_memory(s_BND, alpha).astype(jnp.float32)
-    decay_N = alpha ** jnp.arange(1, Nc + 1, dtype=jnp.float32)
-    den_N = (1.0 - decay_N) / (1.0 - alpha)
-    num_BND = m_BND * den_N[:, None]
-    # This device as an affine map of the state: x -> scale * x + (num, den) totals.
-    total = (decay_N[-1], num_BND[:, -1], den_N[-1])
-    hops = 1
-    while hops < n:  # inclusive prefix: compose with the range `hops` devices behind
-      prev_scale, prev_num_BD, prev_den = _from_behind(total, hops, axis_name, n)
-      has = idx >= hops
-      scale_i, num_BD, den = total
-      total = (jnp.where(has, prev_scale * scale_i, scale_i),
-               jnp.where(has, scale_i * prev_num_BD + num_BD, num_BD),
-               jnp.where(has, scale_i * prev_den + den, den))
-      hops *= 2
-    _, in_num_BD, in_den = _from_behind(total, 1, axis_name, n)  # exclusive: zeros on device 0
-    num_BND = num_BND + decay_N[:, None] * in_num_BD[:, None, :]
-    den_N = den_N + decay_N * in_den
-    return (num_BND / den_N[:, None]).astype(s_BND.dtype)
-
-  return jax.shard_map(body, mesh=mesh, in_specs=(spec, P()), out_specs=spec)(
-      s_BND, jnp.asarray(alpha, jnp.float32))
+  return _sharded(body, mesh, [(q_BTHK, heads), (k_BTHK, heads), (v_BTHK, heads),
+                               (local_prior, heads), (skip_prior, heads), (segment_ids, seq)],
+                  heads)
 
 
 def _chunk_pieces(C: int, layout: str) -> list[tuple[int, int]]:
@@ -266,32 +227,42 @@ def _chunk_pieces(C: int, layout: str) -> list[tuple[int, int]]:
   return [(0, C)] if layout == "natural" else [(0, C // 2), (C // 2, C // 2)]
 
 
-def causal_attention(q_BTHK, k_BTHK, v_BTHK, *, scale: float | None = None,
-                     mesh: jax.sharding.Mesh, axis_name: str = "context",
-                     layout: str = "natural") -> jax.Array:
-  """`attention.causal_attention` with T sharded: ring attention, with a ring backward.
+# A ring step's (query piece, key piece) is one of three cases: keys wholly in the future (no
+# work), the same positions (causal), or wholly in the past (all visible). Each is a core call
+# with a static key offset, so a kernel gets a static mask: in the past case every key is
+# visible, and it is placed just before the queries (`-length`), which changes no mask.
+_NONE, _DIAGONAL, _PAST = 0, 1, 2
+
+
+def _case(q_start, k_start):
+  return jnp.where(k_start > q_start, _NONE, jnp.where(k_start == q_start, _DIAGONAL, _PAST))
+
+
+def _ring_attend(q_BTHK, k_BTHK, v_BTHK, *, mesh, axis_name, layout, scale, segment_ids, impl,
+                 interpret) -> jax.Array:
+  """Dense causal attention, T sharded: ring attention with a ring backward.
 
   For n steps each device attends its queries to the keys/values it holds,
-  then passes them on (ppermute i -> i + 1). Each step is a core call per
-  (query piece, key piece) at their positions, and `core.merge` combines them:
-  pieces wholly in the future see no key block, so their work is skipped, and
-  with `layout='natural'` device i works i + 1 steps; with `layout='zigzag'`
-  (arrays already in that order: see `to_layout`) every device does the same
-  work. Cost O(T * C) per device, no `[C, C]` array (the core's blocks).
+  then passes them on (ppermute i -> i + 1); `core.merge` combines the steps.
+  With `layout='natural'` device i works i + 1 steps; with `layout='zigzag'`
+  (arrays already in that order) every device does the same work. Cost
+  O(T * C) per device, no `[C, C]` array (the core's blocks).
 
   The backward pass is hand-written (a custom VJP per device): it keeps only
   the device's q, k, v, o and lse (O(C)), and rotates the keys/values around
   the ring again with their gradients travelling alongside, each step the
-  core's flash backward of a piece at the final o and lse (`core.attend_backward`);
-  after n rotations every device holds the gradients of its own keys/values.
+  backend's flash backward of a piece at the final o and lse
+  (`core.attend_backward`); after n rotations every device holds the gradients
+  of its own keys/values.
   """
-  n = _num_devices(mesh, axis_name)
+  n = num_devices(mesh, axis_name)
   B, T, H, K = q_BTHK.shape
-  C = _check_length(T, n)
+  C = T // n
   positions_T = layout_positions(T, n, layout)  # numpy: the custom VJP rules may close over it
   pieces = _chunk_pieces(C, layout)
   dense = Pattern.dense()
   ring = [(i, (i + 1) % n) for i in range(n)]
+  common = dict(scale=scale, impl=impl, interpret=interpret)
 
   def positions(step):
     """This device's query positions and, at `step`, the positions of the keys it holds."""
@@ -304,13 +275,25 @@ def causal_attention(q_BTHK, k_BTHK, v_BTHK, *, scale: float | None = None,
     q_pos, k_pos = positions(step)
     return [((qs, ql), (ks, kl), q_pos[qs], k_pos[ks]) for qs, ql in pieces for ks, kl in pieces]
 
-  def forward(q_BCHK, k_BCHK, v_BCHK):
+  def ids(seg_BC, start, length):
+    return None if seg_BC is None else seg_BC[:, start:start + length]
+
+  def forward(q_BCHK, k_BCHK, v_BCHK, qseg_BC, kseg_BC):
+    def piece(q, k, v, q_start, qseg, kseg, offset):
+      return core.attend(q, k, v, dense, q_start=q_start, k_offset=offset, q_align=q.shape[1],
+                         q_segments=qseg, k_segments=kseg, **common)
+
     def step(s, kv, merged):
       """Attend to the keys/values held at step s; merge into the running (o, lse) per piece."""
       merged = list(merged)
+      k_BCHK, v_BCHK, kseg_BC = kv
       for (qs, ql), (ks, kl), q_start, k_start in pairs(s):
-        part = core.attend(q_BCHK[:, qs:qs + ql], kv[0][:, ks:ks + kl], kv[1][:, ks:ks + kl],
-                           dense, q_start=q_start, k_start=k_start, scale=scale)
+        args = (q_BCHK[:, qs:qs + ql], k_BCHK[:, ks:ks + kl], v_BCHK[:, ks:ks + kl], q_start,
+                ids(qseg_BC, qs, ql), ids(kseg_BC, ks, kl))
+        none = lambda q, *_: (jnp.zeros_like(q),
+                              jnp.zeros_like(q[..., 0], jnp.float32) + core.NO_KEY_LSE)
+        part = jax.lax.switch(_case(q_start, k_start), [
+            none, lambda *a: piece(*a, 0), lambda *a: piece(*a, -ql)], *args)
         i = pieces.index((qs, ql))
         merged[i] = core.merge([merged[i], part])
       return tuple(merged)
@@ -326,49 +309,111 @@ def causal_attention(q_BTHK, k_BTHK, v_BTHK, *, scale: float | None = None,
                    jnp.full_like(q_BCHK[:, qs:qs + ql, :, 0], core.NO_KEY_LSE, jnp.float32))
                   for qs, ql in pieces)
     # A loop over the steps (fixed buffers); the last step, outside it, sends nothing.
-    kv, merged = jax.lax.fori_loop(0, n - 1, step_and_pass, ((k_BCHK, v_BCHK), empty))
+    kv, merged = jax.lax.fori_loop(0, n - 1, step_and_pass,
+                                   ((k_BCHK, v_BCHK, kseg_BC), empty))
     merged = step(n - 1, kv, merged)
     return (jnp.concatenate([o for o, _ in merged], axis=1).astype(q_BCHK.dtype),
             jnp.concatenate([lse for _, lse in merged], axis=1))
 
   @jax.custom_vjp
-  def body(q_BCHK, k_BCHK, v_BCHK):
-    return forward(q_BCHK, k_BCHK, v_BCHK)[0]
+  def body(q_BCHK, k_BCHK, v_BCHK, seg_BC):
+    return forward(q_BCHK, k_BCHK, v_BCHK, seg_BC, seg_BC)[0]
 
-  def body_fwd(q_BCHK, k_BCHK, v_BCHK):
-    o_BCHK, lse_BCH = forward(q_BCHK, k_BCHK, v_BCHK)
-    return o_BCHK, (q_BCHK, k_BCHK, v_BCHK, o_BCHK, lse_BCH)
+  def body_fwd(q_BCHK, k_BCHK, v_BCHK, seg_BC):
+    o_BCHK, lse_BCH = forward(q_BCHK, k_BCHK, v_BCHK, seg_BC, seg_BC)
+    return o_BCHK, (q_BCHK, k_BCHK, v_BCHK, seg_BC, o_BCHK, lse_BCH)
 
   def body_bwd(residuals, do_BCHK):
-    q_BCHK, k_BCHK, v_BCHK, o_BCHK, lse_BCH = residuals
+    q_BCHK, k_BCHK, v_BCHK, qseg_BC, o_BCHK, lse_BCH = residuals
+
+    def grads(q, k, v, q_start, qseg, kseg, o, lse, do, offset):
+      dq, dk, dv, _, _ = core.attend_backward(
+          q, k, v, dense, o, lse, do, q_start=q_start, k_offset=offset, q_align=q.shape[1],
+          q_segments=qseg, k_segments=kseg, **common)
+      return dq.astype(jnp.float32), dk.astype(jnp.float32), dv.astype(jnp.float32)
 
     def step(s, carry):
       """The gradients from the keys/values held at step s: dq stays, dk/dv travel with them."""
-      dq_BCHK, (k_BCHK, v_BCHK, dk_BCHK, dv_BCHK) = carry
+      dq_BCHK, (k_BCHK, v_BCHK, kseg_BC, dk_BCHK, dv_BCHK) = carry
       for (qs, ql), (ks, kl), q_start, k_start in pairs(s):
         rows, cols = slice(qs, qs + ql), slice(ks, ks + kl)
-        dq, dk, dv, _, _ = core.attend_backward(
-            q_BCHK[:, rows], k_BCHK[:, cols], v_BCHK[:, cols], dense, o_BCHK[:, rows],
-            lse_BCH[:, rows], do_BCHK[:, rows], q_start=q_start, k_start=k_start, scale=scale)
-        dq_BCHK = dq_BCHK.at[:, rows].add(dq.astype(jnp.float32))
-        dk_BCHK = dk_BCHK.at[:, cols].add(dk.astype(jnp.float32))
-        dv_BCHK = dv_BCHK.at[:, cols].add(dv.astype(jnp.float32))
-      return dq_BCHK, (k_BCHK, v_BCHK, dk_BCHK, dv_BCHK)
+        args = (q_BCHK[:, rows], k_BCHK[:, cols], v_BCHK[:, cols], q_start,
+                ids(qseg_BC, qs, ql), ids(kseg_BC, ks, kl), o_BCHK[:, rows], lse_BCH[:, rows],
+                do_BCHK[:, rows])
+        none = lambda q, k, v, *_: tuple(jnp.zeros_like(x, jnp.float32) for x in (q, k, v))
+        dq, dk, dv = jax.lax.switch(_case(q_start, k_start), [
+            none, lambda *a: grads(*a, 0), lambda *a: grads(*a, -ql)], *args)
+        dq_BCHK = dq_BCHK.at[:, rows].add(dq)
+        dk_BCHK = dk_BCHK.at[:, cols].add(dk)
+        dv_BCHK = dv_BCHK.at[:, cols].add(dv)
+      return dq_BCHK, (k_BCHK, v_BCHK, kseg_BC, dk_BCHK, dv_BCHK)
 
     def step_and_pass(s, carry):
       dq_BCHK, travelling = step(s, carry)
       return dq_BCHK, jax.lax.ppermute(travelling, axis_name, ring)
 
     f32 = lambda x: jnp.zeros_like(x, jnp.float32)
-    carry = (f32(q_BCHK), (k_BCHK, v_BCHK, f32(k_BCHK), f32(v_BCHK)))
+    carry = (f32(q_BCHK), (k_BCHK, v_BCHK, qseg_BC, f32(k_BCHK), f32(v_BCHK)))
     carry = jax.lax.fori_loop(0, n - 1, step_and_pass, carry)
-    dq_BCHK, (_, _, dk_BCHK, dv_BCHK) = step(n - 1, carry)
+    dq_BCHK, (_, _, _, dk_BCHK, dv_BCHK) = step(n - 1, carry)
     # After the last step only the gradients travel: one hop brings them home to their owner.
     dk_BCHK, dv_BCHK = jax.lax.ppermute((dk_BCHK, dv_BCHK), axis_name, ring)
     return (dq_BCHK.astype(q_BCHK.dtype), dk_BCHK.astype(k_BCHK.dtype),
-            dv_BCHK.astype(v_BCHK.dtype))
+            dv_BCHK.astype(v_BCHK.dtype), None)
 
   body.defvjp(body_fwd, body_bwd)
-  spec = _seq_spec(mesh, axis_name, heads=True)
-  return jax.shard_map(body, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec)(
-      q_BTHK, k_BTHK, v_BTHK)
+  heads, seq = _seq_spec(mesh, axis_name, heads=True), _seq_spec(mesh, axis_name)
+  return _sharded(body, mesh, [(q_BTHK, heads), (k_BTHK, heads), (v_BTHK, heads),
+                               (segment_ids, seq)], heads)
+
+
+# The sequence-wide ops of BCMT's memory.
+
+def shift_right(x_BT: jax.Array, distance: int, *, mesh: jax.sharding.Mesh,
+                axis_name: str = "context") -> jax.Array:
+  """x[:, i - distance] at position i (zeros before the start), T sharded."""
+  n = num_devices(mesh, axis_name)
+  _check_length(x_BT.shape[1], n)
+  spec = _seq_spec(mesh, axis_name)
+  body = lambda x: _shifted(x, distance, axis_name, n)
+  return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(x_BT)
+
+
+def exponential_memory(s_BND: jax.Array, alpha: float | jax.Array,
+                       keep_BN: jax.Array | None = None, *, mesh: jax.sharding.Mesh,
+                       axis_name: str = "context") -> jax.Array:
+  """`memory.exponential_memory` with the N blocks sharded.
+
+  Each device runs the recurrence on its blocks from a zero state (`memory.memory_sums`); the
+  state entering it, the earlier devices' totals decayed by the blocks in between (0 past a
+  restart), is an exclusive prefix computed by a log-step scan of the per-row affine maps
+  x -> A x + (num, den) over the devices (ppermute by 1, 2, 4, ...).
+  """
+  memory._check_alpha(alpha)  # pylint: disable=protected-access
+  n = num_devices(mesh, axis_name)
+  _check_length(s_BND.shape[1], n)
+  spec = _seq_spec(mesh, axis_name)
+
+  def body(s_BND, alpha, keep_BN):
+    idx = jax.lax.axis_index(axis_name)
+    num_BND, den_BN = memory.memory_sums(s_BND, alpha, keep_BN)
+    decay_BN = jnp.cumprod(memory._decay(s_BND, alpha, keep_BN), axis=1)  # pylint: disable=protected-access
+    # This device as an affine map of the entering state: x -> A x + (num, den) totals.
+    total = (decay_BN[:, -1], num_BND[:, -1], den_BN[:, -1])
+    hops = 1
+    while hops < n:  # inclusive prefix: compose with the range `hops` devices behind
+      prev_A, prev_num_BD, prev_den_B = _from_behind(total, hops, axis_name, n)
+      has = idx >= hops
+      A_B, num_BD, den_B = total
+      total = (jnp.where(has, prev_A * A_B, A_B),
+               jnp.where(has, A_B[:, None] * prev_num_BD + num_BD, num_BD),
+               jnp.where(has, A_B * prev_den_B + den_B, den_B))
+      hops *= 2
+    _, in_num_BD, in_den_B = _from_behind(total, 1, axis_name, n)  # exclusive: zeros on device 0
+    num_BND = num_BND + decay_BN[..., None] * in_num_BD[:, None, :]
+    den_BN = den_BN + decay_BN * in_den_B[:, None]
+    return (num_BND / den_BN[..., None]).astype(s_BND.dtype)
+
+  keep = jnp.ones(s_BND.shape[:2], jnp.float32) if keep_BN is None else keep_BN.astype(jnp.float32)
+  return jax.shard_map(body, mesh=mesh, in_specs=(spec, P(), spec), out_specs=spec)(
+      s_BND, jnp.asarray(alpha, jnp.float32), keep)

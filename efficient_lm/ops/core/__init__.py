@@ -4,10 +4,13 @@ The softmax attention of each query over the keys `pattern` lets it see, and
 the log-sum-exp of its logits. Queries sit at positions `q_start +
 arange(Tq)`, keys at `k_start + arange(Tk)` (or `q_start + k_offset + ...`)
 or at explicit `k_positions` (decoding caches: slot positions, -1 = empty);
-the starts may be traced scalars. `merge` combines attentions over disjoint
-key sets (ring steps, pieces) into the one over their union.
+the starts may be traced scalars. With document ids (`q_segments`,
+`k_segments`) a query sees only keys of its own document. `merge` combines
+attentions over disjoint key sets (ring steps, pieces) into the one over
+their union.
 
     plan.py      the plan: the pattern cut into blocks (the XLA core's schedules)
+    call.py      what a backend is given (`Call`) and what it provides (`Backend`)
     backends.py  the backends behind `attend` and how one is chosen (`impl=`)
     xla.py       the blockwise loop core, every platform (the default)
     splash.py    TPU: Pallas splash-attention kernels
@@ -20,9 +23,7 @@ priors are float32 whatever the input dtype. See docs/architecture.md,
 "Attention core".
 """
 
-import collections
 import functools
-import logging
 
 import jax
 import jax.numpy as jnp
@@ -30,17 +31,16 @@ import jax.numpy as jnp
 from efficient_lm.ops import precision
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.core import xla
-from efficient_lm.ops.core.backends import IMPLS, Call
+from efficient_lm.ops.core.backends import FALLBACKS, IMPLS
+from efficient_lm.ops.core.call import Call
 from efficient_lm.ops.core.plan import LAYOUTS, MASKED, NO_KEY_LSE, Plan, is_static, plan_for
 from efficient_lm.ops.pattern import Pattern
 
 F32 = jnp.float32
-log = logging.getLogger(__name__)
-# Calls a kernel backend handed to xla, traced so far: {(backend, reason): count} (logged once each).
-FALLBACKS: collections.Counter = collections.Counter()
 
 
-def _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern):
+def _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern, q_segments=None,
+           k_segments=None):
   if layout not in LAYOUTS:
     raise ValueError(f"layout={layout!r} must be one of {LAYOUTS}")
   if not isinstance(pattern, Pattern):
@@ -61,6 +61,15 @@ def _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern):
   if k_positions is not None and tuple(k_positions.shape) != (k.shape[t],):
     raise ValueError(f"k_positions has shape {tuple(k_positions.shape)}; it must be "
                      f"({k.shape[t]},): one position per key slot (-1 = empty)")
+  if (q_segments is None) != (k_segments is None):
+    raise ValueError("pass both q_segments and k_segments (document ids of the queries and the "
+                     "keys) or neither")
+  if q_segments is not None:
+    for name, ids, length in (("q_segments", q_segments, q.shape[t]),
+                              ("k_segments", k_segments, k.shape[t])):
+      if tuple(ids.shape) != (q.shape[0], length) or not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise ValueError(f"{name} has shape {tuple(ids.shape)} and dtype {ids.dtype}; it must be "
+                         f"integer ({q.shape[0]}, {length}): one document id per batch row and token")
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, *,
@@ -68,6 +77,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, *,
            k_offset: int | None = None, q_align: int = 1,
            k_positions: jax.Array | None = None, scale: float | None = None,
            local_prior: jax.Array | None = None, skip_prior: jax.Array | None = None,
+           q_segments: jax.Array | None = None, k_segments: jax.Array | None = None,
            layout: str = "BTHK", impl: str = "xla", interpret: bool = False,
            with_lse: bool = True) -> tuple[jax.Array, jax.Array | None]:
   """Softmax attention of q over the keys `pattern` lets each query see: (o, lse).
@@ -80,17 +90,20 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, *,
   `k_positions` `[Tk]` (-1 = an empty slot). `q_align`: q_start is known to be
   a multiple of it. `local_prior` / `skip_prior` (float32, lse's shape:
   `[B, Tq, H]` for "BTHK", `[B, H, Tq]` for "BHTK") are added to every local /
-  skip logit of their row: one softmax over the union. Returns o in q's dtype
+  skip logit of their row: one softmax over the union. `q_segments` `[B, Tq]` and
+  `k_segments` `[B, Tk]` (integer document ids, both or neither): a query sees
+  a key only when their ids are equal. Returns o in q's dtype
   and lse float32 (`[B, Tq, H]` or `[B, H, Tq]`); a row that sees no key has
   o = 0 and lse = `NO_KEY_LSE`, which `merge` weights 0.
 
   `impl` is the backend (`backends.IMPLS`, not `auto`: resolve it first with
   `backends.resolve`); a kernel backend runs off its hardware only with
   `interpret=True`. A call a kernel cannot express by its structure runs on
-  `xla` (logged once). `with_lse=False`: the caller needs only o (lse is
+  `xla` (`backends.choose`: recorded in `backends.FALLBACKS`, logged once).
+  `with_lse=False`: the caller needs only o (lse is
   returned as None), which lets a backend use a kernel without an lse output.
   """
-  _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern)
+  _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern, q_segments, k_segments)
   scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
   q_start, k_start = _start("q_start", q_start), _start("k_start", k_start)
   if k_offset is not None:
@@ -112,31 +125,38 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, *,
               q_align=1 if is_static(q_start) else q_align,
               explicit=k_positions is not None, local_prior=local_prior is not None,
               skip_prior=skip_prior is not None, layout=layout, dtype=jnp.dtype(q.dtype).name,
-              with_lse=with_lse)
+              with_lse=with_lse, segments=q_segments is not None)
+  backend = _backend(impl, interpret, call)
+  o, lse = backend.attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
+                          _ids(q_segments), _ids(k_segments), interpret=interpret)
+  return o, (lse if with_lse else None)
+
+
+def _backend(impl: str, interpret: bool, call: Call):
+  """The backend for `call`: `impl` (checked against the platform being compiled for), or `xla`."""
   backend = backends.get(impl)
   if backend.kernel and not interpret:
     problem = backends.check(backend.name, precision.platform(), interpret)
     if problem is not None:
-      raise ValueError(f"impl={impl!r}: {problem}")
-  reason = backend.unsupported(call)
-  if reason is not None:
-    if not FALLBACKS[(backend.name, reason)]:
-      log.info("attention on xla instead of %s for this call: %s", backend.name, reason)
-    FALLBACKS[(backend.name, reason)] += 1
-    backend = backends.get("xla")
-  o, lse = backend.attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
-                          interpret=interpret)
-  return o, (lse if with_lse else None)
+      raise ValueError(f"impl={backend.name!r}: {problem}")
+  return backends.choose(backend.name, call)
+
+
+def _ids(segments: jax.Array | None) -> jax.Array | None:
+  return None if segments is None else segments.astype(jnp.int32)
 
 
 def attend_backward(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, o: jax.Array,
                     lse: jax.Array, do: jax.Array, dlse: jax.Array | None = None, *,
                     q_start: int | jax.Array = 0, k_start: int | jax.Array = 0,
+                    k_offset: int | None = None, q_align: int = 1,
                     k_positions: jax.Array | None = None, scale: float | None = None,
                     local_prior: jax.Array | None = None, skip_prior: jax.Array | None = None,
-                    layout: str = "BTHK") -> tuple[jax.Array, ...]:
-  """The flash backward of one `attend` call (on the XLA core), given the o and lse to
-  differentiate at.
+                    q_segments: jax.Array | None = None, k_segments: jax.Array | None = None,
+                    layout: str = "BTHK", impl: str = "xla",
+                    interpret: bool = False) -> tuple[jax.Array, ...]:
+  """The flash backward of one `attend` call, given the o and lse to differentiate at: on the
+  backend `impl` when it has a backward and can run the call, else on the XLA core.
 
   Returns (dq, dk, dv, d local_prior, d skip_prior) (None for absent priors).
   With the o and lse of the attention over a *union* of key sets (e.g. a whole
@@ -144,16 +164,28 @@ def attend_backward(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, 
   exact contribution of this call's keys: the probabilities exp(s - lse) are
   the union's. That is how a ring backward runs piece by piece.
   """
-  _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern)
+  _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern, q_segments, k_segments)
   scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
   q_start, k_start = _start("q_start", q_start), _start("k_start", k_start)
+  if k_offset is not None:
+    k_start = q_start + k_offset if is_static(q_start) else q_start + jnp.int32(k_offset)
+  elif is_static(q_start) and is_static(k_start):
+    k_offset = k_start - q_start
   if dlse is None:
     dlse = jnp.zeros(lse.shape, F32)
   t = 1 if layout == "BTHK" else 2
-  plan = plan_for(pattern, q.shape[t], k.shape[t], q_start=q_start, k_start=k_start,
-                  explicit=k_positions is not None, scale=scale, layout=layout)
-  return xla.attend_backward(plan, q, k, v, q_start, k_start, k_positions, local_prior,
-                             skip_prior, o, lse, do, dlse)
+  call = Call(pattern=pattern, scale=scale, Tq=q.shape[t], Tk=k.shape[t],
+              q_start=q_start if is_static(q_start) else None,
+              k_start=k_start if is_static(k_start) else None, k_offset=k_offset,
+              q_align=1 if is_static(q_start) else q_align, explicit=k_positions is not None,
+              local_prior=local_prior is not None, skip_prior=skip_prior is not None,
+              layout=layout, dtype=jnp.dtype(q.dtype).name, segments=q_segments is not None)
+  backend = _backend(impl, interpret, call)
+  if backend.backward is None:
+    backend = backends.get("xla")
+  return backend.backward(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
+                          _ids(q_segments), _ids(k_segments), o, lse, do, dlse,
+                          interpret=interpret)
 
 
 def _start(name: str, start):
@@ -184,5 +216,5 @@ def merge(parts: list[tuple[jax.Array, jax.Array]]) -> tuple[jax.Array, jax.Arra
   return o.astype(parts[0][0].dtype), lse
 
 
-__all__ = ["FALLBACKS", "IMPLS", "LAYOUTS", "MASKED", "NO_KEY_LSE", "Call", "Plan", "attend", "attend_backward",
-           "backends", "merge", "plan_for"]
+__all__ = ["FALLBACKS", "IMPLS", "LAYOUTS", "MASKED", "NO_KEY_LSE", "Call", "Plan", "attend",
+           "attend_backward", "backends", "merge", "plan_for"]

@@ -1,103 +1,46 @@
 """The attention backends behind `ops.core.attend`, and how one is chosen.
 
 Every attention call reaches one backend through the same front door
-(`core.attend`): the call's static description (`Call`) and its arrays. A
-backend says whether it can run a call (`unsupported(call)`: None, or why
-not) and runs it (`attend`), returning `(o, lse)`, differentiable in q, k, v
-and the priors under cotangents on both o and lse (so pieces still merge).
+(`core.attend`): the call's static description (`call.Call`) and its arrays.
 
     xla        the blockwise loop core (`xla.py`): every pattern, every platform
     splash     TPU: jax's Pallas splash-attention kernels, masks from the `Pattern`
-    gpu        GPU: cuDNN where the pattern is causal or a window, a Pallas kernel otherwise
+    gpu        GPU: cuDNN where the call fits it, a Pallas (Triton) kernel otherwise
     reference  the plain masked softmax over a `[Tq, Tk]` matrix: O(T^2), tests only
 
 `model.attention_impl` names one (`auto` picks per platform: `AUTO`); the
 training patterns of a model are checked against it before anything
 compiles (`check_patterns`). A kernel backend needs its hardware, or Pallas
-interpret mode (`interpret=True`, for tests on CPU). Calls a kernel cannot
-express by their structure, not their pattern (decoding caches' explicit key
-positions, ring steps whose key offset is traced) run on `xla`.
+interpret mode (`interpret=True`, for tests on CPU). A call a kernel cannot
+run (`Backend.unsupported`: a decoding cache's explicit key positions, say)
+runs on `xla`: `fallback` records it (`FALLBACKS`, what a compile reports)
+and logs the reason once. The table below is static; a backend module is
+imported on first use and imports only the types (`call.py`).
 """
 
-import dataclasses
-from typing import Callable
+import collections
+import importlib
+import logging
 
+from efficient_lm.ops.core.call import Backend, Call
 from efficient_lm.ops.pattern import Pattern
 
 IMPLS = ("auto", "xla", "splash", "gpu", "reference")
 ALIASES = {"flash": "xla", "cudnn": "gpu"}  # earlier names of the dense model's impls
 AUTO = {"tpu": "splash", "gpu": "gpu"}      # per platform; anything else: xla
+_MODULES = {name: f"efficient_lm.ops.core.{name}" for name in ("xla", "splash", "gpu", "reference")}
 
-
-@dataclasses.dataclass(frozen=True)
-class Call:
-  """What is static about one attention call (hashable)."""
-  pattern: Pattern
-  scale: float
-  Tq: int
-  Tk: int
-  q_start: int | None    # the static query start, None when traced
-  k_start: int | None    # the static key start, None when traced
-  k_offset: int | None   # k_start - q_start when static (also with traced starts), else None
-  q_align: int           # q_start is known to be a multiple of this
-  explicit: bool         # explicit key positions (decoding caches)
-  local_prior: bool      # a local prior is given
-  skip_prior: bool       # a skip prior is given
-  layout: str            # "BTHK" or "BHTK" (q, k, v, o); priors and lse: [B, Tq, H] / [B, H, Tq]
-  dtype: str             # q's dtype name
-  with_lse: bool = True  # the caller uses lse (else a backend may return None for it)
-
-  @property
-  def q_phase(self) -> int | None:
-    """q_start modulo the pattern's block size when static (0 without blocks), else None."""
-    block = self.pattern.block_size
-    if block is None:
-      return 0
-    if self.q_start is not None:
-      return self.q_start % block
-    return 0 if self.q_align % block == 0 else None
-
-
-@dataclasses.dataclass(frozen=True)
-class Backend:
-  """One way to run `core.attend` calls (see the module docstring)."""
-  name: str
-  attend: Callable            # (call, q, k, v, q_start, k_start, k_positions, lp, sp, *,
-                              #  interpret) -> (o, lse)
-  unsupported: Callable[[Call], str | None] = lambda call: None
-  pattern_unsupported: Callable[[Pattern], str | None] = lambda pattern: None
-  platforms: tuple[str, ...] = ()  # a kernel's native platforms; () = runs everywhere
-  doc: str = ""
-
-  @property
-  def kernel(self) -> bool:
-    return bool(self.platforms)
-
-
-_REGISTRY: dict[str, Backend] = {}
-_loaded = False
-
-
-def register(backend: Backend) -> Backend:
-  _REGISTRY[backend.name] = backend
-  return backend
+log = logging.getLogger(__name__)
+# Calls a kernel backend handed to xla, traced so far: {(backend, reason): count}.
+FALLBACKS: collections.Counter = collections.Counter()
 
 
 def get(name: str) -> Backend:
-  _load()
+  """The backend `name` (or an earlier alias), its module imported on first use."""
   name = ALIASES.get(name, name)
-  if name not in _REGISTRY:
+  if name not in _MODULES:
     raise ValueError(f"attention impl {name!r} is not one of {', '.join(IMPLS)}")
-  return _REGISTRY[name]
-
-
-def _load() -> None:
-  """Imports the backend modules (each registers itself) on first use."""
-  global _loaded
-  if _loaded:
-    return
-  _loaded = True
-  from efficient_lm.ops.core import gpu, reference, splash, xla  # noqa: F401  (each registers itself)
+  return importlib.import_module(_MODULES[name]).BACKEND
 
 
 def canonical(impl: str) -> str:
@@ -130,7 +73,23 @@ def check_patterns(impl: str, platform: str, patterns: list[Pattern]) -> str | N
   for pattern in patterns:
     reason = backend.pattern_unsupported(pattern)
     if reason is not None:
-      able = [name for name in ("xla", "splash", "gpu", "reference")
-              if get(name).pattern_unsupported(pattern) is None]
+      able = [name for name in _MODULES if get(name).pattern_unsupported(pattern) is None]
       return f"{reason}; use one of {', '.join(able)}"
   return None
+
+
+def choose(impl: str, call: Call) -> Backend:
+  """The backend that runs `call` when `impl` is asked for: `impl`, or `xla` when it cannot
+  (recorded in `FALLBACKS`, logged once per reason)."""
+  backend = get(impl)
+  reason = backend.unsupported(call)
+  if reason is None:
+    return backend
+  if not FALLBACKS[(backend.name, reason)]:
+    log.info("attention on xla instead of %s for this call: %s", backend.name, reason)
+  FALLBACKS[(backend.name, reason)] += 1
+  return get("xla")
+
+
+__all__ = ["ALIASES", "AUTO", "Backend", "Call", "FALLBACKS", "IMPLS", "canonical", "check",
+           "check_patterns", "choose", "get", "resolve"]

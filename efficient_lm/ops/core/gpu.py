@@ -1,17 +1,20 @@
 """The `gpu` backend: cuDNN where it fits, else our Pallas GPU (Triton) flash kernel.
 
-Contract (`backends.Backend`): `attend(call, q, k, v, ...) -> (o, lse)`, differentiable in
-q, k, v and the priors under cotangents on o and lse.
+Contract (`call.Backend`): `attend(call, q, k, v, ...) -> (o, lse)`, differentiable in
+q, k, v and the priors under cotangents on o and lse; `backward` at a given o and lse (ring
+steps).
 
 - cuDNN (`jax.nn.dot_product_attention(implementation="cudnn")`): causal or causal-window
-  self-attention (static q_start == k_start >= 0, Tq == Tk), no lse wanted, no priors,
-  bfloat16 / float16, head width a multiple of 8 up to 128 (256 on compute capability 9.0+).
+  self-attention (static q_start == k_start >= 0, Tq == Tk), no lse wanted, no priors, no
+  document ids, bfloat16 / float16, head width a multiple of 8 up to 128 (256 on compute
+  capability 9.0+).
 - The Pallas kernel: every other call with keys at `k_start + arange(Tk)` and a static
   `k_offset` (traced starts are fine). Its mask comes from the query / key positions and the
   `Pattern` inside the kernel (keys at negative positions are never visible), key blocks
   wholly outside a query block's `Pattern.key_range` are skipped; forward with lse, backward
   dq and dk / dv with the lse cotangent entering as `delta - dlse`. π: the window through the
   kernel, the skips beside it (`skips.attend_with_skips`); priors shift lse outside it.
+  Document ids are one more comparison in the kernel's mask.
 - `xla` (via `unsupported`): explicit key positions (decoding caches), a traced k_offset.
 
 `interpret=True` runs the Pallas kernels in Pallas interpret mode (CPU tests). cuDNN cannot
@@ -31,7 +34,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from efficient_lm.ops.core import backends, kernel_mesh, skips
+from efficient_lm.ops.core import kernel_mesh, skips
+from efficient_lm.ops.core.call import Backend, Call
 from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE, cdiv
 from efficient_lm.ops.pattern import Pattern
 
@@ -55,7 +59,7 @@ KERNEL_DTYPES = ("float32", "bfloat16", "float16")
 
 # Which backend part serves a call.
 
-def unsupported(call: backends.Call) -> str | None:
+def unsupported(call: Call) -> str | None:
   """Why the gpu backend cannot run `call` (the front door then runs `xla`), or None."""
   if call.explicit:
     return "explicit key positions (decoding caches): the kernel places keys at k_start + arange(Tk)"
@@ -72,9 +76,13 @@ def pattern_unsupported(pattern: Pattern) -> str | None:
   return None
 
 
-def _takes_cudnn(call: backends.Call, q, v, interpret: bool) -> bool:
+def _takes_cudnn(call: Call, q, v, interpret: bool) -> bool:
   pattern = call.pattern
   if interpret or pattern.skips or pattern.block_size is not None or not pattern.causal:
+    return False
+  if call.segments:
+    _log_once("attention on the Pallas kernel instead of cuDNN: document ids (cuDNN's packed "
+              "sequences need a static count of documents per row)")
     return False
   if call.with_lse or call.local_prior or call.skip_prior or call.dtype not in CUDNN_DTYPES:
     return False
@@ -85,19 +93,24 @@ def _takes_cudnn(call: backends.Call, q, v, interpret: bool) -> bool:
   return v.shape[-1] == width and width % 8 == 0 and width <= (256 if capability >= (9, 0) else 128)
 
 
-def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, *,
-           interpret: bool = False):
+def _log_once(message: str) -> None:
+  if message not in _refusals_logged:
+    _refusals_logged.add(message)
+    log.info("%s", message)
+
+
+def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, q_segments,
+           k_segments, *, interpret: bool = False):
   del k_start, k_positions  # k_start = q_start + call.k_offset; explicit positions run on xla
   if _takes_cudnn(call, q, v, interpret):
     try:  # jax's own checks (cuDNN version, head width) run while the call traces
       return _cudnn_attend(call, q, k, v), None
     except NotImplementedError as refusal:
-      if str(refusal) not in _refusals_logged:
-        _refusals_logged.add(str(refusal))
-        log.info("attention on the Pallas kernel instead of cuDNN: %s", refusal)
-  local = lambda q, k, v: _kernel_attend(call, q, k, v, q_start, interpret)
+      _log_once(f"attention on the Pallas kernel instead of cuDNN: {refusal}")
+  local = lambda q, k, v: _kernel_attend(call, q, k, v, q_start, q_segments, k_segments, interpret)
   if call.pattern.skips:
-    return skips.attend_with_skips(local, call, q, k, v, q_start, local_prior, skip_prior)
+    return skips.attend_with_skips(local, call, q, k, v, q_start, local_prior, skip_prior,
+                                   q_segments, k_segments)
   o, lse = local(q, k, v)
   if local_prior is not None:  # a constant on every logit of its row: lse moves, o does not
     lse = jnp.where(lse > NO_KEY_LSE, lse + local_prior.astype(F32), NO_KEY_LSE)
@@ -220,7 +233,7 @@ def _cudnn_bwd(spec: _Cudnn, pullback, do):
 _cudnn.defvjp(_cudnn_fwd, _cudnn_bwd)
 
 
-def _cudnn_attend(call: backends.Call, q, k, v):
+def _cudnn_attend(call: Call, q, k, v):
   window = call.pattern.window
   spec = _Cudnn(scale=call.scale, window=window if window is not None and window < call.Tq else None,
                 layout=call.layout, capability=target_capability())
@@ -242,6 +255,7 @@ class _Kernel:
   block_q: int
   block_k: int
   interpret: bool
+  segments: bool = False  # document ids: two more inputs, one more mask comparison
 
   @property
   def Tq_padded(self) -> int:
@@ -299,28 +313,41 @@ def _dot(a, b, *, t_a=False, t_b=False):
   return jax.lax.dot_general(a, b, dims, preferred_element_type=F32)
 
 
-def _logits(kern: _Kernel, q, k, q_start, i, j):
+def _logits(kern: _Kernel, q, k, q_start, i, j, q_ids=None, k_ids=None):
   """Base-2 logits (scale * log2 e * q.k) of query block i against key block j, MASKED where
-  unseen, and the mask (the pattern on positions; padding rows and keys unseen)."""
+  unseen, and the mask (the pattern on positions, the document ids when given; padding rows and
+  keys unseen)."""
   q_index = i * kern.block_q + jnp.arange(kern.block_q, dtype=jnp.int32)
   k_index = j * kern.block_k + jnp.arange(kern.block_k, dtype=jnp.int32)
   q_pos, k_pos = q_start + q_index, q_start + kern.k_offset + k_index
   seen = kern.pattern.local_visible(q_pos[:, None], k_pos[None, :])
   seen &= (q_index < kern.Tq)[:, None] & (k_index < kern.Tk)[None, :]
+  if q_ids is not None:
+    seen &= q_ids[:, None] == k_ids[None, :]
   s = _dot(q, k, t_b=True) * (kern.scale * LOG2E)
   return jnp.where(seen, s, MASKED), seen
 
 
-def _forward_kernel(start_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, kern: _Kernel):
+def _split_refs(kern: _Kernel, refs, outputs: int):
+  """(document-id refs or (None, None), output refs) of a kernel's trailing refs."""
+  if kern.segments:
+    return refs[:2], refs[2:]
+  return (None, None), refs[-outputs:]
+
+
+def _forward_kernel(start_ref, q_ref, k_ref, v_ref, *refs, kern: _Kernel):
+  (qid_ref, kid_ref), (o_ref, lse_ref) = _split_refs(kern, refs, 2)
   i = pl.program_id(0)
   q_start = start_ref[0]
   q = q_ref[...]
+  q_ids = None if qid_ref is None else qid_ref[...]
 
   def visit(j, carry):
     acc, peak, total = carry
     keys = pl.ds(j * kern.block_k, kern.block_k)
     v = v_ref[keys, :]
-    s, seen = _logits(kern, q, k_ref[keys, :], q_start, i, j)
+    k_ids = None if kid_ref is None else kid_ref[keys]
+    s, seen = _logits(kern, q, k_ref[keys, :], q_start, i, j, q_ids, k_ids)
     new_peak = jnp.maximum(peak, jnp.max(s, axis=1))
     rescale = jnp.exp2(peak - new_peak)
     p = jnp.where(seen, jnp.exp2(s - new_peak[:, None]), 0.0)
@@ -337,17 +364,20 @@ def _forward_kernel(start_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, kern: _Ke
   lse_ref[...] = jnp.where(total > 0, (peak + jnp.log2(safe)) * LN2, NO_KEY_LSE)
 
 
-def _dq_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_ref, *,
+def _dq_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
                kern: _Kernel):
+  (qid_ref, kid_ref), (dq_ref,) = _split_refs(kern, refs, 1)
   i = pl.program_id(0)
   q_start = start_ref[0]
   q, do = q_ref[...], do_ref[...]
   lse2, delta = lse_ref[...] * LOG2E, delta_ref[...]
+  q_ids = None if qid_ref is None else qid_ref[...]
 
   def visit(j, dq):
     keys = pl.ds(j * kern.block_k, kern.block_k)
     k = k_ref[keys, :]
-    s, seen = _logits(kern, q, k, q_start, i, j)
+    k_ids = None if kid_ref is None else kid_ref[keys]
+    s, seen = _logits(kern, q, k, q_start, i, j, q_ids, k_ids)
     p = jnp.where(seen, jnp.exp2(s - lse2[:, None]), 0.0)
     ds = p * (_dot(do, v_ref[keys, :], t_b=True) - delta[:, None])
     return dq + _dot(ds.astype(k.dtype), k)
@@ -357,17 +387,20 @@ def _dq_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dq_re
   dq_ref[...] = (dq * kern.scale).astype(dq_ref.dtype)
 
 
-def _dkv_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref, *,
+def _dkv_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
                 kern: _Kernel):
+  (qid_ref, kid_ref), (dk_ref, dv_ref) = _split_refs(kern, refs, 2)
   j = pl.program_id(0)
   q_start = start_ref[0]
   k, v = k_ref[...], v_ref[...]
+  k_ids = None if kid_ref is None else kid_ref[...]
 
   def visit(i, carry):
     dk, dv = carry
     rows = pl.ds(i * kern.block_q, kern.block_q)
     q, do = q_ref[rows, :], do_ref[rows, :]
-    s, seen = _logits(kern, q, k, q_start, i, j)
+    q_ids = None if qid_ref is None else qid_ref[rows]
+    s, seen = _logits(kern, q, k, q_start, i, j, q_ids, k_ids)
     p = jnp.where(seen, jnp.exp2(s - (lse_ref[rows] * LOG2E)[:, None]), 0.0)
     dv = dv + _dot(p.astype(do.dtype), do, t_a=True)
     ds = p * (_dot(do, v, t_b=True) - delta_ref[rows][:, None])
@@ -397,10 +430,12 @@ def _pad(x, t_axis: int, length: int, width: int | None = None):
 
 
 def _spec(kern: _Kernel, kind: str, length: int, width: int = 0, *, whole: bool = False):
-  """The BlockSpec of a 'qkv' operand ([B, T, H, width] / [B, H, T, width]) or a 'rows' one
-  ([B, T, H] / [B, H, T]) on the grid (T blocks, B, H): `length` positions along T, at the
-  grid's block along T, or from 0 when `whole`."""
+  """The BlockSpec of a 'qkv' operand ([B, T, H, width] / [B, H, T, width]), a 'rows' one
+  ([B, T, H] / [B, H, T]) or an 'ids' one ([B, T]) on the grid (T blocks, B, H): `length`
+  positions along T, at the grid's block along T, or from 0 when `whole`."""
   t = (lambda i: 0) if whole else (lambda i: i)
+  if kind == "ids":
+    return pl.BlockSpec((None, length), lambda i, b, h: (b, t(i)))
   if kern.layout == "BHTK":
     if kind == "qkv":
       return pl.BlockSpec((None, None, length, width), lambda i, b, h: (b, h, t(i), 0))
@@ -431,23 +466,35 @@ def _call(kern: _Kernel, body, grid, in_specs, out_specs, out_shape, width: int,
 _START = pl.BlockSpec((1,), lambda i, b, h: (0,))
 
 
-def _forward(kern: _Kernel, q, k, v, start):
+def _ids(kern: _Kernel, qseg, kseg, q_whole: bool, k_whole: bool):
+  """The document-id operands (padded: queries -1, keys -2) and their BlockSpecs, or nothing."""
+  if not kern.segments:
+    return [], []
+  pad = lambda x, n, fill: jnp.pad(x, [(0, 0), (0, n - x.shape[1])], constant_values=fill)
+  arrays = [pad(qseg, kern.Tq_padded, -1), pad(kseg, kern.Tk_padded, -2)]
+  specs = [_spec(kern, "ids", kern.Tq_padded if q_whole else kern.block_q, whole=q_whole),
+           _spec(kern, "ids", kern.Tk_padded if k_whole else kern.block_k, whole=k_whole)]
+  return arrays, specs
+
+
+def _forward(kern: _Kernel, q, k, v, start, qseg=None, kseg=None):
   t = 1 if kern.layout == "BTHK" else 2
   Tq, Tk, Kq, Kv = kern.Tq_padded, kern.Tk_padded, _width(q.shape[-1]), _width(v.shape[-1])
   q_p, k_p, v_p = _pad(q, t, Tq, Kq), _pad(k, t, Tk, Kq), _pad(v, t, Tk, Kv)
+  ids, id_specs = _ids(kern, qseg, kseg, q_whole=False, k_whole=True)
   o_p, lse_p = _call(
       kern, _forward_kernel, _grid(kern, q, Tq // kern.block_q),
       [_START, _spec(kern, "qkv", kern.block_q, Kq), _spec(kern, "qkv", Tk, Kq, whole=True),
-       _spec(kern, "qkv", Tk, Kv, whole=True)],
+       _spec(kern, "qkv", Tk, Kv, whole=True), *id_specs],
       [_spec(kern, "qkv", kern.block_q, Kv), _spec(kern, "rows", kern.block_q)],
       [jax.ShapeDtypeStruct(q_p.shape[:3] + (Kv,), q.dtype),
        jax.ShapeDtypeStruct(_rows_shape(kern, q, Tq), F32)],
-      max(Kq, Kv), "gpu_attention_forward")(start, q_p, k_p, v_p)
+      max(Kq, Kv), "gpu_attention_forward")(start, q_p, k_p, v_p, *ids)
   o = jax.lax.slice_in_dim(o_p, 0, kern.Tq, axis=t)[..., :v.shape[-1]]
   return o, jax.lax.slice_in_dim(lse_p, 0, kern.Tq, axis=t)
 
 
-def _backward(kern: _Kernel, q, k, v, start, o, lse, do, dlse):
+def _backward(kern: _Kernel, q, k, v, start, o, lse, do, dlse, qseg=None, kseg=None):
   t = 1 if kern.layout == "BTHK" else 2
   Tq, Tk, Kq, Kv = kern.Tq_padded, kern.Tk_padded, _width(q.shape[-1]), _width(v.shape[-1])
   # d lse_i / d s_ij = p_ij, so the lse cotangent joins delta_i = <do_i, o_i>: ds = p (dp - delta + dlse).
@@ -456,41 +503,43 @@ def _backward(kern: _Kernel, q, k, v, start, o, lse, do, dlse):
   do_p = _pad(do.astype(o.dtype), t, Tq, Kv)
   lse_p, delta_p = _pad(lse, t, Tq), _pad(delta, t, Tq)
   width = max(Kq, Kv)
+  ids, id_specs = _ids(kern, qseg, kseg, q_whole=False, k_whole=True)
   dq = _call(
       kern, _dq_kernel, _grid(kern, q, Tq // kern.block_q),
       [_START, _spec(kern, "qkv", kern.block_q, Kq), _spec(kern, "qkv", Tk, Kq, whole=True),
        _spec(kern, "qkv", Tk, Kv, whole=True), _spec(kern, "qkv", kern.block_q, Kv),
-       _spec(kern, "rows", kern.block_q), _spec(kern, "rows", kern.block_q)],
+       _spec(kern, "rows", kern.block_q), _spec(kern, "rows", kern.block_q), *id_specs],
       _spec(kern, "qkv", kern.block_q, Kq), jax.ShapeDtypeStruct(q_p.shape, q.dtype), width,
-      "gpu_attention_dq")(start, q_p, k_p, v_p, do_p, lse_p, delta_p)
+      "gpu_attention_dq")(start, q_p, k_p, v_p, do_p, lse_p, delta_p, *ids)
+  ids, id_specs = _ids(kern, qseg, kseg, q_whole=True, k_whole=False)
   dk, dv = _call(
       kern, _dkv_kernel, _grid(kern, q, Tk // kern.block_k),
       [_START, _spec(kern, "qkv", Tq, Kq, whole=True), _spec(kern, "qkv", kern.block_k, Kq),
        _spec(kern, "qkv", kern.block_k, Kv), _spec(kern, "qkv", Tq, Kv, whole=True),
-       _spec(kern, "rows", Tq, whole=True), _spec(kern, "rows", Tq, whole=True)],
+       _spec(kern, "rows", Tq, whole=True), _spec(kern, "rows", Tq, whole=True), *id_specs],
       [_spec(kern, "qkv", kern.block_k, Kq), _spec(kern, "qkv", kern.block_k, Kv)],
       [jax.ShapeDtypeStruct(k_p.shape, k.dtype), jax.ShapeDtypeStruct(v_p.shape, v.dtype)], width,
-      "gpu_attention_dkv")(start, q_p, k_p, v_p, do_p, lse_p, delta_p)
+      "gpu_attention_dkv")(start, q_p, k_p, v_p, do_p, lse_p, delta_p, *ids)
   unpad = lambda x, n, d: jax.lax.slice_in_dim(x, 0, n, axis=t)[..., :d]
   return (unpad(dq, kern.Tq, q.shape[-1]), unpad(dk, kern.Tk, k.shape[-1]),
           unpad(dv, kern.Tk, v.shape[-1]))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _flash(kern: _Kernel, q, k, v, start):
-  return _forward(kern, q, k, v, start)
+def _flash(kern: _Kernel, q, k, v, start, qseg=None, kseg=None):
+  return _forward(kern, q, k, v, start, qseg, kseg)
 
 
-def _flash_fwd(kern: _Kernel, q, k, v, start):
-  o, lse = _forward(kern, q, k, v, start)
-  return (o, lse), (q, k, v, start, o, lse)
+def _flash_fwd(kern: _Kernel, q, k, v, start, qseg=None, kseg=None):
+  o, lse = _forward(kern, q, k, v, start, qseg, kseg)
+  return (o, lse), (q, k, v, start, qseg, kseg, o, lse)
 
 
 def _flash_bwd(kern: _Kernel, residuals, cotangents):
-  q, k, v, start, o, lse = residuals
+  q, k, v, start, qseg, kseg, o, lse = residuals
   do, dlse = cotangents
-  dq, dk, dv = _backward(kern, q, k, v, start, o, lse, do, dlse)
-  return dq, dk, dv, None
+  dq, dk, dv = _backward(kern, q, k, v, start, o, lse, do, dlse, qseg, kseg)
+  return dq, dk, dv, None, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -503,21 +552,54 @@ def _block(limit: int, length: int, row_bytes: int) -> int:
   return max(16, min(limit, pl.next_power_of_2(length)))
 
 
-def _kernel_attend(call: backends.Call, q, k, v, q_start, interpret: bool):
-  """(o, lse) of `call.pattern.local` on the Pallas kernel (no priors), per shard."""
+def _kernel_for(call: Call, q, v, pattern: Pattern, interpret: bool) -> _Kernel:
   row_bytes = max(q.shape[-1], v.shape[-1]) * jnp.dtype(q.dtype).itemsize
-  kern = _Kernel(pattern=call.pattern.local, scale=call.scale, Tq=call.Tq, Tk=call.Tk,
+  return _Kernel(pattern=pattern, scale=call.scale, Tq=call.Tq, Tk=call.Tk,
                  k_offset=call.k_offset, layout=call.layout,
                  block_q=_block(BLOCK_Q, call.Tq, row_bytes),
-                 block_k=_block(BLOCK_K, call.Tk, row_bytes), interpret=interpret)
+                 block_k=_block(BLOCK_K, call.Tk, row_bytes), interpret=interpret,
+                 segments=call.segments)
+
+
+def _operands(*arrays_and_kinds):
+  """(arrays, kinds) for `kernel_mesh.per_shard`, absent document ids dropped."""
+  present = [(a, kind) for a, kind in arrays_and_kinds if a is not None]
+  return [a for a, _ in present], [kind for _, kind in present]
+
+
+def _kernel_attend(call: Call, q, k, v, q_start, qseg, kseg, interpret: bool):
+  """(o, lse) of `call.pattern.local` on the Pallas kernel (no priors), per shard."""
+  kern = _kernel_for(call, q, v, call.pattern.local, interpret)
   start = jnp.reshape(jnp.asarray(q_start, jnp.int32), (1,))
-  return kernel_mesh.per_shard(functools.partial(_flash, kern), [q, k, v, start],
-                               ["qkv", "qkv", "qkv", "replicated"], ["qkv", "rows"],
+  arrays, kinds = _operands((q, "qkv"), (k, "qkv"), (v, "qkv"), (start, "replicated"),
+                            (qseg, "ids"), (kseg, "ids"))
+  return kernel_mesh.per_shard(functools.partial(_flash, kern), arrays, kinds, ["qkv", "rows"],
                                layout=call.layout)
 
 
-backends.register(backends.Backend(
-    name="gpu", attend=attend, unsupported=unsupported, pattern_unsupported=pattern_unsupported,
-    platforms=("gpu",),
+def backward(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, q_segments,
+             k_segments, o, lse, do, dlse, *, interpret: bool = False):
+  """The kernel's backward of one call at a given o and lse; a call with priors or skips (never a
+  ring step's) takes the XLA core's."""
+  if call.pattern.skips or local_prior is not None or skip_prior is not None:
+    from efficient_lm.ops.core import xla  # pylint: disable=g-import-not-at-top
+    return xla.BACKEND.backward(call, q, k, v, q_start, k_start, k_positions, local_prior,
+                                skip_prior, q_segments, k_segments, o, lse, do, dlse)
+  kern = _kernel_for(call, q, v, call.pattern, interpret)
+  start = jnp.reshape(jnp.asarray(q_start, jnp.int32), (1,))
+
+  def grads(q, k, v, start, o, lse, do, dlse, *ids):
+    return _backward(kern, q, k, v, start, o, lse, do, dlse, *ids)
+
+  arrays, kinds = _operands((q, "qkv"), (k, "qkv"), (v, "qkv"), (start, "replicated"),
+                            (o, "qkv"), (lse, "rows"), (do, "qkv"), (dlse, "rows"),
+                            (q_segments, "ids"), (k_segments, "ids"))
+  dq, dk, dv = kernel_mesh.per_shard(grads, arrays, kinds, ["qkv"] * 3, layout=call.layout)
+  return dq, dk, dv, None, None
+
+
+BACKEND = Backend(
+    name="gpu", attend=attend, backward=backward, unsupported=unsupported,
+    pattern_unsupported=pattern_unsupported, platforms=("gpu",),
     doc="GPU: cuDNN for causal / window self-attention without lse, else a Pallas (Triton) "
-        "flash kernel masked from the Pattern; decoding caches and traced key offsets on xla"))
+        "flash kernel masked from the Pattern; decoding caches and traced key offsets on xla")

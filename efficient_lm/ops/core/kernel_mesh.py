@@ -33,8 +33,8 @@ def per_shard(fn: Callable, arrays: list, kinds: list[str], out_kinds: list[str]
 
   `kinds` / `out_kinds` say what each input / output is: 'qkv' (`[B, T, H, K]`,
   or `[B, H, T, K]` for layout "BHTK"), 'rows' (`[B, T, H]` / `[B, H, T]`: priors,
-  lse), 'replicated' (traced scalars, small tables), or 'none' (a None
-  argument, passed through).
+  lse), 'ids' (`[B, T]`: document ids), 'replicated' (traced scalars, small
+  tables), or 'none' (a None argument, passed through).
   """
   mesh = jax.sharding.get_abstract_mesh()
   free = _free_axes(mesh) if not mesh.empty else ()
@@ -47,7 +47,7 @@ def per_shard(fn: Callable, arrays: list, kinds: list[str], out_kinds: list[str]
   heads_first = layout == "BHTK"
   specs = {"qkv": P(b, h, None, None) if heads_first else P(b, None, h, None),
            "rows": P(b, h, None) if heads_first else P(b, None, h),
-           "replicated": P(), "none": None}
+           "ids": P(b, None), "replicated": P(), "none": None}
   present = [i for i, kind in enumerate(kinds) if kind != "none"]
 
   def body(*given):

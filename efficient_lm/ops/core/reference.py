@@ -8,14 +8,14 @@ import jax
 import jax.numpy as jnp
 
 from efficient_lm.ops import precision
-from efficient_lm.ops.core import backends
+from efficient_lm.ops.core.call import Backend
 from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE
 
 F32 = jnp.float32
 
 
-def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, *,
-           interpret: bool = False):
+def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, q_segments,
+           k_segments, *, interpret: bool = False):
   del interpret
   heads_first = call.layout == "BHTK"
   if not heads_first:  # compute heads-first: [B, H, T, K]; priors [B, H, Tq]
@@ -29,6 +29,10 @@ def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior
     k_pos = jnp.asarray(k_positions, jnp.int32)
   local = call.pattern.local_visible(q_pos[:, None], k_pos[None, :])
   skip = call.pattern.skip_visible(q_pos[:, None], k_pos[None, :]) if call.pattern.skips else None
+  if q_segments is not None:  # [B, 1, Tq, Tk]: keys of the query's own document only
+    same = (q_segments[:, :, None] == k_segments[:, None, :])[:, None]
+    local = local & same
+    skip = None if skip is None else skip & same
   s = precision.einsum_f32("bhqk,bhsk->bhqs", q, k) * call.scale
   s_local = s if local_prior is None else s + local_prior.astype(F32)[..., None]
   if skip is None:
@@ -49,6 +53,6 @@ def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior
   return o, lse
 
 
-backends.register(backends.Backend(
+BACKEND = Backend(
     name="reference", attend=attend,
-    doc="the plain masked softmax over [Tq, Tk] logits: O(T^2) time and memory (tests)"))
+    doc="the plain masked softmax over [Tq, Tk] logits: O(T^2) time and memory (tests)")

@@ -29,10 +29,12 @@ def _shift(x_BTHK: jax.Array, offset: int, length: int) -> jax.Array:
   return jnp.pad(piece, [(0, 0), (lo - offset, offset + length - hi), (0, 0), (0, 0)])
 
 
-def attend_with_skips(local_attend, call, q, k, v, q_start, local_prior, skip_prior):
+def attend_with_skips(local_attend, call, q, k, v, q_start, local_prior, skip_prior,
+                      q_segments=None, k_segments=None):
   """(o, lse) of π's pattern from `local_attend(q, k, v) -> (o_l, lse_l)` (the kernel's local
-  part, no priors, in `call.layout`) and the skips of `call.pattern`. Needs a static
-  `call.k_offset`; priors and lse in the call's layout."""
+  part, no priors, in `call.layout`, documents masked) and the skips of `call.pattern` (a skip
+  key of another document is dropped). Needs a static `call.k_offset`; priors and lse in the
+  call's layout; document ids `[B, Tq]`, `[B, Tk]`."""
   heads_first = call.layout == "BHTK"
   o_l, lse_l = local_attend(q, k, v)
   if heads_first:  # the skips are computed [B, T, H, ...]
@@ -48,11 +50,14 @@ def attend_with_skips(local_attend, call, q, k, v, q_start, local_prior, skip_pr
     offset = -(d + call.k_offset)  # the key of query i sits at index i + offset
     k_d, v_d = _shift(k, offset, call.Tq), _shift(v, offset, call.Tq)
     index_T = jnp.arange(call.Tq) + offset
-    present_T = (q_pos_T - d >= 0) & (index_T >= 0) & (index_T < call.Tk)
+    present_BT = ((q_pos_T - d >= 0) & (index_T >= 0) & (index_T < call.Tk))[None]
+    if q_segments is not None:
+      present_BT = present_BT & (q_segments == _shift(k_segments[..., None, None], offset,
+                                                      call.Tq)[:, :, 0, 0])
     s_BTH = precision.einsum_f32("bthk,bthk->bth", q, k_d) * call.scale
     if skip_prior is not None:
       s_BTH = s_BTH + skip_prior.astype(F32)
-    logits.append(jnp.where(present_T[None, :, None], s_BTH, MASKED))
+    logits.append(jnp.where(present_BT[:, :, None], s_BTH, MASKED))
     values.append(v_d)
   s_BTHS = jnp.stack(logits, axis=-1)
   peak = jax.lax.stop_gradient(jnp.maximum(lse_l, jnp.max(s_BTHS, axis=-1)))

@@ -1,11 +1,13 @@
 """The `splash` backend: jax's Pallas TPU splash-attention kernels, masks from the `Pattern`.
 
-Contract (`backends.Backend`): `attend(call, q, k, v, ...) -> (o, lse)`, differentiable in
-q, k, v and the priors under cotangents on o and lse. `unsupported` names the calls it cannot
-run, which the front door runs on `xla`: explicit key positions, a traced k_offset, an unknown
-block phase, dtypes other than float32 / bfloat16, more than `MAX_KEYS` (65,408) keys in one
-call. π's skips run beside the kernel (`skips.attend_with_skips`). `interpret=True` runs the
-kernels in Pallas interpret mode (CPU tests).
+Contract (`call.Backend`): `attend(call, q, k, v, ...) -> (o, lse)`, differentiable in
+q, k, v and the priors under cotangents on o and lse; `backward` at a given o and lse (ring
+steps). `unsupported` names the calls it cannot run, which the front door runs on `xla`:
+explicit key positions, a traced k_offset, an unknown block phase, dtypes other than float32 /
+bfloat16, more than `MAX_KEYS` (65,408) keys in one call. π's skips run beside the kernel
+(`skips.attend_with_skips`). Document ids go to the kernel as its `SegmentIds` (the call is
+then mapped over the batch: one id array per row). `interpret=True` runs the kernels in Pallas
+interpret mode (CPU tests).
 
 Details (the interval mask, the cached block tables, the backward): docs/architecture.md,
 "Attention core".
@@ -20,7 +22,8 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as sinfo
 
-from efficient_lm.ops.core import backends, kernel_mesh, skips
+from efficient_lm.ops.core import kernel_mesh, skips
+from efficient_lm.ops.core.call import Backend, Call
 from efficient_lm.ops.core.plan import NO_KEY_LSE, cdiv
 from efficient_lm.ops.pattern import Pattern
 
@@ -55,7 +58,7 @@ def _padded(length: int, block: int) -> int:
   return cdiv(length, block) * block
 
 
-def unsupported(call: backends.Call) -> str | None:
+def unsupported(call: Call) -> str | None:
   """Why the splash backend cannot run `call` (the front door then runs `xla`), or None."""
   if call.explicit:
     return ("explicit key positions (decoding caches): the kernel places keys at "
@@ -222,28 +225,41 @@ def _empty(bounds: jax.Array) -> jax.Array:
   return jax.lax.shift_right_logical(bounds, 16) >= (bounds & 0xFFFF)
 
 
-def _forward(spec: _Spec, q, k, v, bounds):
+def _segment_ids(qseg, kseg):
+  return None if qseg is None else sk.SegmentIds(q=qseg, kv=kseg)
+
+
+def _forward(spec: _Spec, q, k, v, bounds, qseg=None, kseg=None):
   o, (lse,) = sk._splash_attention_forward(  # pylint: disable=protected-access
-      _info(_masks(spec).fwd, bounds), q, k, v, None, None, mask_value=_MASK_VALUE,
-      is_mqa=False, block_sizes=spec.block_sizes, residual_checkpoint_name=None,
-      save_residuals=True, mask_function=_interval_mask, interpret=spec.interpret)
-  empty = _empty(bounds)  # the kernel leaves these rows undefined (NaN where no block ran)
-  o = jnp.where(empty[None, :, None], 0, o).astype(q.dtype)
-  return o, jnp.where(empty[None], NO_KEY_LSE, lse.astype(F32))
+      _info(_masks(spec).fwd, bounds), q, k, v, _segment_ids(qseg, kseg), None,
+      mask_value=_MASK_VALUE, is_mqa=False, block_sizes=spec.block_sizes,
+      residual_checkpoint_name=None, save_residuals=True, mask_function=_interval_mask,
+      interpret=spec.interpret)
+  # Rows with no key: the kernel leaves them undefined where no block ran (NaN), and averages
+  # masked keys where every key of a block was another document's (lse near the mask value).
+  empty = _empty(bounds)[None] | (lse < NO_KEY_LSE)
+  o = jnp.where(empty[..., None], 0, o).astype(q.dtype)
+  return o, jnp.where(empty, NO_KEY_LSE, lse.astype(F32))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _splash(spec: _Spec, q, k, v, bounds):
-  return _forward(spec, q, k, v, bounds)
+def _splash(spec: _Spec, q, k, v, bounds, qseg=None, kseg=None):
+  return _forward(spec, q, k, v, bounds, qseg, kseg)
 
 
-def _splash_fwd(spec: _Spec, q, k, v, bounds):
-  o, lse = _forward(spec, q, k, v, bounds)
-  return (o, lse), (q, k, v, bounds, o, lse)
+def _splash_fwd(spec: _Spec, q, k, v, bounds, qseg=None, kseg=None):
+  o, lse = _forward(spec, q, k, v, bounds, qseg, kseg)
+  return (o, lse), (q, k, v, bounds, qseg, kseg, o, lse)
 
 
 def _splash_bwd(spec: _Spec, residuals, cotangents):
-  q, k, v, bounds, o, lse = residuals
+  dq, dk, dv = _gradients(spec, residuals, cotangents)
+  return dq, dk, dv, None, None, None
+
+
+def _gradients(spec: _Spec, residuals, cotangents):
+  """(dq, dk, dv) at the residuals' o and lse (`[N, T, K]` arrays): the kernels' backward."""
+  q, k, v, bounds, qseg, kseg, o, lse = residuals
   do, dlse = cotangents
   do = do.astype(q.dtype)
   # Empty rows: every logit is the kernel's mask value, far below NO_KEY_LSE: p = 0 there.
@@ -253,14 +269,15 @@ def _splash_bwd(spec: _Spec, residuals, cotangents):
                 q_layout=_LAYOUT, k_layout=_LAYOUT, v_layout=_LAYOUT,
                 mask_function=_interval_mask, interpret=spec.interpret)
   sizes = spec.block_sizes
+  segment_ids = _segment_ids(qseg, kseg)
   _, dk, dv = sk._splash_attention_bwd_dkv(  # pylint: disable=protected-access
-      q, k, v, None, None, lse, do, di, bq=sizes.block_q_dkv, bkv=sizes.block_kv_dkv,
+      q, k, v, segment_ids, None, lse, do, di, bq=sizes.block_q_dkv, bkv=sizes.block_kv_dkv,
       bkv_compute=sizes.block_kv_dkv_compute, mask_info=_info(masks.dkv, bounds),
       use_fused_bwd_kernel=False, **common)
   dq = sk._splash_attention_bwd_dq(  # pylint: disable=protected-access
-      q, k, v, None, None, lse, do, di, bq=sizes.block_q_dq, bkv=sizes.block_kv_dq,
+      q, k, v, segment_ids, None, lse, do, di, bq=sizes.block_q_dq, bkv=sizes.block_kv_dq,
       mask_info=_info(masks.fwd, bounds), **common)
-  return dq, dk, dv, None
+  return dq, dk, dv
 
 
 _splash.defvjp(_splash_fwd, _splash_bwd)
@@ -268,56 +285,121 @@ _splash.defvjp(_splash_fwd, _splash_bwd)
 
 # The backend.
 
-def _pad_rows(x_NTK, length: int):
-  return jnp.pad(x_NTK, [(0, 0), (0, length - x_NTK.shape[1]), (0, 0)])
-
-
-def _local_shard(spec: _Spec, scale: float, layout: str, q, k, v, k_start):
-  """The kernel's (o, lse) on one shard's arrays, in `layout` (lse: `[B, Tq, H]` / `[B, H, Tq]`)."""
+def _kernel_inputs(spec: _Spec, scale: float, layout: str, q, k, v, qseg, kseg):
+  """q (scaled), k, v as `[B, H, T_pad, K]`, and the document ids `[B, T_pad]` (padded queries
+  -1, padded keys -2) or None."""
   if layout == "BTHK":
     q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q, k, v))
-  B, H = q.shape[:2]
-  flat = lambda x, length: _pad_rows(x.reshape(B * H, *x.shape[2:]), length)
-  q_NTK = flat((q * jnp.asarray(scale, q.dtype)).astype(q.dtype), spec.Tq_pad)
-  k_NTK, v_NTK = (flat(x.astype(q.dtype), spec.Tk_pad) for x in (k, v))
-  o_NTK, lse_NT = _splash(spec, q_NTK, k_NTK, v_NTK, _bounds(spec, k_start))
-  o = o_NTK[:, :spec.Tq].reshape(B, H, spec.Tq, o_NTK.shape[-1])
-  lse = lse_NT[:, :spec.Tq].reshape(B, H, spec.Tq)
-  if layout == "BTHK":
-    o, lse = jnp.swapaxes(o, 1, 2), jnp.swapaxes(lse, 1, 2)
-  return o, lse
+  pad = lambda x, length: jnp.pad(x, [(0, 0), (0, 0), (0, length - x.shape[2]), (0, 0)])
+  q = pad((q * jnp.asarray(scale, q.dtype)).astype(q.dtype), spec.Tq_pad)
+  k, v = (pad(x.astype(q.dtype), spec.Tk_pad) for x in (k, v))
+  if qseg is None:
+    return (q, k, v), None
+  ids = lambda x, length, fill: jnp.pad(x, [(0, 0), (0, length - x.shape[1])], constant_values=fill)
+  return (q, k, v), (ids(qseg, spec.Tq_pad, -1), ids(kseg, spec.Tk_pad, -2))
 
 
-def _spec_for(call: backends.Call, pattern: Pattern, interpret: bool) -> _Spec:
+def _per_row(fn, segs, *arrays):
+  """`fn(*arrays[, qseg, kseg])` on `[B, H, T, ...]` arrays: one kernel call over the B * H
+  rows, or, with document ids, one per batch row (the kernel takes one id array a call)."""
+  B, H = arrays[0].shape[:2]
+  if segs is None:
+    outs = fn(*(x.reshape(B * H, *x.shape[2:]) for x in arrays))
+    return tuple(x.reshape(B, H, *x.shape[1:]) for x in outs)
+  return jax.vmap(fn)(*arrays, *segs)
+
+
+def _to_layout(layout: str, length: int, x):
+  """`[B, H, T_pad, ...]` -> the call's layout, the first `length` positions."""
+  x = x[:, :, :length]
+  return jnp.swapaxes(x, 1, 2) if layout == "BTHK" else x
+
+
+def _local_shard(spec: _Spec, scale: float, layout: str, q, k, v, k_start, qseg=None, kseg=None):
+  """The kernel's (o, lse) on one shard's arrays, in `layout` (lse: `[B, Tq, H]` / `[B, H, Tq]`)."""
+  (q, k, v), segs = _kernel_inputs(spec, scale, layout, q, k, v, qseg, kseg)
+  bounds = _bounds(spec, k_start)
+  o, lse = _per_row(lambda q, k, v, *ids: _splash(spec, q, k, v, bounds, *ids), segs, q, k, v)
+  return _to_layout(layout, spec.Tq, o), _to_layout(layout, spec.Tq, lse)
+
+
+def _backward_shard(spec: _Spec, scale: float, layout: str, q, k, v, k_start, qseg, kseg, o, lse,
+                    do, dlse):
+  """(dq, dk, dv) of the kernel's call at a given o and lse, on one shard, in `layout`."""
+  dtypes = q.dtype, k.dtype, v.dtype
+  (q, k, v), segs = _kernel_inputs(spec, scale, layout, q, k, v, qseg, kseg)
+  (o, do, _), _ = _kernel_inputs(spec, 1.0, layout, o, do.astype(o.dtype), do, None, None)
+  rows = lambda x: jnp.pad(jnp.swapaxes(x, 1, 2) if layout == "BTHK" else x,
+                           [(0, 0), (0, 0), (0, spec.Tq_pad - spec.Tq)]).astype(F32)
+  bounds = _bounds(spec, k_start)
+
+  def grads(q, k, v, o, lse, do, dlse, *ids):
+    ids = ids or (None, None)
+    return _gradients(spec, (q, k, v, bounds, *ids, o, lse), (do, dlse))
+
+  dq, dk, dv = _per_row(grads, segs, q, k, v, o, rows(lse), do, rows(dlse))
+  dq = dq * jnp.asarray(scale, dq.dtype)  # the kernel saw scaled queries
+  return tuple(_to_layout(layout, n, g).astype(t)
+               for g, n, t in zip((dq, dk, dv), (spec.Tq, spec.Tk, spec.Tk), dtypes))
+
+
+def _spec_for(call: Call, pattern: Pattern, interpret: bool) -> _Spec:
   min_key = 0 if call.k_start is None else min(max(0, -call.k_start), call.Tk)
   return _Spec(pattern=pattern, Tq=call.Tq, Tk=call.Tk, k_offset=call.k_offset,
                phase=call.q_phase, min_key=min_key, bq=_block(call.Tq, BLOCK_Q),
                bkv=_block(call.Tk, BLOCK_KV), interpret=bool(interpret))
 
 
-def _local_attend(call: backends.Call, q, k, v, k_start, interpret: bool):
+def _traced_start(call: Call, k_start):
+  return None if call.k_start is not None else jnp.asarray(k_start, jnp.int32)
+
+
+def _kinds(*arrays_and_kinds):
+  arrays = [a for a, _ in arrays_and_kinds]
+  return arrays, [kind if a is not None else "none" for a, kind in arrays_and_kinds]
+
+
+def _local_attend(call: Call, q, k, v, k_start, qseg, kseg, interpret: bool):
   """(o, lse) of the call's local pattern, no priors, per shard."""
   spec = _spec_for(call, call.pattern.local, interpret)
-  traced = None if call.k_start is not None else jnp.asarray(k_start, jnp.int32)
   fn = functools.partial(_local_shard, spec, call.scale, call.layout)
-  return kernel_mesh.per_shard(fn, [q, k, v, traced],
-                               ["qkv"] * 3 + ["replicated" if traced is not None else "none"],
-                               ["qkv", "rows"], layout=call.layout)
+  arrays, kinds = _kinds((q, "qkv"), (k, "qkv"), (v, "qkv"),
+                         (_traced_start(call, k_start), "replicated"), (qseg, "ids"), (kseg, "ids"))
+  return kernel_mesh.per_shard(fn, arrays, kinds, ["qkv", "rows"], layout=call.layout)
 
 
-def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, *,
-           interpret: bool = False):
+def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, q_segments,
+           k_segments, *, interpret: bool = False):
   del k_positions  # None: `unsupported` sends explicit positions to xla
-  local = lambda q, k, v: _local_attend(call, q, k, v, k_start, interpret)
+  local = lambda q, k, v: _local_attend(call, q, k, v, k_start, q_segments, k_segments, interpret)
   if call.pattern.skips:
-    return skips.attend_with_skips(local, call, q, k, v, q_start, local_prior, skip_prior)
+    return skips.attend_with_skips(local, call, q, k, v, q_start, local_prior, skip_prior,
+                                   q_segments, k_segments)
   o, lse = local(q, k, v)
   if local_prior is not None:  # a constant on every logit of the row: lse moves, o does not
     lse = jnp.where(lse > NO_KEY_LSE, lse + local_prior.astype(F32), NO_KEY_LSE)
   return o, lse
 
 
-backends.register(backends.Backend(
-    name="splash", attend=attend, unsupported=unsupported, pattern_unsupported=pattern_unsupported,
-    platforms=("tpu",),
-    doc="TPU: Pallas splash-attention kernels, one key interval per query from the Pattern"))
+def backward(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, q_segments,
+             k_segments, o, lse, do, dlse, *, interpret: bool = False):
+  """The kernels' backward of one call at a given o and lse; a call with priors or skips (never a
+  ring step's) takes the XLA core's."""
+  if call.pattern.skips or local_prior is not None or skip_prior is not None:
+    from efficient_lm.ops.core import xla  # pylint: disable=g-import-not-at-top
+    return xla.BACKEND.backward(call, q, k, v, q_start, k_start, k_positions, local_prior,
+                                skip_prior, q_segments, k_segments, o, lse, do, dlse)
+  spec = _spec_for(call, call.pattern, interpret)
+  fn = functools.partial(_backward_shard, spec, call.scale, call.layout)
+  arrays, kinds = _kinds((q, "qkv"), (k, "qkv"), (v, "qkv"),
+                         (_traced_start(call, k_start), "replicated"), (q_segments, "ids"),
+                         (k_segments, "ids"), (o, "qkv"), (lse, "rows"), (do, "qkv"),
+                         (dlse, "rows"))
+  dq, dk, dv = kernel_mesh.per_shard(fn, arrays, kinds, ["qkv"] * 3, layout=call.layout)
+  return dq, dk, dv, None, None
+
+
+BACKEND = Backend(
+    name="splash", attend=attend, backward=backward, unsupported=unsupported,
+    pattern_unsupported=pattern_unsupported, platforms=("tpu",),
+    doc="TPU: Pallas splash-attention kernels, one key interval per query from the Pattern")

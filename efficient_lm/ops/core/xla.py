@@ -5,8 +5,10 @@ its band of key blocks, gathered by shifting whole blocks; π's skip keys as
 shifted slices) or the looped schedule (each query block over the key blocks
 its pattern allows, traced bounds, an online softmax). Both work heads-first
 (`[B, H, T, K]`; "BTHK" calls are transposed once). The custom VJP keeps only
-q, k, v, the priors, o and lse; the backward recomputes the probabilities
-block by block (the flash-attention backward) and handles a cotangent on lse.
+q, k, v, the priors, the document ids, o and lse; the backward recomputes the
+probabilities block by block (the flash-attention backward) and handles a
+cotangent on lse. Document ids add one comparison per block of logits,
+broadcast over the heads.
 Logits, softmax, lse and priors are float32; the q.k and p.v matmuls run in
 the input dtype with float32 accumulation.
 """
@@ -18,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from efficient_lm.ops import precision
-from efficient_lm.ops.core import backends
+from efficient_lm.ops.core.call import Backend
 from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE, Plan, cdiv, is_static, plan_for
 
 F32 = jnp.float32
@@ -122,9 +124,12 @@ def _with_previous(x: jax.Array, count: int, extra: int, axis: int) -> jax.Array
   return jnp.concatenate(parts, axis=axis + 1)
 
 
-def _band_group(plan: Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, sp_grid):
+def _band_group(plan: Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, sp_grid,
+                qseg_grid=None, kseg_buf=None):
   """One group's q slab, masked local logits `[B, H, G, L, M]` with the band's keys and values,
-  and (π) skip logits `[B, H, GL, S]` with the skip keys and values (stacked after the t axis)."""
+  and (π) skip logits `[B, H, GL, S]` with the skip keys and values (stacked after the t axis).
+  With document ids (`qseg_grid` `[B, rows]`, `kseg_buf` `[B, key_rows]`) a key of another
+  document is masked too."""
   t = T_AXIS
   L, G, nb = plan.block, plan.group, plan.back + plan.fwd
   B, H = q_grid.shape[:2]
@@ -137,6 +142,10 @@ def _band_group(plan: Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, 
   k_band, v_band = band(k_buf), band(v_buf)
   kpos_band = _with_previous(_slice(kpos_buf, band_start, size, 0).reshape(G + nb, L), G, nb, 0)
   local_GLM = plan.pattern.local.local_visible(qpos.reshape(G, L)[:, :, None], kpos_band[:, None, :])
+  if qseg_grid is not None:
+    qseg_BGL = _slice(qseg_grid, start, G * L, 1).reshape(B, G, L)
+    kseg_BGM = _with_previous(_slice(kseg_buf, band_start, size, 1).reshape(B, G + nb, L), G, nb, 1)
+    local_GLM = (local_GLM & (qseg_BGL[..., None] == kseg_BGM[:, :, None, :]))[:, None]
   s = precision.einsum_f32(QK, _blocks(q_g, G, L), k_band) * plan.scale
   if lp_grid is not None:
     s = s + _slice(lp_grid, start, G * L, 2).reshape(B, H, G, L)[..., None]
@@ -147,6 +156,9 @@ def _band_group(plan: Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, 
   k_skip = jnp.stack([_slice(k_buf, a, G * L, t) for a in at], axis=t + 1)
   v_skip = jnp.stack([_slice(v_buf, a, G * L, t) for a in at], axis=t + 1)
   present = jnp.stack([_slice(kpos_buf, a, G * L, 0) >= 0 for a in at], axis=1)  # [GL, S]
+  if qseg_grid is not None:  # [B, 1, GL, S]: the skip key in the query's document
+    kseg_BLS = jnp.stack([_slice(kseg_buf, a, G * L, 1) for a in at], axis=2)
+    present = (present & (_slice(qseg_grid, start, G * L, 1)[..., None] == kseg_BLS))[:, None]
   s_skip = precision.einsum_f32(SKIP_QK, q_g, k_skip) * plan.scale
   if sp_grid is not None:
     s_skip = s_skip + _slice(sp_grid, start, G * L, 2)[..., None]
@@ -154,7 +166,7 @@ def _band_group(plan: Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, 
   return q_g, s, k_band, v_band, s_skip, k_skip, v_skip
 
 
-def _band_inputs(plan: Plan, q, k, v, q_start, k_start, lp, sp):
+def _band_inputs(plan: Plan, q, k, v, q_start, k_start, lp, sp, qseg, kseg):
   origin, phase, key_offset = _band_grid(plan, q_start, k_start)
   rows = plan.groups * plan.group * plan.block
   q_grid = _window(q, -phase, rows)
@@ -163,7 +175,11 @@ def _band_inputs(plan: Plan, q, k, v, q_start, k_start, lp, sp):
   kpos_buf = _band_key_positions(plan, origin, key_offset)
   lp_grid = None if lp is None else _window(lp, -phase, rows)
   sp_grid = None if sp is None else _window(sp, -phase, rows)
-  return origin, phase, key_offset, q_grid, k_buf, v_buf, kpos_buf, lp_grid, sp_grid
+  segs = (None, None)
+  if qseg is not None:
+    segs = (_window(qseg, -phase, rows, axis=1),
+            _window(kseg, key_offset, plan.key_rows, axis=1, value=-1))
+  return origin, phase, key_offset, q_grid, k_buf, v_buf, kpos_buf, lp_grid, sp_grid, segs
 
 
 def _groups_loop(plan: Plan, body, carry):
@@ -173,16 +189,16 @@ def _groups_loop(plan: Plan, body, carry):
   return jax.lax.fori_loop(0, plan.groups, body, carry)
 
 
-def _band_forward(plan: Plan, q, k, v, q_start, k_start, lp, sp):
-  origin, phase, _, q_grid, k_buf, v_buf, kpos_buf, lp_grid, sp_grid = _band_inputs(
-      plan, q, k, v, q_start, k_start, lp, sp)
+def _band_forward(plan: Plan, q, k, v, q_start, k_start, lp, sp, qseg, kseg):
+  origin, phase, _, q_grid, k_buf, v_buf, kpos_buf, lp_grid, sp_grid, segs = _band_inputs(
+      plan, q, k, v, q_start, k_start, lp, sp, qseg, kseg)
   B, H, rows, Kv = *q_grid.shape[:3], v.shape[-1]
   L, G = plan.block, plan.group
 
   def body(g, carry):
     o_grid, lse_grid = carry
     _, s, _, v_band, s_skip, _, v_skip = _band_group(plan, g, q_grid, k_buf, v_buf, kpos_buf,
-                                                     origin, lp_grid, sp_grid)
+                                                     origin, lp_grid, sp_grid, *segs)
     m = jnp.max(s, axis=-1).reshape(B, H, G * L)
     if s_skip is not None:
       m = jnp.maximum(m, jnp.max(s_skip, axis=-1))
@@ -201,7 +217,7 @@ def _band_forward(plan: Plan, q, k, v, q_start, k_start, lp, sp):
     return (jax.lax.dynamic_update_slice_in_dim(o_grid, o, start, axis=T_AXIS),
             jax.lax.dynamic_update_slice_in_dim(lse_grid, lse, start, axis=2))
 
-  zero = _vma_zero(q, k, v, q_start, k_start, lp, sp)
+  zero = _vma_zero(q, k, v, q_start, k_start, lp, sp, qseg, kseg)
   o_shape = list(q_grid.shape[:3]) + [Kv]
   init = (jnp.zeros(o_shape, q.dtype) + zero.astype(q.dtype), jnp.zeros((B, H, rows), F32) + zero)
   o_grid, lse_grid = _groups_loop(plan, body, init)
@@ -218,9 +234,9 @@ def _scatter_band(x: jax.Array, G: int, nb: int, L: int) -> jax.Array:
   return _unblocks(out)
 
 
-def _band_backward(plan: Plan, q, k, v, q_start, k_start, lp, sp, o, lse, do, dlse):
-  origin, phase, key_offset, q_grid, k_buf, v_buf, kpos_buf, lp_grid, sp_grid = _band_inputs(
-      plan, q, k, v, q_start, k_start, lp, sp)
+def _band_backward(plan: Plan, q, k, v, q_start, k_start, lp, sp, qseg, kseg, o, lse, do, dlse):
+  origin, phase, key_offset, q_grid, k_buf, v_buf, kpos_buf, lp_grid, sp_grid, segs = _band_inputs(
+      plan, q, k, v, q_start, k_start, lp, sp, qseg, kseg)
   t = T_AXIS
   B, H, rows = q_grid.shape[:3]
   L, G, nb = plan.block, plan.group, plan.back + plan.fwd
@@ -232,7 +248,7 @@ def _band_backward(plan: Plan, q, k, v, q_start, k_start, lp, sp, o, lse, do, dl
   def body(g, carry):
     dq_grid, dlp_grid, dsp_grid, dk_buf, dv_buf = carry
     q_g, s, k_band, v_band, s_skip, k_skip, v_skip = _band_group(
-        plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, sp_grid)
+        plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, sp_grid, *segs)
     start = g * G * L
     lse_g = _slice(lse_grid, start, G * L, 2)
     delta_g = _slice(delta_grid, start, G * L, 2)
@@ -268,7 +284,7 @@ def _band_backward(plan: Plan, q, k, v, q_start, k_start, lp, sp, o, lse, do, dl
     dq_grid = jax.lax.dynamic_update_slice_in_dim(dq_grid, dq * plan.scale, start, axis=t)
     return dq_grid, dlp_grid, dsp_grid, dk_buf, dv_buf
 
-  zero = _vma_zero(q, k, v, q_start, k_start, lp, sp, do, dlse)
+  zero = _vma_zero(q, k, v, q_start, k_start, lp, sp, qseg, kseg, do, dlse)
   zeros_rows = jnp.zeros((B, H, rows), F32) + zero
   buf_shape = lambda x, n: tuple(n if a == t else d for a, d in enumerate(x.shape))
   init = (jnp.zeros(buf_shape(q, rows), F32) + zero, zeros_rows if lp is not None else None,
@@ -286,7 +302,7 @@ def _band_backward(plan: Plan, q, k, v, q_start, k_start, lp, sp, o, lse, do, dl
 
 # The looped schedule.
 
-def _loop_inputs(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
+def _loop_inputs(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg):
   Lq, Lk = plan.q_block, plan.k_block
   NQ, NK = cdiv(plan.Tq, Lq), cdiv(plan.Tk, Lk)
   qs = plan.q_start if plan.q_start is not None else q_start
@@ -302,7 +318,10 @@ def _loop_inputs(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
   qpos_buf = qs + jnp.arange(NQ * Lq, dtype=jnp.int32)
   lp_buf = None if lp is None else _window(lp, 0, NQ * Lq)
   sp_buf = None if sp is None else _window(sp, 0, NQ * Lq)
-  return qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf
+  segs = (None, None)
+  if qseg is not None:
+    segs = (_window(qseg, 0, NQ * Lq, axis=1), _window(kseg, 0, NK * Lk, axis=1, value=-1))
+  return qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf, segs
 
 
 def _key_blocks(plan: Plan, qs, ks, i, NK: int):
@@ -328,14 +347,20 @@ def _key_blocks(plan: Plan, qs, ks, i, NK: int):
   return lo_blk, jnp.maximum(hi_blk, lo_blk)
 
 
-def _block_logits(plan: Plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i):
-  """Masked logits `[B, H, Lq, Lk]` of one block pair, and its local / skip masks."""
+def _block_logits(plan: Plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i, qseg_i=None, kseg_j=None):
+  """Masked logits `[B, H, Lq, Lk]` of one block pair, and its local / skip masks (`[Lq, Lk]`, or
+  `[B, 1, Lq, Lk]` with document ids `qseg_i` `[B, Lq]`, `kseg_j` `[B, Lk]`)."""
   s = precision.einsum_f32("bhqk,bhsk->bhqs", q_i, k_j) * plan.scale
   local = plan.pattern.local_visible(qpos_i[:, None], kpos_j[None, :])
+  same = None if qseg_i is None else (qseg_i[:, :, None] == kseg_j[:, None, :])[:, None]
+  if same is not None:
+    local = local & same
   s_local = s if lp_i is None else s + lp_i[..., None]
   if not plan.pattern.skips:
     return jnp.where(local, s_local, MASKED), local, None
   skip = plan.pattern.skip_visible(qpos_i[:, None], kpos_j[None, :])
+  if same is not None:
+    skip = skip & same
   s_skip = s if sp_i is None else s + sp_i[..., None]
   return jnp.where(local, s_local, jnp.where(skip, s_skip, MASKED)), local, skip
 
@@ -355,13 +380,14 @@ def _q_loop(NQ: int, body, carry):
   return jax.lax.fori_loop(0, NQ, body, carry)
 
 
-def _loop_forward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
-  qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf = _loop_inputs(
-      plan, q, k, v, q_start, k_start, k_pos, lp, sp)
+def _loop_forward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg):
+  qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf, segs = _loop_inputs(
+      plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg)
+  qseg_buf, kseg_buf = segs
   B, H, _, _ = q_buf.shape
   Kv = v.shape[-1]
   Lq, Lk = plan.q_block, plan.k_block
-  zero = _vma_zero(q, k, v, q_start, k_start, k_pos, lp, sp)
+  zero = _vma_zero(q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg)
 
   def q_body(i, carry):
     o_buf, lse_buf = carry
@@ -369,13 +395,15 @@ def _loop_forward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
     qpos_i = _slice(qpos_buf, i * Lq, Lq, 0)
     lp_i = None if lp_buf is None else _slice(lp_buf, i * Lq, Lq, 2)
     sp_i = None if sp_buf is None else _slice(sp_buf, i * Lq, Lq, 2)
+    qseg_i = None if qseg_buf is None else _slice(qseg_buf, i * Lq, Lq, 1)
 
     def k_body(j, state):
       m, l, acc = state
       k_j = k_buf if NK == 1 else _slice(k_buf, j * Lk, Lk, 2)
       v_j = v_buf if NK == 1 else _slice(v_buf, j * Lk, Lk, 2)
       kpos_j = kpos_buf if NK == 1 else _slice(kpos_buf, j * Lk, Lk, 0)
-      s, _, _ = _block_logits(plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i)
+      kseg_j = _key_segments(kseg_buf, j, Lk, NK)
+      s, _, _ = _block_logits(plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i, qseg_i, kseg_j)
       m_new = jnp.maximum(m, jnp.max(s, axis=-1))
       correction = jnp.exp(m - m_new)
       p = jnp.exp(s - m_new[..., None])
@@ -403,13 +431,15 @@ def _loop_forward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
   return o_buf[:, :, :plan.Tq], lse_buf[:, :, :plan.Tq]
 
 
-def _loop_backward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, o, lse, do, dlse):
-  qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf = _loop_inputs(
-      plan, q, k, v, q_start, k_start, k_pos, lp, sp)
+def _loop_backward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg, o, lse, do,
+                   dlse):
+  qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf, segs = _loop_inputs(
+      plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg)
+  qseg_buf, kseg_buf = segs
   B, H, _, K = q_buf.shape
   Lq, Lk = plan.q_block, plan.k_block
   rows = NQ * Lq
-  zero = _vma_zero(q, k, v, q_start, k_start, k_pos, lp, sp, do, dlse)
+  zero = _vma_zero(q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg, do, dlse)
   do_buf = _window(do, 0, rows)
   lse_buf = _window(lse, 0, rows)
   delta_buf = _window(jnp.sum(do.astype(F32) * o.astype(F32), axis=-1) - dlse, 0, rows)
@@ -423,13 +453,15 @@ def _loop_backward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, o, lse,
     delta_i = _slice(delta_buf, i * Lq, Lq, 2)
     lp_i = None if lp_buf is None else _slice(lp_buf, i * Lq, Lq, 2)
     sp_i = None if sp_buf is None else _slice(sp_buf, i * Lq, Lq, 2)
+    qseg_i = None if qseg_buf is None else _slice(qseg_buf, i * Lq, Lq, 1)
 
     def k_body(j, state):
       dq_i, dlp_i, dsp_i, dk_buf, dv_buf = state
       k_j = k_buf if NK == 1 else _slice(k_buf, j * Lk, Lk, 2)
       v_j = v_buf if NK == 1 else _slice(v_buf, j * Lk, Lk, 2)
       kpos_j = kpos_buf if NK == 1 else _slice(kpos_buf, j * Lk, Lk, 0)
-      s, local, skip = _block_logits(plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i)
+      kseg_j = _key_segments(kseg_buf, j, Lk, NK)
+      s, local, skip = _block_logits(plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i, qseg_i, kseg_j)
       p = jnp.exp(s - lse_i[..., None])
       dp = precision.einsum_f32("bhqk,bhsk->bhqs", do_i, v_j)
       ds = p * (dp - delta_i[..., None])
@@ -471,48 +503,55 @@ def _skip_free(plan: Plan) -> bool:
   return not plan.pattern.skips
 
 
+def _key_segments(kseg_buf, j, Lk: int, NK: int):
+  if kseg_buf is None:
+    return None
+  return kseg_buf if NK == 1 else _slice(kseg_buf, j * Lk, Lk, 1)
+
+
 # The custom VJP: residuals q, k, v, (starts, key positions), priors, o, lse.
 
-def _forward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp):
+def _forward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg):
   """(o in the plan's layout, lse `[B, H, Tq]`). Both schedules work heads-first: "BTHK" arrays
   are transposed here (O(T); measured faster on CPU than einsums over BTHK slabs)."""
   if plan.layout == "BTHK":
     o, lse = _forward(dataclasses.replace(plan, layout="BHTK"), *_swap(q, k, v), q_start, k_start,
-                      k_pos, lp, sp)
+                      k_pos, lp, sp, qseg, kseg)
     return jnp.swapaxes(o, 1, 2), lse
   if plan.schedule == "band":
-    return _band_forward(plan, q, k, v, q_start, k_start, lp, sp)
-  return _loop_forward(plan, q, k, v, q_start, k_start, k_pos, lp, sp)
+    return _band_forward(plan, q, k, v, q_start, k_start, lp, sp, qseg, kseg)
+  return _loop_forward(plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg)
 
 
-def _backward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, o, lse, do, dlse):
+def _backward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg, o, lse, do, dlse):
   if plan.layout == "BTHK":
     q_, k_, v_, o_, do_ = _swap(q, k, v, o, do)
     grads = _backward(dataclasses.replace(plan, layout="BHTK"), q_, k_, v_, q_start, k_start,
-                      k_pos, lp, sp, o_, lse, do_, dlse)
+                      k_pos, lp, sp, qseg, kseg, o_, lse, do_, dlse)
     return (*_swap(*grads[:3]), *grads[3:])
   if plan.schedule == "band":
-    return _band_backward(plan, q, k, v, q_start, k_start, lp, sp, o, lse, do, dlse)
-  return _loop_backward(plan, q, k, v, q_start, k_start, k_pos, lp, sp, o, lse, do, dlse)
+    return _band_backward(plan, q, k, v, q_start, k_start, lp, sp, qseg, kseg, o, lse, do, dlse)
+  return _loop_backward(plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg, o, lse, do,
+                        dlse)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attend(plan, q, k, v, q_start, k_start, k_pos, lp, sp):
-  return _forward(plan, q, k, v, q_start, k_start, k_pos, lp, sp)
+def _attend(plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg):
+  return _forward(plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg)
 
 
-def _attend_fwd(plan, q, k, v, q_start, k_start, k_pos, lp, sp):
-  o, lse = _forward(plan, q, k, v, q_start, k_start, k_pos, lp, sp)
-  return (o, lse), (q, k, v, q_start, k_start, k_pos, lp, sp, o, lse)
+def _attend_fwd(plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg):
+  o, lse = _forward(plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg)
+  return (o, lse), (q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg, o, lse)
 
 
 def _attend_bwd(plan, residuals, cotangents):
-  q, k, v, q_start, k_start, k_pos, lp, sp, o, lse = residuals
+  q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg, o, lse = residuals
   do, dlse = cotangents
   dlse = dlse.astype(F32)
-  dq, dk, dv, dlp, dsp = _backward(plan, q, k, v, q_start, k_start, k_pos, lp, sp, o, lse, do,
-                                   dlse)
-  return dq, dk, dv, None, None, None, dlp, dsp
+  dq, dk, dv, dlp, dsp = _backward(plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg, o,
+                                   lse, do, dlse)
+  return dq, dk, dv, None, None, None, dlp, dsp, None, None
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)
@@ -527,44 +566,56 @@ def _arg(start, static):
   return None if static is not None else jnp.asarray(start, jnp.int32)
 
 
-def _args(plan: Plan, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior):
+def _args(plan: Plan, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, qseg, kseg):
   """`_attend`'s arguments: traced starts only where the plan has no static one; priors float32
   heads-first (`[B, H, Tq]`)."""
   if plan.layout == "BTHK":
     local_prior, skip_prior = _swap(local_prior, skip_prior)
   priors = (None if p is None else p.astype(F32) for p in (local_prior, skip_prior))
-  return (q, k, v, _arg(q_start, plan.q_start), _arg(k_start, plan.k_start), k_positions, *priors)
+  return (q, k, v, _arg(q_start, plan.q_start), _arg(k_start, plan.k_start), k_positions, *priors,
+          qseg, kseg)
 
 
-def attend(plan: Plan, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior):
+def attend(plan: Plan, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
+           q_segments=None, k_segments=None):
   """(o in the plan's layout, lse in the priors' layout: `[B, Tq, H]` for "BTHK")."""
   o, lse = _attend(plan, *_args(plan, q, k, v, q_start, k_start, k_positions, local_prior,
-                                skip_prior))
+                                skip_prior, q_segments, k_segments))
   return o, (jnp.swapaxes(lse, 1, 2) if plan.layout == "BTHK" else lse)
 
 
 def attend_backward(plan: Plan, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
-                    o, lse, do, dlse):
+                    q_segments, k_segments, o, lse, do, dlse):
   """(dq, dk, dv, d local_prior, d skip_prior) of one call at the given o and lse (lse and dlse
   in the priors' layout)."""
   if plan.layout == "BTHK":
     lse, dlse = _swap(lse, dlse)
-  residuals = (*_args(plan, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior),
-               o, lse.astype(F32))
-  dq, dk, dv, _, _, _, dlp, dsp = _attend_bwd(plan, residuals, (do, dlse))
+  residuals = (*_args(plan, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
+                      q_segments, k_segments), o, lse.astype(F32))
+  dq, dk, dv, _, _, _, dlp, dsp, _, _ = _attend_bwd(plan, residuals, (do, dlse))
   if plan.layout == "BTHK":
     dlp, dsp = _swap(dlp, dsp)
   return dq, dk, dv, dlp, dsp
 
 
-def _backend_attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, *,
-                    interpret: bool = False):
-  del interpret  # XLA needs no kernel interpreter
-  plan = plan_for(call.pattern, call.Tq, call.Tk, q_start=q_start, k_start=k_start,
+def _plan(call, q_start, k_start) -> Plan:
+  return plan_for(call.pattern, call.Tq, call.Tk, q_start=q_start, k_start=k_start,
                   explicit=call.explicit, scale=call.scale, layout=call.layout)
-  return attend(plan, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior)
 
 
-backends.register(backends.Backend(
-    name="xla", attend=_backend_attend,
-    doc="the blockwise loop core: every pattern, every platform, O(T) memory"))
+def _backend_attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
+                    q_segments, k_segments, *, interpret: bool = False):
+  del interpret  # XLA needs no kernel interpreter
+  return attend(_plan(call, q_start, k_start), q, k, v, q_start, k_start, k_positions,
+                local_prior, skip_prior, q_segments, k_segments)
+
+
+def _backend_backward(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
+                      q_segments, k_segments, o, lse, do, dlse, *, interpret: bool = False):
+  del interpret
+  return attend_backward(_plan(call, q_start, k_start), q, k, v, q_start, k_start, k_positions,
+                         local_prior, skip_prior, q_segments, k_segments, o, lse, do, dlse)
+
+
+BACKEND = Backend(name="xla", attend=_backend_attend, backward=_backend_backward,
+                  doc="the blockwise loop core: every pattern, every platform, O(T) memory")
