@@ -30,6 +30,7 @@ from efficient_lm import models
 from efficient_lm import sharding
 from efficient_lm import targets
 from efficient_lm import train_step as train_step_lib
+from efficient_lm.ops.core import backends
 from efficient_lm.data import config as data_config
 
 
@@ -65,6 +66,8 @@ def compile_train_step(config: ml_collections.ConfigDict, built):
   StepTooLargeError when the compiler itself finds it cannot fit (a TPU's out of HBM)."""
   abstract_state = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), built.state)
+  backends.FALLBACKS.clear()  # what this step's trace records (the compile report reads them)
+  backends.KERNEL_CALLS.clear()
   lowered = make_train_step(config, built).lower(abstract_state, abstract_batch(config, built.mesh))
   try:
     return lowered.compile()
@@ -114,6 +117,35 @@ def collective_counts(compiled) -> dict[str, int]:
   return {name: counts.get(name, 0) for name in COLLECTIVES}
 
 
+# A kernel's custom call: the TPU's Mosaic kernels (splash), the GPU's Triton kernels and cuDNN.
+_CUSTOM_CALL = re.compile(r"^\s*(?:ROOT )?%?([\w.-]+) = .*?custom-call\(.*?"
+                          r"custom_call_target=\"([^\"]+)\"", re.MULTILINE)
+KERNEL_TARGETS = ("tpu_custom_call", "triton", "cudnn")
+
+
+def kernel_counts(compiled) -> dict[str, int]:
+  """{kernel name: calls} of the attention kernels in the compiled module (the instruction's name
+  without its `.N` suffix, else the custom call's target; GPU kernels prefixed 'triton' or
+  'cudnn'; a call inside a loop body counts once)."""
+  counts = collections.Counter()
+  for name, target in _CUSTOM_CALL.findall(compiled.as_text()):
+    kind = next((word for word in KERNEL_TARGETS if word in target), None)
+    if kind is not None:
+      base = re.sub(r"\.\d+$", "", name)
+      base = target if base.startswith("custom-call") else base
+      counts[base if kind == "tpu_custom_call" or kind in base else f"{kind} {base}"] += 1
+  return dict(sorted(counts.items()))
+
+
+def attention_report() -> dict:
+  """What the last traced step's attention ran on: its kernel calls and tiles as traced
+  (`attention_tiles`), and each call that fell back to the XLA core with the reason."""
+  return {"attention_tiles": {f"{backend}: {what}": n
+                              for (backend, what), n in sorted(backends.KERNEL_CALLS.items())},
+          "attention_fallbacks": [{"backend": backend, "reason": reason, "calls": n}
+                                  for (backend, reason), n in sorted(backends.FALLBACKS.items())]}
+
+
 def report(compiled, config: ml_collections.ConfigDict, built, target=None) -> dict:
   """Per-device bytes of the compiled step (XLA's memory analysis) and of the train state, the
   platform's figure (`per_device_total_bytes`) against what a device has: this host's, or the
@@ -159,6 +191,8 @@ def report(compiled, config: ml_collections.ConfigDict, built, target=None) -> d
   out["per_device_available_bytes"] = available
   out["available_is"] = what
   out["collectives"] = collective_counts(compiled)
+  out["attention_kernels"] = kernel_counts(compiled)
+  out.update(attention_report())
   out["fits"] = available is None or out["per_device_total_bytes"] <= available
   return out
 
@@ -175,7 +209,19 @@ def describe(r: dict) -> str:
           f"temporaries {gib(r['per_device_temp_bytes'])}, arguments "
           f"{gib(r['per_device_argument_bytes'])}, outputs {gib(r['per_device_output_bytes'])}, "
           f"{gib(r['per_device_alias_bytes'])} of them donated); {r['available_is']}: "
-          f"{gib(r['per_device_available_bytes'])}")
+          f"{gib(r['per_device_available_bytes'])}" + attention_line(r))
+
+
+def attention_line(r: dict) -> str:
+  """"; attention: N kernel calls, M fallbacks (why)" of a report, or "" without its fields."""
+  if "attention_kernels" not in r:
+    return ""
+  fallbacks = r["attention_fallbacks"]
+  why = "; ".join(f"{f['calls']} on {f['backend']}: {f['reason']}" for f in fallbacks)
+  kernels = ", ".join(f"{n} {name}" for name, n in r["attention_kernels"].items())
+  return (f"; attention: {sum(r['attention_kernels'].values())} kernel calls"
+          f"{f' ({kernels})' if kernels else ''}, {sum(f['calls'] for f in fallbacks)} fallbacks"
+          f"{f' ({why})' if why else ''}")
 
 
 def fix_hint(r: dict) -> str:

@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from efficient_lm.ops import core
 from efficient_lm.ops.core import backends, splash
 from efficient_lm.ops.pattern import Pattern
-from test_core import random_inputs, value_and_grads
+from test_core import assert_matches, random_inputs, value_and_grads
 
 
 @pytest.fixture(autouse=True)
@@ -163,8 +163,8 @@ def test_fallback_to_xla_names_the_reason():
       "traced key offset": call(k_offset=None),
       "q_align": call(pattern=Pattern.blocks(8), q_align=4),
       "float16": call(dtype="float16"),
-      "keys in one call": call(Tk=70_000),
   }
+  assert splash.unsupported(call(Tk=70_000)) is None  # cut into pieces (below)
   for words, bad in reasons.items():
     reason = splash.unsupported(bad)
     assert reason is not None and words in reason and "\n" not in reason, (words, reason)
@@ -271,3 +271,34 @@ def test_compiles_for_tpu_per_shard_without_gathering():
   assert "all-gather" not in hlo
   local_q = B // 4 * T * H * K * 2
   assert compiled.memory_analysis().argument_size_in_bytes < 4 * local_q + 2 * B * T * H * 4
+
+
+@pytest.mark.parametrize("pattern", fast_first([Pattern.dense(), Pattern.sliding(150),
+                                                Pattern.blocks(128, 1)], keep=(0,)), ids=str)
+def test_a_call_longer_than_one_kernel_call_is_cut_into_pieces(pattern, monkeypatch):
+  """Past `MAX_KEYS` keys (here made 384) a call runs as one kernel call per pair of query and key
+  pieces that sees a key, merged by log-sum-exp: the reference's values and gradients, with a
+  ring step's backward (`core.attend_backward` at the call's own o and lse) too."""
+  monkeypatch.setattr(splash, "MAX_KEYS", 384)
+  monkeypatch.setattr(splash, "PIECE", 128)
+  T = 300
+  assert splash.pieces(T, 128) == [(0, 128), (128, 128), (256, 44)]
+  args, cotangents = random_inputs(T, T, B=1, H=1, seed=21)
+  calls = sum(backends.KERNEL_CALLS.values())
+  assert_matches(attend("splash", pattern), attend("reference", pattern), args, cotangents)
+  seen = sum(backends.KERNEL_CALLS.values()) - calls
+  assert 3 <= seen < 2 * 9  # a causal pair above the diagonal is never called
+  q, k, v = args[:3]
+  o, lse = core.attend(q, k, v, pattern, impl="reference")
+  do = cotangents[0].astype(q.dtype)
+  got = core.attend_backward(q, k, v, pattern, o, lse, do, cotangents[1], impl="splash",
+                             interpret=True)
+  want = core.attend_backward(q, k, v, pattern, o, lse, do, cotangents[1])
+  for g, w in zip(got[:3], want[:3]):
+    np.testing.assert_allclose(g, w, atol=2e-4)
+
+
+def test_tiles_follow_the_pattern():
+  assert [splash.tile(p) for p in (Pattern.dense(), Pattern.sliding(128), Pattern.sliding(129),
+                                   Pattern.blocks(256), Pattern.pi(64, 512, 4), Pattern.sliding(8))
+          ] == [512, 128, 256, 256, 128, 128]

@@ -6,6 +6,7 @@ $EFFICIENT_LM_CUDA_PLUGIN, which keeps its start-up lines out of every other
 test). A test whose extra is missing is skipped and says which.
 """
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -79,6 +80,30 @@ def test_gpu_descriptions_ship_with_the_package():
   text = targets.gpu_description("h200")
   memory = int(re.search(r"device_memory_size:\s*(\d+)", text).group(1))
   assert 140e9 < memory < 152e9 and "cuda_compute_capability { major: 9 minor: 0 }" in text
+
+
+@pytest.mark.slow  # two TPU compiles: ~25 s
+@needs_tpu
+def test_the_report_names_the_kernels_and_the_fallbacks(monkeypatch):
+  """A TPU compile lists the attention kernels of its module by name (the splash forward, dq and
+  dkv) and their tiles as traced, and no fallback; a call the kernel refuses is listed with its
+  reason, and the human line counts both."""
+  from efficient_lm.ops.core import splash  # pylint: disable=import-outside-toplevel
+  config = small("dense", seq_len=1024, batch_size=4, chunk=1024)
+  report, _ = compile_for(config, "tpu:v5e:2x2")
+  names = report["attention_kernels"]
+  assert any("splash_mha_fwd" in n for n in names) and any("splash_mha_dq" in n for n in names)
+  assert report["attention_fallbacks"] == [] and report["attention_tiles"] == {
+      "splash: 512x512 tiles": 1}
+  assert f"attention: {sum(names.values())} kernel calls" in step_memory.describe(report)
+  monkeypatch.setattr(splash, "BACKEND", dataclasses.replace(
+      splash.BACKEND, unsupported=lambda call: "refused for the test"))
+  refused, _ = compile_for(small("dense", seq_len=1024, batch_size=4, chunk=1024), "tpu:v5e:2x2")
+  assert refused["attention_kernels"] == {}
+  assert refused["attention_fallbacks"] == [
+      {"backend": "splash", "reason": "refused for the test", "calls": 1}]
+  assert "0 kernel calls, 1 fallbacks (1 on splash: refused for the test)" in step_memory.describe(
+      refused)
 
 
 @pytest.mark.slow
@@ -205,3 +230,12 @@ def test_compile_only_for_a_gpu_target(tmp_path):
   assert report["num_devices"] == 2 and report["fits"]
   assert report["device_memory_bytes"] == 81559 * 2**20
   assert report["per_device_available_bytes"] == int(0.75 * 81559 * 2**20)
+  assert report["attention_fallbacks"] == [] and report["attention_kernels"]  # the Triton kernel
+  # Dense in bfloat16 trains on cuDNN (no document ids: cuDNN takes none), reported by name.
+  dense = subprocess.run(args[:3] + ["--config=configs/dense.py"] + args[4:] + [
+      "--config.data.document_mask=False"], capture_output=True, text=True, cwd=REPO, env=env,
+      timeout=600)
+  assert dense.returncode == 0, dense.stderr[-2000:]
+  report = json.loads(dense.stdout.strip().splitlines()[-1])
+  assert any("cudnn" in name for name in report["attention_kernels"]), report["attention_kernels"]
+  assert report["attention_fallbacks"] == []

@@ -17,22 +17,22 @@ their union.
     gpu.py       GPU: cuDNN and a Pallas kernel
     reference.py the plain masked softmax (tests)
     skips.py     π's skip keys beside a kernel's local part, merged by log-sum-exp
+    merge.py     attentions over disjoint key sets -> over their union (log-sum-exp)
 
 Memory: O(T) on every backend but `reference`. Logits, softmax, lse and
 priors are float32 whatever the input dtype. See docs/architecture.md,
 "Attention core".
 """
 
-import functools
 
 import jax
 import jax.numpy as jnp
 
 from efficient_lm.ops import precision
 from efficient_lm.ops.core import backends
-from efficient_lm.ops.core import xla
 from efficient_lm.ops.core.backends import FALLBACKS, IMPLS
 from efficient_lm.ops.core.call import Call
+from efficient_lm.ops.core.merge import merge
 from efficient_lm.ops.core.plan import LAYOUTS, MASKED, NO_KEY_LSE, Plan, is_static, plan_for
 from efficient_lm.ops.pattern import Pattern
 
@@ -195,25 +195,6 @@ def _start(name: str, start):
     return int(start)
   except TypeError:
     raise ValueError(f"{name}={start!r} must be an integer or an integer scalar array") from None
-
-
-def merge(parts: list[tuple[jax.Array, jax.Array]]) -> tuple[jax.Array, jax.Array]:
-  """Attention over disjoint key sets -> attention over their union: o = sum_i exp(lse_i - lse) o_i.
-
-  Each part is (o, lse) from `attend` (either layout: lse has o's shape minus
-  the last axis). Rows no part sees keep o = 0 and lse = `NO_KEY_LSE`.
-  """
-  if not parts:
-    raise ValueError("merge needs at least one (o, lse) part")
-  if len(parts) == 1:
-    return parts[0]
-  lses = [lse.astype(F32) for _, lse in parts]
-  peak = jax.lax.stop_gradient(functools.reduce(jnp.maximum, lses))
-  total = functools.reduce(jnp.add, [jnp.exp(lse - peak) for lse in lses])
-  lse = peak + jnp.log(total)
-  o = functools.reduce(jnp.add, [jnp.exp(l - lse)[..., None] * o.astype(F32)
-                                 for (o, _), l in zip(parts, lses)])
-  return o.astype(parts[0][0].dtype), lse
 
 
 __all__ = ["FALLBACKS", "IMPLS", "LAYOUTS", "MASKED", "NO_KEY_LSE", "Call", "Plan", "attend",

@@ -31,8 +31,11 @@ AUTO = {"tpu": "splash", "gpu": "gpu"}      # per platform; anything else: xla
 _MODULES = {name: f"efficient_lm.ops.core.{name}" for name in ("xla", "splash", "gpu", "reference")}
 
 log = logging.getLogger(__name__)
-# Calls a kernel backend handed to xla, traced so far: {(backend, reason): count}.
+# Calls a kernel backend handed to xla, traced so far: {(backend, reason): count}; and the kernel
+# calls traced so far, {(backend, what: the kernel and its tiles): count}. A compile report reads
+# both (reset them before tracing).
 FALLBACKS: collections.Counter = collections.Counter()
+KERNEL_CALLS: collections.Counter = collections.Counter()
 
 
 def get(name: str) -> Backend:
@@ -91,5 +94,5 @@ def choose(impl: str, call: Call) -> Backend:
   return get("xla")
 
 
-__all__ = ["ALIASES", "AUTO", "Backend", "Call", "FALLBACKS", "IMPLS", "canonical", "check",
+__all__ = ["ALIASES", "AUTO", "Backend", "Call", "FALLBACKS", "IMPLS", "KERNEL_CALLS", "canonical", "check",
            "check_patterns", "choose", "get", "resolve"]

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from efficient_lm.ops.core import kernel_mesh, skips
+from efficient_lm.ops.core import backends, kernel_mesh, skips
 from efficient_lm.ops.core.call import Backend, Call
 from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE, cdiv
 from efficient_lm.ops.pattern import Pattern
@@ -104,7 +104,9 @@ def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior
   del k_start, k_positions  # k_start = q_start + call.k_offset; explicit positions run on xla
   if _takes_cudnn(call, q, v, interpret):
     try:  # jax's own checks (cuDNN version, head width) run while the call traces
-      return _cudnn_attend(call, q, k, v), None
+      o = _cudnn_attend(call, q, k, v)
+      backends.KERNEL_CALLS[("gpu", "cudnn")] += 1
+      return o, None
     except NotImplementedError as refusal:
       _log_once(f"attention on the Pallas kernel instead of cuDNN: {refusal}")
   local = lambda q, k, v: _kernel_attend(call, q, k, v, q_start, q_segments, k_segments, interpret)
@@ -552,13 +554,23 @@ def _block(limit: int, length: int, row_bytes: int) -> int:
   return max(16, min(limit, pl.next_power_of_2(length)))
 
 
+def tile(pattern: Pattern) -> int:
+  """The kernel's tile limit for `pattern`: its local reach rounded up to a power of two, between
+  16 (Triton's smallest dot) and `BLOCK_Q`."""
+  reach = pattern.local.reach
+  return BLOCK_Q if reach is None else min(BLOCK_Q, max(16, 1 << reach.bit_length()))
+
+
 def _kernel_for(call: Call, q, v, pattern: Pattern, interpret: bool) -> _Kernel:
   row_bytes = max(q.shape[-1], v.shape[-1]) * jnp.dtype(q.dtype).itemsize
-  return _Kernel(pattern=pattern, scale=call.scale, Tq=call.Tq, Tk=call.Tk,
+  size = tile(pattern)
+  kern = _Kernel(pattern=pattern, scale=call.scale, Tq=call.Tq, Tk=call.Tk,
                  k_offset=call.k_offset, layout=call.layout,
-                 block_q=_block(BLOCK_Q, call.Tq, row_bytes),
-                 block_k=_block(BLOCK_K, call.Tk, row_bytes), interpret=interpret,
+                 block_q=_block(min(BLOCK_Q, size), call.Tq, row_bytes),
+                 block_k=_block(min(BLOCK_K, size), call.Tk, row_bytes), interpret=interpret,
                  segments=call.segments)
+  backends.KERNEL_CALLS[("gpu", f"triton {kern.block_q}x{kern.block_k} tiles")] += 1
+  return kern
 
 
 def _operands(*arrays_and_kinds):

@@ -4,8 +4,10 @@ Contract (`call.Backend`): `attend(call, q, k, v, ...) -> (o, lse)`, differentia
 q, k, v and the priors under cotangents on o and lse; `backward` at a given o and lse (ring
 steps). `unsupported` names the calls it cannot run, which the front door runs on `xla`:
 explicit key positions, a traced k_offset, an unknown block phase, dtypes other than float32 /
-bfloat16, more than `MAX_KEYS` (65,408) keys in one call. π's skips run beside the kernel
-(`skips.attend_with_skips`). Document ids go to the kernel as its `SegmentIds` (the call is
+bfloat16. One kernel call holds at most `MAX_KEYS` (65,408) keys (16-bit bounds): a longer call is
+cut into pieces of queries and keys (`pieces`), one kernel call per piece pair that sees any key,
+merged by log-sum-exp. Tiles follow the pattern's reach (`tile`: 128 to 512). π's skips run beside
+the kernel (`skips.attend_with_skips`). Document ids go to the kernel as its `SegmentIds` (the call is
 then mapped over the batch: one id array per row). `interpret=True` runs the kernels in Pallas
 interpret mode (CPU tests).
 
@@ -15,6 +17,7 @@ Details (the interval mask, the cached block tables, the backward): docs/archite
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -22,8 +25,9 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as sinfo
 
-from efficient_lm.ops.core import kernel_mesh, skips
+from efficient_lm.ops.core import backends, kernel_mesh, skips
 from efficient_lm.ops.core.call import Backend, Call
+from efficient_lm.ops.core.merge import merge
 from efficient_lm.ops.core.plan import NO_KEY_LSE, cdiv
 from efficient_lm.ops.pattern import Pattern
 
@@ -35,6 +39,7 @@ BLOCK_KV = 512
 BLOCK_KV_COMPUTE = 512
 LANES = 128
 MAX_KEYS = (1 << 16) - LANES  # a key bound (0..padded Tk) must fit in 16 bits
+PIECE = MAX_KEYS // BLOCK_KV * BLOCK_KV  # the most keys (and queries) of one call of a long one
 
 DTYPES = ("float32", "bfloat16")
 _MASK_VALUE = sk.DEFAULT_MASK_VALUE
@@ -47,6 +52,23 @@ def pattern_unsupported(pattern: Pattern) -> str | None:
   """None: every `Pattern`'s local part is one key interval per query, and skips run beside."""
   del pattern
   return None
+
+
+def tile(pattern: Pattern) -> int:
+  """The kernel's tile (queries and keys) for `pattern`: its local reach rounded up to a power of
+  two, between 128 (the lanes) and 512; 512 for unbounded reach. A window of 128 then visits two
+  128-key blocks per 128 queries, not two 512-key blocks per 512 queries (4x the work)."""
+  reach = pattern.local.reach
+  return BLOCK_Q if reach is None else min(BLOCK_Q, max(LANES, 1 << reach.bit_length()))
+
+
+def pieces(length: int, unit: int) -> list[tuple[int, int]]:
+  """(start, length) of the pieces one axis of a call is cut into: one piece when the padded
+  length fits one kernel call, else equal pieces of a multiple of `unit`, at most `PIECE`."""
+  if _padded(length, BLOCK_KV) <= MAX_KEYS:
+    return [(0, length)]
+  size = cdiv(cdiv(length, cdiv(length, PIECE)), unit) * unit
+  return [(s, min(size, length - s)) for s in range(0, length, size)]
 
 
 def _block(length: int, limit: int) -> int:
@@ -70,9 +92,6 @@ def unsupported(call: Call) -> str | None:
             f"{call.pattern.block_size} (pass q_align): the mask needs the block phase")
   if call.dtype not in DTYPES:
     return f"dtype {call.dtype}: the kernel takes {', '.join(DTYPES)}"
-  if _padded(call.Tk, _block(call.Tk, BLOCK_KV)) > MAX_KEYS:
-    return (f"Tk={call.Tk} keys in one call: the kernel's packed key bounds hold at most "
-            f"{MAX_KEYS} (padded) keys")
   return pattern_unsupported(call.pattern)
 
 
@@ -345,9 +364,34 @@ def _backward_shard(spec: _Spec, scale: float, layout: str, q, k, v, k_start, qs
 
 def _spec_for(call: Call, pattern: Pattern, interpret: bool) -> _Spec:
   min_key = 0 if call.k_start is None else min(max(0, -call.k_start), call.Tk)
+  size = tile(pattern)
   return _Spec(pattern=pattern, Tq=call.Tq, Tk=call.Tk, k_offset=call.k_offset,
-               phase=call.q_phase, min_key=min_key, bq=_block(call.Tq, BLOCK_Q),
-               bkv=_block(call.Tk, BLOCK_KV), interpret=bool(interpret))
+               phase=call.q_phase, min_key=min_key, bq=_block(call.Tq, size),
+               bkv=_block(call.Tk, size), interpret=bool(interpret))
+
+
+def _piece_pairs(call: Call, pattern: Pattern, interpret: bool):
+  """[(query piece, [(key piece, its call, its spec)])] of `call`: every pair whose mask sees a
+  key (from the static intervals; keys at traced negative positions only see fewer)."""
+  unit = math.lcm(LANES, pattern.block_size or 1)
+  out = []
+  for qs, ql in pieces(call.Tq, unit):
+    pairs = []
+    for ks, kl in pieces(call.Tk, unit):
+      sub = dataclasses.replace(
+          call, Tq=ql, Tk=kl, q_start=None if call.q_start is None else call.q_start + qs,
+          k_start=None if call.k_start is None else call.k_start + ks,
+          k_offset=call.k_offset + ks - qs,
+          q_align=math.gcd(call.q_align, qs) if qs else call.q_align)
+      spec = _spec_for(sub, pattern, interpret)
+      if np.any(_masks(spec).fwd[0]):
+        pairs.append(((ks, kl), sub, spec))
+    out.append(((qs, ql), pairs))
+  return out
+
+
+def _record(spec: _Spec) -> None:
+  backends.KERNEL_CALLS[("splash", f"{spec.bq}x{spec.bkv} tiles")] += 1
 
 
 def _traced_start(call: Call, k_start):
@@ -359,13 +403,36 @@ def _kinds(*arrays_and_kinds):
   return arrays, [kind if a is not None else "none" for a, kind in arrays_and_kinds]
 
 
-def _local_attend(call: Call, q, k, v, k_start, qseg, kseg, interpret: bool):
-  """(o, lse) of the call's local pattern, no priors, per shard."""
-  spec = _spec_for(call, call.pattern.local, interpret)
+def _take(x, start: int, length: int, axis: int):
+  return None if x is None else jax.lax.slice_in_dim(x, start, start + length, axis=axis)
+
+
+def _one_call(call: Call, spec: _Spec, q, k, v, k_start, qseg, kseg):
+  _record(spec)
   fn = functools.partial(_local_shard, spec, call.scale, call.layout)
   arrays, kinds = _kinds((q, "qkv"), (k, "qkv"), (v, "qkv"),
                          (_traced_start(call, k_start), "replicated"), (qseg, "ids"), (kseg, "ids"))
   return kernel_mesh.per_shard(fn, arrays, kinds, ["qkv", "rows"], layout=call.layout)
+
+
+def _local_attend(call: Call, q, k, v, k_start, qseg, kseg, interpret: bool):
+  """(o, lse) of the call's local pattern, no priors, per shard: one kernel call, or one per
+  piece pair of a call longer than one kernel call holds, merged by log-sum-exp."""
+  t = 1 if call.layout == "BTHK" else 2
+  outputs = []
+  for (qs, ql), pairs in _piece_pairs(call, call.pattern.local, interpret):
+    q_p, qseg_p = _take(q, qs, ql, t), _take(qseg, qs, ql, 1)
+    parts = [_one_call(sub, spec, q_p, _take(k, ks, kl, t), _take(v, ks, kl, t),
+                       None if call.k_start is not None else k_start + ks, qseg_p,
+                       _take(kseg, ks, kl, 1)) for (ks, kl), sub, spec in pairs]
+    if not parts:  # no query of the piece sees a key
+      lse = jnp.zeros_like(q_p[..., 0], F32) + NO_KEY_LSE
+      parts = [(jnp.zeros(q_p.shape[:-1] + v.shape[-1:], q.dtype), lse)]
+    outputs.append(merge(parts))
+  if len(outputs) == 1:
+    return outputs[0]
+  return (jnp.concatenate([o for o, _ in outputs], axis=t),
+          jnp.concatenate([lse for _, lse in outputs], axis=t))
 
 
 def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, q_segments,
@@ -389,14 +456,27 @@ def backward(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_pri
     from efficient_lm.ops.core import xla  # pylint: disable=g-import-not-at-top
     return xla.BACKEND.backward(call, q, k, v, q_start, k_start, k_positions, local_prior,
                                 skip_prior, q_segments, k_segments, o, lse, do, dlse)
-  spec = _spec_for(call, call.pattern, interpret)
-  fn = functools.partial(_backward_shard, spec, call.scale, call.layout)
-  arrays, kinds = _kinds((q, "qkv"), (k, "qkv"), (v, "qkv"),
-                         (_traced_start(call, k_start), "replicated"), (q_segments, "ids"),
-                         (k_segments, "ids"), (o, "qkv"), (lse, "rows"), (do, "qkv"),
-                         (dlse, "rows"))
-  dq, dk, dv = kernel_mesh.per_shard(fn, arrays, kinds, ["qkv"] * 3, layout=call.layout)
-  return dq, dk, dv, None, None
+  t = 1 if call.layout == "BTHK" else 2
+  dq_pieces, dk, dv = [], jnp.zeros(k.shape, F32), jnp.zeros(v.shape, F32)
+  for (qs, ql), pairs in _piece_pairs(call, call.pattern, interpret):
+    rows = lambda x: _take(x, qs, ql, t)
+    dq = jnp.zeros(rows(q).shape, F32)
+    for (ks, kl), sub, spec in pairs:
+      cols = lambda x: _take(x, ks, kl, t)
+      _record(spec)
+      fn = functools.partial(_backward_shard, spec, sub.scale, sub.layout)
+      arrays, kinds = _kinds(
+          (rows(q), "qkv"), (cols(k), "qkv"), (cols(v), "qkv"),
+          (None if call.k_start is not None else k_start + ks, "replicated"),
+          (_take(q_segments, qs, ql, 1), "ids"), (_take(k_segments, ks, kl, 1), "ids"),
+          (rows(o), "qkv"), (rows(lse), "rows"), (rows(do), "qkv"), (rows(dlse), "rows"))
+      g_q, g_k, g_v = kernel_mesh.per_shard(fn, arrays, kinds, ["qkv"] * 3, layout=call.layout)
+      dq = dq + g_q.astype(F32)
+      dk = jax.lax.dynamic_update_slice_in_dim(dk, cols(dk) + g_k.astype(F32), ks, axis=t)
+      dv = jax.lax.dynamic_update_slice_in_dim(dv, cols(dv) + g_v.astype(F32), ks, axis=t)
+    dq_pieces.append(dq)
+  dq = jnp.concatenate(dq_pieces, axis=t) if len(dq_pieces) > 1 else dq_pieces[0]
+  return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
 
 
 BACKEND = Backend(

@@ -1,0 +1,47 @@
+"""The model FLOPs of a train step, counted analytically, and accelerators' peak rates: MFU.
+
+`step_flops(config, num_params)`: 6 FLOPs per parameter and trained token (forward and backward
+matmuls) plus attention's: 12 FLOPs per visible (query, key) pair, head width and head (q.k and
+p.v, forward and backward: 2 + 2 + 4 + 4), every layer's pairs counted exactly from its pattern
+(O(T) work; the Perceiver-AR family's counted as if every position were a query: an upper bound).
+Rematerialization's recomputation is not counted (model FLOPs, not hardware FLOPs).
+`peak_flops(device_kind)`: the vendor's dense bfloat16 rate, None for an unknown device or a CPU.
+"""
+
+import numpy as np
+
+from efficient_lm.ops.pattern import Pattern
+
+PEAK_BF16_TFLOPS = {  # by jax device_kind prefix (vendor figures, dense bfloat16)
+    "NVIDIA H100": 989, "NVIDIA H200": 989, "NVIDIA A100": 312, "NVIDIA B200": 2250,
+    "TPU v5 lite": 197, "TPU v5p": 459, "TPU v5": 459, "TPU v6 lite": 918, "TPU v4": 275}
+
+
+def peak_flops(device_kind: str) -> float | None:
+  """FLOP/s of one device of `device_kind` (dense bfloat16), or None when unknown."""
+  for prefix, tflops in sorted(PEAK_BF16_TFLOPS.items(), key=lambda kv: -len(kv[0])):
+    if device_kind.startswith(prefix):
+      return tflops * 1e12
+  return None
+
+
+def visible_pairs(pattern: Pattern, T: int) -> int:
+  """Query-key pairs a causal `pattern` lets attend over a sequence of T (exact, O(T) work)."""
+  p = np.arange(T, dtype=np.int64)
+  lo = np.zeros(T, np.int64)
+  if pattern.window is not None:
+    lo = np.maximum(lo, p - pattern.window + 1)
+  if pattern.block_size is not None:
+    lo = np.maximum(lo, (p // pattern.block_size - pattern.lookback) * pattern.block_size)
+  return int(np.sum(p - lo + 1)) + sum(max(0, T - d) for d in pattern.skips)
+
+
+def step_flops(config, num_params: int, patterns: list[Pattern]) -> float:
+  """Model FLOPs of one train step of `config` (every sequence of the global batch), given its
+  parameter count and its layers' attention patterns (the last one repeated for the rest)."""
+  T, B = config.data.seq_len, config.data.batch_size
+  H = config.model.num_heads
+  K = config.model.d_model // H
+  layers = [patterns[min(i, len(patterns) - 1)] for i in range(config.model.num_layers)]
+  attention = sum(12 * visible_pairs(p, T) * K * H for p in layers)
+  return float(6 * num_params * T * B + attention * B)
