@@ -8,7 +8,9 @@ keep their config values. The train step (forward, backward, AdamW update) is
 the one `efficient_lm.train` runs, on random tokens. Reported: median step time
 over --repeats after compilation, tokens/s, the compiled step's temporary memory
 (`compiled.memory_analysis()`) and FLOPs (`train_step_flops`: the cost analysis
-with every layer counted), and each figure relative to the first config.
+with every layer counted), and each figure relative to the first config. `--documents=0,8`
+measures every config without document ids and with 8 equal documents a row (`segment_ids`, as
+`data.document_mask` trains), side by side.
 """
 
 import argparse
@@ -27,8 +29,9 @@ from efficient_lm import train_step
 from experiments.common import load_config
 
 
-def compile_train_step(config, *, seed: int = 0):
-  """The train step `efficient_lm.train` runs, compiled for `config` on random tokens.
+def compile_train_step(config, *, seed: int = 0, documents: int = 0):
+  """The train step `efficient_lm.train` runs, compiled for `config` on random tokens (with
+  `documents` > 0, cut into that many equal documents a row by `segment_ids`).
 
   Returns (compiled, state, batch, memory_analysis, cost_analysis); shared by the
   benchmark harness and the paper tables.
@@ -40,6 +43,8 @@ def compile_train_step(config, *, seed: int = 0):
   rng = np.random.default_rng(seed)
   tokens = rng.integers(0, V, (B, T + 1)).astype(np.int32)
   batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": np.ones((B, T), np.float32)}
+  if documents:
+    batch["segment_ids"] = np.broadcast_to(np.arange(T) * documents // T, (B, T)).astype(np.int32)
   compiled = step.lower(state, batch).compile()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -119,12 +124,13 @@ def time_steps(compiled, state, batch, repeats: int, give_up_seconds: float = fl
   return times
 
 
-def measure(spec: str, args) -> dict:
+def measure(spec: str, args, documents: int = 0) -> dict:
   config = load_config(spec)
   apply_settings(config, args)
-  compiled, state, batch, memory, cost = compile_train_step(config)
+  compiled, state, batch, memory, cost = compile_train_step(config, documents=documents)
   seconds = statistics.median(time_steps(compiled, state, batch, args.repeats))
-  return {"config": spec, "model": config.model.name, "step_seconds": seconds,
+  label = spec + (f" ({documents} documents)" if documents else "")
+  return {"config": label, "model": config.model.name, "step_seconds": seconds,
           "tokens_per_sec": args.batch_size * args.seq_len / seconds,
           "temp_bytes": getattr(memory, "temp_size_in_bytes", float("nan")),
           "flops": train_step_flops(config)}
@@ -140,15 +146,19 @@ def main():
   parser.add_argument("--num_heads", type=int, default=4)
   parser.add_argument("--vocab_size", type=int, default=8192)
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--documents", default="0",
+                      help="comma list of document counts a row (0: no document ids)")
+  parser.add_argument("--json", default="", help="also write the rows to this file")
   parser.add_argument("--set", action="append", default=[],
                       help="model field override for every config that has the field, e.g. --set window=128")
   args = parser.parse_args()
   rows = []
   for spec in args.configs.split(","):
-    rows.append(measure(spec, args))
-    r = rows[-1]
-    print(f"{spec}: {r['tokens_per_sec']:,.0f} tokens/s, temp {r['temp_bytes'] / 2**20:,.1f} MiB, "
-          f"{r['flops'] / 1e9:,.1f} GFLOP", flush=True)
+    for documents in map(int, args.documents.split(",")):
+      rows.append(measure(spec, args, documents))
+      r = rows[-1]
+      print(f"{r['config']}: {r['tokens_per_sec']:,.0f} tokens/s, temp {r['temp_bytes'] / 2**20:,.1f} "
+            f"MiB, {r['flops'] / 1e9:,.1f} GFLOP", flush=True)
   base = rows[0]
   print(f"\nT={args.seq_len} B={args.batch_size} d_model={args.d_model} layers={args.num_layers} "
         f"heads={args.num_heads} vocab={args.vocab_size}; median of {args.repeats} steps\n")
@@ -158,6 +168,10 @@ def main():
     print(f"| {r['config']} | {r['tokens_per_sec']:,.0f} | {r['tokens_per_sec'] / base['tokens_per_sec']:.2f} | "
           f"{r['temp_bytes'] / 2**20:,.1f} | {r['temp_bytes'] / base['temp_bytes']:.2f} | "
           f"{r['flops'] / 1e9:,.1f} | {r['flops'] / base['flops']:.2f} |")
+  if args.json:
+    import json  # pylint: disable=import-outside-toplevel
+    with open(args.json, "w", encoding="utf-8") as f:
+      json.dump({"settings": vars(args), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
