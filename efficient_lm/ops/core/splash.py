@@ -20,6 +20,7 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as sinfo
 
+from efficient_lm import jax_compat
 from efficient_lm.ops.core import backends, kernel_mesh, skips
 from efficient_lm.ops.core.plan import NO_KEY_LSE, cdiv
 from efficient_lm.ops.pattern import Pattern
@@ -57,6 +58,8 @@ def _padded(length: int, block: int) -> int:
 
 def unsupported(call: backends.Call) -> str | None:
   """Why the splash backend cannot run `call` (the front door then runs `xla`), or None."""
+  if (missing := jax_compat.splash_missing()) is not None:  # this jax lacks the kernels' pieces
+    return missing
   if call.explicit:
     return ("explicit key positions (decoding caches): the kernel places keys at "
             "k_start + arange(Tk)")
@@ -223,7 +226,7 @@ def _empty(bounds: jax.Array) -> jax.Array:
 
 
 def _forward(spec: _Spec, q, k, v, bounds):
-  o, (lse,) = sk._splash_attention_forward(  # pylint: disable=protected-access
+  o, (lse,) = jax_compat.splash_forward(
       _info(_masks(spec).fwd, bounds), q, k, v, None, None, mask_value=_MASK_VALUE,
       is_mqa=False, block_sizes=spec.block_sizes, residual_checkpoint_name=None,
       save_residuals=True, mask_function=_interval_mask, interpret=spec.interpret)
@@ -253,11 +256,11 @@ def _splash_bwd(spec: _Spec, residuals, cotangents):
                 q_layout=_LAYOUT, k_layout=_LAYOUT, v_layout=_LAYOUT,
                 mask_function=_interval_mask, interpret=spec.interpret)
   sizes = spec.block_sizes
-  _, dk, dv = sk._splash_attention_bwd_dkv(  # pylint: disable=protected-access
+  _, dk, dv = jax_compat.splash_bwd_dkv(
       q, k, v, None, None, lse, do, di, bq=sizes.block_q_dkv, bkv=sizes.block_kv_dkv,
       bkv_compute=sizes.block_kv_dkv_compute, mask_info=_info(masks.dkv, bounds),
       use_fused_bwd_kernel=False, **common)
-  dq = sk._splash_attention_bwd_dq(  # pylint: disable=protected-access
+  dq = jax_compat.splash_bwd_dq(
       q, k, v, None, None, lse, do, di, bq=sizes.block_q_dq, bkv=sizes.block_kv_dq,
       mask_info=_info(masks.fwd, bounds), **common)
   return dq, dk, dv, None
