@@ -326,8 +326,9 @@ COMPILE_SCRIPT = textwrap.dedent('''
 
 def test_compiles_for_an_h200_from_this_host():
   """The package's H200 description (`targets/gpu/h200.txtpb`) through the CUDA plugin."""
-  present = importlib.util.find_spec("jax_cuda12_plugin") is not None or bool(
-      CUDA_PLUGIN and importlib.machinery.PathFinder.find_spec("jax_cuda12_plugin", [CUDA_PLUGIN]))
+  names = ("jax_cuda12_plugin", "jax_cuda13_plugin")  # CUDA 12 or 13
+  present = any(importlib.util.find_spec(n) is not None or bool(
+      CUDA_PLUGIN and importlib.machinery.PathFinder.find_spec(n, [CUDA_PLUGIN])) for n in names)
   if not present:
     pytest.skip("the CUDA plugin is not installed: pip install -e '.[gpu]' (or point "
                 "$EFFICIENT_LM_CUDA_PLUGIN at a folder holding it)")
