@@ -266,6 +266,14 @@ def _chunk_pieces(C: int, layout: str) -> list[tuple[int, int]]:
   return [(0, C)] if layout == "natural" else [(0, C // 2), (C // 2, C // 2)]
 
 
+def _add_rows(x_BC, rows: slice, update_BC: jax.Array) -> jax.Array:
+  """x_BC with `update_BC` added at x_BC[:, rows] (a static slice), as a dynamic-update-slice:
+  `.at[:, rows].add` is a scatter whose empty index constant, inside a custom VJP under
+  shard_map, crashes jaxlib 0.11.2's partitioner (Shardy)."""
+  current = jax.lax.slice_in_dim(x_BC, rows.start, rows.stop, axis=1)
+  return jax.lax.dynamic_update_slice_in_dim(x_BC, current + update_BC, rows.start, axis=1)
+
+
 def causal_attention(q_BTHK, k_BTHK, v_BTHK, *, scale: float | None = None,
                      mesh: jax.sharding.Mesh, axis_name: str = "context",
                      layout: str = "natural") -> jax.Array:
@@ -350,9 +358,9 @@ def causal_attention(q_BTHK, k_BTHK, v_BTHK, *, scale: float | None = None,
         dq, dk, dv, _, _ = core.attend_backward(
             q_BCHK[:, rows], k_BCHK[:, cols], v_BCHK[:, cols], dense, o_BCHK[:, rows],
             lse_BCH[:, rows], do_BCHK[:, rows], q_start=q_start, k_start=k_start, scale=scale)
-        dq_BCHK = dq_BCHK.at[:, rows].add(dq.astype(jnp.float32))
-        dk_BCHK = dk_BCHK.at[:, cols].add(dk.astype(jnp.float32))
-        dv_BCHK = dv_BCHK.at[:, cols].add(dv.astype(jnp.float32))
+        dq_BCHK = _add_rows(dq_BCHK, rows, dq.astype(jnp.float32))
+        dk_BCHK = _add_rows(dk_BCHK, cols, dk.astype(jnp.float32))
+        dv_BCHK = _add_rows(dv_BCHK, cols, dv.astype(jnp.float32))
       return dq_BCHK, (k_BCHK, v_BCHK, dk_BCHK, dv_BCHK)
 
     def step_and_pass(s, carry):
