@@ -10,6 +10,7 @@ run keeps the rows that finished.
 """
 # pylint: disable=protected-access
 
+import importlib.util
 import json
 import os
 import shutil
@@ -208,7 +209,8 @@ def test_a_train_step_that_fails_is_an_error_row():
 def test_the_check_imports_no_data_pipeline(device_env, tmp_path):
   """What the check imports, under the GPU machine's absences (ml-collections from here)."""
   site = tmp_path / "site"
-  shutil.copytree(os.path.dirname(__import__("ml_collections").__file__), site / "ml_collections")
+  shutil.copytree(os.path.dirname(importlib.util.find_spec("ml_collections").origin),
+                  site / "ml_collections")
   code = ("import sys; from experiments import accelerator_check, accelerator_backends, "
           "accelerator_step; accelerator_check.start('cpu'); "
           "accelerator_step.config_for('ecp', 256, type('A', (), dict(vocab_size=512, d_model=64, "
@@ -272,3 +274,38 @@ def test_a_killed_run_keeps_the_rows_that_finished(tmp_path):
   summary = json.loads(out.read_text())
   assert summary["status"] == "running" and len(summary["backends"]) >= 2
   assert all(r["ok"] for r in summary["backends"])
+
+
+# The kernels a compiled module calls.
+
+def test_kernel_calls_classifies_custom_call_targets():
+  from experiments.kernel_calls import kernel_calls  # pylint: disable=import-outside-toplevel
+  text = "\n".join([
+      '%a = custom-call(%q), custom_call_target="__cudnn$fmhaSoftmax"',
+      '%b = custom-call(%q), custom_call_target="__cudnn$fmhaSoftmaxBackward"',
+      '%c = custom-call(%q), custom_call_target="__gpu$xla.gpu.triton"',
+      '%d = custom-call(%q), custom_call_target="tpu_custom_call"',
+      '%e = custom-call(%q), custom_call_target="Sharding"'])
+  assert kernel_calls(text) == {"cudnn": 2, "triton": 1, "tpu": 1}
+  assert kernel_calls("") == {"cudnn": 0, "triton": 0, "tpu": 0}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not installed: pip install -e '.[tpu]'")
+def test_kernel_calls_counts_splash_compiled_for_a_tpu():
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from efficient_lm import targets  # pylint: disable=import-outside-toplevel
+  from efficient_lm.ops import core  # pylint: disable=import-outside-toplevel
+  from efficient_lm.ops.pattern import Pattern  # pylint: disable=import-outside-toplevel
+  from experiments.kernel_calls import kernel_calls  # pylint: disable=import-outside-toplevel
+  target = targets.load("tpu:v5e:1x1")
+  mesh = jax.sharding.Mesh(np.array(target.devices), ("data",))
+  spec = jax.ShapeDtypeStruct((1, 1024, 2, 128), jnp.bfloat16,
+                              sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+  loss = lambda q, k, v: jnp.sum(core.attend(q, k, v, Pattern.sliding(256), impl="splash",
+                                             with_lse=False)[0].astype(jnp.float32))
+  with jax.set_mesh(mesh):
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(spec, spec, spec).compile().as_text()
+  assert kernel_calls(text) == {"cudnn": 0, "triton": 0, "tpu": 3}  # forward, dk / dv, dq
