@@ -16,9 +16,10 @@ calls it with) and otherwise falls back, named in `missing()`:
     tpu_library_path()
         libtpu's path (`jax._src.xla_bridge.get_tpu_library_path`). Fallback: TPU_LIBRARY_PATH,
         else libtpu's own `get_library_path()`.
-    classic_cpu_emitters_flag()
-        the XLA flag for the classic CPU fusion emitters (the tests' compile mode), which
-        jaxlib 0.11 no longer knows (an unknown XLA_FLAGS entry aborts the process).
+    classic_cpu_emitters_flag(), warns_of_full_rematerialization()
+        what XLA does differently by jaxlib version: the classic CPU fusion emitters' flag (the
+        tests' compile mode), which jaxlib 0.11 no longer knows (an unknown XLA_FLAGS entry
+        aborts the process); the partitioner's rematerialization warning, gone in 0.11.
 
 `report()` names the versions and anything missing in one line (the device check's first step).
 jax is imported lazily: tests/conftest.py reads the flag before jax starts.
@@ -77,12 +78,25 @@ def supported(version: str) -> bool:
   return bool(release)
 
 
-# The XLA flag of the tests' compile mode.
+def jaxlib_release() -> tuple[int, ...]:
+  """The installed jaxlib's (major, minor, patch), () if unknown (read without importing jax)."""
+  return _release(_version("jaxlib"))
+
+
+# What XLA does differently by version (the tests' compile mode, the partitioner's warnings).
 
 def classic_cpu_emitters_flag() -> str:
   """'--xla_cpu_use_fusion_emitters=false' where the installed jaxlib knows it (< 0.11), else ''."""
-  jaxlib = _release(_version("jaxlib"))
+  jaxlib = jaxlib_release()
   return "--xla_cpu_use_fusion_emitters=false" if jaxlib and jaxlib < (0, 11) else ""
+
+
+def warns_of_full_rematerialization() -> bool:
+  """Whether XLA logs "Involuntary full rematerialization" when it replicates an array to
+  reshard it: jaxlib < 0.11. From 0.11 the partitioner (Shardy) inserts the same collectives
+  without the warning."""
+  jaxlib = jaxlib_release()
+  return bool(jaxlib) and jaxlib < (0, 11)
 
 
 # Splash.

@@ -101,13 +101,14 @@ def test_the_report_names_what_is_missing(monkeypatch):
   assert "get_concrete_mesh is absent" in line and "cuDNN capability checks" in line
 
 
-def test_classic_cpu_emitters_flag_follows_jaxlib(monkeypatch):
+def test_xla_differences_follow_jaxlib(monkeypatch):
   for version, flag in (("0.10.2", "--xla_cpu_use_fusion_emitters=false"), ("0.11.2", ""),
                         ("0.12.0.dev20260101", "")):
     monkeypatch.setattr(jax_compat, "_version", lambda name, v=version: v)
     assert jax_compat.classic_cpu_emitters_flag() == flag
+    assert jax_compat.warns_of_full_rematerialization() == bool(flag)
   monkeypatch.setattr(jax_compat, "_version", lambda name: None)
-  assert jax_compat.classic_cpu_emitters_flag() == ""
+  assert jax_compat.classic_cpu_emitters_flag() == "" and jax_compat.jaxlib_release() == ()
 
 
 # Splash.
