@@ -16,6 +16,10 @@ row, so a run cut short keeps what finished; `status` stays "running" then):
    (`experiments/accelerator_step.py`), so each peak is that step's alone; ascending T, what
    does not fit in `--budget_seconds` is skipped (said so in the row and the last line).
 
+This process never starts a jax backend (a TPU is held by one process at a time): steps 2 and 3
+run in a child (`--part=attention`) that prints `DEVICE {json}` and `ROW <section> {json}` lines
+(or one `FAIL ...` / `NONE ...` line), which this process writes into the JSON as they come.
+
 Exit status: 0 all passed, or no accelerator (jax itself reports none and none is visible);
 1 a row failed (a backend off the reference, cuDNN not serving, a model that does not compile
 or run); 2 jax or the library cannot start, or a visible GPU / TPU that jax does not start.
@@ -27,7 +31,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+
+from experiments.accelerator_step import MODELS, peak_tflops
 
 EXIT_FAILED, EXIT_CANNOT_START = 1, 2
 ACCELERATORS = ("cuda", "rocm", "tpu")
@@ -89,8 +96,6 @@ def start(platform: str | None):
   when jax reports no accelerator and none is visible."""
   if platform == "cpu":
     os.environ["JAX_PLATFORMS"] = "cpu"
-  else:  # this process holds little; each train step's own process allocates as a run does
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
   try:
     import jax  # pylint: disable=import-outside-toplevel
   except Exception as error:  # pylint: disable=broad-except
@@ -127,12 +132,9 @@ def run_step(name: str, T: int, args, deadline: float) -> dict:
              f"--seq_len={T}", f"--d_model={args.d_model}", f"--num_layers={args.num_layers}",
              f"--num_heads={args.num_heads}", f"--vocab_size={args.vocab_size}",
              f"--repeats={args.repeats}"]
-  env = dict(os.environ)
-  if args.platform != "cpu":
-    env.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)  # as a user's run: jax's default
   start_time = time.perf_counter()
   try:
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=left)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=left)
   except subprocess.TimeoutExpired:
     return {"model": name, "seq_len": T, "skipped": f"out of time (stopped after {left:.0f} s)"}
   rows = [line[4:] for line in done.stdout.splitlines() if line.startswith("ROW ")]
@@ -156,6 +158,56 @@ def describe_step(r: dict) -> str:
   return r.get("error") or r.get("skipped", "")
 
 
+def attention_part(args) -> int:
+  """Steps 2 and 3 in this (child) process: `DEVICE` / `ROW` lines, or one `FAIL` / `NONE` line."""
+  say = lambda line: print(line, flush=True)
+  try:
+    jax, device = start(args.platform)
+  except CannotStart as error:
+    say(f"FAIL {error}")
+    return EXIT_CANNOT_START
+  if device is None:
+    say(f"NONE jax devices: {', '.join(sorted({d.platform for d in jax.devices()}))}")
+    return 0
+  from efficient_lm import targets  # pylint: disable=import-outside-toplevel
+  from experiments import accelerator_backends  # pylint: disable=import-outside-toplevel
+  platform = targets.platform_of([device])
+  say("DEVICE " + json.dumps({"device": device.device_kind, "platform": platform}))
+  emit = lambda section: lambda row: say(f"ROW {section} {json.dumps(row)}")
+  quick = platform == "cpu"
+  accelerator_backends.backend_rows(platform, quick, emit("backends"))
+  accelerator_backends.cudnn_rows(platform, quick, emit("cudnn"))
+  if quick:
+    accelerator_backends.cudnn_aot_rows(quick, emit("cudnn_aot"))
+  return 0
+
+
+def attention_lines(args, timeout: float):
+  """The stdout lines of the attention part's process as they come (its stderr passes through),
+  then one `EXIT <status>` line; killed after `timeout` seconds (`EXIT timeout`)."""
+  command = [sys.executable, "-m", "experiments.accelerator_check", "--part=attention"]
+  command += [f"--platform={args.platform}"] if args.platform else []
+  process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
+  killed = threading.Event()
+
+  def kill():
+    killed.set()
+    process.kill()
+
+  timer = threading.Timer(max(timeout, 1.0), kill)
+  timer.start()
+  try:
+    for line in process.stdout:
+      yield line.rstrip("\n")
+    status = process.wait()
+  finally:
+    timer.cancel()
+    if process.poll() is None:  # the caller stopped reading
+      process.kill()
+      process.wait()
+  yield "EXIT timeout" if killed.is_set() else f"EXIT {status}"
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--platform", default=os.environ.get("ACCELERATOR_CHECK_PLATFORM") or None,
@@ -172,62 +224,72 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--budget_seconds", type=float, default=float(
       os.environ.get("ACCELERATOR_CHECK_BUDGET", 470)))
+  parser.add_argument("--part", choices=["attention"], help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
+  if args.part == "attention":
+    return attention_part(args)
   began = time.time()
-  quick = args.platform == "cpu"
-  if quick:
+  if args.platform == "cpu":  # the whole path at tiny sizes
     args.seq_lens, args.d_model, args.num_layers, args.num_heads = "256", 64, 2, 2
     args.vocab_size, args.repeats = 512, 1
   say = lambda line: print(line, flush=True)
-  try:
-    jax, device = start(args.platform)
-    from efficient_lm import jax_compat, targets  # pylint: disable=import-outside-toplevel
-    from experiments import accelerator_backends, accelerator_step  # pylint: disable=import-outside-toplevel
-  except CannotStart as error:
-    say(f"accelerator_check: FAIL: {error}")
+  try:  # jax imports here, but no backend starts in this process
+    import jax  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  except Exception as error:  # pylint: disable=broad-except
+    say(f"accelerator_check: FAIL: jax cannot be imported by {sys.executable}: {one_line(error)}")
     return EXIT_CANNOT_START
+  from efficient_lm import jax_compat  # pylint: disable=import-outside-toplevel
   versions = jax_compat.report()
   say(f"accelerator_check: {jax_compat.report_line(versions)}")
-  if device is None:
-    say(f"accelerator_check: no GPU or TPU here (jax devices: "
-        f"{', '.join(sorted({d.platform for d in jax.devices()}))}); nothing to check.")
-    return 0
-  platform = targets.platform_of([device])
-  summary = Summary(args.out, versions=versions, device=device.device_kind, platform=platform,
-                    command=" ".join([os.path.basename(sys.executable), "-m",
-                                      "experiments.accelerator_check", *(argv or sys.argv[1:])]),
-                    settings={k: getattr(args, k) for k in ("seq_lens", "d_model", "num_layers",
-                                                            "num_heads", "vocab_size", "repeats",
-                                                            "budget_seconds")})
-  peak = accelerator_step.peak_tflops(device.device_kind)
-  say(f"accelerator_check: {device.device_kind} ({platform}), peak bf16 "
-      f"{'unknown' if peak is None else f'{peak:.0f} TFLOP/s'}; rows in {args.out}")
-  failures = []
-
-  def row_of(section: str, describe):
-    def emit(row):
-      summary.add(section, row)
-      say(f"  {section}: {describe(row)}" + ("" if row.get("ok", True) else
-                                              "  FAIL: " + "; ".join(row["problems"])))
-      if not row.get("ok", True):
-        failures.append(f"{section} {describe(row)}: {'; '.join(row['problems'])}")
-    return emit
-
+  summary, failures = None, []
+  deadline = began + args.budget_seconds
   short = lambda r: {k: r[k] for k in ("o", "lse", "grads") if k in r}
   errors = lambda r: " ".join(f"{k} {v:.1e}" for k, v in short(r).items())
-  accelerator_backends.backend_rows(platform, quick, row_of(
-      "backends", lambda r: f"{r['pattern']} {r['impl']} {r['dtype']} {r['shape']}: {errors(r)}"))
-  accelerator_backends.cudnn_rows(platform, quick, row_of(
-      "cudnn", lambda r: f"{r['call']} {r['shape']} on {r['path']}: {errors(r)} "
-                         f"{r.get('kernels', '')}"))
-  if quick:
-    accelerator_backends.cudnn_aot_rows(quick, row_of(
-        "cudnn_aot", lambda r: f"{r['call']} {r.get('shape', '')} for {r['aot']}: "
-                               f"{r.get('kernels', r.get('skipped', ''))}"))
-  deadline = began + args.budget_seconds
+  describe = {
+      "backends": lambda r: f"{r['pattern']} {r['impl']} {r['dtype']} {r['shape']}: {errors(r)}",
+      "cudnn": lambda r: f"{r['call']} {r['shape']} on {r['path']}: {errors(r)} {r.get('kernels', '')}",
+      "cudnn_aot": lambda r: f"{r['call']} {r.get('shape', '')} for {r['aot']}: "
+                             f"{r.get('kernels', r.get('skipped', ''))}"}
+  for line in attention_lines(args, deadline - time.time()):
+    kind, _, rest = line.partition(" ")
+    if kind == "FAIL":
+      say(f"accelerator_check: FAIL: {rest}")
+      return EXIT_CANNOT_START
+    if kind == "NONE":
+      say(f"accelerator_check: no GPU or TPU here ({rest}); nothing to check.")
+      return 0
+    if kind == "DEVICE":
+      found = json.loads(rest)
+      summary = Summary(args.out, versions=versions, **found, command=" ".join(
+          [os.path.basename(sys.executable), "-m", "experiments.accelerator_check",
+           *(argv if argv is not None else sys.argv[1:])]), settings={
+               k: getattr(args, k) for k in ("seq_lens", "d_model", "num_layers", "num_heads",
+                                             "vocab_size", "repeats", "budget_seconds")})
+      peak = peak_tflops(found["device"])
+      say(f"accelerator_check: {found['device']} ({found['platform']}), peak bf16 "
+          f"{'unknown' if peak is None else f'{peak:.0f} TFLOP/s'}; rows in {args.out}")
+    elif kind == "ROW" and summary is not None:
+      section, _, text = rest.partition(" ")
+      row = json.loads(text)
+      summary.add(section, row)
+      say(f"  {section}: {describe[section](row)}"
+          + ("" if row["ok"] else "  FAIL: " + "; ".join(row["problems"])))
+      if not row["ok"]:
+        failures.append(f"{section} {describe[section](row)}: {'; '.join(row['problems'])}")
+    elif kind == "EXIT" and rest != "0":
+      why = "stopped: out of time" if rest == "timeout" else f"process exited with {rest}"
+      if summary is None:
+        say(f"accelerator_check: FAIL: the attention checks' {why} before naming a device")
+        return EXIT_CANNOT_START
+      failures.append(f"the attention checks' {why}")
+    elif kind != "EXIT":
+      say(line)
+  if summary is None:
+    say("accelerator_check: FAIL: the attention checks named no device")
+    return EXIT_CANNOT_START
   steps = []
   for T in sorted(map(int, args.seq_lens.split(","))):
-    for name in accelerator_step.MODELS:
+    for name in MODELS:
       row = run_step(name, T, args, deadline)
       steps.append(row)
       summary.add("train_steps", row)

@@ -117,9 +117,10 @@ def test_a_library_that_cannot_import_fails_in_one_line(device_env):
   """As on the GPU machine without the carried wheels: ml-collections is missing."""
   done = run_script(device_env(ACCELERATOR_CHECK_PLATFORM="cpu"))
   assert done.returncode == 2, done
-  assert lines(done.stdout) == ["accelerator_check: FAIL: the library cannot be imported: "
-                                "ModuleNotFoundError: No module named 'ml_collections' (carried in "
-                                ".whl only)"], done
+  first, last = lines(done.stdout)  # the version report, then the failure
+  assert first.startswith("accelerator_check: jax ") and first.endswith("; missing: none")
+  assert last == ("accelerator_check: FAIL: the library cannot be imported: ModuleNotFoundError: "
+                  "No module named 'ml_collections' (carried in .whl only)"), done
 
 
 def test_without_an_accelerator_it_says_so_and_exits_0(tmp_path):
@@ -154,15 +155,12 @@ def test_a_visible_gpu_that_jax_does_not_start_fails(monkeypatch):
 
 
 def test_failed_rows_exit_1_with_one_line_and_are_in_the_json(tmp_path, monkeypatch, capsys):
-  from experiments import accelerator_backends, accelerator_check  # pylint: disable=import-outside-toplevel
-
-  def disagreeing(platform, quick, emit):
-    emit({"pattern": "sliding(32)", "impl": "gpu", "dtype": "bfloat16", "shape": [1, 96, 2, 16],
-          "o": 0.5, "lse": 0.0, "grads": 0.0, "ok": False, "problems": ["o error 5.0e-01"]})
-
-  monkeypatch.setattr(accelerator_backends, "backend_rows", disagreeing)
-  monkeypatch.setattr(accelerator_backends, "cudnn_rows", lambda *a: None)
-  monkeypatch.setattr(accelerator_backends, "cudnn_aot_rows", lambda *a: None)
+  from experiments import accelerator_check  # pylint: disable=import-outside-toplevel
+  bad = {"pattern": "sliding(32)", "impl": "gpu", "dtype": "bfloat16", "shape": [1, 96, 2, 16],
+         "o": 0.5, "lse": 0.0, "grads": 0.0, "ok": False, "problems": ["o error 5.0e-01"]}
+  lines_of_the_part = ['DEVICE {"device": "cpu", "platform": "cpu"}', "ROW backends " + json.dumps(bad),
+                       "EXIT 0"]
+  monkeypatch.setattr(accelerator_check, "attention_lines", lambda args, timeout: lines_of_the_part)
   monkeypatch.setattr(accelerator_check, "run_step", lambda name, T, args, deadline: (
       {"model": name, "seq_len": T, "error": "XlaRuntimeError: cannot compile"} if name == "ecp"
       else {"model": name, "seq_len": T, "skipped": "out of time"}))
@@ -172,9 +170,26 @@ def test_failed_rows_exit_1_with_one_line_and_are_in_the_json(tmp_path, monkeypa
   assert last.startswith("accelerator_check: FAIL: 2 failed: backends sliding(32) gpu bfloat16")
   assert last.endswith(f"(and 1 more in {out})")
   summary = json.loads(out.read_text())
-  assert summary["status"] == "failed" and summary["skipped"] == 5
+  assert summary["status"] == "failed" and summary["skipped"] == 5 and summary["backends"] == [bad]
   assert summary["failures"][1] == "train step ecp T=256: XlaRuntimeError: cannot compile"
   assert summary["versions"]["jax"] and summary["versions"]["missing"] == []
+  # The attention part's process dying before it names a device: one line, status 2.
+  monkeypatch.setattr(accelerator_check, "attention_lines", lambda args, timeout: ["EXIT -9"])
+  assert accelerator_check.main(["--platform=cpu", f"--out={out}"]) == 2
+  assert lines(capsys.readouterr().out)[-1] == ("accelerator_check: FAIL: the attention checks' "
+                                                "process exited with -9 before naming a device")
+
+
+def test_the_attention_part_streams_its_rows(monkeypatch, capsys):
+  """The child side: `DEVICE`, then a `ROW` line per row, as each is emitted."""
+  from experiments import accelerator_backends, accelerator_check  # pylint: disable=import-outside-toplevel
+  row = {"call": "dense causal", "shape": [1, 128, 2, 64], "ok": True, "problems": []}
+  monkeypatch.setattr(accelerator_backends, "backend_rows", lambda platform, quick, emit: None)
+  monkeypatch.setattr(accelerator_backends, "cudnn_rows", lambda platform, quick, emit: emit(row))
+  monkeypatch.setattr(accelerator_backends, "cudnn_aot_rows", lambda quick, emit: None)
+  assert accelerator_check.main(["--part=attention", "--platform=cpu"]) == 0
+  assert lines(capsys.readouterr().out) == ['DEVICE {"device": "cpu", "platform": "cpu"}',
+                                            "ROW cudnn " + json.dumps(row)]
 
 
 def test_the_summary_is_complete_json_after_every_row(tmp_path):
