@@ -173,6 +173,8 @@ def attention_part(args) -> int:
   from experiments import accelerator_backends  # pylint: disable=import-outside-toplevel
   platform = targets.platform_of([device])
   say("DEVICE " + json.dumps({"device": device.device_kind, "platform": platform}))
+  if args.steps_only:
+    return 0
   emit = lambda section: lambda row: say(f"ROW {section} {json.dumps(row)}")
   quick = platform == "cpu"
   accelerator_backends.backend_rows(platform, quick, emit("backends"))
@@ -187,6 +189,7 @@ def attention_lines(args, timeout: float):
   then one `EXIT <status>` line; killed after `timeout` seconds (`EXIT timeout`)."""
   command = [sys.executable, "-m", "experiments.accelerator_check", "--part=attention"]
   command += [f"--platform={args.platform}"] if args.platform else []
+  command += ["--steps_only"] if args.steps_only else []
   process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
   killed = threading.Event()
 
@@ -224,6 +227,8 @@ def main(argv=None) -> int:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--budget_seconds", type=float, default=float(
       os.environ.get("ACCELERATOR_CHECK_BUDGET", 470)))
+  parser.add_argument("--steps_only", action="store_true",
+                      help="skip the attention rows (a second run for train steps skipped for time)")
   parser.add_argument("--part", choices=["attention"], help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.part == "attention":

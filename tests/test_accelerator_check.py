@@ -190,6 +190,8 @@ def test_the_attention_part_streams_its_rows(monkeypatch, capsys):
   assert accelerator_check.main(["--part=attention", "--platform=cpu"]) == 0
   assert lines(capsys.readouterr().out) == ['DEVICE {"device": "cpu", "platform": "cpu"}',
                                             "ROW cudnn " + json.dumps(row)]
+  assert accelerator_check.main(["--part=attention", "--platform=cpu", "--steps_only"]) == 0
+  assert lines(capsys.readouterr().out) == ['DEVICE {"device": "cpu", "platform": "cpu"}']
 
 
 def test_the_summary_is_complete_json_after_every_row(tmp_path):
