@@ -16,9 +16,20 @@ def read_version() -> str:
   return match.group(1)
 
 
-# One jax for the library and its accelerator extras: the TPU (splash) and GPU (Pallas, cuDNN)
-# attention backends use kernel code of this exact version.
-JAX = "0.10.2"
+def read_jax_requirement() -> str:
+  """The jax versions the library is tested with: `JAX_REQUIREMENT` in efficient_lm/jax_compat.py
+  (the one module that touches jax's private API), read as text."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "efficient_lm", "jax_compat.py")
+  with open(path, encoding="utf-8") as f:
+    match = re.search(r'^JAX_REQUIREMENT = "([^"]+)"$', f.read(), re.MULTILINE)
+  if match is None:
+    raise RuntimeError(f"no JAX_REQUIREMENT = \"...\" line in {path}")
+  return match.group(1)
+
+
+# jax 0.10.2 through 0.11.x. The accelerator extras go through jax's own extras, which pin
+# jaxlib, libtpu and the CUDA plugin to the exact jax version pip picks: one version throughout.
+JAX = read_jax_requirement()
 
 setuptools.setup(
     name="efficient_lm",
@@ -32,7 +43,7 @@ setuptools.setup(
     package_data={"efficient_lm.targets": ["gpu/*.txtpb"]},  # GPU descriptions for --target
     python_requires=">=3.10",
     install_requires=[
-        f"jax=={JAX}",
+        f"jax{JAX}",
         "flax>=0.12.4",
         "optax>=0.2.5",
         "orbax-checkpoint>=0.11.20",
@@ -52,11 +63,12 @@ setuptools.setup(
         "test": ["pytest>=8.0", "pytest-xdist>=3.5",
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],  # the notebook tests
         # Compile for (and run on) TPUs: libtpu. `--target=tpu:...` works from any host with it.
-        "tpu": [f"jax[tpu]=={JAX}"],
+        "tpu": [f"jax[tpu]{JAX}"],
         # Run on NVIDIA GPUs, or compile for them from any host (`--target=gpu:...`): the CUDA
         # plugin and libraries (a compile-only host needs jax-cuda12-plugin, jax-cuda12-pjrt,
-        # nvidia-cuda-nvcc-cu12 and nvidia-cudnn-cu12 of them).
-        "gpu": [f"jax[cuda12]=={JAX}"],
+        # nvidia-cuda-nvcc-cu12 and nvidia-cudnn-cu12 of them). `gpu-cuda13`: CUDA 13 drivers.
+        "gpu": [f"jax[cuda12]{JAX}"],
+        "gpu-cuda13": [f"jax[cuda13]{JAX}"],
     },
     entry_points={
         "console_scripts": [

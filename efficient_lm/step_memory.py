@@ -118,23 +118,36 @@ def collective_counts(compiled) -> dict[str, int]:
 
 
 # A kernel's custom call: the TPU's Mosaic kernels (splash), the GPU's Triton kernels and cuDNN.
-_CUSTOM_CALL = re.compile(r"^\s*(?:ROOT )?%?([\w.-]+) = .*?custom-call\(.*?"
+_CUSTOM_CALL = re.compile(r"^\s*(?:ROOT )?%?([\w.$-]+) = .*?custom-call\(.*?"
                           r"custom_call_target=\"([^\"]+)\"", re.MULTILINE)
-KERNEL_TARGETS = ("tpu_custom_call", "triton", "cudnn")
+KERNEL_KINDS = {"tpu_custom_call": "tpu", "triton": "triton", "cudnn": "cudnn"}  # target word -> kind
+
+
+def _kernels(hlo_text: str):
+  """(kind, name) of every attention-kernel custom call of a compiled module's text."""
+  for name, target in _CUSTOM_CALL.findall(hlo_text):
+    word = next((w for w in KERNEL_KINDS if w in target), None)
+    if word is not None:
+      base = re.sub(r"\.\d+$", "", name)
+      base = target if base.startswith("custom-call") else base
+      kind = KERNEL_KINDS[word]
+      yield kind, base if kind == "tpu" or kind in base else f"{kind} {base}"
 
 
 def kernel_counts(compiled) -> dict[str, int]:
   """{kernel name: calls} of the attention kernels in the compiled module (the instruction's name
   without its `.N` suffix, else the custom call's target; GPU kernels prefixed 'triton' or
   'cudnn'; a call inside a loop body counts once)."""
-  counts = collections.Counter()
-  for name, target in _CUSTOM_CALL.findall(compiled.as_text()):
-    kind = next((word for word in KERNEL_TARGETS if word in target), None)
-    if kind is not None:
-      base = re.sub(r"\.\d+$", "", name)
-      base = target if base.startswith("custom-call") else base
-      counts[base if kind == "tpu_custom_call" or kind in base else f"{kind} {base}"] += 1
-  return dict(sorted(counts.items()))
+  text = compiled if isinstance(compiled, str) else compiled.as_text()
+  return dict(sorted(collections.Counter(name for _, name in _kernels(text)).items()))
+
+
+def kernel_kinds(hlo_text: str) -> dict[str, int]:
+  """{'cudnn' | 'triton' | 'tpu': calls} of the attention kernels in a compiled module's text."""
+  counts = dict.fromkeys(("cudnn", "triton", "tpu"), 0)
+  for kind, _ in _kernels(hlo_text):
+    counts[kind] += 1
+  return counts
 
 
 def attention_report() -> dict:

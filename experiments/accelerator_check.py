@@ -1,259 +1,322 @@
-"""On a lent GPU or TPU, in one short run: the attention backends against the reference, then
-train-step speed of every model against dense, MFU, and peak memory against the compiled estimate.
+"""The device check: on a lent GPU or TPU, in one short run, with only what the device has.
 
-    bash experiments/accelerator_check.sh            # what a lent device runs (under 8 minutes)
-    python -m experiments.accelerator_check --quick  # tiny sizes on any platform (the test runs it)
+    bash experiments/accelerator_check.sh     # what a device runs (docs/accelerators.md)
+    ACCELERATOR_CHECK_PLATFORM=cpu bash experiments/accelerator_check.sh   # the whole path, tiny, on CPU
 
-1. Backends on the device: `core.attend` on `auto` (splash on TPU, gpu on GPU) and on `xla`
-   against a float32 masked reference at full matmul precision, float32 and bfloat16, values,
-   lse and the gradients of q, k, v and the priors (cotangents on o and lse), for dense
-   causal, a sliding window, blocks with lookback and π.
-2. Train steps (`step_memory.compile_train_step`: the step `efficient_lm.train` runs), bfloat16,
-   B=1, d_model 1024, 4 layers, 8 heads, vocab 8192, remat 'block', every config's sequence
-   and loss chunks: π, the sliding window, BCMT, HOnly and ECP with `attention_impl='auto'`,
-   against dense with 'auto', at T = 4K, 32K and 128K; tokens/s, the ratio to dense at the same
-   T, MFU = analytic model FLOPs / step time / the chip's peak, and the device's peak bytes in
-   use against the compiled step's estimate (`step_memory.report`). A shape that does not fit,
-   or does not finish in the time left, is reported, not fatal.
+Steps, each written as it completes (the JSON file is rewritten whole, atomically, after every
+row, so a run cut short keeps what finished; `status` stays "running" then):
 
-Model FLOPs: 6 x parameters x tokens, plus attention's 12 x (visible query-key pairs) x head
-width x heads per layer (the forward's two matmuls, the backward's four). Writes one JSON summary
-(`--out`, default experiments/results/accelerator_check_<platform>.json) and prints a table.
+1. versions: Python, jax, jaxlib, the accelerator plugins, and the private jax features this
+   jax lacks (`efficient_lm.jax_compat.report_line`), in one line.
+2. the device: the first of cuda, rocm, tpu that jax starts (`--platform` / the environment's
+   ACCELERATOR_CHECK_PLATFORM picks one, `cpu` included).
+3. backends (`accelerator_backends.backend_rows`), then cudnn (`cudnn_rows`; on CPU also
+   `cudnn_aot_rows`): against a float32 reference.
+4. train steps: every model at each T (`--seq_lens`), each in its own process
+   (`experiments/accelerator_step.py`), so each peak is that step's alone; ascending T, what
+   does not fit in `--budget_seconds` is skipped (said so in the row and the last line).
+
+This process never starts a jax backend (a TPU is held by one process at a time): steps 2 and 3
+run in a child (`--part=attention`) that prints `DEVICE {json}` and `ROW <section> {json}` lines
+(or one `FAIL ...` / `NONE ...` line), which this process writes into the JSON as they come.
+
+Exit status: 0 all passed, or no accelerator (jax itself reports none and none is visible);
+1 a row failed (a backend off the reference, cuDNN not serving, a model that does not compile
+or run); 2 jax or the library cannot start, or a visible GPU / TPU that jax does not start.
+Failures end in one line `accelerator_check: FAIL: ...`.
 """
 
 import argparse
 import json
 import os
-import statistics
+import subprocess
 import sys
+import threading
 import time
-import traceback
 
-import jax
-import jax.numpy as jnp
-import numpy as np
+from experiments.accelerator_step import MODELS, peak_tflops
 
-from efficient_lm import models, sharding, step_memory, targets, train_state
-from efficient_lm.ops import attention, core
-from efficient_lm.ops.core import backends
-from efficient_lm.ops.pattern import Pattern
-from experiments.common import REPO, load_config
-
-PEAK_BF16_TFLOPS = {  # by jax device_kind prefix (vendor figures, dense bfloat16)
-    "NVIDIA H100": 989, "NVIDIA H200": 989, "NVIDIA A100": 312, "NVIDIA B200": 2250,
-    "TPU v5 lite": 197, "TPU v5p": 459, "TPU v5": 459, "TPU v6 lite": 918, "TPU v4": 275}
-
-MODELS = [("pi_attention", "configs/pi_attention.py"), ("sliding_window", "configs/sliding_window.py"),
-          ("bcmt", "configs/bcmt.py"), ("honly", "configs/bcmt.py:honly"), ("ecp", "configs/ecp.py"),
-          ("dense", "configs/dense.py")]
+EXIT_FAILED, EXIT_CANNOT_START = 1, 2
+ACCELERATORS = ("cuda", "rocm", "tpu")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def peak_tflops(kind: str) -> float | None:
-  for prefix, tflops in sorted(PEAK_BF16_TFLOPS.items(), key=lambda kv: -len(kv[0])):
-    if kind.startswith(prefix):
-      return float(tflops)
-  return None
+class CannotStart(Exception):
+  """jax or the library cannot start (the message is one line)."""
 
 
-# 1. Backends against the reference.
-
-def reference(q, k, v, pattern, lp, sp):
-  return core.attend(*(x.astype(jnp.float32) for x in (q, k, v)), pattern, impl="reference",
-                     local_prior=lp, skip_prior=sp)
+def one_line(error: BaseException) -> str:
+  text = str(error).strip()
+  return f"{type(error).__name__}: {text.splitlines()[0][:300]}" if text else type(error).__name__
 
 
-def _values_and_grads(fn, args, cot_o, cot_lse):
-  def loss(*a):
-    o, lse = fn(*a)
-    return jnp.sum(o.astype(jnp.float32) * cot_o) + jnp.sum(lse * cot_lse), (o, lse)
-  argnums = tuple(i for i, a in enumerate(args) if a is not None)
-  (_, (o, lse)), grads = jax.jit(jax.value_and_grad(loss, argnums=argnums, has_aux=True))(*args)
-  return o, lse, grads
+class Summary:
+  """The JSON summary at `path`: sections of rows, rewritten whole after every change (a temp
+  file flushed and renamed over it), so the file is always complete JSON."""
+
+  def __init__(self, path: str, **fields):
+    self.path = path
+    self.data = {"status": "running", **fields}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    self.write()
+
+  def set(self, **fields) -> None:
+    self.data.update(fields)
+    self.write()
+
+  def add(self, section: str, row: dict) -> None:
+    self.data.setdefault(section, []).append(row)
+    self.write()
+
+  def write(self) -> None:
+    tmp = self.path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(self.data, f, indent=1)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, self.path)
 
 
-def _rel(a, b) -> float:
-  a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
-  return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
+def visible_hardware() -> list[str]:
+  """Device files of GPUs / TPUs this machine shows, whatever jax says."""
+  found = []
+  for folder, prefix in (("/dev", "nvidia"), ("/dev", "accel"), ("/dev", "kfd")):
+    try:
+      names = os.listdir(folder)
+    except OSError:
+      continue
+    found += [os.path.join(folder, n) for n in sorted(names)
+              if n.startswith(prefix) and (prefix != "nvidia" or n[len(prefix):].isdigit())]
+  return found
 
 
-def check_backends(platform: str, shapes, patterns) -> list[dict]:
-  rows = []
-  impls = sorted({backends.resolve("auto", platform), "xla"})
-  with jax.default_matmul_precision("highest"):
-    for dtype, tol in ((jnp.float32, 2e-4), (jnp.bfloat16, 3e-2)):
-      for name, pattern in patterns.items():
-        for B, T, H, K in shapes:
-          keys = jax.random.split(jax.random.key(T + H), 6)
-          q, k, v = (jax.random.normal(kk, (B, T, H, K), jnp.float32).astype(dtype)
-                     for kk in keys[:3])
-          lp = sp = None
-          if pattern.skips:
-            lp, sp = attention.gate_priors(gate_logits_BTH=jax.random.normal(keys[3], (B, T, H)))
-          cot_o = jax.random.normal(keys[4], (B, T, H, K))
-          cot_lse = jax.random.normal(keys[5], (B, T, H))
-          f32 = tuple(None if a is None else a.astype(jnp.float32) for a in (q, k, v, lp, sp))
-          ro, rlse, rg = _values_and_grads(lambda *a, p=pattern: reference(*a[:3], p, *a[3:]),
-                                           f32, cot_o, cot_lse)
-          for impl in impls:
-            fast = lambda q, k, v, lp, sp, p=pattern, i=impl: core.attend(
-                q, k, v, p, local_prior=lp, skip_prior=sp, impl=i)
-            fallbacks = sum(core.FALLBACKS.values())
-            o, lse, g = _values_and_grads(fast, (q, k, v, lp, sp), cot_o, cot_lse)
-            errors = (_rel(o, ro), _rel(lse, rlse), max(_rel(a, b) for a, b in zip(g, rg)))
-            rows.append({"pattern": name, "impl": impl, "dtype": jnp.dtype(dtype).name,
-                         "shape": [B, T, H, K], "o": errors[0], "lse": errors[1],
-                         "grads": errors[2], "fell_back": sum(core.FALLBACKS.values()) > fallbacks,
-                         "ok": errors[0] <= tol and errors[1] <= tol and errors[2] <= 5 * tol})
-  return rows
-
-
-# 2. Train steps.
-
-def visible_pairs(pattern: Pattern, T: int) -> int:
-  """Query-key pairs `pattern` lets attend over a sequence of T (exact, O(T) work)."""
-  p = np.arange(T, dtype=np.int64)
-  lo = np.zeros(T, np.int64)
-  if pattern.window is not None:
-    lo = np.maximum(lo, p - pattern.window + 1)
-  if pattern.block_size is not None:
-    lo = np.maximum(lo, (p // pattern.block_size - pattern.lookback) * pattern.block_size)
-  return int(np.sum(p - lo + 1)) + sum(max(0, T - d) for d in pattern.skips)
-
-
-def model_flops(config, num_params: int) -> float:
-  T, H = config.data.seq_len, config.model.num_heads
-  K = config.model.d_model // H
-  patterns = list(models.attention_patterns(config.model))
-  layers = [patterns[min(i, len(patterns) - 1)] for i in range(config.model.num_layers)]
-  attention_flops = sum(12 * visible_pairs(p, T) * K * H for p in layers)
-  return 6.0 * num_params * T * config.data.batch_size + attention_flops * config.data.batch_size
-
-
-def config_for(spec: str, T: int, args):
-  config = load_config(spec)
-  config.data.update(seq_len=T, batch_size=1, vocab_size=args.vocab_size)
-  config.model.update(d_model=args.d_model, num_layers=args.num_layers, num_heads=args.num_heads,
-                      dtype="bfloat16", remat="block", attention_impl="auto")
-  config.mesh.update(data=1, fsdp=1, tensor=1, context=1)
-  if config.model.name == "ecp":
-    config.model.num_segments = max(1, T // 256)
-  if config.model.get("seq_chunk", 0):
-    config.model.seq_chunk = min(config.model.seq_chunk, T)
-  config.train.loss_chunk = min(config.train.loss_chunk, T)
-  return config
-
-
-def time_model(name: str, spec: str, T: int, args, deadline: float) -> dict:
-  row = {"model": name, "seq_len": T}
-  left = deadline - time.time()
-  if left < 30:
-    return {**row, "skipped": "out of time"}
+def start(platform: str | None):
+  """(jax, device): jax imported, the library importable, the device found. CannotStart when
+  jax or the library cannot start or a visible accelerator has no jax backend; (jax, None)
+  when jax reports no accelerator and none is visible."""
+  if platform == "cpu":
+    os.environ["JAX_PLATFORMS"] = "cpu"
   try:
-    config = config_for(spec, T, args)
-    built = train_state.build(config, sharding.single_device_mesh())
-    compiled = step_memory.compile_train_step(config, built)
-    estimate = step_memory.report(compiled, config, built)
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, args.vocab_size, (1, T + 1)).astype(np.int32)
-    batch = sharding.shard_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
-                                  "weights": np.ones((1, T), np.float32)}, built.mesh)
-    state = built.state
-    state, metrics = compiled(state, batch)  # warm-up
-    jax.block_until_ready(metrics)
-    times = []
-    for _ in range(args.repeats):
-      if time.time() + (times[-1] if times else 0) > deadline:
-        break
-      start = time.perf_counter()
-      state, metrics = compiled(state, batch)
-      jax.block_until_ready(metrics)
-      times.append(time.perf_counter() - start)
-    seconds = statistics.median(times) if times else float("nan")
-    stats = jax.local_devices()[0].memory_stats() or {}
-    flops = model_flops(config, built.num_params)
-    peak = peak_tflops(jax.local_devices()[0].device_kind)
-    row.update(step_seconds=seconds, tokens_per_sec=T / seconds, model_tflop=flops / 1e12,
-               mfu=(flops / seconds / (peak * 1e12)) if peak else None,
-               attention_backend=estimate["attention_backend"],
-               estimate_bytes=estimate["per_device_total_bytes"],
-               peak_bytes_in_use=stats.get("peak_bytes_in_use"), loss=float(metrics["loss"]))
-  except Exception as error:  # pylint: disable=broad-except  (reported, not fatal)
-    message = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-    row["error"] = message
-    traceback.print_exc(limit=2)
+    import jax  # pylint: disable=import-outside-toplevel
+  except Exception as error:  # pylint: disable=broad-except
+    raise CannotStart(f"jax cannot be imported by {sys.executable}: {one_line(error)}") from None
+  try:
+    import efficient_lm.models  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    import efficient_lm.step_memory  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    from experiments import accelerator_backends  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  except Exception as error:  # pylint: disable=broad-except
+    raise CannotStart(f"the library cannot be imported: {one_line(error)}") from None
+  if platform == "cpu":
+    return jax, jax.devices("cpu")[0]
+  errors = {}
+  for name in ([{"gpu": "cuda"}.get(platform, platform)] if platform else ACCELERATORS):
+    try:
+      return jax, jax.devices(name)[0]
+    except RuntimeError as error:
+      errors[name] = one_line(error)
+  why = "; ".join(f"{k}: {v}" for k, v in errors.items())
+  if platform:
+    raise CannotStart(f"platform {platform} asked for, but jax starts no {platform} backend ({why})")
+  hardware = visible_hardware()
+  if hardware:
+    raise CannotStart(f"{', '.join(hardware)} present but jax starts no accelerator backend ({why})")
+  return jax, None
+
+
+def run_step(name: str, T: int, args, deadline: float) -> dict:
+  """One train step row from its own process (`accelerator_step`), or a skip / error row."""
+  left = deadline - time.time()
+  if left < 20:
+    return {"model": name, "seq_len": T, "skipped": "out of time"}
+  command = [sys.executable, "-m", "experiments.accelerator_step", f"--model={name}",
+             f"--seq_len={T}", f"--d_model={args.d_model}", f"--num_layers={args.num_layers}",
+             f"--num_heads={args.num_heads}", f"--vocab_size={args.vocab_size}",
+             f"--repeats={args.repeats}"]
+  start_time = time.perf_counter()
+  try:
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=left)
+  except subprocess.TimeoutExpired:
+    return {"model": name, "seq_len": T, "skipped": f"out of time (stopped after {left:.0f} s)"}
+  rows = [line[4:] for line in done.stdout.splitlines() if line.startswith("ROW ")]
+  if rows:
+    row = json.loads(rows[-1])
+  else:
+    tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+    row = {"model": name, "seq_len": T, "error": f"its process exited with {done.returncode}: {tail}"}
+  if "error" in row:
+    sys.stderr.write(done.stderr[-3000:])
+  row["process_seconds"] = time.perf_counter() - start_time
   return row
+
+
+def describe_step(r: dict) -> str:
+  if "tokens_per_sec" in r and "error" not in r:
+    gib = lambda b: "-" if b is None else f"{b / 2**30:.2f} GiB"
+    mfu = "-" if r.get("mfu") is None else f"{r['mfu']:.1%}"
+    return (f"{r['tokens_per_sec']:,.0f} tokens/s, MFU {mfu}, estimate {gib(r['estimate_bytes'])},"
+            f" peak {gib(r['peak_bytes_in_use'])}, kernels {r['attention_kernels']}")
+  return r.get("error") or r.get("skipped", "")
+
+
+def attention_part(args) -> int:
+  """Steps 2 and 3 in this (child) process: `DEVICE` / `ROW` lines, or one `FAIL` / `NONE` line."""
+  say = lambda line: print(line, flush=True)
+  try:
+    jax, device = start(args.platform)
+  except CannotStart as error:
+    say(f"FAIL {error}")
+    return EXIT_CANNOT_START
+  if device is None:
+    say(f"NONE jax devices: {', '.join(sorted({d.platform for d in jax.devices()}))}")
+    return 0
+  from efficient_lm import targets  # pylint: disable=import-outside-toplevel
+  from experiments import accelerator_backends  # pylint: disable=import-outside-toplevel
+  platform = targets.platform_of([device])
+  say("DEVICE " + json.dumps({"device": device.device_kind, "platform": platform}))
+  if args.steps_only:
+    return 0
+  emit = lambda section: lambda row: say(f"ROW {section} {json.dumps(row)}")
+  quick = platform == "cpu"
+  accelerator_backends.backend_rows(platform, quick, emit("backends"))
+  accelerator_backends.cudnn_rows(platform, quick, emit("cudnn"))
+  if quick:
+    accelerator_backends.cudnn_aot_rows(quick, emit("cudnn_aot"))
+  return 0
+
+
+def attention_lines(args, timeout: float):
+  """The stdout lines of the attention part's process as they come (its stderr passes through),
+  then one `EXIT <status>` line; killed after `timeout` seconds (`EXIT timeout`)."""
+  command = [sys.executable, "-m", "experiments.accelerator_check", "--part=attention"]
+  command += [f"--platform={args.platform}"] if args.platform else []
+  command += ["--steps_only"] if args.steps_only else []
+  process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
+  killed = threading.Event()
+
+  def kill():
+    killed.set()
+    process.kill()
+
+  timer = threading.Timer(max(timeout, 1.0), kill)
+  timer.start()
+  try:
+    for line in process.stdout:
+      yield line.rstrip("\n")
+    status = process.wait()
+  finally:
+    timer.cancel()
+    if process.poll() is None:  # the caller stopped reading
+      process.kill()
+      process.wait()
+  yield "EXIT timeout" if killed.is_set() else f"EXIT {status}"
 
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--quick", action="store_true", help="tiny sizes, any platform (tests)")
+  parser.add_argument("--platform", default=os.environ.get("ACCELERATOR_CHECK_PLATFORM") or None,
+                      choices=["cpu", "gpu", "cuda", "rocm", "tpu"],
+                      help="default: the first accelerator jax starts; cpu: the whole path, tiny")
+  parser.add_argument("--out", default=os.path.join(os.environ.get("OUT") or
+                                                    os.path.join(REPO, "runs", "accelerator_check"),
+                                                    "accelerator_check.json"))
   parser.add_argument("--seq_lens", default="4096,32768,131072")
   parser.add_argument("--d_model", type=int, default=1024)
   parser.add_argument("--num_layers", type=int, default=4)
   parser.add_argument("--num_heads", type=int, default=8)
   parser.add_argument("--vocab_size", type=int, default=8192)
   parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--budget_seconds", type=float, default=440.0)
-  parser.add_argument("--out", default="")
+  parser.add_argument("--budget_seconds", type=float, default=float(
+      os.environ.get("ACCELERATOR_CHECK_BUDGET", 470)))
+  parser.add_argument("--steps_only", action="store_true",
+                      help="skip the attention rows (a second run for train steps skipped for time)")
+  parser.add_argument("--part", choices=["attention"], help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
-  start = time.time()
-  device = jax.local_devices()[0]
-  platform = targets.platform_of([device])
-  shapes = [(2, 1024, 4, 64), (1, 2048, 8, 128), (1, 1000, 2, 64)]
-  patterns = {"dense causal": Pattern.dense(), "sliding(256)": Pattern.sliding(256),
-              "blocks(128, lookback 1)": Pattern.blocks(128, 1),
-              "pi(128, 256, 3 skips)": Pattern.pi(128, 256, 3)}
-  if args.quick:
-    shapes = [(1, 200, 2, 16)]
-    patterns = {"sliding(32)": Pattern.sliding(32), "pi(16, 32, 3 skips)": Pattern.pi(16, 32, 3)}
-    args.seq_lens, args.d_model, args.num_layers, args.num_heads = "512", 64, 2, 2
+  if args.part == "attention":
+    return attention_part(args)
+  began = time.time()
+  if args.platform == "cpu":  # the whole path at tiny sizes
+    args.seq_lens, args.d_model, args.num_layers, args.num_heads = "256", 64, 2, 2
     args.vocab_size, args.repeats = 512, 1
-  print(f"accelerator_check on {device.device_kind} ({platform}), peak bf16 "
-        f"{peak_tflops(device.device_kind)} TFLOP/s", flush=True)
-  summary = {"device": device.device_kind, "platform": platform,
-             "command": "python -m experiments.accelerator_check " + " ".join(argv or sys.argv[1:])}
-  if platform == "cpu" and not args.quick:
-    print("accelerator_check: no GPU or TPU here; nothing to check (--quick runs tiny sizes on CPU)")
-    return 0
-  summary["backends"] = check_backends(platform, shapes, patterns)
-  for r in summary["backends"]:
-    print(f"  {r['pattern']:<24}{r['impl']:>7}{r['dtype']:>9}{str(r['shape']):>20}"
-          f"{r['o']:>10.1e}{r['lse']:>10.1e}{r['grads']:>10.1e}"
-          + ("  (fell back to xla)" if r["fell_back"] else "") + ("" if r["ok"] else "  FAIL"))
-  deadline = start + args.budget_seconds
-  rows = []
-  for T in map(int, args.seq_lens.split(",")):
-    for name, spec in MODELS:
-      rows.append(time_model(name, spec, T, args, deadline))
-      print(f"  {name} T={T}: " + (f"{rows[-1]['tokens_per_sec']:,.0f} tokens/s"
-                                   if "tokens_per_sec" in rows[-1] else
-                                   rows[-1].get("error", rows[-1].get("skipped", ""))), flush=True)
-  dense = {r["seq_len"]: r.get("tokens_per_sec") for r in rows if r["model"] == "dense"}
-  for r in rows:
+  say = lambda line: print(line, flush=True)
+  try:  # jax imports here, but no backend starts in this process
+    import jax  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  except Exception as error:  # pylint: disable=broad-except
+    say(f"accelerator_check: FAIL: jax cannot be imported by {sys.executable}: {one_line(error)}")
+    return EXIT_CANNOT_START
+  from efficient_lm import jax_compat  # pylint: disable=import-outside-toplevel
+  versions = jax_compat.report()
+  say(f"accelerator_check: {jax_compat.report_line(versions)}")
+  summary, failures = None, []
+  deadline = began + args.budget_seconds
+  short = lambda r: {k: r[k] for k in ("o", "lse", "grads") if k in r}
+  errors = lambda r: " ".join(f"{k} {v:.1e}" for k, v in short(r).items())
+  describe = {
+      "backends": lambda r: f"{r['pattern']} {r['impl']} {r['dtype']} {r['shape']}: {errors(r)}",
+      "cudnn": lambda r: f"{r['call']} {r['shape']} on {r['path']}: {errors(r)} {r.get('kernels', '')}",
+      "cudnn_aot": lambda r: f"{r['call']} {r.get('shape', '')} for {r['aot']}: "
+                             f"{r.get('kernels', r.get('skipped', ''))}"}
+  for line in attention_lines(args, deadline - time.time()):
+    kind, _, rest = line.partition(" ")
+    if kind == "FAIL":
+      say(f"accelerator_check: FAIL: {rest}")
+      return EXIT_CANNOT_START
+    if kind == "NONE":
+      say(f"accelerator_check: no GPU or TPU here ({rest}); nothing to check.")
+      return 0
+    if kind == "DEVICE":
+      found = json.loads(rest)
+      summary = Summary(args.out, versions=versions, **found, command=" ".join(
+          [os.path.basename(sys.executable), "-m", "experiments.accelerator_check",
+           *(argv if argv is not None else sys.argv[1:])]), settings={
+               k: getattr(args, k) for k in ("seq_lens", "d_model", "num_layers", "num_heads",
+                                             "vocab_size", "repeats", "budget_seconds")})
+      peak = peak_tflops(found["device"])
+      say(f"accelerator_check: {found['device']} ({found['platform']}), peak bf16 "
+          f"{'unknown' if peak is None else f'{peak:.0f} TFLOP/s'}; rows in {args.out}")
+    elif kind == "ROW" and summary is not None:
+      section, _, text = rest.partition(" ")
+      row = json.loads(text)
+      summary.add(section, row)
+      say(f"  {section}: {describe[section](row)}"
+          + ("" if row["ok"] else "  FAIL: " + "; ".join(row["problems"])))
+      if not row["ok"]:
+        failures.append(f"{section} {describe[section](row)}: {'; '.join(row['problems'])}")
+    elif kind == "EXIT" and rest != "0":
+      why = "stopped: out of time" if rest == "timeout" else f"process exited with {rest}"
+      if summary is None:
+        say(f"accelerator_check: FAIL: the attention checks' {why} before naming a device")
+        return EXIT_CANNOT_START
+      failures.append(f"the attention checks' {why}")
+    elif kind != "EXIT":
+      say(line)
+  if summary is None:
+    say("accelerator_check: FAIL: the attention checks named no device")
+    return EXIT_CANNOT_START
+  steps = []
+  for T in sorted(map(int, args.seq_lens.split(","))):
+    for name in MODELS:
+      row = run_step(name, T, args, deadline)
+      steps.append(row)
+      summary.add("train_steps", row)
+      say(f"  train step {name} T={T}: {describe_step(row)}")
+      if "error" in row:
+        failures.append(f"train step {name} T={T}: {row['error']}")
+  dense = {r["seq_len"]: r.get("tokens_per_sec") for r in steps if r["model"] == "dense"}
+  for r in steps:
     if r.get("tokens_per_sec") and dense.get(r["seq_len"]) and r["model"] != "dense":
       r["vs_dense"] = r["tokens_per_sec"] / dense[r["seq_len"]]
-  summary["train_steps"] = rows
-  summary["seconds"] = time.time() - start
-  failures = sum(not r["ok"] for r in summary["backends"])
-  summary["backend_failures"] = failures
-  out = args.out or os.path.join(REPO, "experiments", "results",
-                                 f"accelerator_check_{platform}{'_quick' if args.quick else ''}.json")
-  os.makedirs(os.path.dirname(out), exist_ok=True)
-  with open(out, "w") as f:
-    json.dump(summary, f, indent=1)
-  print(f"\n{'model':<16}{'T':>8}{'tokens/s':>12}{'x dense':>9}{'MFU':>8}{'est GiB':>9}{'peak GiB':>9}")
-  for r in rows:
-    if "tokens_per_sec" not in r:
-      print(f"{r['model']:<16}{r['seq_len']:>8}  {r.get('error', r.get('skipped'))}")
-      continue
-    gib = lambda b: f"{b / 2**30:>9.2f}" if b else f"{'-':>9}"
-    print(f"{r['model']:<16}{r['seq_len']:>8}{r['tokens_per_sec']:>12,.0f}"
-          f"{r.get('vs_dense', float('nan')):>9.2f}"
-          + (f"{r['mfu']:>8.1%}" if r.get("mfu") is not None else f"{'-':>8}")
-          + gib(r["estimate_bytes"]) + gib(r["peak_bytes_in_use"]))
-  print(f"\naccelerator_check done in {summary['seconds']:.0f} s; backend failures: {failures}; "
-        f"summary in {out}")
-  return 1 if failures else 0
+  skipped = sum("skipped" in r for r in steps)
+  summary.set(status="failed" if failures else "passed", failures=failures, skipped=skipped,
+              seconds=time.time() - began)
+  if failures:
+    say(f"accelerator_check: FAIL: {len(failures)} failed: {failures[0]}"
+        + (f" (and {len(failures) - 1} more in {args.out})" if len(failures) > 1 else ""))
+    return EXIT_FAILED
+  say(f"accelerator_check: passed in {time.time() - began:.0f} s: "
+      f"{len(summary.data.get('backends', []))} backend rows, {len(summary.data.get('cudnn', []))}"
+      f" cuDNN rows, {len(steps) - skipped} of {len(steps)} train steps"
+      + (f" ({skipped} skipped for time)" if skipped else "") + f"; {args.out}")
+  return 0
 
 
 if __name__ == "__main__":

@@ -16,14 +16,18 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 # compiled memory figures are unchanged (`test_core.py` checks it).
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # And XLA's classic CPU fusion emitters instead of the MLIR ones (test_core.py alone: 143 s, was
-# 283 s), the same fusions and buffers (`test_core.py` checks this too). Subprocesses get these
-# flags through `subprocess_env`.
-TEST_XLA_FLAGS = "--xla_cpu_use_fusion_emitters=false"
+# 283 s), the same fusions and buffers (`test_core.py` checks this too), where this jaxlib has
+# them (before 0.11; an unknown XLA flag aborts the process). Subprocesses get these flags
+# through `subprocess_env`.
+from efficient_lm import jax_compat  # pylint: disable=wrong-import-position  (imports no jax)
+
+TEST_XLA_FLAGS = jax_compat.classic_cpu_emitters_flag()
 
 
 def xla_flags(devices: int | None = None) -> str:
   """The tests' XLA_FLAGS: the compile mode above, and `devices` fake CPU devices (None: one)."""
-  return TEST_XLA_FLAGS + (f" --xla_force_host_platform_device_count={devices}" if devices else "")
+  return (TEST_XLA_FLAGS + (f" --xla_force_host_platform_device_count={devices}" if devices
+                            else "")).strip()
 
 
 def subprocess_env(devices: int | None = None, **extra) -> dict:
@@ -35,7 +39,7 @@ def subprocess_env(devices: int | None = None, **extra) -> dict:
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
   _flags += " --xla_force_host_platform_device_count=8"
-if TEST_XLA_FLAGS not in _flags:
+if TEST_XLA_FLAGS and TEST_XLA_FLAGS not in _flags:
   _flags += " " + TEST_XLA_FLAGS
 os.environ["XLA_FLAGS"] = _flags.strip()
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from efficient_lm import config_check
+from efficient_lm import jax_compat
 from efficient_lm import models
 from efficient_lm import sharding
 from efficient_lm import train
@@ -378,6 +379,12 @@ def rematerializations(capfd, lowered) -> list[str]:
   return [line for line in capfd.readouterr().err.splitlines() if REMATERIALIZATION in line]
 
 
+XLA_WARNS = jax_compat.warns_of_full_rematerialization()
+BLIND = ("jaxlib >= 0.11 reshards without XLA's rematerialization warning (the same collectives): "
+         "the check below would be blind")
+
+
+@pytest.mark.xfail(not XLA_WARNS, reason=BLIND, strict=True)
 def test_rematerialization_warnings_are_seen(capfd):
   """The check below can fail: a lookup from an embed-split table re-split along the batch (what
   the embedding did before its table was gathered) makes XLA replicate the rows."""
@@ -391,6 +398,7 @@ def test_rematerialization_warnings_are_seen(capfd):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not XLA_WARNS, reason=BLIND)
 @pytest.mark.parametrize("name,mesh", COMPILE_CASES)
 def test_no_involuntary_full_rematerialization(name, mesh, capfd):
   """The train step on the documented meshes compiles without replicating any activation: the

@@ -31,7 +31,7 @@ def _installed(module: str) -> bool:
     return False
 
 
-HAS_CUDA_PLUGIN = _installed("jax_plugins.xla_cuda12") or bool(
+HAS_CUDA_PLUGIN = _installed("jax_plugins.xla_cuda12") or _installed("jax_plugins.xla_cuda13") or bool(
     CUDA_PLUGIN and os.path.isdir(os.path.join(CUDA_PLUGIN, "jax_plugins")))
 
 

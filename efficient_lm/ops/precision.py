@@ -14,13 +14,14 @@ program), not the host's.
 import jax
 import jax.numpy as jnp
 
+from efficient_lm import jax_compat
+
 
 def platform() -> str:
   """'cpu', 'gpu' or 'tpu': the devices of the mesh being traced under (`jax.set_mesh`), else
   jax's default backend."""
-  from jax._src import mesh as mesh_lib  # pylint: disable=g-import-not-at-top  (jax has no public
-  mesh = mesh_lib.get_concrete_mesh()    # way to read the concrete mesh while tracing)
-  name = mesh.devices.flat[0].platform if mesh is not None and not mesh.empty else jax.default_backend()
+  mesh = jax_compat.concrete_mesh()  # jax has no public way to read it while tracing
+  name = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
   return "gpu" if name in ("cuda", "rocm") else name
 
 

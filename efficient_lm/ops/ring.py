@@ -228,6 +228,14 @@ def _chunk_pieces(C: int, layout: str) -> list[tuple[int, int]]:
   return [(0, C)] if layout == "natural" else [(0, C // 2), (C // 2, C // 2)]
 
 
+def _add_rows(x_BC, rows: slice, update_BC: jax.Array) -> jax.Array:
+  """x_BC with `update_BC` added at x_BC[:, rows] (a static slice), as a dynamic-update-slice:
+  `.at[:, rows].add` is a scatter whose empty index constant, inside a custom VJP under
+  shard_map, crashes jaxlib 0.11.2's partitioner (Shardy)."""
+  current = jax.lax.slice_in_dim(x_BC, rows.start, rows.stop, axis=1)
+  return jax.lax.dynamic_update_slice_in_dim(x_BC, current + update_BC, rows.start, axis=1)
+
+
 # A ring step's (query piece, key piece) is one of three cases: keys wholly in the future (no
 # work), the same positions (causal), or wholly in the past (all visible). Each is a core call
 # with a static key offset, so a kernel gets a static mask: in the past case every key is
@@ -344,9 +352,9 @@ def _ring_attend(q_BTHK, k_BTHK, v_BTHK, *, mesh, axis_name, layout, scale, segm
         none = lambda q, k, v, *_: tuple(jnp.zeros_like(x, jnp.float32) for x in (q, k, v))
         dq, dk, dv = jax.lax.switch(_case(q_start, k_start), [
             none, lambda *a: grads(*a, 0), lambda *a: grads(*a, -ql)], *args)
-        dq_BCHK = dq_BCHK.at[:, rows].add(dq)
-        dk_BCHK = dk_BCHK.at[:, cols].add(dk)
-        dv_BCHK = dv_BCHK.at[:, cols].add(dv)
+        dq_BCHK = _add_rows(dq_BCHK, rows, dq)
+        dk_BCHK = _add_rows(dk_BCHK, cols, dk)
+        dv_BCHK = _add_rows(dv_BCHK, cols, dv)
       return dq_BCHK, (k_BCHK, v_BCHK, kseg_BC, dk_BCHK, dv_BCHK)
 
     def step_and_pass(s, carry):

@@ -21,6 +21,8 @@ import re
 
 import jax
 
+from efficient_lm import jax_compat
+
 PLATFORMS = ("tpu", "gpu")
 
 # TPU chips: HBM per chip, and what libtpu lets one program use (its "available HBM",
@@ -128,8 +130,7 @@ def _topologies():
 
 
 def _tpu_devices(spec: str, device: str, topology: str, num_slices: int) -> list:
-  from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
-  if xla_bridge.get_tpu_library_path() is None:
+  if jax_compat.tpu_library_path() is None:
     raise TargetError(f"--target={spec!r} needs libtpu to compile for TPUs: pip install -e '.[tpu]' "
                       "(jax[tpu] at this jax version)")
   name = f"{device}:{topology}"

@@ -22,7 +22,6 @@ be interpreted, so interpreted calls never take the cuDNN path: the kernel serve
 Every kernel call runs per shard (`kernel_mesh.per_shard`).
 """
 
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -34,6 +33,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from efficient_lm import jax_compat
 from efficient_lm.ops.core import backends, kernel_mesh, skips
 from efficient_lm.ops.core.call import Backend, Call
 from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE, cdiv
@@ -124,9 +124,10 @@ def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior
 # jax's cuDNN wrapper asks `check_compute_capability` / `is_cuda_compute_capability_equal`
 # (jax._src.cudnn.fused_attention_stablehlo) about the first *local* GPU, and says "no" on a
 # host without one: compiling for a Hopper target from a CPU host would then refuse head
-# widths over 128. While jax's forward rule traces a cuDNN call of ours, `_capability_answers`
-# points those two functions at the target's capability (from the devices of the current mesh:
-# `jax.set_mesh(Mesh(topology.devices, ...))`, or a local GPU), and restores them after.
+# widths over 128. While jax's forward rule traces a cuDNN call of ours,
+# `jax_compat.cudnn_capability_answers` points those two functions at the target's capability
+# (from the devices of the current mesh: `jax.set_mesh(Mesh(topology.devices, ...))`, or a
+# local GPU), and restores them after.
 # That forward rule may trace after our call returned (inside scan / checkpoint / an inner
 # jit), so the call is our own custom VJP whose rules enter the patch themselves, with the
 # capability found when the call was made. The patch is process-wide while it lasts: do not
@@ -146,13 +147,9 @@ def _parse_capability(text) -> tuple[int, int] | None:
 
 def _mesh_device():
   """The first device of the concrete mesh of `jax.set_mesh` (seen while tracing only through
-  jax._src), or None."""
-  try:
-    from jax._src import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-    devices = getattr(mesh_lib.get_concrete_mesh(), "devices", None)
-  except (ImportError, AttributeError):
-    return None
-  return devices.flat[0] if devices is not None and devices.size else None
+  jax's private API: `jax_compat.concrete_mesh`), or None."""
+  mesh = jax_compat.concrete_mesh()
+  return None if mesh is None else mesh.devices.flat[0]
 
 
 def target_capability() -> tuple[int, int] | None:
@@ -182,22 +179,6 @@ def target_capability() -> tuple[int, int] | None:
   return None
 
 
-@contextlib.contextmanager
-def _capability_answers(capability: tuple[int, int] | None):
-  """jax's two cuDNN capability checks answer for `capability` inside (nothing when None)."""
-  if capability is None:
-    yield
-    return
-  from jax._src.cudnn import fused_attention_stablehlo as cudnn_lib  # pylint: disable=g-import-not-at-top
-  saved = cudnn_lib.check_compute_capability, cudnn_lib.is_cuda_compute_capability_equal
-  cudnn_lib.check_compute_capability = lambda wanted: capability >= _parse_capability(wanted)
-  cudnn_lib.is_cuda_compute_capability_equal = lambda wanted: capability == _parse_capability(wanted)
-  try:
-    yield
-  finally:
-    cudnn_lib.check_compute_capability, cudnn_lib.is_cuda_compute_capability_equal = saved
-
-
 @dataclasses.dataclass(frozen=True)
 class _Cudnn:
   scale: float
@@ -217,12 +198,12 @@ def _cudnn_call(spec: _Cudnn, q, k, v):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _cudnn(spec: _Cudnn, q, k, v):
-  with _capability_answers(spec.capability):
+  with jax_compat.cudnn_capability_answers(spec.capability):
     return _cudnn_call(spec, q, k, v)
 
 
 def _cudnn_fwd(spec: _Cudnn, q, k, v):
-  with _capability_answers(spec.capability):
+  with jax_compat.cudnn_capability_answers(spec.capability):
     o, pullback = jax.vjp(functools.partial(_cudnn_call, spec), q, k, v)
   return o, pullback
 

@@ -25,6 +25,7 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as sinfo
 
+from efficient_lm import jax_compat
 from efficient_lm.ops.core import backends, kernel_mesh, skips
 from efficient_lm.ops.core.call import Backend, Call
 from efficient_lm.ops.core.merge import merge
@@ -82,6 +83,8 @@ def _padded(length: int, block: int) -> int:
 
 def unsupported(call: Call) -> str | None:
   """Why the splash backend cannot run `call` (the front door then runs `xla`), or None."""
+  if (missing := jax_compat.splash_missing()) is not None:  # this jax lacks the kernels' pieces
+    return missing
   if call.explicit:
     return ("explicit key positions (decoding caches): the kernel places keys at "
             "k_start + arange(Tk)")
@@ -249,7 +252,7 @@ def _segment_ids(qseg, kseg):
 
 
 def _forward(spec: _Spec, q, k, v, bounds, qseg=None, kseg=None):
-  o, (lse,) = sk._splash_attention_forward(  # pylint: disable=protected-access
+  o, (lse,) = jax_compat.splash_forward(
       _info(_masks(spec).fwd, bounds), q, k, v, _segment_ids(qseg, kseg), None,
       mask_value=_MASK_VALUE, is_mqa=False, block_sizes=spec.block_sizes,
       residual_checkpoint_name=None, save_residuals=True, mask_function=_interval_mask,
@@ -289,11 +292,11 @@ def _gradients(spec: _Spec, residuals, cotangents):
                 mask_function=_interval_mask, interpret=spec.interpret)
   sizes = spec.block_sizes
   segment_ids = _segment_ids(qseg, kseg)
-  _, dk, dv = sk._splash_attention_bwd_dkv(  # pylint: disable=protected-access
+  _, dk, dv = jax_compat.splash_bwd_dkv(
       q, k, v, segment_ids, None, lse, do, di, bq=sizes.block_q_dkv, bkv=sizes.block_kv_dkv,
       bkv_compute=sizes.block_kv_dkv_compute, mask_info=_info(masks.dkv, bounds),
       use_fused_bwd_kernel=False, **common)
-  dq = sk._splash_attention_bwd_dq(  # pylint: disable=protected-access
+  dq = jax_compat.splash_bwd_dq(
       q, k, v, segment_ids, None, lse, do, di, bq=sizes.block_q_dq, bkv=sizes.block_kv_dq,
       mask_info=_info(masks.fwd, bounds), **common)
   return dq, dk, dv
