@@ -5,20 +5,34 @@ Every process (one per host, or one per GPU) runs the same command; after
 is the primary: it alone writes metrics, logs progress and writes the workdir's
 `config.json` and `tokenizer.model`. Everything collective (training and eval steps,
 the sample, Orbax checkpoints) runs on every process, or the job hangs.
+
+A stop signal reaching any process stops all of them at the same step (`StopAgreement`); what
+the processes must agree on (the checkpoint to restore, the corpus) is gathered from all of them
+(`allgather_ints`, `check_same`).
 """
 
 import glob
+import hashlib
 import importlib.util
+import logging
 import os
 from typing import Callable, TypeVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from efficient_lm import signals
 from efficient_lm.validation import ConfigError
 
+log = logging.getLogger(__name__)
+
 T = TypeVar("T")
+
+
+class ProcessLostError(RuntimeError):
+  """Another process of the job died or became unreachable: this one cannot go on."""
 
 # Our own fallbacks for the three flags (JAX reads only JAX_COORDINATOR_ADDRESS itself).
 ENV_FLAGS = {"coordinator_address": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCESSES",
@@ -84,12 +98,21 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
     raise ConfigError(f"--process_id={process_id} must be in [0, --num_processes={num_processes}); "
                       "give each process its own id from 0 to num_processes - 1")
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  # Stop signals are ours (`StopAgreement`): JAX's preemption service would take SIGTERM over.
+  jax.config.update("jax_enable_preemption_service", False)
   # All three given: take them as they are. (JAX's cluster detection would otherwise also pin a
   # SLURM or Open MPI process to one local device, its local rank: one process per GPU.)
   explicit = all(v is not None for v in given.values())
   jax.distributed.initialize(coordinator_address, num_processes, process_id,
                              cluster_detection_method="deactivate" if explicit else None)
+  signals.install()  # again: nothing native keeps SIGINT / SIGTERM
   return True
+
+
+def log_job() -> None:
+  """One line: the job's processes and devices (process 0 logs it)."""
+  log.info("one job of %d processes over %d devices (%d here)", jax.process_count(),
+           jax.device_count(), jax.local_device_count())
 
 
 def is_primary() -> bool:
@@ -110,8 +133,72 @@ def any_process(flag: bool) -> bool:
   return bool(np.any(multihost_utils.process_allgather(np.asarray(flag, np.int32))))
 
 
-def primary_first(fn: Callable[[], T], name: str) -> T:
-  """`fn()` on process 0, then (after a barrier) on the others: shared files are made once, never raced.
+def allgather_ints(values) -> np.ndarray:
+  """`[process_count, n]`: every process's `values` (n int64 each, the same n everywhere), on every
+  process (collective)."""
+  local = np.asarray(values, np.int64).reshape(-1)
+  if jax.process_count() == 1:
+    return local[None]
+  return np.asarray(multihost_utils.process_allgather(local)).reshape(jax.process_count(), -1)
+
+
+def processes_differing(value: str) -> list[int]:
+  """The processes whose `value` differs from process 0's (collective; [] with one process)."""
+  digest = np.frombuffer(hashlib.sha256(value.encode()).digest(), np.uint8).astype(np.int64)
+  gathered = allgather_ints(digest)
+  return [i for i in range(1, len(gathered)) if not np.array_equal(gathered[i], gathered[0])]
+
+
+class StopAgreement:
+  """Whether a stop signal reached any process of the job, agreed by all at the same call.
+
+  Every process calls `poll(signals.requested())` at the same points (after every train step,
+  between evaluation batches). One process: its own request, at once. Several: each call starts a
+  one-integer max-reduction over every device, asynchronous (it runs behind the step just
+  dispatched), and returns the previous call's result: every process sees the stop at the same
+  call, one step after the signal reached any of them, for the price of one scalar all-reduce a
+  step. The result names the strongest signal any process received (SIGINT over SIGTERM).
+  """
+
+  _CODES = {None: 0, "SIGTERM": 1, "SIGINT": 2}
+  _NAMES = {code: name for name, code in _CODES.items()}
+
+  def __init__(self):
+    self._pending = None
+    self.signal: str | None = None  # what the job stops for, once a poll said so
+    if jax.process_count() > 1:
+      mesh = jax.sharding.Mesh(np.array(jax.devices()), ("processes",))
+      self._sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("processes"))
+      self._reduce = jax.jit(jnp.max, out_shardings=jax.sharding.NamedSharding(
+          mesh, jax.sharding.PartitionSpec()))
+
+  def poll(self, requested: str | None) -> str | None:
+    """The signal the job stops for (the same on every process at this call), or None."""
+    if jax.process_count() == 1:
+      agreed = requested
+    else:
+      code = np.array([self._CODES.get(requested, 1)], np.int32)
+      shards = [jax.device_put(code, d) for d in self._sharding.addressable_devices_indices_map(
+          (jax.device_count(),))]
+      flags = jax.make_array_from_single_device_arrays((jax.device_count(),), self._sharding,
+                                                       shards)
+      pending, self._pending = self._pending, self._reduce(flags)
+      agreed = None if pending is None else self._NAMES[
+          int(np.asarray(pending.addressable_data(0)))]
+    if agreed is not None:
+      self.signal = agreed
+    return agreed
+
+  def settle(self, requested: str | None) -> str | None:
+    """`poll`, but up to date: a request made since the last poll counts (two polls with
+    several processes; blocking)."""
+    return self.poll(requested) or (self.poll(requested) if jax.process_count() > 1 else None)
+
+
+def primary_first(fn: Callable[[], T], name: str, others: Callable[[], T] | None = None) -> T:
+  """`fn()` on process 0, then (after a barrier) on the others, or `others()` there: shared files
+  are made once, never raced, and what only process 0 need do (read a whole corpus, train a
+  tokenizer) is done once.
 
   Process 0 reaches the barrier even when `fn` fails (then re-raises), so the others
   run `fn` themselves and report the same error instead of waiting forever.
@@ -127,4 +214,6 @@ def primary_first(fn: Callable[[], T], name: str) -> T:
   barrier(name)
   if error is not None:
     raise error
-  return result if is_primary() else fn()
+  if is_primary():
+    return result
+  return (others or fn)()
