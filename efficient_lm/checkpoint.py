@@ -46,6 +46,14 @@ def committed_steps(directory: str) -> list[int]:
   return sorted(int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
 
 
+def describe_committed(directory: str) -> str:
+  """'the last committed checkpoint is step N in DIR' (or that there is none yet)."""
+  steps = committed_steps(directory)
+  if not steps:
+    return f"no checkpoint is committed in {directory} yet"
+  return f"the last committed checkpoint is step {steps[-1]} in {directory}"
+
+
 def read_item(directory: str, step: int, item: str) -> Any:
   """A JSON item (`meta`, `data`) of checkpoint `step`, read from its file (no Orbax, no barrier)."""
   with open(os.path.join(directory, str(step), item, "metadata"), encoding="utf-8") as f:

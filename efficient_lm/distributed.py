@@ -8,14 +8,26 @@ the sample, Orbax checkpoints) runs on every process, or the job hangs.
 
 A stop signal reaching any process stops all of them at the same step (`StopAgreement`); what
 the processes must agree on (the checkpoint to restore, the corpus) is gathered from all of them
-(`allgather_ints`, `check_same`).
+(`allgather_ints`, `processes_differing`).
+
+A process that dies (or whose host stops answering) ends every other one with one `error:` line
+naming it and the last committed checkpoint, and exit status `exit_codes.PROCESS_LOST`, within
+the coordination service's heartbeat timeout (`PeerWatch`). For that the job runs with JAX's
+recoverable tasks, so that the service reports a lost process instead of aborting every other
+one natively; the processes then leave the service together at exit (`leave`), which its
+shutdown barrier no longer does for them. (If process 0 itself dies, the service dies with it
+and the others end with JAX's own message.)
 """
+
+import atexit
 
 import glob
 import hashlib
 import importlib.util
 import logging
 import os
+import threading
+import time
 from typing import Callable, TypeVar
 
 import jax
@@ -23,16 +35,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from efficient_lm import exit_codes
 from efficient_lm import signals
 from efficient_lm.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-
-class ProcessLostError(RuntimeError):
-  """Another process of the job died or became unreachable: this one cannot go on."""
 
 # Our own fallbacks for the three flags (JAX reads only JAX_COORDINATOR_ADDRESS itself).
 ENV_FLAGS = {"coordinator_address": "JAX_COORDINATOR_ADDRESS", "num_processes": "JAX_NUM_PROCESSES",
@@ -63,7 +72,7 @@ def cluster_environment() -> str | None:
 
 
 def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
-                           process_id: int | None = None) -> bool:
+                           process_id: int | None = None, heartbeat_timeout: int = 100) -> bool:
   """Joins this process to a multi-process job; returns whether it did (False: a plain single process).
 
   Missing arguments come from JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID,
@@ -72,6 +81,7 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
   (one process per GPU), while all three given explicitly leave every local device to the
   process (one process per host). Must run before anything touches devices. Sets gloo as the
   CPU backend's cross-process collectives (it affects only the CPU client: harmless on GPU/TPU).
+  `heartbeat_timeout`: seconds of silence after which a process counts as lost (JAX's default).
   """
   if jax.distributed.is_initialized():
     return True
@@ -100,13 +110,127 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   # Stop signals are ours (`StopAgreement`): JAX's preemption service would take SIGTERM over.
   jax.config.update("jax_enable_preemption_service", False)
+  # A lost process is reported by `PeerWatch`, not by a native abort of every other process.
+  jax.config.update("jax_enable_recoverability", True)
   # All three given: take them as they are. (JAX's cluster detection would otherwise also pin a
   # SLURM or Open MPI process to one local device, its local rank: one process per GPU.)
   explicit = all(v is not None for v in given.values())
-  jax.distributed.initialize(coordinator_address, num_processes, process_id,
-                             cluster_detection_method="deactivate" if explicit else None)
+  from efficient_lm import backends  # pylint: disable=import-outside-toplevel
+  error = None
+  with backends.native_stderr_captured() as captured:  # the service's "experimental" warning
+    try:
+      jax.distributed.initialize(coordinator_address, num_processes, process_id,
+                                 cluster_detection_method="deactivate" if explicit else None,
+                                 heartbeat_timeout_seconds=heartbeat_timeout)
+    except BaseException as e:  # pylint: disable=broad-except  (re-raised with what it printed)
+      error = e
+    text = captured()
+  if error is not None:
+    backends.replay(text)
+    raise error
   signals.install()  # again: nothing native keeps SIGINT / SIGTERM
+  PeerWatch.start(heartbeat_timeout)
+  atexit.register(leave)  # (after jax's own exit hook is registered: runs before it)
+  signals.before_exit(leave)
   return True
+
+
+class PeerWatch(threading.Thread):
+  """Asks the coordination service, over and over, which processes of the job are alive (a
+  barrier-like call: it returns once every live process asked too, or once a silent one passed
+  the heartbeat timeout). A process missing from the answer ends this one: one `error:` line
+  naming it and the last committed checkpoint (`describe_checkpoints`), exit status
+  `exit_codes.PROCESS_LOST`."""
+
+  instance: "PeerWatch | None" = None
+  describe_checkpoints: Callable[[], str] = staticmethod(lambda: "no checkpoint was written yet")
+
+  def __init__(self, heartbeat_timeout: int):
+    super().__init__(name="efficient_lm: peer watch", daemon=True)
+    self.heartbeat_timeout = heartbeat_timeout
+    self.leaving = threading.Event()
+    self.lost = threading.Event()
+
+  @classmethod
+  def start(cls, heartbeat_timeout: int) -> None:  # pylint: disable=arguments-differ
+    cls.instance = cls(heartbeat_timeout)
+    threading.Thread.start(cls.instance)
+
+  def run(self) -> None:
+    client = jax._src.distributed.global_state.client  # pylint: disable=protected-access
+    everyone = list(range(jax.process_count()))
+    while not self.leaving.is_set():
+      try:
+        live = set(client.get_live_nodes(everyone))
+      except Exception:  # pylint: disable=broad-except  (the service is unreachable)
+        live = {jax.process_index()}
+      missing = sorted(set(everyone) - live)
+      if missing and not self.leaving.is_set():
+        self.lost.set()
+        if is_primary():  # the service lives here: give the others a moment to say it too
+          time.sleep(2.0)
+        signals.exit_now(exit_codes.PROCESS_LOST, f"error: {lost_line(missing)}")
+      self.leaving.wait(2.0)
+
+  @classmethod
+  def explain(cls, error: BaseException) -> None:
+    """After `error` in a multi-process job: if it is a failed exchange with another process (a
+    collective, a barrier), the time the watch needs to name a lost process (it then ends this
+    one); returns otherwise, or if it names none."""
+    text = str(error)
+    if cls.instance is not None and any(s in text for s in _LOST_PEER_SIGNS):
+      log.warning("an exchange with another process failed (%s); waiting up to %d s for the "
+                  "coordination service to say which process is gone", text.splitlines()[0][:200],
+                  cls.instance.heartbeat_timeout + 10)
+      if cls.instance.lost.wait(cls.instance.heartbeat_timeout + 10):
+        threading.Event().wait()  # the watch is ending the process with its line
+
+
+# What a collective or barrier failing because another process is gone says (gloo, gRPC).
+_LOST_PEER_SIGNS = ("Gloo", "Connection closed", "Connection reset", "UNAVAILABLE",
+                    "heartbeat", "DEADLINE_EXCEEDED", "Barrier")
+
+
+def lost_line(missing: list[int]) -> str:
+  who = ", ".join(str(i) for i in missing)
+  return (f"process {who} of the job stopped answering (it died, was killed, or its host is "
+          f"unreachable), so this process (process {jax.process_index()}) stops too; "
+          f"{PeerWatch.describe_checkpoints()}; rerun the same command on every host to resume")
+
+
+def leave(timeout: float = 30.0) -> None:
+  """The job's processes leave the coordination service together (at exit, normal or not): a
+  barrier, then process 0, which hosts the service, waits until the others have disconnected, so
+  that none loses the service in the middle of its own exit. Waits at most `timeout` seconds."""
+  watch = PeerWatch.instance
+  if watch is None or watch.leaving.is_set() or watch.lost.is_set():
+    return
+  watch.leaving.set()
+  client = jax._src.distributed.global_state.client  # pylint: disable=protected-access
+  if client is None:
+    return
+  try:
+    client.wait_at_barrier("efficient_lm: leaving", int(timeout * 1000))
+  except Exception:  # pylint: disable=broad-except  (a process is missing: leave anyway)
+    pass
+  if not is_primary():
+    jax.distributed.shutdown()
+    return
+  others = [i for i in range(jax.process_count()) if i != 0]
+
+  def wait_for_others() -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      try:
+        if not set(others) & set(client.get_live_nodes(list(range(jax.process_count())))):
+          return
+      except Exception:  # pylint: disable=broad-except
+        return
+      time.sleep(0.05)
+
+  waiter = threading.Thread(target=wait_for_others, daemon=True)
+  waiter.start()
+  waiter.join(timeout)
 
 
 def log_job() -> None:

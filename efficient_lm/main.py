@@ -36,6 +36,9 @@ flags.DEFINE_integer("num_processes", None, "Processes in the job; default $JAX_
                      "cluster's; none of the three flags and no cluster: one process.")
 flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes); default "
                      "$JAX_PROCESS_ID or the cluster's.")
+flags.DEFINE_integer("heartbeat_timeout", 100, "Multi-process jobs: seconds of silence after which "
+                     "a process counts as lost; the others then stop with one error line (exit "
+                     "status 4).")
 flags.DEFINE_bool("compile_only", False, "Validate the config, compile the real train step for the "
                   "configured mesh from shapes only (no data, no training) and print what it needs "
                   "per device; the last stdout line is JSON. Exit status 3 if it does not fit.")
@@ -130,7 +133,7 @@ def _run(workdir: str) -> None:
     with signals.phase("starting jax"):
       # Before anything touches devices; then only process 0 logs progress.
       if distributed.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
-                                            FLAGS.process_id):
+                                            FLAGS.process_id, FLAGS.heartbeat_timeout):
         setup_logging(primary=distributed.is_primary())
         distributed.log_job()
       backends.start()
@@ -140,10 +143,11 @@ def _run(workdir: str) -> None:
     summary = train.train_and_evaluate(config, workdir)
   except step_memory.StepTooLargeError as e:
     _fail(exit_codes.DOES_NOT_FIT, str(e))
-  except distributed.ProcessLostError as e:
-    signals.exit_now(exit_codes.PROCESS_LOST, f"error: {e}")
   except _known_errors() as e:
     _fail(exit_codes.USAGE, str(e))
+  except Exception as e:  # pylint: disable=broad-except  (a lost process? else re-raised)
+    distributed.PeerWatch.explain(e)
+    raise
   if summary.get("preempted"):
     print(summary["preempted_line"], file=sys.stderr)
     signals.flush()

@@ -54,6 +54,7 @@ class _State:
     self.deferred: list[str] = []  # notes of the enclosing `deferred` blocks, innermost last
     self.phases: list[str] = []
     self.previous: dict = {}
+    self.before_exit: list = []  # called by `exit_now` first (a multi-process job leaves together)
 
 
 _state = _State()
@@ -84,7 +85,7 @@ def _handle(signum: int, frame) -> None:
     _write(f"error: a second signal ({name}) while {where}: stopped at once; anything being "
            "written was left unfinished (never renamed into place); rerun the same command")
     flush()
-    os._exit(status_of(name))
+    os._exit(status_of(name))  # (no `before_exit`: at once means at once)
   _state.signal_name = name
   if _state.deferred:
     _write(f"{name} received: {_state.deferred[-1]}, then stopping (send it again to stop at "
@@ -177,10 +178,20 @@ def flush() -> None:
       stream.flush()
 
 
+def before_exit(fn) -> None:
+  """`fn()` runs in `exit_now` before the process ends (`distributed`: the job's processes leave
+  the coordination service together)."""
+  _state.before_exit.append(fn)
+
+
 def exit_now(status: int, line: str | None = None) -> None:
   """Ends the process with `status` after `line` on stderr, without interpreter teardown (native
   threads such as an abandoned compile may still run: see the module docstring)."""
   if line:
     print(line, file=sys.stderr)
+  flush()
+  for fn in _state.before_exit:
+    with contextlib.suppress(BaseException):
+      fn()
   flush()
   os._exit(status)

@@ -251,6 +251,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
                  "%s", moved, restored[0], metrics_lib.SUPERSEDED)
   distributed.barrier("workdir written")
   ckpt = ckpt or open_checkpoints()
+  distributed.PeerWatch.describe_checkpoints = lambda: checkpoint.describe_committed(ckpt.directory)
   log.info("model %s: %s parameters; %s train tokens; workdir %s", config.model.name,
            f"{abstract.num_params:,}", f"{corpus.num_tokens('train'):,}", wd.path)
   writer = metrics_lib.MetricWriter(wd.path) if distributed.is_primary() else metrics_lib.NullWriter()
