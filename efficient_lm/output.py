@@ -30,9 +30,9 @@ def reserve_stdout() -> None:
 
 
 def result(line: str) -> None:
-  """One line of the command's result on stdout."""
+  """`line` and a newline: the command's result, on stdout."""
   stream = _results if _results is not None else sys.stdout
-  stream.write(line.rstrip("\n") + "\n")
+  stream.write(line + "\n")
   stream.flush()
 
 

@@ -549,7 +549,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     start = time.perf_counter()
     agreement = distributed.StopAgreement()
     with signals.deferred("saving a checkpoint at the step reached"):
-      eval_metrics, preempted = train_steps(run, agreement)
+      with signals.phase("training"):
+        eval_metrics, preempted = train_steps(run, agreement)
       if preempted is not None:
         return preempted
       summary = report(run, eval_metrics, time.perf_counter() - start, agreement)

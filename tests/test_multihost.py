@@ -195,14 +195,14 @@ def injected_at(output: str) -> float:
 
 
 @pytest.mark.slow  # two gloo processes, stopped and resumed: about a minute
-@pytest.mark.parametrize("fault", ["sigterm-step", "sigterm-eval"])
+@pytest.mark.parametrize("fault", ["SIGTERM@step", "SIGTERM@eval"])
 def test_sigterm_to_one_process_saves_that_step_stops_both_and_resumes(runs, shakespeare_archive,
                                                                         tmp_path, fault):
   """SIGTERM reaches process 1 only (at a random train step, or during the evaluation at step 20):
   both processes stop within 30 s with the preemption status, one checkpoint committed at that
   step (one later: the processes agree one step behind); the same two commands then resume there
   and end at the uninterrupted job's losses."""
-  n = random.Random().randint(2, 28) if fault == "sigterm-step" else 3
+  n = random.Random().randint(2, 28) if fault == "SIGTERM@step" else 3
   workdir = str(tmp_path / "w")
   args = cli_args(shakespeare_archive, runs["data_dir"], workdir, num_steps=30, log_every=1000,
                   checkpoint_every=1000, sample_tokens=0)
@@ -213,7 +213,7 @@ def test_sigterm_to_one_process_saves_that_step_stops_both_and_resumes(runs, sha
   assert max(ended) - injected_at(output1) < 30
   step = int(output1.split("stopped by SIGTERM at step ")[1].split(":")[0])
   assert f"stopped by SIGTERM (on another process of the job) at step {step}:" in output0
-  assert step in ((n, n + 1) if fault == "sigterm-step" else (20,)), (n, step)
+  assert step in ((n, n + 1) if fault == "SIGTERM@step" else (20,)), (n, step)
   saved = sorted(d for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
   assert saved == [str(step)]
   resumed = launch(args, tmp_path, num_processes=2, devices_per_process=2)

@@ -7,6 +7,7 @@ says how far it is (`progress`).
 """
 
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ import urllib.request
 from efficient_lm import files
 from efficient_lm import progress
 
+log = logging.getLogger(__name__)
 PIP_TIMEOUT_SECONDS = 900
 
 
@@ -78,6 +80,7 @@ def pip_download(requirement: str, archive_name: str, target: str, sha256: str, 
     return path
   os.makedirs(target, exist_ok=True)
   tmp = os.path.join(target, f'.pip.{files.unique_suffix()}')
+  log.info('downloading %s with pip into %s', requirement, target)
   try:
     with progress.phase(f'downloading {requirement} with pip into {target}'):
       try:
@@ -112,6 +115,7 @@ def download_url(urls: tuple[str, ...], path: str, sha256: str, *, what: str, fi
       return f'{progress.size(state["bytes"])}{total}'
 
     try:
+      log.info('downloading %s into %s', url, os.path.dirname(path))
       with progress.phase(f'downloading {url}', status=status, every=10):
         with urllib.request.urlopen(url, timeout=60) as response, open(tmp, 'wb') as out:
           state['total'] = int(response.headers.get('Content-Length') or 0)
