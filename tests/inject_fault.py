@@ -16,6 +16,8 @@ only; the other processes of a job run plain `-m efficient_lm.main`.
                       of the shared checkpoint directory is damaged)
     kill-in-save N    it is SIGKILLed just after starting the (asynchronous) save of checkpoint N
     wikitext-from:URL 0   the wikitext103 archive is downloaded from URL (a test's local server)
+    not-primary 0     (a process other than 0) it fails if it reads a `text:` corpus in full or
+                      trains a tokenizer: process 0 alone does that, the others read its result
 
 The signals are real (`os.kill`), and each prints `injected: SIGNAL at <time>` on stderr first;
 only their moment is chosen.
@@ -123,6 +125,19 @@ elif FAULT == "kill-in-save":
       os.kill(os.getpid(), signal.SIGKILL)
 
   checkpoint.Checkpointer.save = _save_then_die
+elif FAULT == "not-primary":
+  from efficient_lm.data import text_files
+
+  def _refuse(what):
+    def fail(*args, **kwargs):
+      if what == "read the corpus in full" and not kwargs.get("read", True):
+        return _listing(*args, **kwargs)
+      raise AssertionError(f"a process other than 0 tried to {what}")
+    return fail
+
+  _listing = text_files.scan
+  text_files.scan = _refuse("read the corpus in full")
+  tokenizer.Tokenizer.train = _refuse("train a tokenizer")
 elif FAULT.startswith("wikitext-from:"):
   wikitext103.URLS = (FAULT.partition(":")[2],)
 else:

@@ -13,7 +13,7 @@ import time
 import jax
 import pytest
 
-from conftest import REPO, subprocess_env
+from conftest import REPO, fake_work_text, subprocess_env
 from efficient_lm import distributed
 from efficient_lm import exit_codes
 from efficient_lm.validation import ConfigError
@@ -47,13 +47,13 @@ def free_port() -> int:
 
 
 def launch(args, log_dir, *, num_processes: int, devices_per_process: int, timeout: int = 240,
-           while_running=None, faults=None, ended=None):
+           while_running=None, faults=None, ended=None, envs=None):
   """Runs `python -m efficient_lm.main ARGS` as one job of `num_processes` local processes.
 
   Returns each process's (return code, output). Output goes to files (a full pipe must not stall
   a process); `while_running(processes, log_paths)` is called once all have started. `faults`:
   {process: [FAULT, N]}, run through tests/inject_fault.py. `ended`: a list that gets each
-  process's end time (time.time()).
+  process's end time (time.time()). `envs`: {process: extra environment}.
   """
   env = {k: v for k, v in subprocess_env(devices_per_process, JAX_PLATFORMS="cpu").items()
          if k not in LAUNCHER_ENV}
@@ -67,8 +67,8 @@ def launch(args, log_dir, *, num_processes: int, devices_per_process: int, timeo
     main = ["tests/inject_fault.py", *fault] if fault else ["-m", "efficient_lm.main"]
     command = [sys.executable, *main, *args, *job]
     command += [f"--process_id={i}"] if num_processes > 1 else []
-    processes.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=logs[-1],
-                                      stderr=subprocess.STDOUT, text=True))
+    processes.append(subprocess.Popen(command, cwd=REPO, env={**env, **(envs or {}).get(i, {})},
+                                      stdout=logs[-1], stderr=subprocess.STDOUT, text=True))
   results = []
   try:
     if while_running is not None:
@@ -262,6 +262,58 @@ def test_a_lost_process_ends_the_other_with_one_line(runs, shakespeare_archive, 
   assert f"the last committed checkpoint is step 10 in {workdir}/checkpoints" in errors[0]
   assert ended[0] - ended[1] < 15 + 15
   assert "Traceback" not in output0 and "Check failure" not in output0
+
+
+def text_corpus(folder) -> str:
+  """A `text:` dataset of five fixture files under `folder`."""
+  os.makedirs(folder, exist_ok=True)
+  for i in range(5):
+    with open(os.path.join(folder, f"part{i}.txt"), "w") as f:
+      f.write(fake_work_text(f"part{i}", 120))
+  return f"text:{folder}/*.txt"
+
+
+@pytest.mark.slow  # two gloo processes prepare a corpus: under a minute
+def test_only_process_zero_reads_the_corpus_and_trains_the_tokenizer(tmp_path, shakespeare_archive):
+  """A `text:` corpus on a shared data_dir: process 1 never reads the files in full nor trains a
+  tokenizer (it fails if it tries); it lists them and reads what process 0 prepared."""
+  args = cli_args(shakespeare_archive, str(tmp_path / "data"), str(tmp_path / "w"), num_steps=4,
+                  eval_every=4, checkpoint_every=4, sample_tokens=0) + [
+      f"--config.data.dataset={text_corpus(tmp_path / 'notes')}", "--config.data.archive=",
+      "--config.data.archive_sha256="]
+  results = launch(args, tmp_path, num_processes=2, devices_per_process=2,
+                   faults={1: ["not-primary", "0"]})
+  assert [rc for rc, _ in results] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
+
+
+@pytest.mark.slow  # two gloo processes: under a minute
+def test_per_host_data_dirs_must_hold_the_same_corpus(tmp_path, shakespeare_archive, tiny_config):
+  """`data.data_dir=~/data` on hosts of their own ($HOME differs): allowed while the hosts'
+  corpora agree; process 1's holding another tokenizer stops both before anything is written,
+  one line naming it."""
+  from efficient_lm import data  # pylint: disable=import-outside-toplevel
+  dataset = text_corpus(tmp_path / "notes")
+  config = tiny_config()
+  config.data.update(dataset=dataset, archive="", archive_sha256="",
+                     data_dir=str(tmp_path / "home0" / "data"))
+  data.load(config.data)  # host 0's data_dir, prepared
+  shutil.copytree(tmp_path / "home0", tmp_path / "home1")
+  config.data.update(data_dir=str(tmp_path / "other"), vocab_size=320)
+  other = data.load(config.data).tokenizer.model_path  # another tokenizer, put where host 1's is
+  [mine] = [os.path.join(root, "spm.model") for root, _, files in
+            os.walk(tmp_path / "home1" / "data" / "tokenizers") if "spm.model" in files]
+  shutil.copyfile(other, mine)
+  args = cli_args(shakespeare_archive, "~/data", str(tmp_path / "w"), num_steps=4, eval_every=4,
+                  checkpoint_every=4, sample_tokens=0) + [
+      f"--config.data.dataset={dataset}", "--config.data.archive=", "--config.data.archive_sha256="]
+  results = launch(args, tmp_path, num_processes=2, devices_per_process=2,
+                   envs={i: {"HOME": str(tmp_path / f"home{i}")} for i in range(2)})
+  for rc, output in results:
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert rc == exit_codes.USAGE and len(errors) == 1, output[-2000:]
+    assert errors[0].startswith("error: process(es) 1 prepared another corpus or tokenizer than "
+                                "process 0"), errors
+  assert not os.path.exists(tmp_path / "w" / "checkpoints")
 
 
 # ---------------------------------------------------------------------------------------------
