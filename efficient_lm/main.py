@@ -11,6 +11,11 @@ it cleanly in every phase; the exit statuses are `exit_codes`' (docs/operations.
 modules are imported here: a mistake on the command line answers before jax starts.
 """
 
+from efficient_lm import signals
+
+signals.install()  # first: Ctrl-C works while the rest is imported
+
+# pylint: disable=wrong-import-position
 import json
 import logging as std_logging
 import os
@@ -24,7 +29,6 @@ from ml_collections import config_flags
 from efficient_lm import cli
 from efficient_lm import exit_codes
 from efficient_lm import output
-from efficient_lm import signals
 
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/dense.py or "
                                 "configs/bcmt.py:128, or a shipped config by name (pi_attention, "
@@ -170,7 +174,7 @@ def _compile_only(config) -> None:
 
 def run() -> None:
   """The `efficient-lm-train` console script."""
-  signals.install()  # before the flags load the config (and jax): Ctrl-C works from the start
+  signals.install()  # (again, for a caller that imported this module long before)
   try:
     app.run(main, flags_parser=cli.parse_flags)
   except signals.Interrupted as e:

@@ -144,6 +144,7 @@ def deferred(note: str) -> Iterator[None]:
   installed_here = not _state.installed and threading.current_thread() is threading.main_thread()
   if installed_here:
     install()
+  check()  # a request from before (its exception swallowed on the way: see `phase`)
   _state.deferred.append(note)
   try:
     yield
@@ -156,12 +157,20 @@ def deferred(note: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def phase(what: str) -> Iterator[None]:
-  """Names what the command is doing ("compiling the train step"), for the line a stop ends with."""
+  """Names what the command is doing ("compiling the train step"), for the line a stop ends with.
+
+  Entering and leaving a phase (outside `deferred`) is also a safe point: a request whose
+  exception was swallowed where the handler happened to run (Python runs handlers between any two
+  bytecodes, a `__del__` or a library's `except BaseException` included) stops the command here."""
+  if not _state.deferred:
+    check()
   _state.phases.append(what)
   try:
     yield
   finally:
     _state.phases.pop()
+  if not _state.deferred:
+    check()
 
 
 def current_phase() -> str:

@@ -2,8 +2,8 @@
 word `evaluate` / `sample` before ARGS, that command) with one fault injected into this process
 only; the other processes of a job run plain `-m efficient_lm.main`.
 
-    SIGNAL@WHERE N    the process sends itself SIGNAL (SIGINT, SIGTERM; SIGTERM*2: twice, 0.3 s
-                      apart) at the N-th time it reaches WHERE:
+    SIGNAL@WHERE N    the process sends itself SIGNAL (SIGINT, SIGTERM; SIGTERM*2: twice in a
+                      row) at the N-th time it reaches WHERE:
                         step        placing a train batch          eval      placing an eval batch
                         tokenizer   a document read by the tokenizer trainer (its own thread)
                         tokenizing  a chunk of documents tokenized into the token cache
@@ -52,7 +52,7 @@ def _send(name: str) -> None:
   print(f"injected: {sig.name} at {time.time()}", file=sys.stderr, flush=True)
   os.kill(os.getpid(), sig)
   if twice:
-    threading.Timer(0.3, lambda: os.kill(os.getpid(), sig)).start()
+    os.kill(os.getpid(), sig)
 
 
 def _reached(where: str) -> None:
