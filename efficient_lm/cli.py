@@ -122,7 +122,7 @@ def _unknown_flag(args: list[str]) -> str | None:
   for arg in args:
     if arg == "--":
       return None
-    if not arg.startswith("-") or arg in ("-", "--"):
+    if not arg.startswith("-") or arg in ("-", "--") or _is_number(arg):  # (a value: -1)
       continue
     name = arg.lstrip("-").split("=", 1)[0]
     if name.startswith("config.") or name in known or name in ("flagfile", "undefok"):
@@ -131,6 +131,14 @@ def _unknown_flag(args: list[str]) -> str | None:
       continue
     return name
   return None
+
+
+def _is_number(text: str) -> bool:
+  try:
+    float(text)
+  except ValueError:
+    return False
+  return True
 
 
 def _flag_error(message: str, base) -> str:
