@@ -428,6 +428,7 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
 
   profiler = _Profiler(run.config, run.workdir)
   last_line = time.monotonic()
+  previous_metrics = None
   try:
     if run.eval_pending:  # a stop cut this step's evaluation short: it runs first
       eval_metrics = evaluate_at(start_step)
@@ -444,6 +445,10 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
       if step == start_step:  # the first step includes compilation: keep it out of the rate
         jax.block_until_ready(step_metrics)
         progress.reset_clock(done)
+      # The host stays at most one step ahead of the devices (the next batch is placed while this
+      # step runs): a stop then saves within a step, and a progress line is at most a step late.
+      jax.block_until_ready(previous_metrics)
+      previous_metrics = step_metrics
       if should_stop():
         return eval_metrics, stop(done)
       logged = done % t.log_every == 0 or done == t.num_steps
