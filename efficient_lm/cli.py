@@ -91,6 +91,9 @@ def _unknown_override(config: ml_collections.ConfigDict, argv: list[str]) -> str
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing (for `app.run(main, flags_parser=parse_flags)`), with every mistake one
   line on stderr and exit status 2."""
+  unknown = _unknown_flag(argv[1:])
+  if unknown:  # before the config file is loaded (it imports the models, and jax)
+    _fail(f"Unknown command line flag '{unknown}'")
   given = [arg[len("--config="):] for arg in argv if arg.startswith("--config=")]
   argv = [_resolved(arg) for arg in argv]
   base = None
@@ -110,6 +113,32 @@ def parse_flags(argv: list[str]) -> list[str]:
   except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
     _fail(" ".join(str(e).split())[:500] or type(e).__name__)
   return rest
+
+
+def _unknown_flag(args: list[str]) -> str | None:
+  """The first `--name` that is no flag of this command (nor `--noname` of a boolean one, nor a
+  `--config.<field>`, which the config answers), or None; what follows `--` is not flags."""
+  known = flags.FLAGS
+  for arg in args:
+    if arg == "--":
+      return None
+    if not arg.startswith("-") or arg in ("-", "--") or _is_number(arg):  # (a value: -1)
+      continue
+    name = arg.lstrip("-").split("=", 1)[0]
+    if name.startswith("config.") or name in known or name in ("flagfile", "undefok"):
+      continue
+    if name.startswith("no") and name[2:] in known and isinstance(known[name[2:]], flags.BooleanFlag):
+      continue
+    return name
+  return None
+
+
+def _is_number(text: str) -> bool:
+  try:
+    float(text)
+  except ValueError:
+    return False
+  return True
 
 
 def _flag_error(message: str, base) -> str:

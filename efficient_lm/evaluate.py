@@ -4,23 +4,22 @@
         [--context=N --stride=S] [--per_position] [--ablate_context=N] [--batch_size=B] [--out=DIR]
 
 Prints one line on stderr and the figures as one JSON object, the last line of stdout; one
-`error: ...` line and exit status 2 for input it cannot use.
+`error: ...` line and exit status 2 for input it cannot use. Ctrl-C (SIGINT) stops it at once with
+exit status 130, SIGTERM with 143 (`signals`; nothing is half-written). Only light modules are
+imported before the flags are checked.
 """
 
 import json
 import sys
-
-import numpy as np
 
 from absl import app
 from absl import flags
 from absl import logging as absl_logging
 
 from efficient_lm import cli as cli_lib
-from efficient_lm import data
-from efficient_lm import scoring
-from efficient_lm import workdir as workdir_lib
-from efficient_lm.validation import ConfigError
+from efficient_lm import exit_codes
+from efficient_lm import output
+from efficient_lm import signals
 
 
 def _summary_line(result: dict) -> str:
@@ -53,6 +52,10 @@ def cli(*, workdir: str, split: str | None = None, text_file: str | None = None,
         per_query_out: str | None = None, max_tokens: int = 0) -> int:
   """What the command does: a human line on stderr, the figures as the last stdout line (JSON);
   returns the exit status (2 and one `error: ...` line for input it cannot use)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from efficient_lm import data, scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  from efficient_lm.validation import ConfigError  # pylint: disable=import-outside-toplevel
   try:
     result = scoring.evaluate_workdir(workdir, split=split, text_file=text_file, context=context,
                                       stride=stride, batch_size=batch_size,
@@ -62,7 +65,7 @@ def cli(*, workdir: str, split: str | None = None, text_file: str | None = None,
   except (scoring.EvalError, workdir_lib.WorkdirError, ConfigError, data.DataError,
           data.DownloadError) as e:
     print(f"error: {e}", file=sys.stderr)
-    return 2
+    return exit_codes.USAGE
   queries = result.pop("queries", None)
   if per_query_out and queries is not None:  # MQAR: every answer, for paired tests across models
     np.savez_compressed(per_query_out, **queries)
@@ -71,19 +74,22 @@ def cli(*, workdir: str, split: str | None = None, text_file: str | None = None,
     print(f"per-position loss: {result['out']}/per_position.json and per_position.png",
           file=sys.stderr)
   figures = {k: v for k, v in result.items() if not k.startswith("per_position")}
-  sys.stdout.write(json.dumps(figures) + "\n")
-  return 0
+  output.result(json.dumps(figures))
+  return exit_codes.SUCCESS
 
 
 def main(argv) -> None:
   del argv
   FLAGS = flags.FLAGS
+  output.reserve_stdout()
   absl_logging.set_verbosity(absl_logging.WARNING)  # the libraries' (Orbax) warnings only
-  sys.exit(cli(workdir=FLAGS.workdir, split=FLAGS.split, text_file=FLAGS.text_file,
-               context=FLAGS.context, stride=FLAGS.stride, batch_size=FLAGS.batch_size,
-               per_position=FLAGS.per_position, out=FLAGS.out,
-               ablate_context=FLAGS.ablate_context, per_query_out=FLAGS.per_query_out,
-               max_tokens=FLAGS.max_tokens))
+  with signals.phase(f"evaluating {FLAGS.workdir}"), output.library_prints_discarded():
+    status = cli(workdir=FLAGS.workdir, split=FLAGS.split, text_file=FLAGS.text_file,
+                 context=FLAGS.context, stride=FLAGS.stride, batch_size=FLAGS.batch_size,
+                 per_position=FLAGS.per_position, out=FLAGS.out,
+                 ablate_context=FLAGS.ablate_context, per_query_out=FLAGS.per_query_out,
+                 max_tokens=FLAGS.max_tokens)
+  sys.exit(status)
 
 
 def _define_flags() -> None:
@@ -112,8 +118,13 @@ def _define_flags() -> None:
 
 def run() -> None:
   """The `efficient-lm-eval` console script."""
+  signals.install(training=False)
   _define_flags()
-  app.run(main, flags_parser=cli_lib.parse_flags)
+  try:
+    app.run(main, flags_parser=cli_lib.parse_flags)
+  except signals.Interrupted as e:
+    signals.exit_now(signals.status_of(e.signal_name),
+                     f"stopped by {e.signal_name} while {e.phase}; rerun the same command")
 
 
 if __name__ == "__main__":

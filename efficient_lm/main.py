@@ -5,28 +5,30 @@ Any config field can be overridden, e.g. `--config.train.num_steps=100`.
 latest checkpoint in its workdir. Several processes (hosts, or one per GPU) train one
 job when each runs the same command with `--coordinator_address`, `--num_processes`
 and its own `--process_id`, or under SLURM / Open MPI / a Cloud TPU slice with none.
+
+Progress goes to stderr, the result (one JSON line) to stdout. Ctrl-C (SIGINT) and SIGTERM stop
+it cleanly in every phase; the exit statuses are `exit_codes`' (docs/operations.md). Only light
+modules are imported here: a mistake on the command line answers before jax starts.
 """
 
+from efficient_lm import signals
+
+signals.install()  # first: Ctrl-C works while the rest is imported
+
+# pylint: disable=wrong-import-position
 import json
 import logging as std_logging
 import os
 import sys
 
-import jax
 from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
 
-from efficient_lm import checkpoint
 from efficient_lm import cli
-from efficient_lm import data
-from efficient_lm import distributed
-from efficient_lm import step_memory
-from efficient_lm import targets
-from efficient_lm import train
-from efficient_lm import workdir as workdir_lib
-from efficient_lm.validation import ConfigError
+from efficient_lm import exit_codes
+from efficient_lm import output
 
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/dense.py or "
                                 "configs/bcmt.py:128, or a shipped config by name (pi_attention, "
@@ -38,6 +40,9 @@ flags.DEFINE_integer("num_processes", None, "Processes in the job; default $JAX_
                      "cluster's; none of the three flags and no cluster: one process.")
 flags.DEFINE_integer("process_id", None, "This process's index in [0, num_processes); default "
                      "$JAX_PROCESS_ID or the cluster's.")
+flags.DEFINE_integer("heartbeat_timeout", 100, "Multi-process jobs: seconds of silence after which "
+                     "a process counts as lost; the others then stop with one error line (exit "
+                     "status 4).")
 flags.DEFINE_bool("compile_only", False, "Validate the config, compile the real train step for the "
                   "configured mesh from shapes only (no data, no training) and print what it needs "
                   "per device; the last stdout line is JSON. Exit status 3 if it does not fit.")
@@ -57,9 +62,20 @@ def default_workdir(config_arg: str) -> str:
   return os.path.join("runs", f"{name}_{preset}" if preset else name)
 
 
+class _LibraryChatter(std_logging.Filter):
+  """TFDS's warnings about its own folders ("Variant folder ... has no dataset_info.json"): not
+  the run's business. Errors still pass."""
+
+  def filter(self, record: std_logging.LogRecord) -> bool:
+    return record.levelno >= std_logging.ERROR or "tensorflow_datasets" not in record.pathname
+
+
 def setup_logging(primary: bool = True) -> None:
   """Our progress at INFO on stderr (process 0 only; others warnings); the libraries' warnings only."""
   logging.set_verbosity(logging.WARNING)
+  absl_logger = std_logging.getLogger("absl")
+  if not any(isinstance(f, _LibraryChatter) for f in absl_logger.filters):
+    absl_logger.addFilter(_LibraryChatter())
   handler = std_logging.StreamHandler(sys.stderr)
   handler.setFormatter(std_logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
   ours = std_logging.getLogger("efficient_lm")
@@ -68,54 +84,101 @@ def setup_logging(primary: bool = True) -> None:
   ours.propagate = False
 
 
+def _fail(status: int, message: str) -> None:
+  print(f"error: {message}", file=sys.stderr)
+  sys.exit(status)
+
+
+def _known_errors() -> tuple[type[BaseException], ...]:
+  """The errors that are the user's to fix: one `error:` line and exit status 2."""
+  from efficient_lm import checkpoint, data, targets, train  # pylint: disable=import-outside-toplevel
+  from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  from efficient_lm.validation import ConfigError  # pylint: disable=import-outside-toplevel
+  return (ConfigError, data.DataError, data.DownloadError, workdir_lib.WorkdirError,
+          checkpoint.NoRestorableCheckpointError, checkpoint.CheckpointRestoreError,
+          train.NonFiniteError, targets.TargetError)
+
+
+def stopped_line(signal_name: str, phase: str) -> str:
+  """The one line a command stopped by a signal outside the training loop ends with."""
+  return (f"stopped by {signal_name} while {phase}: nothing was left half-written (the data cache, "
+          "the workdir and the checkpoints hold only complete files); rerun the same command to "
+          "go on")
+
+
 def main(argv):
   del argv
+  signals.install(training=not FLAGS.compile_only)
+  output.reserve_stdout()
   setup_logging()
   workdir = FLAGS.workdir or default_workdir(FLAGS["config"].config_filename)
   if FLAGS.target and not FLAGS.compile_only:
-    print("error: --target compiles for an accelerator without running anything; add "
-          "--compile_only (or drop --target to train here)", file=sys.stderr)
-    sys.exit(2)
-  if FLAGS.target:
-    targets.prepare_host()  # before anything starts a backend
+    _fail(exit_codes.USAGE, "--target compiles for an accelerator without running anything; add "
+          "--compile_only (or drop --target to train here)")
   try:
-    # Before anything touches devices; then only process 0 logs progress.
-    if distributed.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
-                                          FLAGS.process_id):
-      setup_logging(primary=distributed.is_primary())
-      logger.info("one job of %d processes over %d devices (%d here)", jax.process_count(),
-                  jax.device_count(), jax.local_device_count())
+    _run(workdir)
+  except signals.Interrupted as e:
+    signals.exit_now(signals.status_of(e.signal_name), stopped_line(e.signal_name, e.phase))
+
+
+def _run(workdir: str) -> None:
+  config = FLAGS.config
+  if FLAGS.target:  # the extra and the topology checked before the accelerator's plugin loads
+    from efficient_lm import targets  # pylint: disable=import-outside-toplevel
+    try:
+      targets.check(FLAGS.target)
+    except targets.TargetError as e:
+      _fail(exit_codes.USAGE, str(e))
+    targets.prepare_host()  # before anything starts a backend
+  what = "compiling" if FLAGS.compile_only else f"training into {workdir}"
+  logger.info("%s (%s): %s; starting jax", config.model.name, FLAGS["config"].config_filename, what)
+  from efficient_lm import backends, distributed, step_memory, train  # pylint: disable=import-outside-toplevel
+  try:
+    with signals.phase("starting jax"):
+      # Before anything touches devices; then only process 0 logs progress.
+      if distributed.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
+                                            FLAGS.process_id, FLAGS.heartbeat_timeout):
+        setup_logging(primary=distributed.is_primary())
+        distributed.log_job()
+      backends.start()
     if FLAGS.compile_only:
-      try:
-        memory = train.compile_only(FLAGS.config, FLAGS.target, FLAGS.num_slices)
-      except step_memory.StepTooLargeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(3)
-      print(step_memory.describe(memory) + ("" if memory["fits"] else " -- does not fit"))
-      print(json.dumps(memory))
-      if not memory["fits"]:
-        print(f"error: the train step does not fit: it needs "
-              f"{step_memory.gib(memory['per_device_total_bytes'])} per device, "
-              f"{memory['available_is']} is {step_memory.gib(memory['per_device_available_bytes'])}; "
-              f"lower it with {step_memory.fix_hint(memory)}", file=sys.stderr)
-        sys.exit(3)
+      _compile_only(config)
       return
-    train.train_and_evaluate(FLAGS.config, workdir)
-  except KeyboardInterrupt:
-    print("error: interrupted (Ctrl-C); nothing half-written was kept (the data cache, the "
-          "workdir and the checkpoints are written atomically): rerun the same command to go on "
-          "from the last checkpoint", file=sys.stderr)
-    sys.exit(130)
-  except (ConfigError, data.DataError, data.DownloadError, workdir_lib.WorkdirError,
-          checkpoint.NoRestorableCheckpointError, train.NonFiniteError,
-          step_memory.StepTooLargeError, targets.TargetError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    summary = train.train_and_evaluate(config, workdir)
+  except step_memory.StepTooLargeError as e:
+    _fail(exit_codes.DOES_NOT_FIT, str(e))
+  except _known_errors() as e:
+    _fail(exit_codes.USAGE, str(e))
+  except Exception as e:  # pylint: disable=broad-except  (a lost process? else re-raised)
+    distributed.PeerWatch.explain(e)
+    raise
+  if summary.get("preempted"):
+    print(summary["preempted_line"], file=sys.stderr)
+    signals.flush()
+    sys.exit(signals.status_of(summary["preempted"]))
+  output.result(json.dumps({k: v for k, v in summary.items() if k != "sample"}))
+
+
+def _compile_only(config) -> None:
+  from efficient_lm import step_memory, train  # pylint: disable=import-outside-toplevel
+  memory = train.compile_only(config, FLAGS.target, FLAGS.num_slices)
+  output.result(step_memory.describe(memory) + ("" if memory["fits"] else " -- does not fit"))
+  output.result(json.dumps(memory))
+  if not memory["fits"]:
+    _fail(exit_codes.DOES_NOT_FIT,
+          f"the train step does not fit: it needs "
+          f"{step_memory.gib(memory['per_device_total_bytes'])} per device, "
+          f"{memory['available_is']} is {step_memory.gib(memory['per_device_available_bytes'])}; "
+          f"lower it with {step_memory.fix_hint(memory)}")
 
 
 def run() -> None:
   """The `efficient-lm-train` console script."""
-  app.run(main, flags_parser=cli.parse_flags)
+  signals.install()  # (again, for a caller that imported this module long before)
+  try:
+    app.run(main, flags_parser=cli.parse_flags)
+  except signals.Interrupted as e:
+    signals.exit_now(signals.status_of(e.signal_name), stopped_line(e.signal_name, e.phase))
 
 
 if __name__ == "__main__":

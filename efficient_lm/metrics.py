@@ -21,6 +21,37 @@ def loss_figures(sum_nll_nats: float, scored: float, num_bytes: float) -> dict[s
           "bits_per_byte": bits_per_byte(sum_nll_nats, num_bytes) if num_bytes else float("nan")}
 
 
+SUPERSEDED = "metrics.superseded.jsonl"
+
+
+def rewind(workdir: str, step: int) -> int:
+  """A run resumed at checkpoint `step` trains the later steps again: their lines in
+  `metrics.jsonl` (written before the run was cut short) move to `metrics.superseded.jsonl`
+  (appended, kept), as does a line torn by the kill, so that metrics.jsonl holds every step once. Returns how many lines moved.
+  metrics.jsonl is rewritten atomically (beside, then renamed)."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.isfile(path):
+    return 0
+  with open(path, encoding="utf-8") as f:
+    lines = f.readlines()
+  kept, moved = [], []
+  for line in lines:
+    try:
+      later = int(json.loads(line)["step"]) > step
+    except (ValueError, KeyError, TypeError):  # a line torn by the kill: moved too
+      later = True
+    (moved if later else kept).append(line if line.endswith("\n") else line + "\n")
+  if not moved:
+    return 0
+  with open(os.path.join(workdir, SUPERSEDED), "a", encoding="utf-8") as f:
+    f.writelines(moved)
+  tmp = f"{path}.{os.getpid()}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.writelines(kept)
+  os.replace(tmp, path)
+  return len(moved)
+
+
 class MetricWriter:
   """Appends one JSON object a line to `<workdir>/metrics.jsonl` and mirrors it to TensorBoard."""
 

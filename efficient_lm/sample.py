@@ -4,7 +4,8 @@
 
 Loads the workdir's config, tokenizer and latest checkpoint and prints the prompt and its
 continuation on stdout, nothing else; one `error: ...` line and exit status 2 for input it cannot
-use.
+use. Ctrl-C (SIGINT) stops it at once with exit status 130, SIGTERM with 143 (`signals`). Only
+light modules are imported before the flags are checked.
 """
 
 import re
@@ -15,9 +16,9 @@ from absl import flags
 from absl import logging as absl_logging
 
 from efficient_lm import cli
-from efficient_lm import generation
-from efficient_lm import scoring
-from efficient_lm import workdir as workdir_lib
+from efficient_lm import exit_codes
+from efficient_lm import output
+from efficient_lm import signals
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 
@@ -31,7 +32,15 @@ def unescape(text: str) -> str:
 def main(argv) -> None:
   del argv
   FLAGS = flags.FLAGS
+  output.reserve_stdout()
   absl_logging.set_verbosity(absl_logging.WARNING)  # the libraries' (Orbax) warnings only
+  with signals.phase(f"sampling from {FLAGS.workdir}"):
+    _sample(FLAGS)
+
+
+def _sample(FLAGS) -> None:  # pylint: disable=invalid-name
+  from efficient_lm import generation, scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   try:
     generation.check_sampling(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p)
     if FLAGS.max_new_tokens < 1:
@@ -41,7 +50,7 @@ def main(argv) -> None:
     model, tokenizer, config, step = generation.load_workdir(FLAGS.workdir, mesh=mesh)
   except (ValueError, workdir_lib.WorkdirError) as e:
     print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    sys.exit(exit_codes.USAGE)
   print(f"{config.model.name} at step {step} from {FLAGS.workdir}", file=sys.stderr)
   prompt = unescape(FLAGS.prompt) if FLAGS.escapes else FLAGS.prompt
   try:
@@ -52,8 +61,8 @@ def main(argv) -> None:
                                     document_mask=config.data.document_mask)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
-  sys.stdout.write(text + "\n")
+    sys.exit(exit_codes.USAGE)
+  output.result(text)
 
 
 def _define_flags() -> None:
@@ -72,8 +81,13 @@ def _define_flags() -> None:
 
 def run() -> None:
   """The `efficient-lm-sample` console script."""
+  signals.install(training=False)
   _define_flags()
-  app.run(main, flags_parser=cli.parse_flags)
+  try:
+    app.run(main, flags_parser=cli.parse_flags)
+  except signals.Interrupted as e:
+    signals.exit_now(signals.status_of(e.signal_name),
+                     f"stopped by {e.signal_name} while {e.phase}; rerun the same command")
 
 
 if __name__ == "__main__":

@@ -12,10 +12,11 @@ workdir: `metrics.jsonl`, `tensorboard/`, `config.json`, `tokenizer.model` and
 """
 
 import dataclasses
+import json
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -28,9 +29,11 @@ from efficient_lm import data
 from efficient_lm import distributed
 from efficient_lm import metrics as metrics_lib
 from efficient_lm import models
-from efficient_lm import preemption
 from efficient_lm import generation
+from efficient_lm import output
+from efficient_lm import progress as progress_lib
 from efficient_lm import sharding
+from efficient_lm import signals
 from efficient_lm import step_memory
 from efficient_lm import targets
 from efficient_lm import train_state
@@ -41,6 +44,7 @@ from efficient_lm.validation import ConfigError
 
 log = logging.getLogger(__name__)
 EPOCHS_WARNING = 20  # more passes over the train windows than this: one warning line
+PROGRESS_SECONDS = 30.0  # a progress line at least this often, besides every train.log_every steps
 
 # Kept importable from here: tests and experiments use them.
 TrainState = train_state.TrainState
@@ -72,14 +76,16 @@ def place_batch(batch: dict, mesh: jax.sharding.Mesh, layout: str = "natural",
 
 def evaluate(eval_step, params, corpus, split: str, batch_size: int, mesh,
              layout: str = "natural", max_tokens: int = 0,
-             rows: tuple[int, int] | None = None) -> dict[str, float]:
+             rows: tuple[int, int] | None = None,
+             should_stop: Callable[[], bool] | None = None) -> dict[str, float] | None:
   """Loss (nats/token), perplexity and bits per byte over the whole split, every token once (or
   its first windows holding at least `max_tokens` targets: `train.eval_tokens`).
 
   A model that scores only the last positions of each window (Perceiver-AR)
   is charged the bytes of the tokens it scored: the split's bytes times the
   fraction of target tokens scored (an estimate; exact when all are scored).
-  A long evaluation says how far it is about every 30 s.
+  A long evaluation says how far it is about every 30 s. `should_stop()` is asked before every
+  batch (by every process alike); when it says so the evaluation stops and returns None.
   """
   total_nll, scored, targets = 0.0, 0.0, 0.0
   truncated = False
@@ -87,24 +93,34 @@ def evaluate(eval_step, params, corpus, split: str, batch_size: int, mesh,
   share = {} if rows is None else dict(batch_size=rows[1] - rows[0],
                                        process_index=jax.process_index(),
                                        process_count=jax.process_count())
-  for batch in corpus.eval_batches(split, **({"batch_size": batch_size} | share)):
+  global_batch = batch_size if rows is None else (rows[1] - rows[0]) * jax.process_count()
+  for index, batch in enumerate(corpus.eval_batches(split, **({"batch_size": batch_size} | share))):
+    if should_stop is not None and should_stop():
+      return None
     placed = place_batch(batch, mesh, layout, None if rows is None else (*rows, batch_size))
     nll, weight = eval_step(params, placed)
     total_nll += float(nll)
     scored += float(weight)
-    targets += float(np.sum(batch["weights"])) * (1 if rows is None else jax.process_count())
+    targets += (float(np.sum(batch["weights"])) if rows is None else
+                _targets_in_batch(corpus, split, index, global_batch))
     if time.monotonic() - last_note > 30:
       last_note = time.monotonic()
       log.info("... evaluating on %s: %s tokens so far", split, f"{int(targets):,}")
     if max_tokens and targets >= max_tokens:
       truncated = True
       break
-  if rows is not None and not truncated:  # each process saw its rows: every target, once
-    targets = float(corpus.num_tokens(split))
   share = targets / corpus.num_tokens(split) if truncated else 1.0  # of the split's bytes
   num_bytes = corpus.num_bytes(split) * share * (scored / targets if targets else 1.0)
   figures = metrics_lib.loss_figures(total_nll, scored, num_bytes)
   return {f"eval_{name}": value for name, value in figures.items()}
+
+
+def _targets_in_batch(corpus, split: str, index: int, global_batch: int) -> float:
+  """Target tokens in global evaluation batch `index` (the windows of every process's rows): the
+  same count on every process, whatever rows each holds."""
+  seq_len, last = corpus.seq_len, corpus.num_tokens(split)  # targets are positions 1..last
+  starts = (index * global_batch + np.arange(global_batch, dtype=np.int64)) * seq_len
+  return float(np.clip(last - starts, 0, seq_len).sum())
 
 
 def make_sharded_eval_step(config: ml_collections.ConfigDict, built: train_state.Built):
@@ -122,12 +138,19 @@ def compile_only(config: ml_collections.ConfigDict, target: str | None = None,
   (`targets.load`'s '<platform>:<device>:<topology>') the step is compiled for that accelerator's
   devices, from any host."""
   use_compilation_cache(config)
-  accelerator = targets.load(target, num_slices) if target else None
+  accelerator = None
+  if target:
+    with progress_lib.phase(f"loading the compiler for {target}"):
+      accelerator = targets.load(target, num_slices)
   devices = accelerator.devices if accelerator else None
   config_check.validate(config, devices)
   mesh = sharding.make_mesh(config.mesh, devices)
   built = train_state.build(config, mesh, abstract=True)
-  compiled = step_memory.compile_train_step(config, built)
+  what = f"compiling the train step for {target or targets.platform_of(mesh.devices.flat)}"
+  log.info("%s (%s, seq_len %s, batch %s)...", what, config.model.name,
+           f"{config.data.seq_len:,}", config.data.batch_size)
+  with progress_lib.phase(what):
+    compiled = step_memory.compile_train_step(config, built)
   return step_memory.report(compiled, config, built, accelerator)
 
 
@@ -155,20 +178,30 @@ class Run:
   writer: Any
   meta: dict
   rows: tuple[int, int] | None = None  # this process's rows of every batch (per-host input)
+  eval_pending: bool = False    # resumed from a stop during the evaluation at this step: redo it
 
 
 def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   """Data, mesh and train state; the state and data position restored from the workdir if it has
   checkpoints. Every check runs before the workdir is touched (`workdir.Workdir`): a run of
-  another model or corpus is refused with the workdir byte-identical. A resumed state is restored
-  straight into its shardings (no random init beside it)."""
+  another model or corpus is refused with the workdir byte-identical, and whatever config.json,
+  data.json and the checkpoints' metadata can answer is answered before any data is prepared or
+  anything compiles. A resumed state is restored straight into its shardings (no random init
+  beside it)."""
   t = config.train
   wd = workdir_lib.Workdir(workdir)
+  settings = workdir_lib.corpus_settings(config.data)  # as asked (before a small corpus's vocab)
   mesh = sharding.make_mesh(config.mesh)
-  data_checks = data.preflight(config.data)  # cheap (a glob that matches nothing): before compiling
+  abstract = train_state.build(config, mesh, abstract=True)
+  _refuse_early(config, mesh, abstract, wd)
+  # The data checks that read no more than the config names (a `text:` glob), on process 0.
+  data_checks = distributed.primary_first(lambda: data.preflight(config.data), "corpus checked",
+                                          others=lambda: data.preflight(config.data, read=False))
   # Compile the step first, from shapes only: a step that cannot fit stops here, before any data.
-  abstract, compiled = _compiled_step(config, mesh)
-  corpus = distributed.primary_first(lambda: data.load(config.data, data_checks), "data prepared")
+  compiled = _compiled_step(config, abstract)
+  with progress_lib.phase("preparing the data"), output.library_prints_discarded():
+    corpus = distributed.primary_first(lambda: data.load(config.data, data_checks), "data prepared")
+  _check_same_corpus(corpus)
   check_eval_split(config, corpus.splits)
   vocab = _vocab_size(config, corpus.tokenizer, wd)
   if vocab < config.data.vocab_size:  # a small corpus: fewer pieces
@@ -176,7 +209,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
              corpus.tokenizer.vocab_size, config.data.vocab_size, vocab)
     config.data.vocab_size = vocab  # model.vocab_size follows (a field reference)
     config_check.validate(config)
-    abstract, compiled = _compiled_step(config, mesh)
+    abstract = train_state.build(config, mesh, abstract=True)
+    compiled = _compiled_step(config, abstract)
   _warn_if_epochs_repeat(config, corpus)
   wd.check_data(corpus.identity, allow_new_data=t.allow_new_data)
   meta = workdir_lib.model_meta(config, abstract.state.params)
@@ -199,7 +233,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   ckpt, restored = None, None
   if wd.has_checkpoints():  # (a workdir without any is not touched before the checks pass)
     ckpt = open_checkpoints()
-    restored = ckpt.restore_latest(abstract.state, check_meta)
+    with progress_lib.phase("restoring the latest checkpoint"):
+      restored = ckpt.restore_latest(abstract.state, check_meta)
   if restored is not None:
     latest, state, data_state = restored
     train_iter.set_state(data_state)
@@ -208,16 +243,54 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   else:
     state = train_state.build(config, mesh).state
   if distributed.is_primary():  # every check has passed: now the workdir is written
-    wd.write(config, corpus.tokenizer, corpus.identity)
+    wd.write(config, corpus.tokenizer, corpus.identity, settings)
+    if restored is not None:
+      moved = metrics_lib.rewind(wd.path, restored[0])
+      if moved:
+        log.info("moved %d metrics.jsonl lines of steps after %d (the run that was cut short) to "
+                 "%s", moved, restored[0], metrics_lib.SUPERSEDED)
   distributed.barrier("workdir written")
   ckpt = ckpt or open_checkpoints()
+  distributed.PeerWatch.describe_checkpoints = lambda: checkpoint.describe_committed(ckpt.directory)
   log.info("model %s: %s parameters; %s train tokens; workdir %s", config.model.name,
            f"{abstract.num_params:,}", f"{corpus.num_tokens('train'):,}", wd.path)
   writer = metrics_lib.MetricWriter(wd.path) if distributed.is_primary() else metrics_lib.NullWriter()
   return Run(config=config, workdir=wd.path, corpus=corpus, mesh=mesh,
              layout=models.sequence_layout(config.model, mesh), built=abstract, state=state,
              train_step=compiled, ckpt=ckpt, train_iter=train_iter, writer=writer, meta=meta,
-             rows=rows)
+             rows=rows, eval_pending=restored is not None and bool(saved_meta.get("eval_pending")))
+
+
+def _refuse_early(config: ml_collections.ConfigDict, mesh, abstract: train_state.Built,
+                  wd: workdir_lib.Workdir) -> None:
+  """The workdir's refusals that config.json, data.json and the checkpoints' metadata can give
+  at once (another corpus, tokenizer or model), before any data is prepared or anything compiles.
+  The same checks run again, authoritatively, once the corpus is loaded and the state restored."""
+  if not wd.has_checkpoints():
+    return
+  wd.check_settings(config.data, allow_new_data=config.train.allow_new_data)
+  saved_meta = checkpoint.latest_meta(wd.checkpoints)
+  if saved_meta is None:
+    return
+  vocab = wd.resumed_vocab_size(config.data.vocab_size)
+  if vocab != config.data.vocab_size:  # the model as it will be built once the tokenizer is known
+    resized = config.copy_and_resolve_references()
+    resized.data.vocab_size = resized.model.vocab_size = vocab
+    abstract = train_state.build(resized, mesh, abstract=True)
+  wd.check_model(saved_meta, workdir_lib.model_meta(config, abstract.state.params))
+
+
+def _check_same_corpus(corpus) -> None:
+  """Every process trains on the same corpus and tokenizer: with a `data.data_dir` of each host's
+  own, each prepared its own copy; one that differs stops the job before anything is written."""
+  differ = distributed.processes_differing(json.dumps(corpus.identity, sort_keys=True))
+  if differ:
+    raise data.DataError(
+        f"process(es) {', '.join(map(str, differ))} prepared another corpus or tokenizer than "
+        f"process 0 (data.json identity {json.dumps(corpus.identity, sort_keys=True)} on process "
+        f"{jax.process_index()}); with a data.data_dir of each host's own the hosts must see the "
+        "same files: put data.data_dir on a filesystem every host sees, or copy process 0's "
+        "prepared data.data_dir to the others")
 
 
 def _vocab_size(config: ml_collections.ConfigDict, tokenizer, wd: workdir_lib.Workdir) -> int:
@@ -242,17 +315,18 @@ def _warn_if_epochs_repeat(config: ml_collections.ConfigDict, corpus) -> None:
                 epochs, f"{windows:,}", corpus.name)
 
 
-def _compiled_step(config: ml_collections.ConfigDict, mesh):
-  """(the abstract train state, the train step compiled for it), checked to fit a device."""
-  abstract = train_state.build(config, mesh, abstract=True)
-  log.info("compiling the train step (%s, seq_len %s, batch %s)...", config.model.name,
+def _compiled_step(config: ml_collections.ConfigDict, abstract: train_state.Built):
+  """The train step compiled for `abstract` (the train state's shapes), checked to fit a device."""
+  what = f"compiling the train step for {targets.platform_of(abstract.mesh.devices.flat)}"
+  log.info("%s (%s, seq_len %s, batch %s)...", what, config.model.name,
            f"{config.data.seq_len:,}", config.data.batch_size)
-  compiled = step_memory.compile_train_step(config, abstract)
+  with progress_lib.phase(what):
+    compiled = step_memory.compile_train_step(config, abstract)
   memory = step_memory.report(compiled, config, abstract)
   log.info("%s", step_memory.describe(memory))
   step_memory.check_fits(memory)
   log.info("%s", abstract.describe())
-  return abstract, compiled
+  return compiled
 
 
 def _warn_if_rate_jumps(saved_rate: float | None, new_rate: float, step: int) -> None:
@@ -265,9 +339,43 @@ def _warn_if_rate_jumps(saved_rate: float | None, new_rate: float, step: int) ->
                 "when a run is extended in its stable phase)", step, saved_rate, new_rate)
 
 
-def train_steps(run: Run) -> tuple[dict[str, float], dict | None]:
+class _Profiler:
+  """`train.profile_steps` ('START:END'): a trace of those steps on process 0, started at START
+  (or at the first step of a run resumed inside the range) and stopped at END, or when the loop
+  ends first (a range past num_steps, a stop signal, an error)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    self.range = profile_range(config)
+    self.folder = os.path.join(workdir, "profile")
+    self.on = False
+
+  def before(self, step: int) -> None:
+    if self.range and not self.on and self.range[0] <= step + 1 <= self.range[1] and (
+        distributed.is_primary()):
+      jax.profiler.start_trace(self.folder)
+      self.on = True
+      log.info("profiling steps %d to %d into %s", step + 1, self.range[1], self.folder)
+
+  def after(self, done: int, step_metrics) -> None:
+    if self.on and done >= self.range[1]:
+      self.stop(step_metrics)
+
+  def stop(self, step_metrics=None) -> None:
+    if self.on:
+      if step_metrics is not None:
+        jax.block_until_ready(step_metrics)
+      jax.profiler.stop_trace()
+      self.on = False
+
+
+def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[str, float], dict | None]:
   """Trains from the restored step to `train.num_steps`: (the last evaluation's metrics, or {}; a
-  preemption summary if a stop signal ended the loop early, else None)."""
+  preemption summary if a stop signal ended the loop early, else None).
+
+  Run inside `signals.deferred`: a stop signal is polled after every step and before every
+  evaluation batch (`agreement`: every process stops at the same one); the loop then saves the
+  step it reached, waits until that checkpoint is committed and returns.
+  """
   t = run.config.train
   built = run.built
   train_step = run.train_step
@@ -288,85 +396,131 @@ def train_steps(run: Run) -> tuple[dict[str, float], dict | None]:
           f"good checkpoint is step {run.ckpt.latest_step()}. Lower train.learning_rate, raise "
           "train.warmup_steps or lower train.grad_clip, then rerun to resume from it")
 
-  def save(step: int) -> None:
+  def save(step: int, eval_pending: bool = False) -> None:
     check_finite()
     run.ckpt.save(step, run.state, run.train_iter.get_state(),
-                  {**run.meta, "learning_rate": float(built.schedule(step))})
+                  {**run.meta, "learning_rate": float(built.schedule(step)),
+                   "eval_pending": eval_pending})
 
-  stop = preemption.StopRequest()
-  profile = profile_range(run.config)
-  with stop:
+  def should_stop() -> bool:
+    return agreement.poll(signals.requested()) is not None
+
+  def evaluate_at(done: int) -> dict[str, float] | None:
+    check_finite()
+    final = done == t.num_steps  # the final evaluation scores the whole split
+    with progress_lib.phase(f"evaluating at step {done}"):
+      figures = evaluate(eval_step, run.state.params, run.corpus, t.eval_split,
+                         run.config.data.batch_size, run.mesh, run.layout,
+                         max_tokens=0 if final else t.eval_tokens, rows=run.rows,
+                         should_stop=should_stop)
+    if figures is not None:
+      run.writer.write(done, figures)
+      log.info("eval at step %d: loss %.4f  perplexity %.2f  bits/byte %.4f", done,
+               figures["eval_loss"], figures["eval_perplexity"], figures["eval_bits_per_byte"])
+    return figures
+
+  def stop(done: int, during_eval: bool = False) -> dict:
+    if done not in run.ckpt.all_steps():  # (resumed at `done` and stopped again: it is saved)
+      save(done, eval_pending=during_eval)
+    with signals.phase(f"committing checkpoint {done}"):
+      run.ckpt.wait()  # the save in flight is committed before the process goes
+    return preempted_summary(run, done, agreement.signal, during_eval)
+
+  profiler = _Profiler(run.config, run.workdir)
+  last_line = time.monotonic()
+  previous_metrics = None
+  try:
+    if run.eval_pending:  # a stop cut this step's evaluation short: it runs first
+      eval_metrics = evaluate_at(start_step)
+      if eval_metrics is None:
+        return {}, stop(start_step, during_eval=True)
     for step in range(start_step, t.num_steps):
-      if profile and step + 1 == profile[0] and distributed.is_primary():
-        jax.profiler.start_trace(os.path.join(run.workdir, "profile"))
-        log.info("profiling steps %d to %d into %s/profile", *profile, run.workdir)
+      profiler.before(step)
       batch = place_batch(next(run.train_iter), run.mesh, run.layout,
                           None if run.rows is None else (*run.rows, run.config.data.batch_size))
       run.state, step_metrics = train_step(run.state, batch)
       done = step + 1
       first_bad_step = _track_first_bad(first_bad_step, step_metrics, done)
-      if profile and done == profile[1] and distributed.is_primary():
-        jax.block_until_ready(step_metrics)
-        jax.profiler.stop_trace()
+      profiler.after(done, step_metrics)
       if step == start_step:  # the first step includes compilation: keep it out of the rate
         jax.block_until_ready(step_metrics)
         progress.reset_clock(done)
-      # Several processes agree at log steps (a signal may reach them at different steps): all save one.
-      if (stop.requested if jax.process_count() == 1 else
-          done % t.log_every == 0 and distributed.any_process(stop.requested)):
-        save(done)
-        run.ckpt.wait()  # the save in flight is committed before the process goes
-        signal_name = stop.signal_name or "a stop signal on another process"
-        log.warning("received %s at step %d: saved checkpoint %d in %s; rerun the same command "
-                    "to resume", signal_name, done, done, run.ckpt.directory)
-        return eval_metrics, {"step": done, "preempted": signal_name}
-      if done % t.log_every == 0 or done == t.num_steps:
+      # The host stays at most one step ahead of the devices (the next batch is placed while this
+      # step runs): a stop then saves within a step, and a progress line is at most a step late.
+      jax.block_until_ready(previous_metrics)
+      previous_metrics = step_metrics
+      if should_stop():
+        return eval_metrics, stop(done)
+      logged = done % t.log_every == 0 or done == t.num_steps
+      if logged or time.monotonic() - last_line >= PROGRESS_SECONDS:
         check_finite()
         step_metrics = jax.device_get(step_metrics)
         rate = progress.tokens_per_sec(done)
-        run.writer.write(done, {**step_metrics, "tokens_per_sec": rate})
+        if logged:
+          run.writer.write(done, {**step_metrics, "tokens_per_sec": rate})
         log.info(progress.line(done, float(step_metrics["loss"]), rate))
+        last_line = time.monotonic()
       if done % t.eval_every == 0 or done == t.num_steps:
-        check_finite()
-        final = done == t.num_steps  # the final evaluation scores the whole split
-        eval_metrics = evaluate(eval_step, run.state.params, run.corpus, t.eval_split,
-                                run.config.data.batch_size, run.mesh, run.layout,
-                                max_tokens=0 if final else t.eval_tokens, rows=run.rows)
-        run.writer.write(done, eval_metrics)
-        log.info("eval at step %d: loss %.4f  perplexity %.2f  bits/byte %.4f", done,
-                 eval_metrics["eval_loss"], eval_metrics["eval_perplexity"],
-                 eval_metrics["eval_bits_per_byte"])
+        figures = evaluate_at(done)
+        if figures is None:
+          return eval_metrics, stop(done, during_eval=True)
+        eval_metrics = figures
+        last_line = time.monotonic()
       if done % t.checkpoint_every == 0 or done == t.num_steps:
         save(done)
       if done % t.eval_every == 0 or done % t.checkpoint_every == 0:
         progress.reset_clock(done)  # evaluation and checkpoint time stay out of tokens/s
+  finally:
+    profiler.stop()
   return eval_metrics, None
 
 
-def report(run: Run, eval_metrics: dict[str, float], seconds: float) -> dict:
+def preempted_summary(run: Run, step: int, signal_name: str, during_eval: bool = False) -> dict:
+  """What a loop stopped by a signal returns; `preempted_line` is the line the command ends with."""
+  where = "" if signals.requested() == signal_name else " (on another process of the job)"
+  line = (f"stopped by {signal_name}{where} at step {step}: checkpoint {step} is committed in "
+          f"{run.ckpt.directory}{'; its evaluation runs first on resume' if during_eval else ''}; "
+          "rerun the same command to resume")
+  return {"step": step, "preempted": signal_name, "preempted_line": line}
+
+
+def report(run: Run, eval_metrics: dict[str, float], seconds: float,
+           agreement: distributed.StopAgreement) -> dict:
   """The summary of a finished run (evaluating a restored one that had nothing left to train),
-  logged, with a text sample from the final parameters."""
+  logged; a preemption summary if a stop signal cut that evaluation short."""
   t = run.config.train
   if not eval_metrics:
     eval_step = make_sharded_eval_step(run.config, run.built)
-    eval_metrics = evaluate(eval_step, run.state.params, run.corpus, t.eval_split,
-                            run.config.data.batch_size, run.mesh, run.layout, rows=run.rows)
+    step = int(run.state.step)
+    with progress_lib.phase(f"evaluating at step {step}"):
+      eval_metrics = evaluate(eval_step, run.state.params, run.corpus, t.eval_split,
+                              run.config.data.batch_size, run.mesh, run.layout, rows=run.rows,
+                              should_stop=lambda: agreement.poll(signals.requested()) is not None)
+    if eval_metrics is None:  # the checkpoint at this step exists: it was restored
+      return preempted_summary(run, step, agreement.signal)
   summary = {"step": int(run.state.step), **eval_metrics, "train_seconds": seconds}
   log.info("done: step %d in %.0f s; %s loss %.4f, bits/byte %.4f", summary["step"], seconds,
            t.eval_split, eval_metrics["eval_loss"], eval_metrics["eval_bits_per_byte"])
-  if t.sample_prompt and t.sample_tokens:
+  return summary
+
+
+def sample(run: Run) -> str | None:
+  """The end-of-run text sample from the final parameters (None: no sample), logged."""
+  t = run.config.train
+  if not (t.sample_prompt and t.sample_tokens):
+    return None
+  with progress_lib.phase("sampling"):
     try:
       text = generation.sample_from_state(run.config, run.state.params, run.corpus.tokenizer,
-                                      t.sample_prompt, num_tokens=t.sample_tokens, seed=t.seed)
+                                          t.sample_prompt, num_tokens=t.sample_tokens, seed=t.seed)
     except ValueError as e:  # a prompt the tokenizer cannot encode (a generated task's)
       log.info("no sample: %s", str(e).splitlines()[0])
-      return summary
-    if text is None:
-      log.info("no sample: the prompt fills the model's learned positions (model.seq_len)")
-    else:
-      log.info("sample:\n%s", text)
-      summary["sample"] = text
-  return summary
+      return None
+  if text is None:
+    log.info("no sample: the prompt fills the model's learned positions (model.seq_len)")
+  else:
+    log.info("sample:\n%s", text)
+  return text
 
 
 def use_compilation_cache(config: ml_collections.ConfigDict) -> None:
@@ -387,16 +541,34 @@ def profile_range(config: ml_collections.ConfigDict) -> tuple[int, int] | None:
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the final eval."""
+  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the final eval.
+
+  A stop signal (SIGINT, SIGTERM: `signals`) during the steps or an evaluation ends the run with
+  a committed checkpoint at the step reached and returns a preemption summary (`preempted`, the
+  signal; `preempted_line`); during the final sample (the checkpoint committed) it raises
+  `signals.Interrupted`."""
   config_check.validate(config)
   use_compilation_cache(config)
   run = setup(config, workdir)
   try:
     start = time.perf_counter()
-    eval_metrics, preempted = train_steps(run)
-    if preempted is not None:
-      return preempted
-    return report(run, eval_metrics, time.perf_counter() - start)
+    agreement = distributed.StopAgreement()
+    with signals.deferred("saving a checkpoint at the step reached"):
+      with signals.phase("training"):
+        eval_metrics, preempted = train_steps(run, agreement)
+      if preempted is not None:
+        return preempted
+      summary = report(run, eval_metrics, time.perf_counter() - start, agreement)
+      if summary.get("preempted"):
+        return summary
+      with signals.phase("committing the final checkpoint"):
+        run.ckpt.wait()
+      if agreement.settle(signals.requested()):  # a signal since the last poll: no sample
+        return preempted_summary(run, int(run.state.step), agreement.signal)
+    text = sample(run)  # (a signal now stops it at once: the final checkpoint is committed)
+    if text is not None:
+      summary["sample"] = text
+    return summary
   finally:
     run.writer.close()
     run.ckpt.close()

@@ -4,14 +4,15 @@
     tokenizer.model   the tokenizer the run trains with
     data.json         the corpus's identity: dataset, its source's fingerprint (the archive's
                       sha256, a `text:` folder's file-list hash, a TFDS version), the tokenizer's
-                      sha256 and vocabulary size
+                      sha256 and vocabulary size; and the `config.data` settings that made them
     checkpoints/      Orbax checkpoints (`checkpoint.py`); metrics.jsonl, tensorboard/ (`metrics.py`)
 
-Nothing in a workdir changes until every check has passed: `check` compares the run with what the
-workdir holds (the model, through the checkpoints' metadata; the corpus and tokenizer, through
-`data.json`) and raises one line naming what differs and the fix; only then does `write` put
-`config.json`, `tokenizer.model` and `data.json` in place, each atomically (written beside, then
-renamed). A refused run leaves every file byte-identical.
+Nothing in a workdir changes until every check has passed: the checks compare the run with what
+the workdir holds (the model, through the checkpoints' metadata; the corpus and tokenizer, through
+`data.json`) and raise one line naming what differs and the fix. `check_settings` answers from
+the config alone, before any data is prepared; `check_data` and `check_model` again once the corpus
+is loaded. Only then does `write` put `config.json`, `tokenizer.model` and `data.json` in place,
+each atomically (written beside, then renamed). A refused run leaves every file byte-identical.
 """
 
 import dataclasses
@@ -25,12 +26,27 @@ import ml_collections
 import numpy as np
 
 from efficient_lm import config_base
+from efficient_lm.files import unique_suffix
 from efficient_lm.data import archives
 
 log = logging.getLogger(__name__)
 
 CONFIG, TOKENIZER, DATA = "config.json", "tokenizer.model", "data.json"
 CHECKPOINTS = "checkpoints"
+# The `config.data` fields that decide the corpus and its tokenizer (recorded in data.json).
+CORPUS_SETTINGS = ("dataset", "vocab_size", "tokenizer_train_bytes", "text_key", "archive_sha256",
+                   "validation_fraction", "test_fraction")
+
+
+def corpus_settings(data_config) -> dict:
+  """The corpus-deciding `config.data` fields (`CORPUS_SETTINGS`) that the config has."""
+  out = {}
+  for key in CORPUS_SETTINGS:
+    try:
+      out[key] = data_config[key]
+    except (KeyError, AttributeError):
+      pass
+  return out
 
 
 class WorkdirError(RuntimeError):
@@ -50,7 +66,7 @@ def model_meta(config: ml_collections.ConfigDict, params) -> dict:
 
 def _write_atomic(path: str, *, text: str | None = None, copy_from: str | None = None) -> None:
   """`path` holds `text` (or a copy of `copy_from`) or is untouched: written beside, then renamed."""
-  tmp = f"{path}.{os.getpid()}.tmp"
+  tmp = f"{path}.{unique_suffix()}.tmp"
   try:
     if copy_from is not None:
       shutil.copyfile(copy_from, tmp)
@@ -109,6 +125,40 @@ class Workdir:
 
   # Checking.
 
+  def check_settings(self, data_config, *, allow_new_data: bool = False) -> None:
+    """WorkdirMismatchError, from the config alone, when the workdir's checkpoints were trained on
+    another corpus or tokenizer: the corpus-deciding fields of `config.data` against those data.json
+    recorded (older workdirs: the dataset of config.json). Runs before any data is prepared."""
+    if not self.has_checkpoints():
+      return
+    identity = self.saved_identity() or {}
+    saved = identity.get("settings")
+    if saved is None:
+      config = self.saved_config()
+      if config is None:
+        return
+      saved = {"dataset": config.data.dataset}
+    current = corpus_settings(data_config)
+    differs = [k for k in CORPUS_SETTINGS if k in saved and k in current and saved[k] != current[k]]
+    if not differs or allow_new_data:
+      return  # (allow_new_data: the loaded corpus's check warns)
+    first = differs[0]
+    what = {"dataset": "dataset", "vocab_size": "tokenizer", "tokenizer_train_bytes": "tokenizer",
+            "text_key": "text feature", "archive_sha256": "archive"}.get(first, "split of the files")
+    raise WorkdirMismatchError(
+        f"workdir {self.path} was trained on another {what} (data.{first}={saved[first]!r} in "
+        f"its {DATA if 'settings' in identity else CONFIG}, the config gives {current[first]!r}); "
+        "use a new --workdir, or set train.allow_new_data=True to train these checkpoints further "
+        "on the new data (the old tokenizer is kept beside the new one)")
+
+  def resumed_vocab_size(self, vocab_size: int) -> int:
+    """The model's vocabulary when this config resumes the workdir's checkpoints on their corpus:
+    the tokenizer's size the workdir recorded, if below `vocab_size` (a small corpus)."""
+    saved = self.saved_config() if self.has_checkpoints() else None
+    if saved is None:
+      return vocab_size
+    return min(vocab_size, int(saved.data.vocab_size))
+
   def check_data(self, identity: dict, *, allow_new_data: bool = False) -> None:
     """WorkdirMismatchError when the workdir's checkpoints were trained on another corpus or
     tokenizer than `identity` (a `Corpus.identity`), unless `allow_new_data`."""
@@ -153,16 +203,18 @@ class Workdir:
 
   # Writing (after every check).
 
-  def write(self, config: ml_collections.ConfigDict, tokenizer, identity: dict) -> None:
+  def write(self, config: ml_collections.ConfigDict, tokenizer, identity: dict,
+            settings: dict | None = None) -> None:
     """Puts config.json, tokenizer.model (the sentencepiece model; a generated task's
-    description) and data.json in place, atomically each. A tokenizer that replaces a different
-    one (train.allow_new_data) keeps the old file as tokenizer.<its sha256 prefix>.model."""
+    description) and data.json (`identity`, with `settings`: the run's `corpus_settings`) in
+    place, atomically each. A tokenizer that replaces a different one (train.allow_new_data)
+    keeps the old file as tokenizer.<its sha256 prefix>.model."""
     os.makedirs(self.path, exist_ok=True)
     _write_atomic(self.file(CONFIG), text=config.to_json_best_effort(indent=2))
     target = self.file(TOKENIZER)
     source = tokenizer.model_path
     if source is None:  # a generated source's tokenizer saves itself
-      source = f"{target}.{os.getpid()}.new"
+      source = f"{target}.{unique_suffix()}.new"
       tokenizer.save(source)
     try:
       if os.path.abspath(source) != target:
@@ -174,8 +226,9 @@ class Workdir:
     finally:
       if tokenizer.model_path is None and os.path.exists(source):
         os.remove(source)
-    _write_atomic(self.file(DATA), text=json.dumps(identity, indent=1, sort_keys=True))
+    record = dict(identity, **({"settings": settings} if settings is not None else {}))
+    _write_atomic(self.file(DATA), text=json.dumps(record, indent=1, sort_keys=True))
 
 
-__all__ = ["CONFIG", "DATA", "TOKENIZER", "Workdir", "WorkdirError", "WorkdirMismatchError",
-           "model_meta"]
+__all__ = ["CONFIG", "CORPUS_SETTINGS", "DATA", "TOKENIZER", "Workdir", "WorkdirError",
+           "WorkdirMismatchError", "corpus_settings", "model_meta"]

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import REPO
 from efficient_lm import checkpoint
+from efficient_lm import exit_codes
 from efficient_lm import train
 
 # The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).
@@ -78,17 +79,20 @@ def test_sigkill_then_restart_ends_bit_for_bit_equal(uninterrupted, tiny_cli_arg
 
 
 @pytest.mark.slow  # training subprocesses, killed and resumed
-def test_sigterm_saves_and_exits_cleanly_then_resumes(uninterrupted, tiny_cli_args, tmp_path):
+def test_sigterm_saves_and_exits_preempted_then_resumes(uninterrupted, tiny_cli_args, tmp_path):
+  """SIGTERM (a scheduler's preemption notice): the step reached is saved and committed, exit
+  status 75 ("preempted, resumable"); the rerun ends at the uninterrupted run's losses."""
   workdir = str(tmp_path / "preempted")
   process = start(tiny_cli_args(workdir, checkpoint_every=1000, eval_every=1000))
   wait_for(lambda: os.path.exists(os.path.join(workdir, "metrics.jsonl")) and
            any("loss" in r for r in read_metrics(workdir)), process)
   process.send_signal(signal.SIGTERM)
-  _, stderr = process.communicate(timeout=120)
-  assert process.returncode == 0, stderr[-2000:]
-  assert "received SIGTERM at step" in stderr
+  stdout, stderr = process.communicate(timeout=120)
+  assert process.returncode == exit_codes.PREEMPTED, stderr[-2000:]
   saved = checkpoint_steps(workdir)
   assert len(saved) == 1 and 5 <= saved[0] < 40  # the step it was at, not a periodic checkpoint
+  assert f"stopped by SIGTERM at step {saved[0]}: checkpoint {saved[0]} is committed" in stderr
+  assert stdout == ""  # no result: the run is not done
   result = subprocess.run([sys.executable, "-m", "efficient_lm.main",
                            *tiny_cli_args(workdir, checkpoint_every=1000, eval_every=1000)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -12,8 +13,9 @@ import time
 import jax
 import pytest
 
-from conftest import REPO, subprocess_env
+from conftest import REPO, fake_work_text, subprocess_env
 from efficient_lm import distributed
+from efficient_lm import exit_codes
 from efficient_lm.validation import ConfigError
 
 # The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).
@@ -45,11 +47,13 @@ def free_port() -> int:
 
 
 def launch(args, log_dir, *, num_processes: int, devices_per_process: int, timeout: int = 240,
-           while_running=None):
+           while_running=None, faults=None, ended=None, envs=None):
   """Runs `python -m efficient_lm.main ARGS` as one job of `num_processes` local processes.
 
   Returns each process's (return code, output). Output goes to files (a full pipe must not stall
-  a process); `while_running(processes, log_paths)` is called once all have started.
+  a process); `while_running(processes, log_paths)` is called once all have started. `faults`:
+  {process: [FAULT, N]}, run through tests/inject_fault.py. `ended`: a list that gets each
+  process's end time (time.time()). `envs`: {process: extra environment}.
   """
   env = {k: v for k, v in subprocess_env(devices_per_process, JAX_PLATFORMS="cpu").items()
          if k not in LAUNCHER_ENV}
@@ -59,18 +63,28 @@ def launch(args, log_dir, *, num_processes: int, devices_per_process: int, timeo
   processes, logs = [], []
   for i in range(num_processes):
     logs.append(open(os.path.join(log_dir, f"process{i}.log"), "w+"))
-    command = [sys.executable, "-m", "efficient_lm.main", *args, *job]
+    fault = (faults or {}).get(i)
+    main = ["tests/inject_fault.py", *fault] if fault else ["-m", "efficient_lm.main"]
+    command = [sys.executable, *main, *args, *job]
     command += [f"--process_id={i}"] if num_processes > 1 else []
-    processes.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=logs[-1],
-                                      stderr=subprocess.STDOUT, text=True))
+    processes.append(subprocess.Popen(command, cwd=REPO, env={**env, **(envs or {}).get(i, {})},
+                                      stdout=logs[-1], stderr=subprocess.STDOUT, text=True))
   results = []
   try:
     if while_running is not None:
       while_running(processes, [log.name for log in logs])
+    deadline, end_times = time.time() + timeout, [None] * num_processes
+    while None in end_times and time.time() < deadline:
+      for i, process in enumerate(processes):
+        if end_times[i] is None and process.poll() is not None:
+          end_times[i] = time.time()
+      time.sleep(0.05)
     for process, log in zip(processes, logs):
-      process.wait(timeout=timeout)
+      process.wait(timeout=1)
       log.seek(0)
       results.append((process.returncode, log.read()))
+    if ended is not None:
+      ended.extend(end_times)
   finally:
     for process in processes:
       if process.poll() is None:
@@ -145,8 +159,11 @@ def test_two_processes_train_like_one_process_with_four_devices(runs):
 def test_two_processes_restore_their_checkpoint_and_continue_identically(runs):
   assert_ran(runs, "resumed")
   assert "resumed from" in runs["resumed_logs"][0][1] and "at step 10" in runs["resumed_logs"][0][1]
-  second = read_metrics(runs["resumed"])[len(read_metrics(runs["job"])):]  # what the rerun appended
-  assert [r["step"] for r in second if "loss" in r] == [15, 20, 25, 30]
+  records = read_metrics(runs["resumed"])  # every step once: the first run's lines after 10 moved
+  assert [r["step"] for r in records if "loss" in r] == [5, 10, 15, 20, 25, 30]
+  with open(os.path.join(runs["resumed"], "metrics.superseded.jsonl")) as f:
+    assert [json.loads(line)["step"] for line in f if "\"loss\"" in line] == [15, 20, 25, 30]
+  second = [r for r in records if r["step"] > 10]
   job = losses(runs["job"])
   for r in second:
     if "loss" in r:
@@ -172,28 +189,131 @@ def test_only_process_zero_writes_and_logs(runs):
     assert not [f for f in files if ".tmp" in f or f.startswith(".write_test")], (root, files)
 
 
-@pytest.mark.slow  # two gloo processes train in subprocesses: over a minute
-def test_sigterm_to_one_process_stops_the_whole_job_at_one_step(runs, shakespeare_archive, tmp_path):
-  """The signal reaches process 1 only; both agree at the next log step, save it together, exit 0."""
-  workdir = str(tmp_path / "preempted")
+def injected_at(output: str) -> float:
+  """When tests/inject_fault.py sent its signal (time.time())."""
+  return float(output.split("injected: ")[1].split(" at ")[1].split()[0])
 
-  def stop_process_one(processes, log_paths):
-    deadline = time.time() + 200
-    while "step 10/" not in open(log_paths[0]).read():
-      assert all(p.poll() is None for p in processes) and time.time() < deadline, "job did not start"
-      time.sleep(0.1)
-    processes[1].send_signal(signal.SIGTERM)
 
-  args = cli_args(shakespeare_archive, runs["data_dir"], workdir, num_steps=3000, eval_every=10000,
-                  checkpoint_every=10000, sample_tokens=0)
+@pytest.mark.slow  # two gloo processes, stopped and resumed: about a minute
+@pytest.mark.parametrize("fault", ["SIGTERM@step", "SIGTERM@eval"])
+def test_sigterm_to_one_process_saves_that_step_stops_both_and_resumes(runs, shakespeare_archive,
+                                                                        tmp_path, fault):
+  """SIGTERM reaches process 1 only (at a random train step, or during the evaluation at step 20):
+  both processes stop within 30 s with the preemption status, one checkpoint committed at that
+  step (one later: the processes agree one step behind); the same two commands then resume there
+  and end at the uninterrupted job's losses."""
+  n = random.Random().randint(2, 28) if fault == "SIGTERM@step" else 3
+  workdir = str(tmp_path / "w")
+  args = cli_args(shakespeare_archive, runs["data_dir"], workdir, num_steps=30, log_every=1000,
+                  checkpoint_every=1000, sample_tokens=0)
+  ended = []
   (rc0, output0), (rc1, output1) = launch(args, tmp_path, num_processes=2, devices_per_process=2,
-                                          while_running=stop_process_one)
-  assert rc0 == 0 and rc1 == 0, output0[-2000:] + output1[-2000:]
-  step = int(output1.split("received SIGTERM at step ")[1].split(":")[0])
-  assert f"received a stop signal on another process at step {step}:" in output0
-  assert step % 5 == 0 and 15 <= step < 3000  # a log step after the one seen
-  saved = [d for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit()]
+                                          faults={1: [fault, str(n)]}, ended=ended)
+  assert rc0 == rc1 == exit_codes.PREEMPTED, output0[-2000:] + output1[-2000:]
+  assert max(ended) - injected_at(output1) < 30
+  step = int(output1.split("stopped by SIGTERM at step ")[1].split(":")[0])
+  assert f"stopped by SIGTERM (on another process of the job) at step {step}:" in output0
+  assert step in ((n, n + 1) if fault == "SIGTERM@step" else (20,)), (n, step)
+  saved = sorted(d for d in os.listdir(os.path.join(workdir, "checkpoints")) if d.isdigit())
   assert saved == [str(step)]
+  resumed = launch(args, tmp_path, num_processes=2, devices_per_process=2)
+  assert [rc for rc, _ in resumed] == [0, 0], resumed[0][1][-2000:] + resumed[1][1][-2000:]
+  assert f"at step {step}" in resumed[0][1].split("resumed from ")[1].splitlines()[0]
+  assert losses(workdir)[30] == pytest.approx(losses(runs["job"])[30], rel=1e-6)
+  assert evals(workdir) == pytest.approx(evals(runs["job"]), rel=1e-6)  # the cut evaluation too
+  lines = [(r["step"], "eval_loss" in r) for r in read_metrics(workdir)]
+  assert len(lines) == len(set(lines))  # every step's train and eval line once
+
+
+@pytest.mark.slow  # two gloo processes, one checkpoint unreadable on one of them: about a minute
+def test_hosts_agree_on_the_checkpoint_to_restore(runs, shakespeare_archive, tmp_path):
+  """Process 1 cannot read checkpoint 30 (an I/O error injected into its reads): both processes
+  restore step 20, checkpoint 30 is set aside once, and steps 21 to 30 train again to the job's
+  losses (metrics.jsonl holds each step once; the first run's lines after 20 are kept aside)."""
+  assert_ran(runs, "job")
+  workdir = str(tmp_path / "w")
+  shutil.copytree(runs["job"], workdir)
+  args = cli_args(shakespeare_archive, runs["data_dir"], workdir, num_steps=30, sample_tokens=0)
+  (rc0, output0), (rc1, output1) = launch(args, tmp_path, num_processes=2, devices_per_process=2,
+                                          faults={1: ["unreadable", "30"]})
+  assert rc0 == rc1 == 0, output0[-2000:] + output1[-2000:]
+  assert "checkpoint 30 is corrupt or unreadable (not readable on process(es) 1)" in output0
+  assert "Input/output error (injected" in output1
+  assert "resumed from" in output0 and "at step 20" in output0.split("resumed from ")[1]
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints_unreadable"))) == ["30"]
+  assert losses(workdir) == pytest.approx(losses(runs["job"]), rel=1e-6)  # 25, 30 trained again
+  assert evals(workdir) == pytest.approx(evals(runs["job"]), rel=1e-6)
+  assert os.path.isfile(os.path.join(workdir, "metrics.superseded.jsonl"))  # the first 25, 30
+
+
+@pytest.mark.slow  # two gloo processes, one killed mid-save: about a minute
+def test_a_lost_process_ends_the_other_with_one_line(runs, shakespeare_archive, tmp_path):
+  """Process 1 is SIGKILLed while its save of checkpoint 20 is in flight: process 0 ends within the
+  heartbeat timeout with one `error:` line naming process 1 and checkpoint 10, exit status 4."""
+  workdir = str(tmp_path / "w")
+  args = cli_args(shakespeare_archive, runs["data_dir"], workdir, num_steps=40, sample_tokens=0)
+  ended = []
+  (rc0, output0), (rc1, _) = launch(args + ["--heartbeat_timeout=15"], tmp_path, num_processes=2,
+                                    devices_per_process=2, faults={1: ["kill-in-save", "20"]},
+                                    ended=ended)
+  assert rc1 == -signal.SIGKILL and rc0 == exit_codes.PROCESS_LOST, output0[-3000:]
+  errors = [line for line in output0.splitlines() if line.startswith("error:")]
+  assert len(errors) == 1 and "process 1 of the job stopped answering" in errors[0], errors
+  assert f"the last committed checkpoint is step 10 in {workdir}/checkpoints" in errors[0]
+  assert ended[0] - ended[1] < 15 + 15
+  assert "Traceback" not in output0 and "Check failure" not in output0
+
+
+def text_corpus(folder) -> str:
+  """A `text:` dataset of five fixture files under `folder`."""
+  os.makedirs(folder, exist_ok=True)
+  for i in range(5):
+    with open(os.path.join(folder, f"part{i}.txt"), "w") as f:
+      f.write(fake_work_text(f"part{i}", 120))
+  return f"text:{folder}/*.txt"
+
+
+@pytest.mark.slow  # two gloo processes prepare a corpus: under a minute
+def test_only_process_zero_reads_the_corpus_and_trains_the_tokenizer(tmp_path, shakespeare_archive):
+  """A `text:` corpus on a shared data_dir: process 1 never reads the files in full nor trains a
+  tokenizer (it fails if it tries); it lists them and reads what process 0 prepared."""
+  args = cli_args(shakespeare_archive, str(tmp_path / "data"), str(tmp_path / "w"), num_steps=4,
+                  eval_every=4, checkpoint_every=4, sample_tokens=0) + [
+      f"--config.data.dataset={text_corpus(tmp_path / 'notes')}", "--config.data.archive=",
+      "--config.data.archive_sha256="]
+  results = launch(args, tmp_path, num_processes=2, devices_per_process=2,
+                   faults={1: ["not-primary", "0"]})
+  assert [rc for rc, _ in results] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
+
+
+@pytest.mark.slow  # two gloo processes: under a minute
+def test_per_host_data_dirs_must_hold_the_same_corpus(tmp_path, shakespeare_archive, tiny_config):
+  """`data.data_dir=~/data` on hosts of their own ($HOME differs): allowed while the hosts'
+  corpora agree; process 1's holding another tokenizer stops both before anything is written,
+  one line naming it."""
+  from efficient_lm import data  # pylint: disable=import-outside-toplevel
+  dataset = text_corpus(tmp_path / "notes")
+  config = tiny_config()
+  config.data.update(dataset=dataset, archive="", archive_sha256="",
+                     data_dir=str(tmp_path / "home0" / "data"))
+  data.load(config.data)  # host 0's data_dir, prepared
+  shutil.copytree(tmp_path / "home0", tmp_path / "home1")
+  config.data.update(data_dir=str(tmp_path / "other"), vocab_size=320)
+  other = data.load(config.data).tokenizer.model_path  # another tokenizer, put where host 1's is
+  [mine] = [os.path.join(root, "spm.model") for root, _, files in
+            os.walk(tmp_path / "home1" / "data" / "tokenizers") if "spm.model" in files]
+  shutil.copyfile(other, mine)
+  args = cli_args(shakespeare_archive, "~/data", str(tmp_path / "w"), num_steps=4, eval_every=4,
+                  checkpoint_every=4, sample_tokens=0) + [
+      f"--config.data.dataset={dataset}", "--config.data.archive=", "--config.data.archive_sha256="]
+  results = launch(args, tmp_path, num_processes=2, devices_per_process=2,
+                   envs={i: {"HOME": str(tmp_path / f"home{i}")} for i in range(2)})
+  for rc, output in results:
+    errors = [line for line in output.splitlines() if line.startswith("error:")]
+    assert rc == exit_codes.USAGE and len(errors) == 1, output[-2000:]
+    assert errors[0].startswith("error: process(es) 1 prepared another corpus or tokenizer than "
+                                "process 0"), errors
+  assert not os.path.exists(tmp_path / "w" / "checkpoints")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -75,6 +75,28 @@ def test_bad_targets_are_one_line_errors():
       targets.parse(spec)
 
 
+def test_the_extra_and_the_topology_are_checked_before_the_plugin_loads(tmp_path):
+  """`targets.check` answers from the spec and the installed packages alone: a TPU topology with
+  the wrong number of dimensions, a platform whose extra is missing. The command line says it in
+  one line before jax's backends or the plugin start."""
+  with pytest.raises(targets.TargetError, match=r"v5e slice's topology has 2 dimensions"):
+    targets.check("tpu:v5e:2x2x1")
+  with pytest.raises(targets.TargetError, match=r"v5p slice's topology has 3 dimensions"):
+    targets.check("tpu:v5p:2x2")
+  if not HAS_CUDA_PLUGIN:
+    with pytest.raises(targets.TargetError, match=r"needs the CUDA PJRT plugin .*\[gpu\]"):
+      targets.check("gpu:h100:1x1x8")
+  if not HAS_LIBTPU:
+    with pytest.raises(targets.TargetError, match=r"needs libtpu .*\[tpu\]"):
+      targets.check("tpu:v5e:2x2")
+  done = subprocess.run([sys.executable, "-m", "efficient_lm.main", "--config=configs/dense.py",
+                         "--compile_only", "--target=tpu:v5e:4x4x4", f"--workdir={tmp_path}/w"],
+                        capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+      "error: --target='tpu:v5e:4x4x4': a v5e slice's topology has 2 dimensions (chips along "
+      "each axis), e.g. v5e:2x2 or 4x8"], done.stderr
+
+
 def test_gpu_descriptions_ship_with_the_package():
   assert set(targets.gpu_devices()) >= {"a100", "h100", "h200"}
   text = targets.gpu_description("h200")

@@ -116,6 +116,31 @@ def test_a_small_corpus_sets_the_vocabulary_and_samples(tiny_config, tmp_path, c
   assert generation.generate_text(model, tokenizer, "ab", num_tokens=16, temperature=1.0, top_k=0)
 
 
+@pytest.mark.slow  # two command lines
+def test_another_model_or_corpus_is_refused_before_any_work(trained, tiny_cli_args, tmp_path):
+  """What config.json, data.json and the checkpoints' metadata can answer is answered first: a
+  rerun with another model is refused before anything compiles, with another corpus before any
+  data is prepared (a fresh data_dir stays absent); the workdir is byte-identical."""
+  workdir = copy_of(trained, tmp_path)
+  before = snapshot(workdir)
+  model = [a.replace("configs/dense.py", "configs/bcmt.py") for a in tiny_cli_args(workdir)]
+  corpus = tiny_cli_args(workdir) + [f"--config.data.dataset=text:{REPO}/docs/*.md",
+                                     "--config.data.archive=", "--config.data.archive_sha256=",
+                                     f"--config.data.data_dir={tmp_path / 'fresh'}"]
+  for args, message in ((model + ["--config.model.block_size=8"], "holds checkpoints of another "
+                         "model (model.name='dense', the config has 'bcmt')"),
+                        (corpus, "was trained on another dataset (data.dataset='shakespeare' in "
+                         "its data.json")):
+    done = subprocess.run([sys.executable, "-m", "efficient_lm.main", *args], capture_output=True,
+                          text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and message in errors[0], done.stderr[-2000:]
+    assert "compiling" not in done.stderr and "Preparing" not in done.stderr
+  assert not (tmp_path / "fresh").exists()
+  assert snapshot(workdir) == before
+
+
 def test_a_glob_matching_nothing_stops_before_compiling_and_writes_nothing(tmp_path):
   args = [sys.executable, "-m", "efficient_lm.main", "--config=configs/dense.py",
           f"--workdir={tmp_path / 'w'}", f"--config.data.dataset=text:{tmp_path}/none/*.txt",

@@ -7,7 +7,7 @@ Layout under `data.data_dir` (default ~/.cache/efficient_lm):
     tokens/<corpus>-<key>/        <split>.npy (int32 token stream) + <split>.json (bytes, documents)
 
 A split's stream is [eos, doc_0..., eos, doc_1..., eos, ...]. Every file appears atomically
-(written under a per-process name, then renamed), so nothing half-written is ever read.
+(written under a name of the process's own, then renamed), so nothing half-written is ever read.
 """
 
 import hashlib
@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from efficient_lm import files
+from efficient_lm import progress
 from efficient_lm.data.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -53,15 +55,19 @@ def documents(builder, split: str, text_key: str):
 def write_stream(path: str, meta_path: str, tokenizer, documents) -> None:
   """Tokenizes `documents` into the packed stream at `path` (.npy), streaming through a raw file.
 
-  Files appear atomically (written under a per-process name, then renamed), so processes
-  that prepare the same cache at once only duplicate work.
+  Files appear atomically (written under a name of this process's own, then renamed), so
+  processes that prepare the same cache at once only duplicate work, and a stop signal or a
+  failure leaves neither a partial file nor a temporary one. A progress line every 20 s says how
+  far it is.
   """
-  unique = f'.{os.getpid()}.tmp'
+  unique = f'.{files.unique_suffix()}.tmp'
   raw_path, npy_tmp, meta_tmp = path + unique + '.raw', path + unique, meta_path + unique
   num_tokens = num_docs = num_bytes = 0
   eos = np.asarray([tokenizer.eos_id], dtype=np.int32).tobytes()
+  what = f'tokenizing the {os.path.basename(path)[:-len(".npy")]} split'
   try:
-    with open(raw_path, 'wb') as raw:
+    with progress.phase(what, status=lambda: f'{num_docs:,} documents, {num_tokens:,} tokens '
+                        'written'), open(raw_path, 'wb') as raw:
       raw.write(eos)
       num_tokens += 1
       chunk = []
@@ -99,6 +105,25 @@ def write_stream(path: str, meta_path: str, tokenizer, documents) -> None:
         os.remove(leftover)
 
 
+def _remove_if_empty(directory: str) -> None:
+  try:
+    os.rmdir(directory)
+  except OSError:  # not empty (or gone): kept
+    pass
+
+
+def _write_json(path: str, obj) -> None:
+  """`path` holds `obj` as JSON, or is untouched: written beside, then renamed."""
+  tmp = f'{path}.{files.unique_suffix()}.tmp'
+  try:
+    with open(tmp, 'w') as f:
+      json.dump(obj, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
 def load_tokenizer(data_config, builder, corpus_id: dict, root: str):
   from efficient_lm.data import tokenizer as tok  # pylint: disable=g-import-not-at-top
 
@@ -128,13 +153,13 @@ def load_tokenizer(data_config, builder, corpus_id: dict, root: str):
   try:
     tokenizer = tok.Tokenizer.train(
         documents(builder, 'train', data_config['text_key']), vocab_size=data_config['vocab_size'],
-        model_path=model_path, max_bytes=cap, fraction=fraction,
-        progress=lambda seconds: log.info('... still training the tokenizer (%.0f s)', seconds))
+        model_path=model_path, max_bytes=cap, fraction=fraction)
   except tok.VocabTooSmallError as e:
     raise ConfigError(f'data.vocab_size={data_config["vocab_size"]!r} is too small for '
                       f'{corpus_id["name"]}: {e}; raise data.vocab_size') from e
-  with open(os.path.join(directory, 'settings.json'), 'w') as f:
-    json.dump({'corpus': corpus_id, 'tokenizer': settings}, f, indent=1, sort_keys=True)
+  finally:
+    _remove_if_empty(directory)  # a stopped or failed training leaves no empty folder
+  _write_json(os.path.join(directory, 'settings.json'), {'corpus': corpus_id, 'tokenizer': settings})
   log.info('Trained tokenizer (%d pieces) in %.1f s: %s', tokenizer.vocab_size,
                time.time() - start, model_path)
   return tokenizer, key

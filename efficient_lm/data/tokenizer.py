@@ -13,11 +13,12 @@ Ids: 0 <pad>, 1 <unk>, 2 </s> (end of document), 3 '\\n', 4..259 the byte pieces
 import os
 import tempfile
 import threading
-import time
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
+
+from efficient_lm import progress
 
 PAD_ID, UNK_ID, EOS_ID = 0, 1, 2
 NEWLINE = '\n'
@@ -51,13 +52,25 @@ class VocabTooSmallError(ValueError):
   """The requested vocabulary cannot hold the corpus' characters plus the reserved pieces."""
 
 
-def training_lines(texts: Iterable[str], max_bytes: int = 0, fraction: float = 1.0):
+def training_lines(texts: Iterable[str], max_bytes: int = 0, fraction: float = 1.0,
+                   counts: dict | None = None):
   """Lines (without newlines, non-empty) of `texts`, stopping after `max_bytes` UTF-8 bytes (0 = all).
 
   `fraction` < 1 keeps about that share of every text (its first lines): a sample spread over
-  every document of the split, not its first documents only."""
+  every document of the split, not its first documents only. `counts` (if given) is kept up to
+  date: 'documents' read and 'bytes' passed on."""
+  counts = {} if counts is None else counts
+  counts.update(documents=0, bytes=0, finished=False)
+  try:
+    yield from _lines(texts, max_bytes, fraction, counts)
+  finally:
+    counts['finished'] = True
+
+
+def _lines(texts, max_bytes, fraction, counts):
   used = 0
   for text in texts:
+    counts['documents'] += 1
     if fraction < 1.0:
       text = text[:max(1, int(len(text) * fraction) + 1)]
     for line in text.split(NEWLINE):
@@ -69,6 +82,7 @@ def training_lines(texts: Iterable[str], max_bytes: int = 0, fraction: float = 1
         if len(encoded) + 1 > room:
           line = encoded[:room].decode('utf-8', errors='ignore')
         used += len(encoded) + 1
+      counts['bytes'] += len(line.encode('utf-8')) + 1
       for start in range(0, len(line), _MAX_LINE_CHARS):
         piece = line[start:start + _MAX_LINE_CHARS]
         if piece:
@@ -88,27 +102,27 @@ class Tokenizer:
 
   @classmethod
   def train(cls, texts: Iterable[str], *, vocab_size: int, model_path: str,
-            max_bytes: int = 0, fraction: float = 1.0, num_threads: int | None = None,
-            progress: Callable[[float], None] | None = None) -> 'Tokenizer':
+            max_bytes: int = 0, fraction: float = 1.0,
+            num_threads: int | None = None) -> 'Tokenizer':
     """Trains on `texts` (at most `max_bytes` UTF-8 bytes, 0 = all; `fraction` of each text) and
     writes `model_path`.
 
     The file appears atomically (written beside it, then renamed). The model may hold
     fewer than `vocab_size` pieces when the text is too small to fill it. Training runs in a
-    thread while this one waits, so Ctrl-C is honoured at once (nothing is written) and
-    `progress(seconds)` is called about every 10 s.
+    thread while this one waits, so a stop signal is honoured at once (`signals`: the temporary
+    folder is removed, nothing is written), and a progress line every 20 s says how far it is.
     """
     model_path = os.fspath(model_path)
     directory = os.path.dirname(os.path.abspath(model_path))
     os.makedirs(directory, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
       prefix = os.path.join(tmp, 'spm')
-      outcome = {}
+      outcome, counts = {}, {'documents': 0, 'bytes': 0}
 
       def work():
         try:
           spm.SentencePieceTrainer.train(
-              sentence_iterator=training_lines(texts, max_bytes, fraction),
+              sentence_iterator=training_lines(texts, max_bytes, fraction, counts),
               model_prefix=prefix,
               vocab_size=vocab_size,
               num_threads=num_threads or os.cpu_count() or 1,
@@ -117,13 +131,15 @@ class Tokenizer:
         except BaseException as e:  # pylint: disable=broad-except  (re-raised by the caller)
           outcome['error'] = e
 
+      def status() -> str:
+        read = f"{counts['documents']:,} documents read ({progress.size(counts['bytes'])})"
+        return f'all {read}, fitting the pieces' if counts.get('finished') else read
+
       thread = threading.Thread(target=work, name='tokenizer training', daemon=True)
-      start = time.monotonic()
-      thread.start()
-      while thread.is_alive():
-        thread.join(timeout=10.0)
-        if thread.is_alive() and progress is not None:
-          progress(time.monotonic() - start)
+      with progress.phase(f'training a {vocab_size:,}-piece tokenizer', status=status):
+        thread.start()
+        while thread.is_alive():
+          thread.join(timeout=0.5)
       error = outcome.get('error')
       if isinstance(error, RuntimeError) and (
           'required_chars' in str(error) or 'Vocabulary size is smaller' in str(error)):

@@ -72,20 +72,11 @@ class Wikitext103(text_builder.ArchiveTextBuilder):
     fix = (f'download {ARCHIVE_NAME} (sha256 {ARCHIVE_SHA256}) from {URLS[0]} and set '
            'data.archive to its path')
     if self._archive:
-      path = self._archive
-    else:
-      path, errors = None, []
-      for url in URLS:
-        try:
-          log.info('Downloading %s', url)
-          path = os.fspath(dl_manager.download(url))
-          break
-        except Exception as e:  # pylint: disable=broad-except  (any failure: try the next mirror)
-          errors.append(f'{url}: {e}')
-      if path is None:
-        raise archives.DownloadError(f'could not download {ARCHIVE_NAME} ({"; ".join(errors)}); {fix}')
-    archives.verify_sha256(path, self._archive_sha256, what='wikitext103', fix=fix)
-    return path
+      archives.verify_sha256(self._archive, self._archive_sha256, what='wikitext103', fix=fix)
+      return self._archive
+    return archives.download_url(URLS, os.path.join(os.fspath(dl_manager.download_dir),
+                                                    'wikitext103', ARCHIVE_NAME),
+                                 self._archive_sha256, what='wikitext103', fix=fix)
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     archive = self._fetch_archive(dl_manager)
@@ -100,5 +91,5 @@ class Wikitext103(text_builder.ArchiveTextBuilder):
   def _generate_examples(self, archive: str, member: str):
     with zipfile.ZipFile(archive) as zf, zf.open(member) as f:
       lines = (line.decode('utf-8', errors='replace') for line in f)
-      for i, (title, text) in enumerate(split_articles(lines)):
+      for i, (title, text) in enumerate(self._counted(split_articles(lines))):
         yield f'{i:08d}', {'text': text, 'title': title}

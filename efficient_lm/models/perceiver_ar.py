@@ -44,7 +44,7 @@ VARIANTS = {
     "ssplit_double_attention": Variant(refine_history=True, compress=False, split_history=True),
 }
 LOGICAL_AXES = {  # the learned compression map [history, compressed] and its group weights
-    "history": sharding.Axis("model.seq_len - model.num_latents"),
+    "history": sharding.Axis("model.seq_len - model.num_latents", "fsdp"),
     "compressed": sharding.Axis("(model.seq_len - model.num_latents) / model.compression"),
     "group": sharding.Axis("model.compression"),
 }

@@ -16,6 +16,7 @@ speed.
 import dataclasses
 import functools
 import importlib.resources
+import importlib.util
 import os
 import re
 
@@ -89,6 +90,36 @@ def parse(spec: str) -> tuple[str, str, str]:
   if device not in known:
     raise TargetError(f"--target={spec!r}: no {platform.upper()} {device!r} known here; use one of "
                       f"{', '.join(known)}")
+  return platform, device, topology
+
+
+# The extra each platform needs, and how to tell it is installed without loading it.
+EXTRAS = {"tpu": ("libtpu", "libtpu", "pip install -e '.[tpu]' (jax[tpu] at this jax version)"),
+          "gpu": ("jax_plugins.xla_cuda12", "the CUDA PJRT plugin",
+                  "pip install -e '.[gpu]' (jax[cuda12] at this jax version)")}
+TPU_DIMENSIONS = {"v5e": 2, "v6e": 2, "v5p": 3}  # a slice's topology: chips along each axis
+
+
+def _installed(module: str) -> bool:
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:  # its parent package is missing
+    return False
+
+
+def check(spec: str) -> tuple[str, str, str]:
+  """`parse`, then what this host can tell before loading any accelerator plugin: the extra the
+  platform needs is installed, and a TPU topology has the chip's dimensions (v5e, v6e: 2x4; v5p:
+  2x2x2). TargetError naming the fix otherwise."""
+  platform, device, topology = parse(spec)
+  module, what, fix = EXTRAS[platform]
+  if not _installed(module):
+    raise TargetError(f"--target={spec!r} needs {what} to compile for {platform.upper()}s: {fix}")
+  if platform == "tpu" and topology.count("x") + 1 != TPU_DIMENSIONS[device]:
+    example = {2: "2x2 or 4x8", 3: "2x2x1 or 4x4x4"}[TPU_DIMENSIONS[device]]
+    raise TargetError(f"--target={spec!r}: a {device} slice's topology has "
+                      f"{TPU_DIMENSIONS[device]} dimensions (chips along each axis), e.g. "
+                      f"{device}:{example}")
   return platform, device, topology
 
 
