@@ -36,6 +36,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from efficient_lm import exit_codes
+from efficient_lm import jax_compat
 from efficient_lm import signals
 from efficient_lm.validation import ConfigError
 
@@ -157,7 +158,9 @@ class PeerWatch(threading.Thread):
     threading.Thread.start(cls.instance)
 
   def run(self) -> None:
-    client = jax._src.distributed.global_state.client  # pylint: disable=protected-access
+    client = jax_compat.distributed_client()
+    if client is None:  # no coordination service to ask
+      return
     everyone = list(range(jax.process_count()))
     while not self.leaving.is_set():
       try:
@@ -206,7 +209,7 @@ def leave(timeout: float = 30.0) -> None:
   if watch is None or watch.leaving.is_set() or watch.lost.is_set():
     return
   watch.leaving.set()
-  client = jax._src.distributed.global_state.client  # pylint: disable=protected-access
+  client = jax_compat.distributed_client()
   if client is None:
     return
   try:

@@ -226,6 +226,18 @@ def concrete_mesh():
   return mesh
 
 
+# The coordination service's client (a multi-process job's liveness and barriers).
+
+def distributed_client():
+  """The client of `jax.distributed`'s coordination service, or None (one process, or a jax
+  without it where this module looks)."""
+  try:
+    from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  return getattr(getattr(distributed, "global_state", None), "client", None)
+
+
 # libtpu.
 
 def tpu_library_path() -> str | None:
