@@ -79,37 +79,47 @@ def num_windows(num_targets: int, stride: int) -> int:
 
 
 def swap_starts(tokens: np.ndarray, windows: np.ndarray, *, context: int, stride: int, ablate: int,
-                eos_id: int, seed: int = 0) -> np.ndarray:
+                eos_id: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
   """For each window id, where its swapped-in text starts in `tokens` (the swap ablation): a run
   of as many tokens as the window has inputs more than `ablate` before its end, none of them in a
   document of the kept inputs or of the scored targets (documents: an end-of-document token starts
-  one). Drawn uniformly among such runs with a generator seeded by (seed, window id), so the
-  batching does not change it. -1 for windows with nothing to swap. An `EvalError` when no such
-  run exists (a split of one document)."""
+  one); where the split has no such run (a window across the boundary of a two-document split),
+  none in a document of the scored targets, else none in the last target's document. Drawn
+  uniformly among such runs with a generator seeded by (seed, window id), so the batching does not
+  change it. Returns (starts, relaxed): -1 for windows with nothing to swap; relaxed[i] when the
+  run avoids only the targets' documents. An `EvalError` when no run avoids even the last target's
+  document (a split of one document)."""
   n = len(tokens) - 1
   doc_N = np.cumsum(tokens == eos_id)
   first_of_doc = np.searchsorted(doc_N, np.arange(doc_N[-1] + 2), side="left")
   out = np.full(len(windows), -1, np.int64)
+  relaxed = np.zeros(len(windows), bool)
   for i, w in enumerate(np.asarray(windows, np.int64)):
     if w >= num_windows(n, stride):
       continue
-    end = min(w * stride + stride, n)
-    start = max(w * stride - (context - stride), 0)
+    first, end = w * stride, min(w * stride + stride, n)
+    start = max(first - (context - stride), 0)
     replaced = max(0, end - ablate - start)
     if not replaced:
       continue
-    lo_doc, hi_doc = doc_N[end - ablate], doc_N[end]   # the kept inputs' and the targets' documents
-    before = max(0, first_of_doc[lo_doc] - replaced + 1)            # runs ending before lo_doc
-    after_start = first_of_doc[hi_doc + 1]                          # runs starting after hi_doc
-    after = max(0, n + 1 - replaced - after_start + 1)
-    if before + after == 0:
+    # The documents the run must avoid, strictest first: the kept inputs' and the targets', the
+    # scored targets' (stream positions first + 1 .. end), the last target's.
+    for level, lo_doc in enumerate((doc_N[end - ablate], doc_N[first + 1], doc_N[end])):
+      hi_doc = doc_N[end]
+      before = max(0, first_of_doc[lo_doc] - replaced + 1)          # runs ending before lo_doc
+      after_start = first_of_doc[hi_doc + 1]                        # runs starting after hi_doc
+      after = max(0, n + 1 - replaced - after_start + 1)
+      if before + after:
+        break
+    else:
       raise EvalError(f"ablate_method='swap' needs {replaced} tokens of text from another document "
-                      f"of the split for window {w}, and the split has none (its documents outside "
-                      f"the window's are too short or missing); score a split with more documents, "
-                      f"or use --ablate_method=eos")
+                      f"of the split for window {w}, and the split has none (its other documents "
+                      f"are too short or missing); score a split with more documents, or use "
+                      f"--ablate_method=eos")
     u = int(np.random.default_rng([seed, int(w)]).integers(before + after))
     out[i] = u if u < before else after_start + (u - before)
-  return out
+    relaxed[i] = level > 0
+  return out, relaxed
 
 
 def window_batch(tokens: np.ndarray, windows: np.ndarray, *, context: int, stride: int, seq_len: int,
@@ -240,6 +250,7 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
                          per_token=bool(ablate_context))
   sums = {"nll": 0.0, "scored": 0.0, "position_nll": 0.0, "position_count": 0.0}
   kept = {"full": [], "ablated": [], "where": []}  # per scored token, for the ablation
+  swap_relaxed = 0  # windows whose swapped-in text avoids only the scored targets' documents
   pending: list = []
 
   def collect(outputs) -> None:  # host sums in float64, as train.evaluate's
@@ -264,9 +275,11 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
     full = step(params, place(batch))  # dispatched asynchronously: the host builds the next
     ablated = None
     if ablate_context:
-      swap_from = None if ablate_method == "eos" else swap_starts(
-          tokens, windows, context=context, stride=stride, ablate=ablate_context, eos_id=eos_id,
-          seed=bootstrap_seed)
+      swap_from = None
+      if ablate_method == "swap":
+        swap_from, relaxed = swap_starts(tokens, windows, context=context, stride=stride,
+                                         ablate=ablate_context, eos_id=eos_id, seed=bootstrap_seed)
+        swap_relaxed += int(relaxed.sum())
       ablated = step(params, place(window_batch(tokens, windows, ablate=ablate_context,
                                                 swap_from=swap_from, **layout)))
     pending.append((full, ablated, batch))
@@ -288,6 +301,8 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
         np.concatenate(kept["where"]), tokens, eos_id, ablate_context, stride, buckets,
         bootstrap_seed)
     result["ablation"]["method"] = ablate_method
+    if ablate_method == "swap":
+      result["ablation"]["swap_relaxed_windows"] = swap_relaxed
   return result
 
 

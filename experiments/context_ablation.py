@@ -30,6 +30,7 @@ reruns). Rows of the earlier end-of-document readout are kept with method "eos".
 import argparse
 import json
 import os
+import signal
 import sys
 
 from experiments.common import REPO
@@ -98,6 +99,7 @@ def run_row(corpus: str, model: str, seed: int, args) -> dict:
   a = result["ablation"]
   from experiments.long_range import code_version  # pylint: disable=import-outside-toplevel
   return {"model": model, "corpus": corpus, "seed": seed, "method": a["method"],
+          "swap_relaxed_windows": a.get("swap_relaxed_windows"), "windows": result["num_windows"],
           "ablate_context": c["ablate"], "kept_context": a["kept_context"],
           **{k: a["all"][k] for k in ("full_loss", "ablated_loss", "delta", "ci_low", "ci_high",
                                       "p_value", "tokens", "documents")},
@@ -142,6 +144,7 @@ def main(argv=None) -> None:
     unknown = sorted(set(given.split(",")) - set(known))
     if unknown:
       sys.exit(f"error: --{name}: unknown {unknown}; use {', '.join(known)}")
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the running row too (run_monitored)
   results = {"rows": []}
   if os.path.isfile(args.results):
     with open(args.results) as f:

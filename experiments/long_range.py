@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 
 import numpy as np
@@ -299,6 +300,7 @@ def main(argv=None) -> None:
   if unknown:
     sys.exit(f"error: --rows: unknown models {unknown}; use keys of long_range.MODELS: "
              f"{', '.join(MODELS)}")
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the running row too (run_monitored)
   results = load(args.results)
   for model, seed in keys:
     key = row_key(model, int(seed))

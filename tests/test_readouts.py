@@ -57,7 +57,9 @@ def test_swap_puts_text_of_another_document_beyond_the_cut():
   doc = np.cumsum(tokens == 1)
   layout = dict(context=32, stride=8, seq_len=32, right_align=False, eos_id=1, pad_id=0)
   windows = np.arange(50)
-  starts = scoring.swap_starts(tokens, windows, context=32, stride=8, ablate=16, eos_id=1, seed=3)
+  starts, relaxed = scoring.swap_starts(tokens, windows, context=32, stride=8, ablate=16, eos_id=1,
+                                        seed=3)
+  assert not relaxed.any()  # 8 documents: every window has text of a document it does not hold
   full = scoring.window_batch(tokens, windows, **layout)
   swapped = scoring.window_batch(tokens, windows, ablate=16, swap_from=starts, **layout)
   for k in ("targets", "weights", "window_positions", "stream_positions"):
@@ -77,15 +79,40 @@ def test_swap_puts_text_of_another_document_beyond_the_cut():
     checked += 1
   assert checked == 50 - 2  # windows 0 and 1 (ends 8 and 16) have nothing beyond 16 back
   # Reproducible, and the same run for a window whatever batch it is in.
-  again = scoring.swap_starts(tokens, windows[7:11], context=32, stride=8, ablate=16, eos_id=1, seed=3)
+  again, _ = scoring.swap_starts(tokens, windows[7:11], context=32, stride=8, ablate=16, eos_id=1,
+                                 seed=3)
   np.testing.assert_array_equal(again, starts[7:11])
   assert not np.array_equal(starts, scoring.swap_starts(tokens, windows, context=32, stride=8,
-                                                        ablate=16, eos_id=1, seed=4))
+                                                        ablate=16, eos_id=1, seed=4)[0])
+
+
+def test_swap_across_the_boundary_of_two_documents_avoids_the_targets_documents():
+  """Two documents (the plays' validation split): a window whose kept inputs hold both takes its
+  swapped-in text from the document its scored targets are not in (relaxed); one whose targets
+  hold both, from the one its last target is not in; the rest avoid every document they hold."""
+  tokens = np.concatenate([[1], np.full(60, 5), [1], np.full(60, 9)]).astype(np.int32)  # docs 1, 2
+  doc = np.cumsum(tokens == 1)
+  windows = np.arange(scoring.num_windows(len(tokens) - 1, 8))
+  starts, relaxed = scoring.swap_starts(tokens, windows, context=32, stride=8, ablate=16, eos_id=1)
+  kinds = set()
+  for w, (start, r) in enumerate(zip(starts, relaxed)):
+    first, end = w * 8, min(w * 8 + 8, len(tokens) - 1)
+    if start < 0:
+      continue
+    run = set(doc[start:start + end - 16 - max(first - 24, 0)])
+    held, targets = set(doc[end - 16:end + 1]), set(doc[first + 1:end + 1])
+    assert doc[end] not in run and r == (run & held != set() or len(held) > 1), w
+    if not r:
+      assert not run & held
+    elif len(targets) == 1:
+      assert not run & targets
+    kinds.add((r, len(held), len(targets)))
+  assert kinds == {(False, 1, 1), (True, 2, 1), (True, 2, 2)}
 
 
 def test_swap_needs_another_document():
   one_document = np.concatenate([[1], np.arange(3, 67) % 60 + 3]).astype(np.int32)
-  with pytest.raises(scoring.EvalError, match="--ablate_method=eos"):
+  with pytest.raises(scoring.EvalError, match="or use --ablate_method=eos"):
     ablation(tiny_model_config("dense"), one_document)
   with pytest.raises(scoring.EvalError, match="ablate_method='shuffle' is not a known ablation"):
     ablation(tiny_model_config("dense"), stream(65, 64), method="shuffle")
