@@ -35,6 +35,7 @@ def add_pi_fields(config: ml_collections.ConfigDict) -> None:
   model.num_skips = 3               # ... for m = 1..num_skips (skips inside the window not repeated)
   model.period_schedule = "constant"  # 'constant', or 'doubling': layer l uses period * 2**l
   model.gate_hidden = 32            # hidden width of the gate MLP (D -> gate_hidden -> heads)
+  model.gate = "learned"            # 'learned' (the gate MLP), or 'fixed': g = 0.5, no gate parameters
 
 
 def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:

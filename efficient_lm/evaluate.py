@@ -1,7 +1,8 @@
 """Evaluates a trained workdir (the library: `efficient_lm.scoring`).
 
     python -m efficient_lm.evaluate --workdir=runs/pi_attention [--split=test | --text_file=PATH]
-        [--context=N --stride=S] [--per_position] [--ablate_context=N] [--batch_size=B] [--out=DIR]
+        [--context=N --stride=S] [--per_position] [--ablate_context=N [--ablate_method=swap|eos]]
+        [--batch_size=B] [--out=DIR]
 
 Prints one line on stderr and the figures as one JSON object, the last line of stdout; one
 `error: ...` line and exit status 2 for input it cannot use. Ctrl-C (SIGINT) stops it at once with
@@ -40,7 +41,8 @@ def _summary_line(result: dict) -> str:
   if "ablation" in result:
     a = result["ablation"]["all"]
     kept = result["ablation"]["kept_context"]
-    line += (f"; context beyond {kept[1] + 1} tokens is worth {a['delta']:+.4f} nats/token "
+    line += (f"; context beyond {kept[1] + 1} tokens ({result['ablation']['method']} ablation: loss "
+             f"{a['full_loss']:.4f} -> {a['ablated_loss']:.4f}) is worth {a['delta']:+.4f} nats/token "
              f"(95% interval [{a['ci_low']:+.4f}, {a['ci_high']:+.4f}] over {a['documents']} "
              f"documents)")
   return line
@@ -49,7 +51,7 @@ def _summary_line(result: dict) -> str:
 def cli(*, workdir: str, split: str | None = None, text_file: str | None = None,
         context: int | None = None, stride: int | None = None, batch_size: int | None = None,
         per_position: bool = False, out: str | None = None, ablate_context: int = 0,
-        per_query_out: str | None = None, max_tokens: int = 0) -> int:
+        ablate_method: str = "swap", per_query_out: str | None = None, max_tokens: int = 0) -> int:
   """What the command does: a human line on stderr, the figures as the last stdout line (JSON);
   returns the exit status (2 and one `error: ...` line for input it cannot use)."""
   import numpy as np  # pylint: disable=import-outside-toplevel
@@ -60,7 +62,7 @@ def cli(*, workdir: str, split: str | None = None, text_file: str | None = None,
     result = scoring.evaluate_workdir(workdir, split=split, text_file=text_file, context=context,
                                       stride=stride, batch_size=batch_size,
                                       per_position=per_position, out=out,
-                                      ablate_context=ablate_context,
+                                      ablate_context=ablate_context, ablate_method=ablate_method,
                                       per_query=bool(per_query_out), max_tokens=max_tokens)
   except (scoring.EvalError, workdir_lib.WorkdirError, ConfigError, data.DataError,
           data.DownloadError) as e:
@@ -87,8 +89,8 @@ def main(argv) -> None:
     status = cli(workdir=FLAGS.workdir, split=FLAGS.split, text_file=FLAGS.text_file,
                  context=FLAGS.context, stride=FLAGS.stride, batch_size=FLAGS.batch_size,
                  per_position=FLAGS.per_position, out=FLAGS.out,
-                 ablate_context=FLAGS.ablate_context, per_query_out=FLAGS.per_query_out,
-                 max_tokens=FLAGS.max_tokens)
+                 ablate_context=FLAGS.ablate_context, ablate_method=FLAGS.ablate_method,
+                 per_query_out=FLAGS.per_query_out, max_tokens=FLAGS.max_tokens)
   sys.exit(status)
 
 
@@ -105,6 +107,9 @@ def _define_flags() -> None:
                        "ablate_context - stride .. ablate_context - 1 tokens of context, and report "
                        "what the rest is worth (mean difference, bootstrap interval over "
                        "documents); at least --stride, below --context. 0 = off.")
+  flags.DEFINE_string("ablate_method", "swap", "What replaces the context beyond --ablate_context: "
+                      "'swap' (text of another document of the split: an input the model has seen "
+                      "the like of) or 'eos' (end-of-document tokens).")
   flags.DEFINE_integer("max_tokens", 0, "Score only the first documents of the split holding this "
                        "many tokens (bits per byte then estimated); 0 = all of it.")
   flags.DEFINE_string("per_query_out", None, "MQAR workdirs: also write every answer's sequence, "

@@ -5,7 +5,9 @@ what its context is worth (`--ablate_context`), recall by distance (MQAR). The c
 `score_stream(model, tokens, context=N, stride=S, ...)` scores every target of a token stream once,
 each window of up to N inputs scoring its last S targets (S <= N <= seq_len, else an `EvalError`),
 through the train step's chunked loss (`train_step.token_nll`: no `[B, T, V]` logits); with
-`ablate_context=A` it scores each token again with only its last A - S .. A - 1 tokens of context.
+`ablate_context=A` it scores each token again with only its last A - S .. A - 1 tokens of its own
+context, the inputs before them swapped for text of another document of the split
+(`ablate_method='swap'`, in distribution) or end-of-document tokens (`'eos'`).
 `score_recall` scores an MQAR split per distance bin; `evaluate_workdir` loads a workdir and scores
 a split of its corpus or a UTF-8 file. Details (windows, the Perceiver-AR layout, the ablation,
 recall): docs/evaluation.md.
@@ -31,6 +33,9 @@ from efficient_lm.data import corpus as corpus_lib
 
 class EvalError(ValueError):
   """An evaluation that cannot run as asked (bad windows, split or file); the message says why."""
+
+
+ABLATE_METHODS = ("swap", "eos")  # what replaces the context beyond the cut (docs/evaluation.md)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -74,13 +79,59 @@ def num_windows(num_targets: int, stride: int) -> int:
   return -(-num_targets // stride)
 
 
+def swap_starts(tokens: np.ndarray, windows: np.ndarray, *, context: int, stride: int, ablate: int,
+                eos_id: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+  """For each window id, where its swapped-in text starts in `tokens` (the swap ablation): a run
+  of as many tokens as the window has inputs more than `ablate` before its end, none of them in a
+  document of the kept inputs or of the scored targets (documents: an end-of-document token starts
+  one); where the split has no such run (a window across the boundary of a two-document split),
+  none in a document of the scored targets, else none in the last target's document. Drawn
+  uniformly among such runs with a generator seeded by (seed, window id), so the batching does not
+  change it. Returns (starts, relaxed): -1 for windows with nothing to swap; relaxed[i] when the
+  run avoids only the targets' documents. An `EvalError` when no run avoids even the last target's
+  document (a split of one document)."""
+  n = len(tokens) - 1
+  doc_N = np.cumsum(tokens == eos_id)
+  first_of_doc = np.searchsorted(doc_N, np.arange(doc_N[-1] + 2), side="left")
+  out = np.full(len(windows), -1, np.int64)
+  relaxed = np.zeros(len(windows), bool)
+  for i, w in enumerate(np.asarray(windows, np.int64)):
+    if w >= num_windows(n, stride):
+      continue
+    first, end = w * stride, min(w * stride + stride, n)
+    start = max(first - (context - stride), 0)
+    replaced = max(0, end - ablate - start)
+    if not replaced:
+      continue
+    # The documents the run must avoid, strictest first: the kept inputs' and the targets', the
+    # scored targets' (stream positions first + 1 .. end), the last target's.
+    for level, lo_doc in enumerate((doc_N[end - ablate], doc_N[first + 1], doc_N[end])):
+      hi_doc = doc_N[end]
+      before = max(0, first_of_doc[lo_doc] - replaced + 1)          # runs ending before lo_doc
+      after_start = first_of_doc[hi_doc + 1]                        # runs starting after hi_doc
+      after = max(0, n + 1 - replaced - after_start + 1)
+      if before + after:
+        break
+    else:
+      raise EvalError(f"ablate_method='swap' needs {replaced} tokens of text from another document "
+                      f"of the split for window {w}, and the split has none (its other documents "
+                      f"are too short or missing); score a split with more documents, or use "
+                      f"--ablate_method=eos")
+    u = int(np.random.default_rng([seed, int(w)]).integers(before + after))
+    out[i] = u if u < before else after_start + (u - before)
+    relaxed[i] = level > 0
+  return out, relaxed
+
+
 def window_batch(tokens: np.ndarray, windows: np.ndarray, *, context: int, stride: int, seq_len: int,
                  right_align: bool, eos_id: int, pad_id: int, ablate: int = 0,
+                 swap_from: np.ndarray | None = None,
                  document_mask: bool = False) -> dict[str, np.ndarray]:
   """`[B, seq_len]` inputs, targets, weights (1 = scored), window positions and stream positions
   (of each input; -1 outside) for window ids `windows` (ids past the last window give
   all-padding rows of weight 0). `ablate` = N > 0: every input more than N before the window's
-  end is an end-of-document token instead (docs/evaluation.md, Context ablation). With
+  end is replaced: by the text of `tokens` starting at `swap_from[b]` (`swap_starts`), in order,
+  or without `swap_from` by end-of-document tokens (docs/evaluation.md, Context ablation). With
   `document_mask`, the inputs' document ids as training saw them (`segment_ids`)."""
   n = len(tokens) - 1
   w_B = np.asarray(windows, np.int64)
@@ -97,7 +148,12 @@ def window_batch(tokens: np.ndarray, windows: np.ndarray, *, context: int, strid
   fill = eos_id if right_align else pad_id
   inputs_BT = np.where(inside_BT, tokens[p_BT], fill)
   if ablate:
-    inputs_BT = np.where(inside_BT & (stream_BT < end_B[:, None] - ablate), eos_id, inputs_BT)
+    replaced_BT = inside_BT & (stream_BT < end_B[:, None] - ablate)
+    if swap_from is None:
+      inputs_BT = np.where(replaced_BT, eos_id, inputs_BT)
+    else:
+      donor_BT = np.clip(np.asarray(swap_from)[:, None] + p_BT - start_B[:, None], 0, n)
+      inputs_BT = np.where(replaced_BT, tokens[donor_BT], inputs_BT)
   batch = {
       "inputs": inputs_BT.astype(np.int32),
       "targets": np.where(inside_BT, tokens[p_BT + 1], pad_id).astype(np.int32),
@@ -144,8 +200,8 @@ def make_score_step(graphdef, num_positions: int = 0, *, loss_chunk: int = 0,
 def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_size: int,
                  num_bytes: int, eos_id: int, pad_id: int, per_position: bool = False,
                  mesh: jax.sharding.Mesh | None = None, seq_len: int | None = None,
-                 loss_chunk: int = 0, ablate_context: int = 0, buckets: int = 4,
-                 bootstrap_seed: int = 0, document_mask: bool = False) -> dict:
+                 loss_chunk: int = 0, ablate_context: int = 0, ablate_method: str = "swap",
+                 buckets: int = 4, bootstrap_seed: int = 0, document_mask: bool = False) -> dict:
   """Scores every target of the 1-D token stream `tokens` once (docs/evaluation.md, Windows).
 
   `num_bytes`: the UTF-8 bytes the stream's text holds (bits per byte's
@@ -160,9 +216,11 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
   `per_position` per_position_loss (None where nothing was scored) and
   per_position_count, one entry per window position 0..context-1. With
   `ablate_context` = N: `ablation` (what the context beyond N is worth: the
-  mean per-token NLL difference, its 95% bootstrap interval over documents and
-  p-value, overall and in `buckets` log2 buckets of the position in the
-  document: [0, N), [N, 2N), ...).
+  full and ablated losses, their mean per-token difference, its 95% bootstrap
+  interval over documents and p-value, overall and in `buckets` log2 buckets of
+  the position in the document: [0, N), [N, 2N), ...); `ablate_method`: what
+  replaces that context, 'swap' (text of another document, `swap_starts`, seed
+  `bootstrap_seed`) or 'eos' (end-of-document tokens).
   """
   tokens = np.asarray(tokens)
   if tokens.ndim != 1 or len(tokens) < 2:
@@ -177,6 +235,9 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
                 model_name=type(model).__name__)
   if ablate_context:
     _check_positive_int("ablate_context", ablate_context)
+    if ablate_method not in ABLATE_METHODS:
+      raise EvalError(f"ablate_method={ablate_method!r} is not a known ablation; use "
+                      f"{' or '.join(ABLATE_METHODS)} (--ablate_method)")
     if not stride <= ablate_context < context:
       raise EvalError(f"ablate_context={ablate_context} must be at least --stride={stride} (each "
                       f"scored token keeps ablate_context - stride .. ablate_context - 1 tokens of "
@@ -196,6 +257,7 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
                          per_token=bool(ablate_context))
   sums = {"nll": 0.0, "scored": 0.0, "position_nll": 0.0, "position_count": 0.0}
   kept = {"full": [], "ablated": [], "where": []}  # per scored token, for the ablation
+  swap_relaxed = 0  # windows whose swapped-in text avoids only the scored targets' documents
   pending: list = []
 
   def collect(outputs) -> None:  # host sums in float64, as train.evaluate's
@@ -220,7 +282,13 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
     full = step(params, place(batch))  # dispatched asynchronously: the host builds the next
     ablated = None
     if ablate_context:
-      ablated = step(params, place(window_batch(tokens, windows, ablate=ablate_context, **layout)))
+      swap_from = None
+      if ablate_method == "swap":
+        swap_from, relaxed = swap_starts(tokens, windows, context=context, stride=stride,
+                                         ablate=ablate_context, eos_id=eos_id, seed=bootstrap_seed)
+        swap_relaxed += int(relaxed.sum())
+      ablated = step(params, place(window_batch(tokens, windows, ablate=ablate_context,
+                                                swap_from=swap_from, **layout)))
     pending.append((full, ablated, batch))
     if len(pending) > 4:
       collect(pending.pop(0))
@@ -239,14 +307,17 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
         np.concatenate(kept["full"]), np.concatenate(kept["ablated"]),
         np.concatenate(kept["where"]), tokens, eos_id, ablate_context, stride, buckets,
         bootstrap_seed)
+    result["ablation"]["method"] = ablate_method
+    if ablate_method == "swap":
+      result["ablation"]["swap_relaxed_windows"] = swap_relaxed
   return result
 
 
 def ablation_readout(full_N, ablated_N, where_N, tokens, eos_id: int, ablate: int, stride: int,
                      buckets: int, seed: int) -> dict:
   """The context-ablation figures from per-token NLLs (scored tokens at stream input positions
-  `where_N`): the mean of ablated - full, its bootstrap interval over documents, per bucket of
-  the position in the document."""
+  `where_N`): the mean full and ablated losses, the mean of ablated - full, its bootstrap interval
+  over documents (a description of this run), per bucket of the position in the document."""
   starts = np.cumsum(tokens == eos_id)  # document number of each stream position
   document_N = starts[where_N]
   last_eos = np.maximum.accumulate(np.where(tokens == eos_id, np.arange(len(tokens)), 0))
@@ -254,11 +325,12 @@ def ablation_readout(full_N, ablated_N, where_N, tokens, eos_id: int, ablate: in
 
   def summarize(mask) -> dict:
     if not mask.any():
-      return {"delta": None, "ci_low": None, "ci_high": None, "p_value": None, "tokens": 0,
-              "documents": 0}
+      return {"full_loss": None, "ablated_loss": None, "delta": None, "ci_low": None,
+              "ci_high": None, "p_value": None, "tokens": 0, "documents": 0}
     test = stats.paired_bootstrap(full_N[mask], ablated_N[mask], groups=document_N[mask],
                                   num_resamples=2000, seed=seed)
-    return {"delta": float(np.mean(ablated_N[mask] - full_N[mask])), "ci_low": test.ci_low,
+    return {"full_loss": float(np.mean(full_N[mask])), "ablated_loss": float(np.mean(ablated_N[mask])),
+            "delta": float(np.mean(ablated_N[mask] - full_N[mask])), "ci_low": test.ci_low,
             "ci_high": test.ci_high, "p_value": test.p_value, "tokens": int(mask.sum()),
             "documents": int(len(np.unique(document_N[mask])))}
 
@@ -386,7 +458,7 @@ def _source(config, tokenizer, split: str | None, text_file: str | None):
 def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str | None = None,
                      context: int | None = None, stride: int | None = None,
                      batch_size: int | None = None, per_position: bool = False,
-                     out: str | None = None, ablate_context: int = 0,
+                     out: str | None = None, ablate_context: int = 0, ablate_method: str = "swap",
                      per_query: bool = False, max_tokens: int = 0) -> dict:
   """Scores the workdir's latest checkpoint on `split` (default `train.eval_split`) or on
   `text_file`, over every local device.
@@ -428,7 +500,7 @@ def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str |
                         num_bytes=num_bytes, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id,
                         per_position=per_position, mesh=mesh, seq_len=seq_len,
                         loss_chunk=config.train.loss_chunk,
-                        ablate_context=ablate_context or 0,
+                        ablate_context=ablate_context or 0, ablate_method=ablate_method,
                         document_mask=config.data.document_mask)
   where = {"text_file": os.path.abspath(text_file)} if text_file is not None else {"split": name}
   result = {"model": config.model.name, "step": int(step), **where, **result,

@@ -1,14 +1,22 @@
-"""Paired tests for the paper-table claims, and the rule that turns them into verdicts.
+"""Paired tests for the claims, and the rules that turn them into verdicts, fixed before the runs.
 
-`paired_t_test` (per-seed values, paired by `train.seed`) and `paired_bootstrap` (per-item values,
-resampled whole by `groups`, e.g. documents) return a `TestResult`, positive = A better; `decide`
-gives the verdict: confirmed (p < 0.05 and the 95% interval above 0), refuted (p < 0.05, interval
-below 0), not decided (otherwise, or fewer than 2 pairs), not comparable (a stated precondition
-fails). `false_positive_rate` measures a rule on simulated nulls. numpy only, no scipy.
-Details (the paired design, what two seeds decide, what the bootstrap measures):
-docs/evaluation.md, Statistics.
+The unit is the training seed. A claim about an architecture ("A recalls better than B", "A's loss
+is comparable to B's") is decided over training seeds (`train.seed` fixes the initialization and
+the data order, so A's and B's seed-s runs are a pair), never over the items (queries, tokens) of
+a few fixed runs: `paired_bootstrap` over items describes one run, it decides nothing.
 
-    python -m efficient_lm.stats      # the false-positive rates of the new and the old rule
+  - `paired_t_test`: "A is better than B" on one number per seed (two-sided, n - 1 df).
+  - `equivalence_test`: "A is comparable to B" within +-`margin` (two one-sided tests, TOST).
+  - `benjamini_hochberg`: adjusted p-values over the family of claims; `decide_family` decides every
+    claim on its adjusted p-value (confirmed / refuted, equivalent / not equivalent, not decided,
+    not comparable). A claim with fewer seeds than `PLANNED_SEEDS` is pending: not decided, and
+    counted in the family with p = 1.
+  - `decide`: the per-test rule on an unadjusted p-value (the paper tables' older one-table view).
+  - `false_positive_rate`, `architecture_null_rates`: the rules on simulated nulls.
+
+numpy only, no scipy. Details: docs/evaluation.md, Statistics.
+
+    python -m efficient_lm.stats      # the false-positive rates of the rules
 """
 
 import dataclasses
@@ -21,7 +29,14 @@ import numpy as np
 ALPHA = 0.05  # two-sided; the intervals are 1 - ALPHA = 95%
 
 CONFIRMED, REFUTED, NOT_DECIDED, NOT_COMPARABLE = "confirmed", "refuted", "not decided", "not comparable"
-VERDICTS = (CONFIRMED, REFUTED, NOT_DECIDED, NOT_COMPARABLE)
+EQUIVALENT, NOT_EQUIVALENT = "equivalent", "not equivalent"
+VERDICTS = (CONFIRMED, REFUTED, EQUIVALENT, NOT_EQUIVALENT, NOT_DECIDED, NOT_COMPARABLE)
+
+# Written down before the runs (issue 33): training seeds per arm a claim is decided on, and the
+# equivalence margins ("comparable" means the seed-mean difference lies within +-margin).
+PLANNED_SEEDS = {"recall": 5, "loss": 3}
+EQUIVALENCE_MARGIN = {"loss": 0.02,     # nats per token
+                      "recall": 0.05}   # accuracy (chance is 1/16 = 0.0625)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +211,149 @@ def paired_bootstrap(values_a: Sequence[float], values_b: Sequence[float], group
   return TestResult(name, mean, mean, p_value, float(ci_low), float(ci_high), num_clusters)
 
 
+def t_upper_p(t: float, df: int) -> float:
+  """P(T >= t), one-sided, for Student's t with `df` degrees of freedom."""
+  if math.isnan(t):
+    return float("nan")
+  half = t_two_sided_p(t, df) / 2
+  return half if t >= 0 else 1.0 - half
+
+
+@dataclasses.dataclass(frozen=True)
+class EquivalenceResult:
+  """Two one-sided tests (TOST) of "A and B are within +-margin" on per-seed differences
+  (positive = A better, as `TestResult`). `p_equivalent`: the larger of the two one-sided p-values
+  against the margins (null: |delta| >= margin); `p_not_equivalent`: the one-sided p-value that
+  delta lies beyond the margin on the side the mean is on (null: |delta| <= margin; 1 when the
+  mean is inside). `ci_low`, `ci_high`: the 90% interval (TOST at 5% is "that interval inside
+  (-margin, margin)"). `p_value`: the test the claim is decided on: `p_equivalent` when the mean
+  lies inside the margin, else `p_not_equivalent`."""
+  __test__ = False
+
+  test: str
+  difference: float
+  statistic: float
+  margin: float
+  p_equivalent: float
+  p_not_equivalent: float
+  ci_low: float
+  ci_high: float
+  n: int
+
+  @property
+  def p_value(self) -> float:
+    return self.p_equivalent if abs(self.difference) < self.margin else self.p_not_equivalent
+
+
+def equivalence_test(a_by_seed: Mapping[int, float], b_by_seed: Mapping[int, float], *, margin: float,
+                     higher_is_better: bool = False) -> EquivalenceResult:
+  """TOST on the paired per-seed differences d_s (positive = A better), n - 1 degrees of freedom:
+  t_low = (mean + margin) / se tests delta > -margin, t_high = (mean - margin) / se tests
+  delta < margin; p_equivalent = max(P(T >= t_low), P(T <= t_high)). Fewer than 2 pairs: NaN."""
+  if not margin > 0:
+    raise ValueError(f"margin={margin} must be positive (the equivalence margin, stated before the runs)")
+  t = paired_t_test(a_by_seed, b_by_seed, higher_is_better=higher_is_better)
+  nan = float("nan")
+  if t.n < 2:
+    return EquivalenceResult("TOST (paired t)", t.difference, nan, margin, nan, nan, nan, nan, t.n)
+  se = (t.ci_high - t.ci_low) / (2 * t_critical(t.n - 1)) if t.ci_high > t.ci_low else 0.0
+  mean, df = t.difference, t.n - 1
+  if se == 0.0:  # identical differences: decided by where they lie
+    inside = abs(mean) < margin
+    return EquivalenceResult("TOST (paired t)", mean, t.statistic, margin, 0.0 if inside else 1.0,
+                             1.0 if inside or abs(mean) == margin else 0.0, mean, mean, t.n)
+  p_low = t_upper_p((mean + margin) / se, df)          # null: delta <= -margin
+  p_high = 1.0 - t_upper_p((mean - margin) / se, df)   # null: delta >= +margin
+  if mean > margin:
+    p_beyond = t_upper_p((mean - margin) / se, df)     # null: delta <= +margin
+  elif mean < -margin:
+    p_beyond = 1.0 - t_upper_p((mean + margin) / se, df)
+  else:
+    p_beyond = 1.0
+  half = t_critical(df, 2 * ALPHA) * se
+  return EquivalenceResult("TOST (paired t)", mean, t.statistic, margin, max(p_low, p_high), p_beyond,
+                           mean - half, mean + half, t.n)
+
+
+def benjamini_hochberg(p_values: Sequence[float | None], family_size: int | None = None) -> list[float]:
+  """Benjamini-Hochberg adjusted p-values (the step-up rule: controls the false-discovery rate at
+  alpha when "adjusted < alpha" decides). None or NaN (a claim not tested: pending, not
+  comparable) counts as p = 1. `family_size` (>= len(p_values)): the claims of the family stated
+  up front; the ones not listed count as p = 1 (so deciding on part of the family is never less
+  strict than deciding on all of it). adjusted_(i) = min over j >= i of p_(j) m / j, capped at 1."""
+  p = np.array([1.0 if v is None or math.isnan(v) else float(v) for v in p_values], np.float64)
+  if np.any((p < 0) | (p > 1)):
+    raise ValueError(f"p-values must lie in [0, 1], got {p_values}")
+  m = len(p) if family_size is None else family_size
+  if m < len(p):
+    raise ValueError(f"family_size={family_size} is below the {len(p)} p-values given")
+  if not len(p):
+    return []
+  order = np.argsort(p, kind="stable")
+  ranked = p[order] * m / np.arange(1, len(p) + 1)
+  adjusted = np.minimum(1.0, np.minimum.accumulate(ranked[::-1])[::-1])
+  out = np.empty_like(adjusted)
+  out[order] = adjusted
+  return out.tolist()
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  """One claim of the family, tested: `kind` 'difference' ("A is better than B": `result` a
+  `TestResult`) or 'equivalence' ("A is comparable to B": an `EquivalenceResult`); `seeds`: the
+  pairs tested; `planned`: the seeds fixed before the runs (`PLANNED_SEEDS`); `comparable`: True,
+  or the reason a precondition fails."""
+  claim: str
+  kind: str
+  result: TestResult | EquivalenceResult | None
+  seeds: int
+  planned: int
+  comparable: bool | str = True
+
+
+def decide_family(claims: Sequence[Claim], family_size: int | None = None) -> list[dict]:
+  """Every claim's verdict, on its Benjamini-Hochberg adjusted p-value over the family
+  (`family_size`: the claims stated up front, default len(claims); those not given count as p = 1).
+
+  difference: confirmed (adjusted p < 0.05, A ahead), refuted (adjusted p < 0.05, B ahead);
+  equivalence: equivalent (adjusted TOST p < 0.05), not equivalent (adjusted p < 0.05 that the
+  difference lies beyond the margin); not decided otherwise; pending claims (fewer seeds than
+  planned) are not decided and count as p = 1; not comparable when a precondition fails (p = 1).
+  Returns dicts: claim, test, unit 'seed', seeds, planned_seeds, difference, statistic, p_value,
+  p_adjusted, ci_low, ci_high, verdict, note (and margin, p_equivalent, p_not_equivalent for
+  equivalence claims)."""
+  for c in claims:
+    if c.kind not in ("difference", "equivalence"):
+      raise ValueError(f"claim {c.claim!r}: kind={c.kind!r} must be 'difference' or 'equivalence'")
+  usable = [c.comparable is True and c.result is not None and c.seeds >= max(2, c.planned)
+            for c in claims]
+  p_raw = [c.result.p_value if ok else None for c, ok in zip(claims, usable)]
+  adjusted = benjamini_hochberg(p_raw, family_size)
+  out = []
+  for c, ok, p_adj in zip(claims, usable, adjusted):
+    r = c.result
+    row = {"claim": c.claim, "kind": c.kind, "test": r.test if r else "none", "unit": "seed",
+           "seeds": c.seeds, "planned_seeds": c.planned,
+           "difference": r.difference if r else None, "statistic": r.statistic if r else None,
+           "p_value": r.p_value if r else None, "p_adjusted": p_adj if ok else None,
+           "ci_low": r.ci_low if r else None, "ci_high": r.ci_high if r else None, "note": ""}
+    if isinstance(r, EquivalenceResult):
+      row.update(margin=r.margin, p_equivalent=r.p_equivalent, p_not_equivalent=r.p_not_equivalent,
+                 interval="90% (TOST)")
+    if c.comparable is not True:
+      row.update(verdict=NOT_COMPARABLE, note=c.comparable or "precondition failed")
+    elif not ok:
+      row.update(verdict=NOT_DECIDED, note=f"pending: {c.seeds} of {c.planned} planned seeds")
+    elif p_adj >= ALPHA:
+      row["verdict"] = NOT_DECIDED
+    elif c.kind == "difference":
+      row["verdict"] = CONFIRMED if r.difference > 0 else REFUTED
+    else:
+      row["verdict"] = EQUIVALENT if abs(r.difference) < r.margin else NOT_EQUIVALENT
+    out.append(row)
+  return out
+
+
 # ----------------------------------------------------------------------------------------------
 # The rule.
 
@@ -261,6 +419,30 @@ def false_positive_rate(rule: Callable[[Mapping[int, float], Mapping[int, float]
   return declared / trials
 
 
+def architecture_null_rates(num_seeds: int = 2, seed_sd: float = 0.03, accuracy: float = 0.5,
+                            sequences: int = 512, queries_per_sequence: int = 2, trials: int = 200,
+                            resamples: int = 500, seed: int = 0) -> dict[str, float]:
+  """Under an architecture-level null (A and B the same architecture: each run's accuracy is
+  `accuracy` + a normal seed effect of sd `seed_sd`, drawn for every run), the share of `trials`
+  in which (a) the query bootstrap over the pooled seeds (`paired_bootstrap`, clustered by (seed,
+  sequence), `decide`) and (b) the per-seed paired t (`paired_t_test`, `decide`) declare a
+  difference. (a) answers "do these runs differ", so it declares one far more often than 5%."""
+  rng = np.random.default_rng(seed)
+  declared = {"query bootstrap": 0, "per-seed t": 0}
+  n = sequences * queries_per_sequence
+  groups = np.repeat(np.arange(num_seeds * sequences), queries_per_sequence)
+  for i in range(trials):
+    p_AS = np.clip(accuracy + rng.normal(0.0, seed_sd, (2, num_seeds)), 0.0, 1.0)
+    correct_ASN = rng.random((2, num_seeds, n)) < p_AS[:, :, None]
+    boot = paired_bootstrap(correct_ASN[0].ravel(), correct_ASN[1].ravel(), groups=groups,
+                            higher_is_better=True, num_resamples=resamples, seed=i)
+    t = paired_t_test(dict(enumerate(correct_ASN[0].mean(1))), dict(enumerate(correct_ASN[1].mean(1))),
+                      higher_is_better=True)
+    for name, result in (("query bootstrap", boot), ("per-seed t", t)):
+      declared[name] += decide("", result).verdict in (CONFIRMED, REFUTED)
+  return {name: count / trials for name, count in declared.items()}
+
+
 if __name__ == "__main__":
   trials = 20_000
   print(f"false-positive rates, no true difference, {trials} trials (se ~0.0015 at 0.05):")
@@ -268,3 +450,6 @@ if __name__ == "__main__":
     new = false_positive_rate(paired_t_rule, n, trials=trials)
     old = false_positive_rate(spread_rule, n, trials=trials)
     print(f"  {n} seeds: paired t rule {new:.4f}, old spread rule {old:.4f}")
+  rates = architecture_null_rates(num_seeds=2, sequences=1024, queries_per_sequence=8, trials=200)
+  print("architecture-level null (run accuracy varies by sd 0.03 between seeds, 2 seeds, 8,192 "
+        "queries a run, 200 trials): " + ", ".join(f"{k} declares {v:.0%}" for k, v in rates.items()))

@@ -1,27 +1,36 @@
-"""What context beyond N tokens is worth on real text: the context-ablation readout, per model.
+"""What context beyond N tokens is worth on real text: the swap ablation, per model and seed.
 
     nice -n 19 python -m experiments.context_ablation --pause_file=/tmp/efficient_lm_quiet
-    python -m experiments.context_ablation --corpora=python_code --models=dense   # the gate only
+    python -m experiments.context_ablation --corpora=shakespeare --models=bcmt,honly --seeds=0
 
 Per (corpus, model, seed): a training run (`python -m efficient_lm.main` in a subprocess, the
 corpus's shared settings `CORPORA[...]['settings']` and the model's `MODELS[...]`), then
 `python -m efficient_lm.evaluate --split=validation --context=C --stride=S --ablate_context=N
---max_tokens=M`: every scored token twice, with its window and with only its last N - S .. N - 1
-tokens, and the mean NLL difference with a 95% bootstrap interval over documents
-(`scoring.ablation_readout`). Models whose receptive field (`EXACT_NULL`) is below N - S give
-exactly 0 by construction (the same computation in both passes).
+--ablate_method=swap --max_tokens=M`: every scored token twice, with its window and with only
+its last N - S .. N - 1 tokens of its own context, the inputs before them swapped for text of
+another document of the split (an input the model has seen the like of: training windows run
+across documents; not end-of-document tokens, which it never sees in runs). Each row: full loss,
+ablated loss, their difference (delta, nats per token, positive = the model uses the context
+beyond N) and a 95% bootstrap interval over documents (a description of that run; the claims
+are decided over seeds by `experiments.verdicts`). Models whose receptive field (`EXACT_NULL`)
+is below N - S give exactly 0 (the same computation in both passes). ECP (4 pieces) and
+Perceiver-AR get the same cut, which lies inside their reach (ECP's two hops over pieces of C/4
+reach 640-767 tokens back on the plays and 1,280-1,535 on code; Perceiver-AR's latents read the
+whole window).
 
-The gate (python_code): dense runs first; only if its interval lies above 0 with p < 0.05 (it gains
-from context beyond N) are the other models run on that corpus. The embedded corpus's validation
-split is two plays: its bootstrap over documents cannot reach p < 0.05 (a sign flip over two
-clusters gives p >= 0.5), so its rows are reported, not decided. Rows go to
-experiments/results/context_ablation.json after every run (model, corpus, seed, ablate_context,
-delta, ci_low, ci_high, ...); resumable and additive (`--force` reruns).
+The sanity check (`sanity_check`, after every row): for each corpus and seed, BCMT with its far
+context swapped out must not score worse than HOnly (the same blocks, no memory) with its whole
+context, beyond the half-width of BCMT's interval; the run stops with an error if it does (the
+ablated input would then be disrupting the model, not removing information from it).
+
+Rows go to experiments/results/context_ablation.json after every run (model, corpus, seed,
+method, full_loss, ablated_loss, delta, ci_low, ci_high, ...); resumable and additive (`--force`
+reruns). Rows of the earlier end-of-document readout are kept with method "eos".
 """
-
 import argparse
 import json
 import os
+import signal
 import sys
 
 from experiments.common import REPO
@@ -41,8 +50,7 @@ CORPORA = {
     "python_code": {"settings": {"data.dataset": "python_code", "data.seq_len": 2048,
                                  "data.batch_size": 4, "train.num_steps": 500,
                                  "train.sample_prompt": ""},
-                    "context": 2048, "stride": 256, "ablate": 1024, "max_tokens": 200000,
-                    "gate": "dense"},
+                    "context": 2048, "stride": 256, "ablate": 1024, "max_tokens": 200000},
 }
 MODELS = {
     "dense": ("configs/dense.py", {}),
@@ -51,9 +59,13 @@ MODELS = {
                                                  "model.num_skips": 3}),
     "bcmt": ("configs/bcmt.py", {"model.block_size": 256}),
     "honly": ("configs/bcmt.py:honly", {"model.block_size": 256}),
+    "ecp": ("configs/ecp.py", {"model.num_segments": 4}),
+    "perceiver_ar": ("configs/perceiver_ar.py", {"model.num_latents": 256}),  # >= every stride
 }
 # Receptive fields below every corpus's N - S (2 layers): exact nulls by construction.
 EXACT_NULL = {"sliding_window": 2 * 127, "honly": 255}
+SEEDS = (0, 1, 2)  # stats.PLANNED_SEEDS["loss"], chosen before the runs (issue 33)
+METHOD = "swap"
 
 
 def command(corpus: str, model: str, seed: int, workdir: str) -> list[str]:
@@ -76,7 +88,8 @@ def run_row(corpus: str, model: str, seed: int, args) -> dict:
     raise RuntimeError(f"{key} training failed:\n{tail(log)}")
   score = [sys.executable, "-m", "efficient_lm.evaluate", f"--workdir={workdir}",
            "--split=validation", f"--context={c['context']}", f"--stride={c['stride']}",
-           f"--ablate_context={c['ablate']}", f"--max_tokens={c['max_tokens']}"]
+           f"--ablate_context={c['ablate']}", f"--ablate_method={METHOD}",
+           f"--max_tokens={c['max_tokens']}"]
   score_log = workdir + ".score.log"
   scored = run_monitored(score, score_log, args.pause_file)
   if scored["returncode"] != 0:
@@ -84,64 +97,85 @@ def run_row(corpus: str, model: str, seed: int, args) -> dict:
   with open(score_log) as f:
     result = json.loads(f.read().strip().splitlines()[-1])
   a = result["ablation"]
-  return {"model": model, "corpus": corpus, "seed": seed, "ablate_context": c["ablate"],
-          "kept_context": a["kept_context"], **{k: a["all"][k] for k in (
-              "delta", "ci_low", "ci_high", "p_value", "tokens", "documents")},
+  from experiments.long_range import code_version  # pylint: disable=import-outside-toplevel
+  return {"model": model, "corpus": corpus, "seed": seed, "method": a["method"],
+          "swap_relaxed_windows": a.get("swap_relaxed_windows"), "windows": result["num_windows"],
+          "ablate_context": c["ablate"], "kept_context": a["kept_context"],
+          **{k: a["all"][k] for k in ("full_loss", "ablated_loss", "delta", "ci_low", "ci_high",
+                                      "p_value", "tokens", "documents")},
           "by_position_in_document": a["by_position_in_document"],
           "exact_null": model in EXACT_NULL and EXACT_NULL[model] < c["ablate"] - c["stride"],
           "validation_loss": result["loss"], "train_seconds": run["seconds"],
-          "load_mean": run["load_mean"], "command": " ".join(train),
-          "score_command": " ".join(score)}
+          "cpu_seconds": run["cpu_seconds"] + scored["cpu_seconds"], "load_mean": run["load_mean"],
+          "command": " ".join(train), "score_command": " ".join(score), "code": code_version()}
+
+
+def sanity_check(rows: list[dict]) -> list[str]:
+  """The swap rows where ablated BCMT scores worse than HOnly's full loss (same corpus and seed)
+  by more than the half-width of BCMT's interval: one message each (empty: the check passes)."""
+  by_key = {(r["corpus"], r["model"], r["seed"]): r for r in rows if r.get("method") == METHOD}
+  failures = []
+  for (corpus, model, seed), bcmt in sorted(by_key.items()):
+    honly = by_key.get((corpus, "honly", seed))
+    if model != "bcmt" or honly is None:
+      continue
+    excess = bcmt["ablated_loss"] - honly["full_loss"]
+    half = (bcmt["ci_high"] - bcmt["ci_low"]) / 2
+    if excess > half:
+      failures.append(f"{corpus}, seed {seed}: BCMT with its context beyond {bcmt['ablate_context']} "
+                      f"swapped out scores {bcmt['ablated_loss']:.4f}, worse than HOnly's full loss "
+                      f"{honly['full_loss']:.4f} by {excess:.4f} (> the interval's half-width "
+                      f"{half:.4f}): the ablated input disrupts the model")
+  return failures
 
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--corpora", default=",".join(CORPORA))
   parser.add_argument("--models", default=",".join(MODELS))
-  parser.add_argument("--seeds", default="0")
+  parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
   parser.add_argument("--force", action="store_true")
   parser.add_argument("--results", default=os.path.join(REPO, "experiments", "results",
                                                         "context_ablation.json"))
   parser.add_argument("--workdir_root", default=os.path.join(REPO, "runs", "context_ablation"))
   parser.add_argument("--pause_file", default="")
   args = parser.parse_args(argv)
+  for name, given, known in (("corpora", args.corpora, CORPORA), ("models", args.models, MODELS)):
+    unknown = sorted(set(given.split(",")) - set(known))
+    if unknown:
+      sys.exit(f"error: --{name}: unknown {unknown}; use {', '.join(known)}")
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the running row too (run_monitored)
   results = {"rows": []}
   if os.path.isfile(args.results):
     with open(args.results) as f:
       results = json.load(f)
-  done = {(r["corpus"], r["model"], r["seed"]): r for r in results["rows"]}
+  for r in results["rows"]:
+    r.setdefault("method", "eos")  # the rows before the swap control
+  done = {(r["corpus"], r["model"], r["seed"], r["method"]): r for r in results["rows"]}
 
   def save():
-    results["rows"] = sorted(done.values(), key=lambda r: (r["corpus"], r["model"], r["seed"]))
+    results["rows"] = sorted(done.values(), key=lambda r: (r["method"] != METHOD, r["corpus"],
+                                                           r["model"], r["seed"]))
     results.update(corpora=CORPORA, models={k: v[1] for k, v in MODELS.items()}, common=COMMON)
+    results.pop("gates", None)
     with open(args.results + ".tmp", "w") as f:
       json.dump(results, f, indent=1)
     os.replace(args.results + ".tmp", args.results)
 
-  for corpus in args.corpora.split(","):
-    gate = CORPORA[corpus].get("gate")
-    models = args.models.split(",")
-    if gate:  # the gate model first; the others only if it gains from context beyond N
-      models = [gate] + [m for m in models if m != gate]
-    for model in models:
-      for seed in map(int, args.seeds.split(",")):
-        if (corpus, model, seed) not in done or args.force:
-          done[(corpus, model, seed)] = run_row(corpus, model, seed, args)
+  for seed in map(int, args.seeds.split(",")):
+    for corpus in args.corpora.split(","):
+      for model in args.models.split(","):
+        key = (corpus, model, seed, METHOD)
+        if key not in done or args.force:
+          done[key] = run_row(corpus, model, seed, args)
           save()
-        r = done[(corpus, model, seed)]
-        print(f"{corpus}/{model}@{seed}: context beyond {r['ablate_context']} worth "
-              f"{r['delta']:+.4f} nats/token [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]", flush=True)
-      if gate and model == gate and not all(
-          done[(corpus, gate, s)]["ci_low"] > 0 and done[(corpus, gate, s)]["p_value"] < 0.05
-          for s in map(int, args.seeds.split(","))):
-        print(f"{corpus}: the gate is not passed ({gate}'s gain from context beyond "
-              f"{CORPORA[corpus]['ablate']} is not significant over the documents scored); no "
-              "comparison is run on it", flush=True)
-        results.setdefault("gates", {})[corpus] = "failed"
-        save()
-        break
-      if gate and model == gate:
-        results.setdefault("gates", {})[corpus] = "passed"
+        r = done[key]
+        print(f"{corpus}/{model}@{seed}: loss {r['full_loss']:.4f} -> {r['ablated_loss']:.4f} with the "
+              f"context beyond {r['ablate_context']} swapped: {r['delta']:+.4f} nats/token "
+              f"[{r['ci_low']:+.4f}, {r['ci_high']:+.4f}]", flush=True)
+        failures = sanity_check(list(done.values()))
+        if failures:
+          sys.exit("error: the sanity check failed:\n  " + "\n  ".join(failures))
   save()
 
 

@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 
 import numpy as np
@@ -59,14 +60,28 @@ MODELS = {
     "ecp": ("configs/ecp.py", {"model.num_segments": 192 // (L // 2)}),   # pieces of 32
     "perceiver_ar": ("configs/perceiver_ar.py", {"model.num_latents": Z}),
     "dense_two_token": ("configs/dense.py", {"data.dataset": TWO_TOKEN_TASK, "data.vocab_size": 51}),
+    # ECP and Perceiver-AR at a depth where every judged query has an attention path (ECP's 4
+    # hops over pieces of 32 reach every pair at d <= 128; 2 layers leave 68% of d > 64 unreached).
+    "ecp_4layers": ("configs/ecp.py", {"model.num_segments": 192 // (L // 2), "model.num_layers": 4}),
+    "perceiver_ar_4layers": ("configs/perceiver_ar.py", {"model.num_latents": Z, "model.num_layers": 4}),
+    # π seed 1 (two-hop composition learnt late at 1,000 steps) trained to 3,000 steps: optimisation?
+    "pi_attention_3000steps": ("configs/pi_attention.py", {"model.window": W, "model.period": P,
+                                                           "model.num_skips": S,
+                                                           "train.num_steps": 3000}),
 }
-SEEDS = (0, 1)
-ROWS = [(m, s) for s in SEEDS for m in MODELS if m != "dense_two_token"] + [("dense_two_token", 0)]
+FAMILIES = ("dense", "sliding_window", "pi_attention", "bcmt", "honly", "ecp", "perceiver_ar")
+SEEDS = (0, 1, 2, 3, 4)  # stats.PLANNED_SEEDS["recall"], chosen before the runs (issue 33)
+# Run order: the first two seeds (the earlier runs), the 4-layer ECP / Perceiver-AR seeds, the
+# new seeds of every family, then the diagnostics.
+ROWS = ([(m, s) for s in SEEDS[:2] for m in FAMILIES] + [("dense_two_token", 0)]
+        + [(m, s) for s in SEEDS for m in ("ecp_4layers", "perceiver_ar_4layers")]
+        + [(m, s) for s in SEEDS[2:] for m in FAMILIES] + [("pi_attention_3000steps", 1)])
 STEPS = 1000
 
 
 def model_config(model: str):
-  """The model section a row trains (its config file, the shared settings, its own fields)."""
+  """The model section a row (variant: a key of MODELS) trains (its config file, the shared
+  settings, its own fields)."""
   path, fields = MODELS[model]
   config = load_config(path)
   for key, value in {**SETTINGS, **fields}.items():
@@ -79,12 +94,26 @@ def model_config(model: str):
 MEMORY_MODELS = ("bcmt",)  # a path from every earlier block through the memory: never a null
 
 
+def family(model: str) -> str:
+  """The model family (`model.name`) of a MODELS key: 'ecp_4layers' -> 'ecp'."""
+  return model_config(model).name
+
+
+def num_layers(model: str) -> int:
+  return int(model_config(model).num_layers)
+
+
+def row_steps(model: str, steps: int) -> int:
+  """The steps a row trains: its own `train.num_steps` if it sets one, else `steps`."""
+  return int(MODELS[model][1].get("train.num_steps", steps))
+
+
 def multi_hop_reach(model: str, positions: np.ndarray, distances: np.ndarray) -> np.ndarray:
   """Whether any path of at most num_layers attention hops (each hop: a key some layer's pattern
   shows, or the position itself) leads from the pair's token to the answer. False: an exact null,
   no weights can recall that query. Analysis only: a [seq_len, seq_len] visibility matrix."""
   cfg = model_config(model)
-  if model in MEMORY_MODELS:
+  if cfg.name in MEMORY_MODELS:
     return np.ones(np.shape(positions), bool)
   T = cfg.seq_len
   i = np.arange(T)
@@ -116,7 +145,7 @@ def row_key(model: str, seed: int) -> str:
 def command(model: str, seed: int, workdir: str, steps: int) -> list[str]:
   config, fields = MODELS[model]
   settings = {**SETTINGS, "data.dataset": TASK, **fields, "train.seed": seed,
-              "train.num_steps": steps}
+              "train.num_steps": row_steps(model, steps)}
   return [sys.executable, "-m", "efficient_lm.main", f"--config={config}", f"--workdir={workdir}",
           *[f"--config.{k}={v}" for k, v in settings.items()]]
 
@@ -125,7 +154,8 @@ def run_row(model: str, seed: int, args) -> dict:
   workdir = os.path.join(args.workdir_root, row_key(model, seed))
   os.makedirs(workdir, exist_ok=True)
   train = command(model, seed, workdir, args.steps)
-  print(f"{row_key(model, seed)}: training ({args.steps} steps)", flush=True)
+  steps = row_steps(model, args.steps)
+  print(f"{row_key(model, seed)}: training ({steps} steps)", flush=True)
   run = run_monitored(train, os.path.join(workdir, "..", f"{row_key(model, seed)}.log"),
                       args.pause_file)
   if run["returncode"] != 0:
@@ -142,29 +172,62 @@ def run_row(model: str, seed: int, args) -> dict:
     raise RuntimeError(f"{row_key(model, seed)} scoring failed:\n{tail(score_log)}")
   with open(score_log) as f:
     result = json.loads(f.read().strip().splitlines()[-1])
-  return {"model": model, "seed": seed, "steps": args.steps, "train_seconds": run["seconds"],
-          "load_mean": run["load_mean"], "test_loss": result["loss"], "recall": result["recall"],
-          "queries_file": os.path.relpath(queries, REPO), "command": " ".join(train)}
+  return {"model": model, "seed": seed, "steps": steps, "train_seconds": run["seconds"],
+          "cpu_seconds": run["cpu_seconds"], "load_mean": run["load_mean"],
+          "test_loss": result["loss"], "recall": result["recall"],
+          "queries_file": os.path.relpath(queries, REPO), "command": " ".join(train),
+          "code": code_version()}
+
+
+def path_by_bin(run: dict) -> dict:
+  """Per distance bin: the test queries some path of the model's attention reaches
+  (`multi_hop_reach`) and its recall on them (None where there are none). Kept in the run."""
+  if "path" not in run:
+    q = load_queries(run)
+    path = multi_hop_reach(run["model"], q["position"], q["distance"])
+    edges = run["recall"]["edges"]
+    queries, accuracy = [], []
+    for lo, hi in zip(edges, edges[1:]):
+      inside = path & (q["distance"] >= lo) & (q["distance"] < hi)
+      queries.append(int(inside.sum()))
+      accuracy.append(float(q["correct"][inside].mean()) if inside.any() else None)
+    run["path"] = {"queries": queries, "accuracy": accuracy}
+  return run["path"]
 
 
 def rows_of(run: dict) -> list[dict]:
-  """The result file's rows: one per distance bin."""
-  recall = run["recall"]
-  return [{"model": run["model"], "seed": run["seed"], "bin_low": int(lo), "bin_high": int(hi),
-           "accuracy": a, "stderr": e, "queries": n}
-          for lo, hi, a, e, n in zip(recall["edges"], recall["edges"][1:], recall["accuracy"],
-                                     recall["stderr"], recall["count"])]
+  """The result file's rows: one per distance bin. `model` is the family, `variant` the MODELS
+  key; `path_queries` / `path_accuracy`: the bin's queries with an attention path, recall on them."""
+  recall, path = run["recall"], path_by_bin(run)
+  return [{"model": family(run["model"]), "variant": run["model"], "seed": run["seed"],
+           "num_layers": num_layers(run["model"]), "steps": run["steps"], "bin_low": int(lo),
+           "bin_high": int(hi), "accuracy": a, "stderr": e, "queries": n, "path_queries": pn,
+           "path_accuracy": pa}
+          for lo, hi, a, e, n, pn, pa in zip(recall["edges"], recall["edges"][1:], recall["accuracy"],
+                                             recall["stderr"], recall["count"], path["queries"],
+                                             path["accuracy"])]
+
+
+def load_queries(run: dict) -> dict:
+  """Every answer of a run's test split: sequence, position, distance, correct."""
+  with np.load(os.path.join(REPO, run["queries_file"])) as f:
+    return {k: f[k] for k in f.files}
+
+
+def code_version() -> str:
+  from experiments.paper_tables.rows import code_version as version  # pylint: disable=import-outside-toplevel
+  return version()
 
 
 def load(path: str) -> dict:
   if os.path.isfile(path):
     with open(path) as f:
       return json.load(f)
-  return {"task": TASK, "settings": SETTINGS, "models": {k: v[1] for k, v in MODELS.items()},
-          "runs": {}, "rows": []}
+  return {"task": TASK, "settings": SETTINGS, "runs": {}, "rows": []}
 
 
 def save(results: dict, path: str) -> None:
+  results["models"] = {k: v[1] for k, v in MODELS.items()}
   results["rows"] = [row for run in results["runs"].values() for row in rows_of(run)]
   with open(path + ".tmp", "w") as f:
     json.dump(results, f, indent=1)
@@ -177,8 +240,7 @@ def null_accuracy(run: dict, chance: float) -> str:
   path = os.path.join(REPO, run.get("queries_file", ""))
   if "queries_file" not in run or not os.path.isfile(path):
     return "?"
-  with np.load(path) as f:
-    q = {k: f[k] for k in f.files}
+  q = load_queries(run)
   null = ~multi_hop_reach(run["model"], q["position"], q["distance"])
   if not null.any():
     return "-"
@@ -200,15 +262,17 @@ def render(results: dict) -> str:
   by_model: dict[str, list[dict]] = {}
   for run in runs:
     by_model.setdefault(run["model"], []).append(run)
-  lines = ["| model | seeds | " + " | ".join(f"d {b}" for b in bins) + " | all | no path |",
-           "| --- | --- |" + " --- |" * (len(bins) + 2)]
+  lines = ["| model | layers | steps | seeds | " + " | ".join(f"d {b}" for b in bins)
+           + " | all | no path |", "| --- | --- | --- | --- |" + " --- |" * (len(bins) + 2)]
   for model, model_runs in by_model.items():
     cells = [" / ".join(f"{r['recall']['accuracy'][i]:.2f}" for r in model_runs)
              for i in range(len(bins))]
     overall = " / ".join(f"{r['recall']['accuracy_all']:.3f}" for r in model_runs)
     seeds = ",".join(str(r["seed"]) for r in model_runs)
     nulls = " / ".join(null_accuracy(r, chance) for r in model_runs)
-    lines.append(f"| `{model}` | {seeds} | " + " | ".join(cells) + f" | {overall} | {nulls} |")
+    steps = ",".join(sorted({str(r["steps"]) for r in model_runs}))
+    lines.append(f"| `{model}` | {num_layers(model)} | {steps} | {seeds} | " + " | ".join(cells)
+                 + f" | {overall} | {nulls} |")
   counts = runs[0]["recall"]["count"]
   lines.append("")
   lines.append("Queries per bin (every row): " + ", ".join(f"{b}: {n:,}" for b, n in zip(bins, counts))
@@ -218,7 +282,7 @@ def render(results: dict) -> str:
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--rows", default="", help="model@seed,... (default: every model, seeds 0 1)")
+  parser.add_argument("--rows", default="", help="model@seed,... (default: ROWS, in its order)")
   parser.add_argument("--steps", type=int, default=STEPS)
   parser.add_argument("--force", action="store_true")
   parser.add_argument("--results", default=os.path.join(REPO, "experiments", "results",
@@ -232,6 +296,11 @@ def main(argv=None) -> None:
     return
   keys = ([tuple(k.split("@")) for k in args.rows.split(",")] if args.rows else
           [(m, str(s)) for m, s in ROWS])
+  unknown = sorted({m for m, _ in keys} - set(MODELS))
+  if unknown:
+    sys.exit(f"error: --rows: unknown models {unknown}; use keys of long_range.MODELS: "
+             f"{', '.join(MODELS)}")
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the running row too (run_monitored)
   results = load(args.results)
   for model, seed in keys:
     key = row_key(model, int(seed))

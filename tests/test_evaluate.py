@@ -217,6 +217,8 @@ def _bad_inputs(runs, tmp_path):
       (dict(workdir=dense, stride=-1), "stride=-1 must be a positive integer"),
       (dict(workdir=dense, batch_size=3), "batch_size=3 must be a multiple of the"),
       (dict(workdir=pa, stride=16), "stride=16 exceeds model.num_latents=8"),
+      (dict(workdir=dense, stride=8, ablate_context=16, ablate_method="shuffle"),
+       "ablate_method='shuffle' is not a known ablation; use swap or eos (--ablate_method)"),
   ]
 
 

@@ -28,32 +28,106 @@ def stream(length: int, vocab: int, eos: int = 1, doc: int = 50, seed: int = 0) 
   return tokens
 
 
-def ablation(cfg, tokens, *, context=32, stride=8, ablate=16):
+def ablation(cfg, tokens, *, context=32, stride=8, ablate=16, method="swap"):
   model = models.create(cfg, rngs=nnx.Rngs(0))
   return scoring.score_stream(model, tokens, context=context, stride=stride, batch_size=4,
                               num_bytes=len(tokens), eos_id=1, pad_id=0, seq_len=cfg.seq_len,
-                              ablate_context=ablate)["ablation"]
+                              ablate_context=ablate, ablate_method=method)["ablation"]
 
 
+@pytest.mark.parametrize("method", ["swap", "eos"])
 @pytest.mark.parametrize("name,fields", [
     ("sliding_window", dict(window=3, num_layers=2)),  # receptive field 2 x 2 = 4 < 16 - 8
     ("honly", dict(block_size=8)),                      # blocks of 8: block-aligned windows
 ])
-def test_short_reach_models_are_exact_nulls(name, fields):
+def test_short_reach_models_are_exact_nulls(name, fields, method):
   tokens = stream(32 * 8 + 1, 64)  # n a multiple of the stride: every window full
-  result = ablation(tiny_model_config(name, **fields), tokens)
+  result = ablation(tiny_model_config(name, **fields), tokens, method=method)
   assert result["all"]["delta"] == 0.0 and result["all"]["tokens"] == 32 * 8
   assert result["all"]["ci_low"] == 0.0 == result["all"]["ci_high"]
-  assert result["kept_context"] == [8, 15]
+  assert result["all"]["full_loss"] == result["all"]["ablated_loss"] > 0
+  assert result["kept_context"] == [8, 15] and result["method"] == method
 
 
-def test_a_long_reach_model_is_not_a_null():
-  """Dense attention sees what the ablation takes away: the difference is not 0, with an
-  interval over documents, per bucket of the position in the document."""
+def test_swap_puts_text_of_another_document_beyond_the_cut():
+  """The swap ablation: inputs more than N before a window's end become a contiguous run of the
+  split's text from documents that hold none of the kept inputs or scored targets; the kept
+  inputs, the targets and the positions are untouched; the run does not depend on the batching."""
+  tokens = stream(400 + 1, 64, doc=50)
+  doc = np.cumsum(tokens == 1)
+  layout = dict(context=32, stride=8, seq_len=32, right_align=False, eos_id=1, pad_id=0)
+  windows = np.arange(50)
+  starts, relaxed = scoring.swap_starts(tokens, windows, context=32, stride=8, ablate=16, eos_id=1,
+                                        seed=3)
+  assert not relaxed.any()  # 8 documents: every window has text of a document it does not hold
+  full = scoring.window_batch(tokens, windows, **layout)
+  swapped = scoring.window_batch(tokens, windows, ablate=16, swap_from=starts, **layout)
+  for k in ("targets", "weights", "window_positions", "stream_positions"):
+    np.testing.assert_array_equal(full[k], swapped[k])
+  checked = 0
+  for b, w in enumerate(windows):
+    stream_T = full["stream_positions"][b]
+    end = w * 8 + 8
+    replaced = (stream_T >= 0) & (stream_T < end - 16)
+    np.testing.assert_array_equal(swapped["inputs"][b][~replaced], full["inputs"][b][~replaced])
+    if not replaced.any():
+      assert starts[b] == -1
+      continue
+    run = np.arange(starts[b], starts[b] + replaced.sum())
+    np.testing.assert_array_equal(swapped["inputs"][b][replaced], tokens[run])
+    assert not set(doc[run]) & set(range(doc[end - 16], doc[end] + 1))
+    checked += 1
+  assert checked == 50 - 2  # windows 0 and 1 (ends 8 and 16) have nothing beyond 16 back
+  # Reproducible, and the same run for a window whatever batch it is in.
+  again, _ = scoring.swap_starts(tokens, windows[7:11], context=32, stride=8, ablate=16, eos_id=1,
+                                 seed=3)
+  np.testing.assert_array_equal(again, starts[7:11])
+  assert not np.array_equal(starts, scoring.swap_starts(tokens, windows, context=32, stride=8,
+                                                        ablate=16, eos_id=1, seed=4)[0])
+
+
+def test_swap_across_the_boundary_of_two_documents_avoids_the_targets_documents():
+  """Two documents (the plays' validation split): a window whose kept inputs hold both takes its
+  swapped-in text from the document its scored targets are not in (relaxed); one whose targets
+  hold both, from the one its last target is not in; the rest avoid every document they hold."""
+  tokens = np.concatenate([[1], np.full(60, 5), [1], np.full(60, 9)]).astype(np.int32)  # docs 1, 2
+  doc = np.cumsum(tokens == 1)
+  windows = np.arange(scoring.num_windows(len(tokens) - 1, 8))
+  starts, relaxed = scoring.swap_starts(tokens, windows, context=32, stride=8, ablate=16, eos_id=1)
+  kinds = set()
+  for w, (start, r) in enumerate(zip(starts, relaxed)):
+    first, end = w * 8, min(w * 8 + 8, len(tokens) - 1)
+    if start < 0:
+      continue
+    run = set(doc[start:start + end - 16 - max(first - 24, 0)])
+    held, targets = set(doc[end - 16:end + 1]), set(doc[first + 1:end + 1])
+    assert doc[end] not in run and r == (run & held != set() or len(held) > 1), w
+    if not r:
+      assert not run & held
+    elif len(targets) == 1:
+      assert not run & targets
+    kinds.add((r, len(held), len(targets)))
+  assert kinds == {(False, 1, 1), (True, 2, 1), (True, 2, 2)}
+
+
+def test_swap_needs_another_document():
+  one_document = np.concatenate([[1], np.arange(3, 67) % 60 + 3]).astype(np.int32)
+  with pytest.raises(scoring.EvalError, match="or use --ablate_method=eos"):
+    ablation(tiny_model_config("dense"), one_document)
+  with pytest.raises(scoring.EvalError, match="ablate_method='shuffle' is not a known ablation"):
+    ablation(tiny_model_config("dense"), stream(65, 64), method="shuffle")
+
+
+@pytest.mark.parametrize("name,fields", [("dense", {}), ("perceiver_ar", dict(num_latents=8))])
+def test_a_long_reach_model_is_not_a_null(name, fields):
+  """Dense attention (and Perceiver-AR's latents, right-aligned windows) sees what the ablation
+  takes away: the difference is not 0, with an interval over documents, per bucket of the
+  position in the document."""
   tokens = stream(32 * 8 + 1, 64, doc=40)
-  result = ablation(tiny_model_config("dense"), tokens)
+  result = ablation(tiny_model_config(name, **fields), tokens)
   overall = result["all"]
   assert overall["delta"] != 0.0 and overall["ci_low"] <= overall["delta"] <= overall["ci_high"]
+  assert overall["delta"] == pytest.approx(overall["ablated_loss"] - overall["full_loss"])
   assert overall["documents"] > 1 and 0.0 <= overall["p_value"] <= 1.0
   buckets = result["by_position_in_document"]
   assert [b["low"] for b in buckets] == [0, 16, 32, 64] and buckets[-1]["high"] is None

@@ -27,6 +27,7 @@ from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
 from efficient_lm.validation import require, require_positive_int
 
 PERIOD_SCHEDULES = ("constant", "doubling")
+GATES = ("learned", "fixed")  # model.gate: the gate MLP, or g = 0.5 everywhere (no parameters)
 LOGICAL_AXES = {"gate_hidden": sharding.Axis("model.gate_hidden")}  # the gate MLP's hidden width
 
 
@@ -54,7 +55,8 @@ class LocalMixer(nnx.Module):
                                      dtype=dtype, rngs=rngs)
     self.gate_in = nnx.data(None)
     self.gate_out = nnx.data(None)
-    if gated:
+    self.fixed_gate = gated and cfg.get("gate", "learned") == "fixed"
+    if gated and not self.fixed_gate:
       self.gate_in = nnx.Linear(cfg.d_model, cfg.gate_hidden, dtype=dtype, rngs=rngs,
                                 kernel_metadata=layers.axes("embed", "gate_hidden"),
                                 bias_metadata=layers.axes("gate_hidden"))
@@ -73,7 +75,10 @@ class LocalMixer(nnx.Module):
   def gate_logits(self, x_BTD: jax.Array) -> jax.Array:
     """The logit z of the local part's prior weight g = sigmoid(z), per token and head, float32:
     the priors are log_sigmoid(+-z), exact at any z (a sigmoid rounds g to 1 from z ~ 17 in
-    float32, from z ~ 6 in bfloat16). The gate MLP's hidden layer runs in the compute dtype."""
+    float32, from z ~ 6 in bfloat16). The gate MLP's hidden layer runs in the compute dtype.
+    `model.gate='fixed'`: z = 0 (g = 0.5), the window and the skips weighed equally."""
+    if self.fixed_gate:
+      return jnp.zeros((*x_BTD.shape[:2], self.attn.num_heads), jnp.float32)
     hidden_BTG = jax.nn.gelu(self.gate_in(x_BTD))
     kernel_GH = self.gate_out.kernel[...].astype(hidden_BTG.dtype)
     return (precision.einsum_f32("btg,gh->bth", hidden_BTG, kernel_GH)
@@ -163,3 +168,5 @@ def validate_pi(cfg: ml_collections.ConfigDict) -> None:
   require(cfg.period_schedule in PERIOD_SCHEDULES, "model.period_schedule", cfg.period_schedule,
           "is not a known schedule", f"use one of {', '.join(PERIOD_SCHEDULES)}")
   require_positive_int("model.gate_hidden", cfg.gate_hidden)
+  require(cfg.get("gate", "learned") in GATES, "model.gate", cfg.get("gate"), "is not a known gate",
+          "use 'learned' (the gate MLP) or 'fixed' (g = 0.5: window and skips weighed equally)")

@@ -16,7 +16,10 @@ from experiments.paper_tables.store import load_json, per_position_path, save_co
 
 
 def render_all(results: dict, positions: dict, args) -> None:
-  render_readme(results, positions, args.readme)
+  from experiments import verdicts  # pylint: disable=import-outside-toplevel
+  loaded = verdicts.load_all(os.path.dirname(os.path.abspath(args.results)))
+  decided = verdicts.decide_all(**{**loaded, "paper_tables": results, "positions": positions})
+  render_readme(results, positions, args.readme, verdicts=decided)
   for table, spec in TABLES.items():
     if spec["scoring"] == "per_position":
       rows = results["tables"].get(table, {}).get("rows", {})

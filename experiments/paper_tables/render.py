@@ -1,9 +1,8 @@
-"""Markdown from the rows: a table per comparison and its claims, each judged by a paired test."""
+"""Markdown from the rows: a table per comparison and its claims, with the seed-level verdicts."""
 
 import os
 import statistics
 
-from efficient_lm import stats
 from experiments.paper_tables.specs import TABLES, split_key
 
 
@@ -92,7 +91,7 @@ def render_table(table: str, entry: dict, positions: dict) -> str:
                   for k, s in spec["row_settings"].items())
   lines.append("")
   lines.append(f"Steps: {', '.join(map(str, sorted(steps)))}. Shared settings: {settings}{extra}. "
-               "Two-seed cells: mean (min-max)."
+               "Cells of several seeds: mean (min-max)."
                + (" Position columns: the per-position validation loss of non-overlapping windows, "
                   "pooled over the windows starting at 0, 1/4, 1/2 and 3/4 of the context into the "
                   "split." if spec["scoring"] == "per_position" else "")
@@ -120,44 +119,34 @@ def metric_values(rows: list[dict], metric: tuple, positions: dict) -> list[floa
   return [ranges_loss(c, metric[1]) - ranges_loss(c, metric[2]) for c in curves]
 
 
-def verdict(better: dict[int, float], worse: dict[int, float]) -> tuple[float, str, str]:
-  """(gap = mean over paired seeds of worse - better, its p-value and 95% interval, the verdict),
-  by the rule of `efficient_lm.stats` (written before the runs): a paired t-test over the seeds
-  both rows have (`train.seed` fixes the data order: same-seed runs are pairs); confirmed when
-  p < 0.05 and the interval lies above 0, refuted when below; a one-seed side is not decided. Its
-  false-positive rate is 5% (the old "gap > the larger seed spread" rule's was about 22%)."""
-  test = stats.paired_t_test(better, worse)  # lower is better: positive = `better` ahead
-  decision = stats.decide("", test)
-  if test.n < 2:
-    return test.difference, "one seed: not tested", "not decided (one seed)"
-  detail = f"p={test.p_value:.3f}, [{test.ci_low:+.4f}, {test.ci_high:+.4f}]"
-  return test.difference, detail, (f"**{decision.verdict}**" if decision.verdict in (
-      stats.CONFIRMED, stats.REFUTED) else decision.verdict)
-
-
-def render_claims(table: str, entry: dict, positions: dict) -> str:
-  """The table's claims, each judged by `verdict` on the rows there are."""
+def render_claims(table: str, entry: dict, positions: dict, verdicts: dict | None = None) -> str:
+  """The table's claims: each side's per-seed values, the seed-level test and the verdict of the
+  whole family (`experiments.verdicts`: Benjamini-Hochberg over every claim, planned seeds)."""
+  from experiments.verdicts import by_claim, verdict_cell  # pylint: disable=import-outside-toplevel
+  decided = by_claim(verdicts) if verdicts else {}
   groups = {k: [r for r in rs if "scores" in r] for k, rs in grouped(entry.get("rows", {}), table)}
-  lines = ["| claim (lower loss is ahead) | the paper | ours (mean, min-max over seeds) | gap | "
-           "paired t over seeds (p, 95% interval) | verdict |", "| --- | --- | --- | --- | --- | --- |"]
-  for text, better, worse, metric, paper in TABLES[table].get("claims", []):
+  lines = ["| claim (lower loss is ahead) | the paper | ours (mean, min-max over seeds) | difference | "
+           "seed-level test (p, adjusted p, interval) | verdict |", "| --- | --- | --- | --- | --- | --- |"]
+  for text, better, worse, metric, paper, *_ in TABLES[table].get("claims", []):
     a, b = groups.get(better), groups.get(worse)
     va = metric_values(a, metric, positions) if a else None
     vb = metric_values(b, metric, positions) if b else None
-    if va is None or vb is None:
+    row = decided.get(text)
+    if va is None or vb is None or row is None:
       lines.append(f"| {text} | {paper} | (rows not run yet) | | | |")
       continue
-    by_seed = lambda rows, values: {r["seed"]: v for r, v in zip(rows, values)}
-    gap, detail, decided = verdict(by_seed(a, va), by_seed(b, vb))
+    fmt = lambda p: "-" if p is None or p != p else f"{p:.3f}"
+    interval = ("" if row["ci_low"] is None or row["ci_low"] != row["ci_low"] else
+                f", {'90' if 'margin' in row else '95'}% [{row['ci_low']:+.4f}, {row['ci_high']:+.4f}]")
+    detail = f"{row['test']}: p={fmt(row['p_value'])}, adj. {fmt(row['p_adjusted'])}{interval}"
     lines.append(f"| {text} | {paper} | `{better}` {seed_stats(va)} vs `{worse}` {seed_stats(vb)} | "
-                 f"{gap:+.4f} | {detail} | {decided} |")
+                 f"{row['difference']:+.4f} | {detail} | {verdict_cell(row)} |")
   return "\n".join(lines)
 
 
-
-def render_readme(results: dict, positions: dict, readme: str) -> None:
+def render_readme(results: dict, positions: dict, readme: str, verdicts: dict | None = None) -> None:
   """Replaces the text between `<!-- paper_tables:T -->` and `<!-- /paper_tables:T -->` (the
-  table) and between the `T_claims` markers (its claims)."""
+  table) and between the `T_claims` markers (its claims, with `verdicts`: the family's)."""
   if not os.path.exists(readme):
     return
   with open(readme) as f:
@@ -169,6 +158,8 @@ def render_readme(results: dict, positions: dict, readme: str) -> None:
       if begin in text and end in text:
         head, rest = text.split(begin, 1)
         _, tail = rest.split(end, 1)
-        text = f"{head}{begin}\n{render(table, entry, table_positions)}\n{end}{tail}"
+        body = (render(table, entry, table_positions, verdicts) if render is render_claims
+                else render(table, entry, table_positions))
+        text = f"{head}{begin}\n{body}\n{end}{tail}"
   with open(readme, "w") as f:
     f.write(text)

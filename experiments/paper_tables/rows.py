@@ -42,7 +42,8 @@ def train_row(table: str, key: str, steps: int, args) -> dict:
   config_key, seed = split_key(key)
   overrides = row_overrides(table, key, steps, args.override)
   trained = {
-      "table": table, "key": key, "config_key": config_key, "seed": seed, "steps": steps,
+      "table": table, "key": key, "config_key": config_key, "seed": seed,
+      "steps": int(overrides["train.num_steps"]),
       "tokens_per_step": int(overrides["data.batch_size"]) * int(overrides["data.seq_len"]),
       "eval_split": "validation", "eval_loss": evals[-1]["eval_loss"],
       "eval_bits_per_byte": evals[-1]["eval_bits_per_byte"],

@@ -15,8 +15,20 @@ from experiments.common import REPO, load_config
 BLOCK_STARTS = (((256, 264), (512, 520), (768, 776)), ((0, 8),))
 PAST_REACH = (((512, 2048),), ((128, 512),))
 
+# Perceiver-AR trained with ECP's FLOPs: ECP's train step costs 3.85x Perceiver-AR's (26.7 vs 6.93
+# GFLOP per step at the ECP table's sizes, `step_gflop` in paper_tables.json), so 3.85x the steps
+# (2,560 at the tables' 665).
+ECP_FLOPS_FACTOR = 3.85
+ecp_flops_steps = lambda steps: round(steps * ECP_FLOPS_FACTOR)
+SEEDS = (0, 1, 2)  # stats.PLANNED_SEEDS["loss"], chosen before the runs (issue 33)
+
 # Shared settings per table (`section.field` -> value, applied to every row whose config has the
-# field), the rows as (config key, seeds), per-row settings, and how rows are scored:
+# field), the rows as (config key, seeds), per-row settings (applied last: they may set the
+# steps), and how rows are scored. A config key 'name:preset+variant' is the config
+# 'configs/name.py:preset' with the variant's row settings (a row that differs by settings only).
+# Claims: (text, A, B, metric, the paper's figure[, 'equivalence']): "A is ahead of B" (a paired
+# t over seeds) or "A is comparable to B" (TOST within stats.EQUIVALENCE_MARGIN['loss']). Rows
+# are scored:
 # 'per_position' (every position of non-overlapping seq_len windows, loss per position) or
 # 'latents' (the last num_latents targets of each window, every token once, for every model; and
 # every position for the models that predict them all).
@@ -25,8 +37,8 @@ TABLES = {
         "title": "BCMT paper: dense vs BCMT vs HOnly (the ablation) at blocks 256 and 128",
         "settings": {"data.seq_len": 1024, "data.batch_size": 2, "model.d_model": 128,
                      "model.num_layers": 6, "model.num_heads": 4},
-        "rows": [("dense", (0, 1)), ("bcmt:256", (0, 1)), ("bcmt:honly256", (0, 1)),
-                 ("bcmt:128", (0,)), ("bcmt:honly128", (0,))],
+        "rows": [("dense", SEEDS), ("bcmt:256", SEEDS), ("bcmt:honly256", SEEDS),
+                 ("bcmt:128", SEEDS), ("bcmt:honly128", SEEDS)],
         "row_settings": {},
         "scoring": "per_position",
         "bands": [(0, 256), (256, 512), (512, 1024)],
@@ -34,8 +46,8 @@ TABLES = {
         "marks": {"block 256 boundaries": (256, 512, 768)},
         "diff_bin": 8,
         "claims": [
-            ("dense is ahead of BCMT-256", "dense", "bcmt:256", ("eval",),
-             "4.5752 vs 4.5931: dense ahead by 0.018"),
+            ("BCMT-256 is comparable to dense (within 0.02 nats)", "bcmt:256", "dense", ("eval",),
+             "4.5931 vs 4.5752: comparable, dense ahead by 0.018", "equivalence"),
             ("BCMT-256 is ahead of HOnly-256 (the memory helps)", "bcmt:256", "bcmt:honly256", ("eval",),
              "HOnly worse at every block size"),
             ("BCMT-128 is ahead of HOnly-128", "bcmt:128", "bcmt:honly128", ("eval",),
@@ -52,13 +64,20 @@ TABLES = {
         "settings": {"data.seq_len": 512, "data.batch_size": 4, "model.d_model": 128,
                      "model.num_layers": 4, "model.num_heads": 4, "model.num_latents": 128,
                      "model.num_segments": 4},
-        "rows": [("perceiver_ar", (0, 1)), ("ecp", (0, 1)), ("perceiver_ar:double", (0, 1)),
-                 ("perceiver_ar:compressed", (0, 1)), ("perceiver_ar:ssplit", (0, 1))],
-        "row_settings": {},
+        "rows": [("perceiver_ar", SEEDS), ("ecp", SEEDS), ("perceiver_ar:double", SEEDS),
+                 ("perceiver_ar:compressed", SEEDS), ("perceiver_ar:ssplit", SEEDS),
+                 ("perceiver_ar+ecp_flops", SEEDS)],
+        "row_settings": {"perceiver_ar+ecp_flops": {  # a callable gets the table's steps
+            "train.num_steps": ecp_flops_steps, "train.eval_every": ecp_flops_steps,
+            "train.checkpoint_every": ecp_flops_steps,
+            "train.log_every": lambda steps: max(1, ecp_flops_steps(steps) // 20)}},
         "scoring": "latents",
         "claims": [
             ("ECP is ahead of Perceiver-AR on the same positions", "ecp", "perceiver_ar", ("latents",),
              "ECP ahead"),
+            (f"ECP is ahead of Perceiver-AR trained with ECP's FLOPs ({ECP_FLOPS_FACTOR}x the steps), "
+             "on the same positions", "ecp", "perceiver_ar+ecp_flops", ("latents",),
+             "(the compute-matched baseline the paper does not show)"),
             ("Double is ahead of Perceiver-AR", "perceiver_ar:double", "perceiver_ar", ("latents",),
              "Double ahead"),
             ("Compressed is ahead of Perceiver-AR", "perceiver_ar:compressed", "perceiver_ar", ("latents",),
@@ -72,10 +91,14 @@ TABLES = {
         "settings": {"data.seq_len": 2048, "data.batch_size": 1, "model.d_model": 128,
                      "model.num_layers": 4, "model.num_heads": 4, "model.window": 128,
                      "model.period": 128, "model.num_skips": 3},
-        "rows": [("dense", (0, 1)), ("sliding_window", (0, 1)), ("pi_attention", (0, 1)),
-                 ("pi_attention:doubling", (0, 1))],
+        "rows": [("dense", SEEDS), ("sliding_window", SEEDS), ("pi_attention", SEEDS),
+                 ("pi_attention:doubling", SEEDS), ("pi_attention+fixed_gate", SEEDS),
+                 ("pi_attention+no_skips", SEEDS)],
         # The doubling schedule from base period 64: layer periods 64, 128, 256, 512 (the preset's).
-        "row_settings": {"pi_attention:doubling": {"model.period": 64}},
+        # The confounds: the skips with a fixed gate (g = 0.5), the gate with no skips.
+        "row_settings": {"pi_attention:doubling": {"model.period": 64},
+                         "pi_attention+fixed_gate": {"model.gate": "fixed"},
+                         "pi_attention+no_skips": {"model.num_skips": 0}},
         "scoring": "per_position",
         "bands": [(0, 128), (128, 512), (512, 2048)],
         "baseline": "sliding_window",
@@ -84,7 +107,8 @@ TABLES = {
         "claims": [
             ("π is ahead of the sliding window", "pi_attention", "sliding_window", ("eval",),
              "perplexity 18.4 vs 20.1 (0.088 nats)"),
-            ("dense is ahead of π", "dense", "pi_attention", ("eval",), "perplexity 18.3 vs 18.4 (0.005 nats)"),
+            ("π is comparable to dense (within 0.02 nats)", "pi_attention", "dense", ("eval",),
+             "perplexity 18.4 vs 18.3 (0.005 nats)", "equivalence"),
             ("π uses context past the sliding window's reach: loss at positions 512-2047 minus at "
              "128-511 is lower than the sliding window's", "pi_attention", "sliding_window",
              ("gain",) + PAST_REACH, "(the skips' purpose)"),
@@ -92,6 +116,13 @@ TABLES = {
              ("eval",), "(not in the paper's tables: our growing-period reading)"),
             ("control: dense gains there (the same difference, dense below the sliding window)",
              "dense", "sliding_window", ("gain",) + PAST_REACH, "(can this scale show a gain from context?)"),
+            ("π with a fixed gate (0.5) is ahead of the sliding window (the skips alone)",
+             "pi_attention+fixed_gate", "sliding_window", ("eval",), "(confound: not in the paper)"),
+            ("π's learned gate is ahead of a fixed gate (the gate's part)", "pi_attention",
+             "pi_attention+fixed_gate", ("eval",), "(confound: not in the paper)"),
+            ("π's gate without skips is ahead of the sliding window (the gate alone: the window's "
+             "function, by construction)", "pi_attention+no_skips", "sliding_window", ("eval",),
+             "(confound: not in the paper)"),
         ],
     },
 }
@@ -102,8 +133,9 @@ DEFAULT_README = os.path.join(REPO, "experiments", "README.md")
 
 
 def config_arg(key: str) -> str:
-  """'bcmt:128' (or 'bcmt:128@1') -> 'configs/bcmt.py:128'; 'dense' -> 'configs/dense.py'."""
-  name, _, preset = key.split("@")[0].partition(":")
+  """'bcmt:128' (or 'bcmt:128@1') -> 'configs/bcmt.py:128'; 'dense' -> 'configs/dense.py';
+  'pi_attention+fixed_gate' -> 'configs/pi_attention.py' (a variant is row settings only)."""
+  name, _, preset = key.split("@")[0].split("+")[0].partition(":")
   return f"configs/{name}.py" + (f":{preset}" if preset else "")
 
 
@@ -122,14 +154,10 @@ def all_row_keys(table: str) -> list[str]:
 
 
 def queue(tables: list[str]) -> list[tuple[str, str]]:
-  """(table, row key) in run order: seed 0 of the two-seed rows, then their seed 1, then the rest."""
-  phases: list[list[tuple[str, str]]] = [[], [], []]
-  for table in tables:
-    for config_key, seeds in TABLES[table]["rows"]:
-      for seed in seeds:
-        phase = 2 if len(seeds) == 1 else min(seed, 1)
-        phases[phase].append((table, row_key(config_key, seed)))
-  return [item for phase in phases for item in phase]
+  """(table, row key) in run order: every row's seed 0, then every row's seed 1, and so on."""
+  items = [(seed, table, row_key(config_key, seed)) for table in tables
+           for config_key, seeds in TABLES[table]["rows"] for seed in seeds]
+  return [(table, key) for _, table, key in sorted(items, key=lambda item: item[0])]
 
 
 def row_overrides(table: str, key: str, steps: int, extra: list[str]) -> dict[str, str]:
@@ -143,11 +171,12 @@ def row_overrides(table: str, key: str, steps: int, extra: list[str]) -> dict[st
     return section in config and name in config[section]
 
   out = {k: str(v) for k, v in TABLES[table]["settings"].items() if has(k)}
-  out.update({k: str(v) for k, v in TABLES[table]["row_settings"].get(config_key, {}).items()})
   out.update({"train.num_steps": str(steps), "train.warmup_steps": str(max(1, steps // 10)),
               "train.log_every": str(max(1, steps // 20)), "train.eval_every": str(steps),
               "train.checkpoint_every": str(steps), "train.sample_tokens": "0",
               "train.seed": str(seed)})
+  out.update({k: str(v(steps) if callable(v) else v)
+              for k, v in TABLES[table]["row_settings"].get(config_key, {}).items()})
   for item in extra:
     field, _, value = item.partition("=")
     if has(field):
