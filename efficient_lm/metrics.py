@@ -90,11 +90,16 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-  """Console progress: step, loss, tokens/s and the time left, from a running rate."""
+  """Console progress: step, loss, tokens/s and the time left, from a running rate; on
+  accelerators (`peak_flops`: all the job's devices together) also tokens/s per device and the
+  model FLOP utilisation of `step_flops` (`efficient_lm.flops`)."""
 
-  def __init__(self, first_step: int, num_steps: int, tokens_per_step: int):
+  def __init__(self, first_step: int, num_steps: int, tokens_per_step: int, *,
+               step_flops: float | None = None, peak_flops: float | None = None,
+               num_devices: int = 1):
     self.num_steps = num_steps
     self.tokens_per_step = tokens_per_step
+    self.step_flops, self.peak_flops, self.num_devices = step_flops, peak_flops, num_devices
     self._last_step = first_step
     self._last_time = self._reset_from = time.perf_counter()
     self._step_seconds = None
@@ -111,9 +116,18 @@ class Progress:
     self._last_step, self._last_time = step, now
     return self.tokens_per_step / seconds
 
+  def mfu(self, tokens_per_sec: float) -> float | None:
+    """Model FLOPs per second over the devices' peak, at `tokens_per_sec`; None off accelerators."""
+    if not self.step_flops or not self.peak_flops:
+      return None
+    return self.step_flops * tokens_per_sec / self.tokens_per_step / self.peak_flops
+
   def line(self, step: int, loss: float, tokens_per_sec: float) -> str:
     eta = (self.num_steps - step) * (self._step_seconds or 0.0)
-    return (f"step {step}/{self.num_steps}  loss {loss:.4f}  {tokens_per_sec:,.0f} tokens/s  "
+    mfu = self.mfu(tokens_per_sec)
+    device = "" if mfu is None else (
+        f" ({tokens_per_sec / self.num_devices:,.0f} per device, MFU {100 * mfu:.1f}%)")
+    return (f"step {step}/{self.num_steps}  loss {loss:.4f}  {tokens_per_sec:,.0f} tokens/s{device}  "
             f"ETA {_duration(eta)}")
 
   def reset_clock(self, step: int) -> None:

@@ -27,6 +27,7 @@ from efficient_lm import checkpoint
 from efficient_lm import config_check
 from efficient_lm import data
 from efficient_lm import distributed
+from efficient_lm import flops as flops_lib
 from efficient_lm import metrics as metrics_lib
 from efficient_lm import models
 from efficient_lm import generation
@@ -382,7 +383,8 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
   eval_step = make_sharded_eval_step(run.config, built)
   start_step = int(run.state.step)
   progress = metrics_lib.Progress(start_step, t.num_steps,
-                                  run.config.data.batch_size * run.config.data.seq_len)
+                                  run.config.data.batch_size * run.config.data.seq_len,
+                                  **utilisation(run))
   eval_metrics: dict[str, float] = {}
   # The first step whose loss or gradient norm was not finite, tracked on device so that
   # no step waits for the host; checked before anything is logged or saved.
@@ -457,7 +459,9 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
         step_metrics = jax.device_get(step_metrics)
         rate = progress.tokens_per_sec(done)
         if logged:
-          run.writer.write(done, {**step_metrics, "tokens_per_sec": rate})
+          mfu = progress.mfu(rate)
+          run.writer.write(done, {**step_metrics, "tokens_per_sec": rate,
+                                  **({} if mfu is None else {"mfu": mfu})})
         log.info(progress.line(done, float(step_metrics["loss"]), rate))
         last_line = time.monotonic()
       if done % t.eval_every == 0 or done == t.num_steps:
@@ -473,6 +477,18 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
   finally:
     profiler.stop()
   return eval_metrics, None
+
+
+def utilisation(run: Run) -> dict:
+  """What the progress line needs for MFU: the step's model FLOPs (`efficient_lm.flops`) and the
+  job's devices' peak rate; nothing on a CPU (no meaningful peak)."""
+  device = run.mesh.devices.flat[0]
+  peak = flops_lib.peak_flops(device.device_kind) if device.platform != "cpu" else None
+  if peak is None:
+    return {}
+  patterns = list(models.attention_patterns(run.config.model))
+  return {"step_flops": flops_lib.step_flops(run.config, run.built.num_params, patterns),
+          "peak_flops": peak * run.mesh.size, "num_devices": run.mesh.size}
 
 
 def preempted_summary(run: Run, step: int, signal_name: str, during_eval: bool = False) -> dict:
