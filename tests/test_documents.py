@@ -8,7 +8,6 @@ then B in a sequence, replacing A's tokens leaves B's logits unchanged (and with
 change, so the check can fail).
 """
 
-import functools
 
 import jax
 import jax.numpy as jnp

@@ -15,6 +15,7 @@ import pytest
 from conftest import fast_first, subprocess_env
 from flax import nnx
 
+from efficient_lm import exit_codes
 from efficient_lm import models
 from efficient_lm import train_step
 from efficient_lm.validation import ConfigError
@@ -161,11 +162,11 @@ def test_compile_only_reports_the_step_and_writes_nothing(tmp_path):
 
 @pytest.mark.slow
 def test_a_step_too_large_is_refused_before_any_data(tmp_path):
-  """Dense reference attention at 256K tokens needs terabytes of [T, T] scores: one line, exit 2."""
+  """Dense reference attention at 256K tokens needs terabytes of [T, T] scores: one line, exit 3."""
   args = main_command("configs/dense.py", "--config.model.attention_impl=reference",
                       "--config.data.seq_len=262144", "--config.data.batch_size=8")
   result = run_main(args, tmp_path)
-  assert result.returncode == 2, result.stderr[-3000:]
+  assert result.returncode == exit_codes.DOES_NOT_FIT, result.stderr[-3000:]
   error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
   assert len(error) == 1 and "the train step needs" in error[0]
   for field in ("model.attention_impl='xla'", "model.remat", "train.loss_chunk", "data.batch_size",

@@ -12,6 +12,7 @@ from efficient_lm import train
 from efficient_lm.models import perceiver_ar
 from efficient_lm.ops import attention
 from efficient_lm.ops.cross_attention import causal_cross_attention, segment_attention
+from efficient_lm.ops.route import Route
 from conftest import load_config, fast_first
 from efficient_lm.validation import ConfigError
 from test_models import tiny_model_config
@@ -125,34 +126,45 @@ def test_config_presets_are_valid(preset):
   models.validate(config.model)
 
 
-def dense_cross(q_BZHK, k_BTHK, v_BTHK, *, query_offset, scale=None, **backend):
-  Z, T = q_BZHK.shape[1], k_BTHK.shape[1]
-  return dense_masked(q_BZHK, k_BTHK, v_BTHK, np.arange(T)[None] <= query_offset + np.arange(Z)[:, None])
+class DenseMaskRoute(Route):
+  """A route that ignores the pattern and attends through hand-built dense masks: the latents
+  causally over the whole stream (q_start: the first latent's position), the history inside
+  `history_segments` equal segments; it records which of the two each call was."""
 
+  def __init__(self, history_segments: int, calls: list):
+    super().__init__()
+    object.__setattr__(self, "history_segments", history_segments)
+    object.__setattr__(self, "calls", calls)
 
-def dense_segments(q_BTHK, k_BTHK, v_BTHK, *, num_segments=1, scale=None, **backend):
-  T = q_BTHK.shape[1]
-  if T == 0:
-    return jnp.zeros_like(q_BTHK)
-  seg = np.arange(T) // (T // num_segments)
-  return dense_masked(q_BTHK, k_BTHK, v_BTHK, seg[:, None] == seg[None, :])
+  def attend(self, q, k, v, pattern, *, q_start=None, **kwargs):
+    del pattern, kwargs
+    Z, T = q.shape[1], k.shape[1]
+    if q_start is not None:
+      self.calls.append("latents")
+      return dense_masked(q, k, v, np.arange(T)[None] <= q_start + np.arange(Z)[:, None])
+    self.calls.append("history")
+    seg = np.arange(T) // (T // self.history_segments)
+    return dense_masked(q, k, v, seg[:, None] == seg[None, :])
 
 
 @pytest.mark.slow  # ~20 s a variant (ECP's reference model is in the fast tier)
 @pytest.mark.parametrize("name", VARIANTS)
-def test_variant_equals_a_dense_masked_reference_model(name, monkeypatch):
+def test_variant_equals_a_dense_masked_reference_model(name):
   """The whole model with its attentions replaced by plain dense masked ones: same loss and gradients."""
   cfg = tiny_model_config(name, num_history_segments=4 if name == "ssplit_double_attention" else 3)
-  graphdef, params = nnx.split(models.create(cfg, rngs=nnx.Rngs(0)))
   tokens = jax.random.randint(jax.random.key(4), (2, cfg.seq_len), 0, cfg.vocab_size)
-  loss = lambda p: jnp.sum(jnp.sin(nnx.merge(graphdef, p)(tokens)))
-  got, got_grad = jax.value_and_grad(loss)(params)
+  fast = models.create(cfg, rngs=nnx.Rngs(0))
   calls = []
-  counted = lambda f: lambda *a, **k: calls.append(f.__name__) or f(*a, **k)
-  monkeypatch.setattr(perceiver_ar, "causal_cross_attention", counted(dense_cross))
-  monkeypatch.setattr(perceiver_ar, "segment_attention", counted(dense_segments))
-  want, want_grad = jax.value_and_grad(loss)(params)
-  assert "dense_cross" in calls and ("dense_segments" in calls) == (name in DOUBLES)
+  route = DenseMaskRoute(fast.history_segments, calls)
+  reference = perceiver_ar.build(cfg, nnx.Rngs(0), route=route)
+
+  def loss_and_grad(model):
+    graphdef, params = nnx.split(model)
+    f = lambda p: jnp.sum(jnp.sin(nnx.merge(graphdef, p)(tokens)))
+    return jax.value_and_grad(f)(params)
+
+  (got, got_grad), (want, want_grad) = loss_and_grad(fast), loss_and_grad(reference)
+  assert "latents" in calls and ("history" in calls) == (name in DOUBLES)
   np.testing.assert_allclose(got, want, rtol=1e-5)
   for g, w in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad)):
     np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-4)
