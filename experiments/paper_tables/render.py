@@ -87,7 +87,8 @@ def render_table(table: str, entry: dict, positions: dict) -> str:
     lines.append("| " + " | ".join(cells) + " |")
   steps = {r["steps"] for _, rs in groups for r in rs}
   settings = ", ".join(f"{k}={v}" for k, v in spec["settings"].items())
-  extra = "".join(f"; `{k}`: " + ", ".join(f"{f}={v}" for f, v in s.items())
+  at = lambda v: ",".join(str(v(n)) for n in sorted(steps)) if callable(v) else v  # v(table steps)
+  extra = "".join(f"; `{k}`: " + ", ".join(f"{f}={at(v)}" for f, v in s.items())
                   for k, s in spec["row_settings"].items())
   lines.append("")
   lines.append(f"Steps: {', '.join(map(str, sorted(steps)))}. Shared settings: {settings}{extra}. "
