@@ -18,7 +18,7 @@ other training jobs (so the wall clock is about 2.5x an idle machine's): the
 default (block 256) ran 700 steps in 2,987 s at 400-690 tokens/s; validation (hamlet,
 twelfth_night) loss 4.449 nats/token, 2.133 bits per byte (dense at 256 tokens:
 4.425, 2.122). At step 350 BCMT had 4.696 vs HOnly's 4.713 (same settings).
-All default runs side by side: README.md, "Results on the embedded corpus".
+All default runs side by side: docs/running.md, "Training", "Default runs".
 """
 
 import ml_collections

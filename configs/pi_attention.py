@@ -13,7 +13,7 @@ context 256: 4.422, 2.121).
 Long context: `--config.data.seq_len=131072 --config.data.batch_size=1` runs as is
 (the blocks run over chunks of `model.seq_chunk` tokens and the loss over chunks of
 `train.loss_chunk`; add `--config.model.remat=block` past that).
-All default runs side by side: README.md, "Results on the embedded corpus".
+All default runs side by side: docs/running.md, "Training", "Default runs".
 
 Presets (`configs/pi_attention.py:<preset>`):
   doubling  layer l uses period * 2**l (the growing-period reading of the π-Attention paper's

@@ -16,7 +16,8 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 
   config.data = data = ml_collections.ConfigDict()
-  data.dataset = "shakespeare"      # 'shakespeare', 'wikitext103', 'tfds:<name>', or 'text:<glob>'
+  data.dataset = "shakespeare"      # 'shakespeare', 'wikitext103', 'python_code', 'tfds:<name>',
+                                    # 'text:<glob>', or 'mqar:<options>' (data/registry.py)
   data.seq_len = 256                # tokens per training window (the model's context)
   data.batch_size = 8               # windows per step
   data.vocab_size = 8192            # sentencepiece vocabulary size (trained on the train split)

@@ -253,13 +253,6 @@ def barrier(name: str) -> None:
     multihost_utils.sync_global_devices(f"efficient_lm: {name}")
 
 
-def any_process(flag: bool) -> bool:
-  """True on every process if `flag` is true on any (collective: every process must call it)."""
-  if jax.process_count() == 1:
-    return bool(flag)
-  return bool(np.any(multihost_utils.process_allgather(np.asarray(flag, np.int32))))
-
-
 def allgather_ints(values) -> np.ndarray:
   """`[process_count, n]`: every process's `values` (n int64 each, the same n everywhere), on every
   process (collective)."""

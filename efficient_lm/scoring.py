@@ -406,13 +406,6 @@ def read_text_file(path: str, tokenizer) -> tuple[np.ndarray, int]:
   return np.concatenate([eos, ids, eos]), len(raw)
 
 
-def data_parallel_mesh() -> jax.sharding.Mesh:
-  """A `data` x `context` = (every local device) x 1 mesh: batch rows sharded."""
-  devices = jax.local_devices()
-  return jax.make_mesh((len(devices), 1), ("data", "context"),
-                       axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices)
-
-
 def eval_mesh(config) -> jax.sharding.Mesh:
   """The mesh a workdir is scored on: every local device along `fsdp` (parameters sharded as in
   training, batch rows split), the workdir's `mesh.tensor`; the sequence whole (context 1)."""

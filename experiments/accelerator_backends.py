@@ -12,8 +12,8 @@ its compiled forward + backward call cuDNN. On CPU the same calls run interprete
 Pallas kernel: cuDNN cannot be interpreted), and `cudnn_aot_rows` compiles them for an H200
 where the CUDA plugin is installed, counting cuDNN's calls.
 
-Each row: its settings, the errors (max |a - b| / max |b|), `kernels` (custom calls in the
-compiled module, `kernel_calls`), `ok`, `seconds`.
+Each row: its settings, the errors (max |a - b| / max |b|), `kernels` (the attention kernels'
+custom calls in the compiled module by kind, `step_memory.kernel_kinds`), `ok`, `seconds`.
 """
 
 import time

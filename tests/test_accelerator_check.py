@@ -295,7 +295,7 @@ def test_a_killed_run_keeps_the_rows_that_finished(tmp_path):
 
 # The kernels a compiled module calls.
 
-def test_kernel_calls_classifies_custom_call_targets():
+def test_kernel_kinds_classifies_custom_call_targets():
   from efficient_lm.step_memory import kernel_counts, kernel_kinds  # pylint: disable=import-outside-toplevel
   text = "\n".join([
       '%a = custom-call(%q), custom_call_target="__cudnn$fmhaSoftmax"',
@@ -310,7 +310,7 @@ def test_kernel_calls_classifies_custom_call_targets():
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                     reason="libtpu is not installed: pip install -e '.[tpu]'")
-def test_kernel_calls_counts_splash_compiled_for_a_tpu():
+def test_kernel_kinds_counts_splash_compiled_for_a_tpu():
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel

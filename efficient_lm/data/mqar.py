@@ -404,10 +404,6 @@ class MqarTokenizer:
   def pad_id(self) -> int:
     return PAD_ID
 
-  @property
-  def query_id(self) -> int:
-    return QUERY_ID
-
   def _ranges(self):
     t = self.task
     return (('k', t.key_start, t.keys), ('v', t.value_start, t.values), ('f', t.filler_start, t.filler))

@@ -10,16 +10,12 @@ sequence sharded along `axis_name` (`ops.ring`: context parallelism). `segment_i
 """
 
 import jax
-import jax.numpy as jnp
 
-from efficient_lm.ops import precision
 from efficient_lm.ops import route as route_lib
 from efficient_lm.ops.priors import GATE_EPS, gate_priors  # noqa: F401  (public)
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import shift_right  # noqa: F401  (public: part of this API)
-
-CAUSAL_IMPLS = ("flash", "reference", "cudnn")  # the dense model's earlier names ('flash' = 'xla')
 
 
 def _route(impl: str, interpret: bool, mesh, axis_name: str, layout: str) -> route_lib.Route:
@@ -32,21 +28,6 @@ def _attend(q_BTHK, k_BTHK, v_BTHK, pattern: Pattern, *, scale, impl: str, inter
             mesh=None, axis_name: str = "context", layout: str = "natural", **kwargs) -> jax.Array:
   route = _route(impl, interpret, mesh, axis_name, layout)
   return route.attend(q_BTHK, k_BTHK, v_BTHK, pattern, scale=scale, **kwargs)
-
-
-def reference_causal_attention(q_BTHK: jax.Array, k_BTHK: jax.Array, v_BTHK: jax.Array, *,
-                               scale: float | None = None) -> jax.Array:
-  """Dense causal softmax attention through the full `[T, T]` score matrix: O(T^2) time and memory.
-
-  Scores and softmax in float32 whatever the input dtype.
-  """
-  T = q_BTHK.shape[1]
-  scale = q_BTHK.shape[-1] ** -0.5 if scale is None else scale
-  scores_BHTT = precision.einsum_f32("bqhk,bthk->bhqt", q_BTHK, k_BTHK) * scale
-  causal_TT = jnp.tril(jnp.ones((T, T), dtype=bool))
-  scores_BHTT = jnp.where(causal_TT, scores_BHTT, -jnp.inf)
-  probs_BHTT = jax.nn.softmax(scores_BHTT, axis=-1)
-  return jnp.einsum("bhqt,bthk->bqhk", probs_BHTT.astype(v_BTHK.dtype), v_BTHK)
 
 
 def causal_attention(q_BTHK: jax.Array, k_BTHK: jax.Array, v_BTHK: jax.Array, *,
