@@ -8,8 +8,7 @@ data's, so one override changes both.
 
 import ml_collections
 
-from efficient_lm import models
-from efficient_lm import sharding
+from efficient_lm import axes
 
 
 def base_config(model_name: str) -> ml_collections.ConfigDict:
@@ -111,11 +110,11 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
                                     # (fsdp or tensor > 1); above it (and over 1M of them)
                                     # a config error names them
   # Logical parameter axes -> mesh axes ('' = replicated; 'data,fsdp' = both): the decoder's and
-  # every model's own, at their defaults (sharding.SHARED_AXES, models.logical_axes).
-  mesh.rules = sharding.default_rules(models.logical_axes())
+  # every model's own, at their defaults (efficient_lm/axes.py).
+  mesh.rules = axes.default_rules(axes.all_axes())
   # Logical activation axes -> mesh axes (`embed`, `heads`, `kv`, `mlp`, `vocab`; the batch and
   # sequence dimensions go where the batch is placed): see sharding.constrain.
-  mesh.activation_rules = sharding.default_activation_rules()
+  mesh.activation_rules = axes.default_activation_rules()
   return config
 
 

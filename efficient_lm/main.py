@@ -130,6 +130,12 @@ def _run(workdir: str) -> None:
     except targets.TargetError as e:
       _fail(exit_codes.USAGE, str(e))
     targets.prepare_host()  # before anything starts a backend
+  if not FLAGS.compile_only:  # what config.json and data.json answer, before jax starts
+    from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+    try:
+      workdir_lib.Workdir(workdir).check_before_start(config)
+    except workdir_lib.WorkdirError as e:
+      _fail(exit_codes.USAGE, str(e))
   what = "compiling" if FLAGS.compile_only else f"training into {workdir}"
   logger.info("%s (%s): %s; starting jax", config.model.name, FLAGS["config"].config_filename, what)
   from efficient_lm import backends, distributed, step_memory, train  # pylint: disable=import-outside-toplevel

@@ -22,7 +22,7 @@ the slices its own devices hold.
 import contextlib
 import functools
 import math
-from typing import Mapping, NamedTuple
+from typing import Mapping
 
 import jax
 import ml_collections
@@ -30,38 +30,11 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from efficient_lm.axes import Axis, SHARED_AXES, default_activation_rules, default_rules  # noqa: F401  (re-exported)
 from efficient_lm.validation import ConfigError, require
 
 AXES = ("data", "fsdp", "tensor", "context")
 BATCH_AXES = ("data", "fsdp")  # the axes the batch is split over
-
-class Axis(NamedTuple):
-  """A logical parameter axis: the config field that sets its size (named in errors) and the mesh
-  axes it is split over by default (`mesh.rules`; '' = replicated, 'data,fsdp' = both)."""
-  size: str
-  rule: str = ""
-
-
-# The axes of the shared decoder's parameters. A model family declares its own in its registry
-# entry (`models.ModelEntry.logical_axes`); `models.logical_axes()` is the union.
-SHARED_AXES = {
-    "embed": Axis("model.d_model", "fsdp"),
-    "mlp": Axis("model.mlp_ratio * model.d_model", "tensor"),
-    "heads": Axis("model.num_heads", "tensor"),
-    "kv": Axis("model.d_model / model.num_heads"),
-    "vocab": Axis("data.vocab_size", "tensor"),
-    "positions": Axis("data.seq_len"),      # learned position embeddings
-    "layers": Axis("model.num_layers"),     # the stacked layers of nnx.scan: never sharded
-    "norm": Axis("model.d_model"),          # norm scales
-    "qkv": Axis("3"),                       # the q/k/v (or k/v) index of fused projections
-}
-
-
-def default_rules(axes: Mapping[str, Axis] = SHARED_AXES) -> ml_collections.ConfigDict:
-  """`mesh.rules` at each axis's default (`embed` over `fsdp`; `mlp`, `heads` and `vocab` over
-  `tensor`; a family's own axes as its entry declares)."""
-  return ml_collections.ConfigDict({name: axis.rule for name, axis in axes.items()})
-
 
 def _cfg(mesh_cfg, name: str, default):
   try:
@@ -219,13 +192,6 @@ def _add_axis(shape, spec: P, axis: str, sizes: dict[str, int]) -> P:
 # `mesh.activation_rules` maps the others to mesh axes.
 ACTIVATION_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab")
 _FIXED_ACTIVATION_AXES = {"batch": BATCH_AXES, "length": ("context",)}
-
-
-def default_activation_rules() -> ml_collections.ConfigDict:
-  """Activations split as the weights that produce them: `heads`, `mlp` and `vocab` over
-  `tensor`; the residual stream's `embed` whole (its weights' `fsdp` shards are gathered)."""
-  return ml_collections.ConfigDict({"embed": "", "heads": "tensor", "kv": "", "mlp": "tensor",
-                                    "vocab": "tensor"})
 
 
 def parse_activation_rules(mesh_cfg: ml_collections.ConfigDict) -> dict[str, tuple[str, ...]]:

@@ -21,13 +21,10 @@ import logging
 import os
 import shutil
 
-import jax
 import ml_collections
-import numpy as np
 
 from efficient_lm import config_base
 from efficient_lm.files import unique_suffix
-from efficient_lm.data import archives
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +56,8 @@ class WorkdirMismatchError(WorkdirError):
 
 def model_meta(config: ml_collections.ConfigDict, params) -> dict:
   """What a checkpoint's model is: its name and every parameter's shape."""
+  import jax  # pylint: disable=import-outside-toplevel  (the module itself stays light)
+  import numpy as np  # pylint: disable=import-outside-toplevel
   shapes = {jax.tree_util.keystr(path): list(np.shape(x))
             for path, x in jax.tree_util.tree_leaves_with_path(params)}
   return {"model_name": config.model.name, "param_shapes": shapes}
@@ -183,6 +182,17 @@ class Workdir:
         "train.allow_new_data=True to train these checkpoints further on the new data (the old "
         "tokenizer is kept beside the new one)")
 
+  def check_before_start(self, config: ml_collections.ConfigDict) -> None:
+    """WorkdirMismatchError for what config.json and data.json alone can answer (another model
+    name, another corpus or tokenizer): run before jax starts. The parameter shapes are checked
+    once the model's are known (`check_model`), the corpus once it is loaded (`check_data`)."""
+    if not self.has_checkpoints():
+      return
+    saved = self.saved_config()
+    if saved is not None and saved.model.name != config.model.name:
+      self.check_model({"model_name": saved.model.name}, {"model_name": config.model.name})
+    self.check_settings(config.data, allow_new_data=config.train.allow_new_data)
+
   def check_model(self, saved_meta: dict, current_meta: dict) -> None:
     """WorkdirMismatchError when a checkpoint's model (`model_meta`) is not the config's."""
     saved = {k: saved_meta.get(k) for k in current_meta}
@@ -212,6 +222,7 @@ class Workdir:
     os.makedirs(self.path, exist_ok=True)
     _write_atomic(self.file(CONFIG), text=config.to_json_best_effort(indent=2))
     target = self.file(TOKENIZER)
+    from efficient_lm.data import archives  # pylint: disable=import-outside-toplevel  (light module)
     source = tokenizer.model_path
     if source is None:  # a generated source's tokenizer saves itself
       source = f"{target}.{unique_suffix()}.new"

@@ -3,6 +3,8 @@ inside functions included, read from the source."""
 
 import ast
 import os
+import subprocess
+import sys
 
 import efficient_lm
 
@@ -77,3 +79,23 @@ def test_the_import_graph_has_no_circles():
 
 def test_a_circle_is_found():
   assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+LIGHT = """
+import sys
+from efficient_lm import cli
+for name in ("pi_attention", "dense", "bcmt:honly", "perceiver_ar:compressed", "ecp", "sliding_window"):
+  cli.load_config(name)
+from efficient_lm import workdir
+heavy = sorted(m for m in ("jax", "flax", "tensorflow_datasets", "grain", "orbax") if m in sys.modules)
+print(",".join(heavy) or "none")
+"""
+
+
+def test_configs_load_without_jax():
+  """A command-line or config mistake, and a workdir that config.json refuses, answer before jax
+  starts: loading every shipped config and the workdir checks import none of the heavy libraries."""
+  done = subprocess.run([sys.executable, "-c", LIGHT], capture_output=True, text=True,
+                        cwd=os.path.dirname(ROOT), timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.strip() == "none", done.stdout

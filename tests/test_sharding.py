@@ -5,6 +5,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from efficient_lm import axes
 from efficient_lm import config_check
 from efficient_lm import jax_compat
 from efficient_lm import models
@@ -411,3 +412,9 @@ def test_no_involuntary_full_rematerialization(name, mesh, capfd):
   lowered = step_memory.make_train_step(config, built).lower(
       state, step_memory.abstract_batch(config, built.mesh))
   assert not rematerializations(capfd, lowered)
+
+
+def test_the_config_s_axes_are_the_registry_s():
+  """`config_base` fills `mesh.rules` from efficient_lm/axes.py (read without jax); every axis a
+  registry entry declares is there, with the same size and rule, and no other."""
+  assert axes.all_axes() == models.logical_axes()

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO
+from efficient_lm.data import archives
 from efficient_lm import scoring
 from efficient_lm import generation
 from efficient_lm import train
@@ -50,7 +51,7 @@ def test_the_workdir_records_config_tokenizer_and_corpus(trained):
   assert {"config.json", "tokenizer.model", "data.json", "checkpoints", "metrics.jsonl"} <= names
   identity = json.load(open(os.path.join(trained, "data.json")))
   assert identity["dataset"] == "shakespeare" and identity["vocab_size"] == 384
-  assert identity["tokenizer_sha256"] == workdir_lib.archives.sha256_of(
+  assert identity["tokenizer_sha256"] == archives.sha256_of(
       os.path.join(trained, "tokenizer.model"))
 
 
@@ -118,9 +119,9 @@ def test_a_small_corpus_sets_the_vocabulary_and_samples(tiny_config, tmp_path, c
 
 @pytest.mark.slow  # two command lines
 def test_another_model_or_corpus_is_refused_before_any_work(trained, tiny_cli_args, tmp_path):
-  """What config.json, data.json and the checkpoints' metadata can answer is answered first: a
-  rerun with another model is refused before anything compiles, with another corpus before any
-  data is prepared (a fresh data_dir stays absent); the workdir is byte-identical."""
+  """What config.json and data.json can answer is answered first, before jax starts: a rerun with
+  another model, or with another corpus (a fresh data_dir stays absent); the workdir is
+  byte-identical."""
   workdir = copy_of(trained, tmp_path)
   before = snapshot(workdir)
   model = [a.replace("configs/dense.py", "configs/bcmt.py") for a in tiny_cli_args(workdir)]
@@ -137,6 +138,7 @@ def test_another_model_or_corpus_is_refused_before_any_work(trained, tiny_cli_ar
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and message in errors[0], done.stderr[-2000:]
     assert "compiling" not in done.stderr and "Preparing" not in done.stderr
+    assert "starting jax" not in done.stderr  # config.json and data.json answer before jax starts
   assert not (tmp_path / "fresh").exists()
   assert snapshot(workdir) == before
 

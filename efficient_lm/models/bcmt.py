@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from efficient_lm import sharding
+from efficient_lm import axes
 from efficient_lm.models import chunking
 from efficient_lm.models import layers
 from efficient_lm.ops import blockwise
@@ -39,11 +39,7 @@ from efficient_lm.validation import divisors_near, require, require_positive_int
 
 # Its parameters' own logical axes (the registry entry declares them): the pooling logit, the
 # memory projection (sharded over fsdp) and the gate (over tensor).
-LOGICAL_AXES = {
-    "pool": sharding.Axis("1"),
-    "memory": sharding.Axis("model.d_model", "fsdp"),
-    "gate": sharding.Axis("model.d_model", "tensor"),
-}
+LOGICAL_AXES = axes.FAMILY_AXES["bcmt"]  # (declared without jax: efficient_lm/axes.py)
 
 
 class Bcmt(nnx.Module):

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from efficient_lm import sharding
+from efficient_lm import axes
 from efficient_lm.models import decoder
 from efficient_lm.models import layers
 from efficient_lm.ops import precision
@@ -43,11 +43,7 @@ VARIANTS = {
     "compressed_double_attention": Variant(refine_history=True, compress=True, split_history=False),
     "ssplit_double_attention": Variant(refine_history=True, compress=False, split_history=True),
 }
-LOGICAL_AXES = {  # the learned compression map [history, compressed] and its group weights
-    "history": sharding.Axis("model.seq_len - model.num_latents", "fsdp"),
-    "compressed": sharding.Axis("(model.seq_len - model.num_latents) / model.compression"),
-    "group": sharding.Axis("model.compression"),
-}
+LOGICAL_AXES = axes.FAMILY_AXES["perceiver_ar"]  # (declared without jax: efficient_lm/axes.py)
 
 
 COMPRESSION_OPS = ("learned", "strided")

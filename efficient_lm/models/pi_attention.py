@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from efficient_lm import sharding
+from efficient_lm import axes
 from efficient_lm.models import layers
 from efficient_lm.ops import precision
 from efficient_lm.ops.priors import gate_priors
@@ -28,7 +28,7 @@ from efficient_lm.validation import require, require_positive_int
 
 PERIOD_SCHEDULES = ("constant", "doubling")
 GATES = ("learned", "fixed")  # model.gate: the gate MLP, or g = 0.5 everywhere (no parameters)
-LOGICAL_AXES = {"gate_hidden": sharding.Axis("model.gate_hidden")}  # the gate MLP's hidden width
+LOGICAL_AXES = axes.FAMILY_AXES["pi_attention"]  # (declared without jax: efficient_lm/axes.py)
 
 
 def layer_period(cfg: ml_collections.ConfigDict, layer: int) -> int:
