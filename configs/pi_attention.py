@@ -4,11 +4,10 @@ From "π-Attention: Periodic Sparse Transformers for Efficient Long-Context Mode
 
     python -m efficient_lm.main --config=configs/pi_attention.py
 
-Measured with the command above on a 2-core x86 CPU shared with other jobs (load
-average 6), fresh data_dir (corpus download, preparation and tokenizer training
-included): 14 min 50 s wall clock in all, 700 steps of 4 x 512 tokens, validation
-(hamlet, twelfth_night) loss 4.405 nats/token, 2.112 bits per byte (dense baseline at
-context 256: 4.422, 2.121).
+Measured with the command above on a quiet 2-core x86 CPU, the corpus already prepared,
+document ids on: 11 min 0 s wall clock (660 s), 700 steps of 4 x 512 tokens, validation
+(hamlet, twelfth_night) loss 4.414 nats/token, 2.117 bits per byte
+(`python -m experiments.first_hour --parts=default`).
 
 Long context: `--config.data.seq_len=131072 --config.data.batch_size=1` runs as is
 (the blocks run over chunks of `model.seq_chunk` tokens and the loss over chunks of

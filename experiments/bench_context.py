@@ -40,7 +40,6 @@ and <out_dir>/<out_name>_memory.png.
 """
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -57,7 +56,7 @@ from efficient_lm import targets
 from efficient_lm import train_state
 from efficient_lm.data import config as data_config
 from experiments import bench_step
-from experiments.common import REPO, load_config
+from experiments.common import REPO, load_config, paused
 
 MODELS = ("pi_attention,sliding_window,bcmt,bcmt:honly,ecp,dense:flash,dense:reference")
 SEQ_LENS = "4096,8192,16384,32768,65536,131072,262144,524288,1048576"
@@ -114,21 +113,6 @@ def compile_row(key: str, T: int, args) -> dict:
                                        "collectives", "mesh")})
   row["temp_bytes_per_token"] = row["per_device_temp_bytes"] / T
   return row
-
-
-@contextlib.contextmanager
-def paused(path: str | None):
-  """Creates `path` while timing (background jobs that watch it stop), removes it after."""
-  if not path:
-    yield
-    return
-  with open(path, "w") as f:
-    f.write(f"bench_context {os.getpid()}\n")
-  time.sleep(12)  # the pollers look every 10 s
-  try:
-    yield
-  finally:
-    os.remove(path)
 
 
 def time_row(key: str, T: int, args) -> float:

@@ -1,6 +1,8 @@
 """Helpers the experiment scripts share."""
 
+import contextlib
 import os
+import time
 
 import ml_collections
 
@@ -16,3 +18,19 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
   if not os.path.isabs(path) and os.path.isfile(os.path.join(REPO, path)):
     spec = os.path.join(REPO, path) + colon + preset
   return cli.load_config(spec)
+
+
+@contextlib.contextmanager
+def paused(path: str | None, who: str = "a measurement"):
+  """Creates `path` while timing (background jobs that watch it, such as
+  `experiments/seed_level_runs.sh`'s, stop), removes it after."""
+  if not path:
+    yield
+    return
+  with open(path, "w") as f:
+    f.write(f"{who} {os.getpid()}\n")
+  time.sleep(12)  # the pollers look every 10 s
+  try:
+    yield
+  finally:
+    os.remove(path)
