@@ -454,3 +454,28 @@ def test_recall_claims_are_decided_over_five_seeds_on_the_queries_with_a_path(tm
   (low, high) = long_range.rows_of(runs["ecp_4layers@1"])
   assert (high["model"], high["variant"], high["num_layers"]) == ("ecp", "ecp_4layers", 4)
   assert high["path_queries"] == ((distance >= 64.5) & (distance < 129)).sum() and low["path_queries"] > 0
+
+
+def test_first_hour_times_the_one_line_errors(tmp_path):
+  """experiments/first_hour.py's `errors` part: both mistakes answered with one `error:` line,
+  status 2, timed."""
+  out = tmp_path / "first_hour.json"
+  run_module(["experiments.first_hour", "--parts=errors", "--repeats=1", f"--out={out}",
+              "--pause_file="])
+  errors = json.loads(out.read_text())["errors"]
+  for name in ("misspelled_field", "unknown_flag"):
+    (row,) = errors[name]["rows"]
+    assert row["status"] == 2 and len(row["lines"]) == 1 and row["lines"][0].startswith("error:")
+    assert 0 < errors[name]["median_s"] < 60
+
+
+@pytest.mark.slow  # two gloo processes compile and time a tiny step: ~30 s
+def test_bench_stop_agreement_times_steps_with_and_without(tmp_path):
+  out = tmp_path / "agreement.json"
+  run_module(["experiments.bench_stop_agreement", "--configs=configs/dense.py",
+              "--overrides=data.seq_len=64,model.d_model=64,data.batch_size=2", "--steps=2",
+              "--rounds=1", f"--out={out}"])
+  (row,) = json.loads(out.read_text())["rows"]
+  assert row["step_seconds_with"] > 0 and row["step_seconds_without"] > 0
+  assert row["ratio_with_over_without"] == pytest.approx(
+      row["step_seconds_with"] / row["step_seconds_without"])
