@@ -2,6 +2,7 @@
 does not use (libtpu probing for TPU chips on a CPU or GPU host) is kept out of a run's output.
 
     backends.start()                       # after `distributed.initialize_distributed`
+    backends.quietly(fn)                   # fn() with its native chatter kept back
     with backends.native_stderr_captured() as captured: ...   # the same for any native step
 
 What native code prints on the process's stderr while captured is kept in a temporary file and
@@ -13,7 +14,9 @@ import contextlib
 import os
 import sys
 import tempfile
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
+
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -42,6 +45,21 @@ def replay(text: str) -> None:
   if text.strip():
     sys.stderr.write(text if text.endswith("\n") else text + "\n")
     sys.stderr.flush()
+
+
+def quietly(fn: Callable[[], T]) -> T:
+  """`fn()` with what native code prints on stderr meanwhile kept back (shown if it raises)."""
+  error = result = None
+  with native_stderr_captured() as captured:
+    try:
+      result = fn()
+    except BaseException as e:  # pylint: disable=broad-except  (re-raised below, with the chatter)
+      error = e
+    text = captured()
+  if error is not None:
+    replay(text)
+    raise error
+  return result
 
 
 def start() -> list:

@@ -138,7 +138,8 @@ def compile_only(config: ml_collections.ConfigDict, target: str | None = None,
   no parameters), and what it needs per device; nothing is trained or written. With `target`
   (`targets.load`'s '<platform>:<device>:<topology>') the step is compiled for that accelerator's
   devices, from any host."""
-  use_compilation_cache(config)
+  if not target:  # (a target's compile-only client cannot read cache entries back: no cache)
+    use_compilation_cache(config)
   accelerator = None
   if target:
     with progress_lib.phase(f"loading the compiler for {target}"):

@@ -206,6 +206,9 @@ def test_compile_only_target_command_line(tmp_path):
   report = json.loads(ok.stdout.strip().splitlines()[-1])
   assert report["target"] == "tpu:v5e:2x2" and report["fits"] and report["num_devices"] == 4
   assert not (tmp_path / "w").exists() and not (tmp_path / "d").exists()
+  # libtpu's probe for local chips and a cache entry a compile-only client cannot read: kept out
+  assert "TPU_ACCELERATOR_TYPE" not in ok.stderr and "InitGoogle" not in ok.stderr, ok.stderr[-2000:]
+  assert "persistent compilation cache" not in ok.stderr, ok.stderr[-2000:]
   # Dense in its [T, T] form at 64K tokens: 16 GiB of scores per head and sequence.
   big = subprocess.run(base[:3] + ["--config=configs/dense.py"] + base[4:] + [
       "--config.data.seq_len=65536", "--config.data.batch_size=4",
