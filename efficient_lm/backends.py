@@ -47,8 +47,9 @@ def replay(text: str) -> None:
     sys.stderr.flush()
 
 
-def quietly(fn: Callable[[], T]) -> T:
-  """`fn()` with what native code prints on stderr meanwhile kept back (shown if it raises)."""
+def quietly(fn: Callable[[], T], show: Callable[[T], bool] = lambda result: False) -> T:
+  """`fn()` with what native code prints on stderr meanwhile kept back: shown if it raises, or if
+  `show(result)`."""
   error = result = None
   with native_stderr_captured() as captured:
     try:
@@ -59,23 +60,13 @@ def quietly(fn: Callable[[], T]) -> T:
   if error is not None:
     replay(text)
     raise error
+  if show(result):
+    replay(text)
   return result
 
 
 def start() -> list:
   """`jax.devices()`, their backends started with native chatter kept back unless the start fails
-  or the devices are TPUs."""
+  or the devices are TPUs (then it is the runtime in use speaking)."""
   import jax  # pylint: disable=import-outside-toplevel
-  error = None
-  with native_stderr_captured() as captured:
-    try:
-      devices = jax.devices()
-    except BaseException as e:  # pylint: disable=broad-except  (re-raised below, with the chatter)
-      error = e
-    text = captured()
-  if error is not None:
-    replay(text)
-    raise error
-  if devices[0].platform == "tpu":
-    replay(text)
-  return devices
+  return quietly(jax.devices, show=lambda devices: devices[0].platform == "tpu")
