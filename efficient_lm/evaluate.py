@@ -13,7 +13,6 @@ imported before the flags are checked.
 import json
 import sys
 
-from absl import app
 from absl import flags
 from absl import logging as absl_logging
 
@@ -125,11 +124,7 @@ def run() -> None:
   """The `efficient-lm-eval` console script."""
   signals.install(training=False)
   _define_flags()
-  try:
-    app.run(main, flags_parser=cli_lib.parse_flags)
-  except signals.Interrupted as e:
-    signals.exit_now(signals.status_of(e.signal_name),
-                     f"stopped by {e.signal_name} while {e.phase}; rerun the same command")
+  signals.run_command(main, cli_lib.parse_flags)
 
 
 if __name__ == "__main__":

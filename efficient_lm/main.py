@@ -21,7 +21,6 @@ import logging as std_logging
 import os
 import sys
 
-from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
@@ -180,11 +179,7 @@ def _compile_only(config) -> None:
 
 def run() -> None:
   """The `efficient-lm-train` console script."""
-  signals.install()  # (again, for a caller that imported this module long before)
-  try:
-    app.run(main, flags_parser=cli.parse_flags)
-  except signals.Interrupted as e:
-    signals.exit_now(signals.status_of(e.signal_name), stopped_line(e.signal_name, e.phase))
+  signals.run_command(main, cli.parse_flags, line=stopped_line)
 
 
 if __name__ == "__main__":

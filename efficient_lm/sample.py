@@ -11,7 +11,6 @@ light modules are imported before the flags are checked.
 import re
 import sys
 
-from absl import app
 from absl import flags
 from absl import logging as absl_logging
 
@@ -83,11 +82,7 @@ def run() -> None:
   """The `efficient-lm-sample` console script."""
   signals.install(training=False)
   _define_flags()
-  try:
-    app.run(main, flags_parser=cli.parse_flags)
-  except signals.Interrupted as e:
-    signals.exit_now(signals.status_of(e.signal_name),
-                     f"stopped by {e.signal_name} while {e.phase}; rerun the same command")
+  signals.run_command(main, cli.parse_flags)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 from efficient_lm import exit_codes
 
@@ -191,6 +191,24 @@ def before_exit(fn) -> None:
   """`fn()` runs in `exit_now` before the process ends (`distributed`: the job's processes leave
   the coordination service together)."""
   _state.before_exit.append(fn)
+
+
+def stopped_line(signal_name: str, phase: str) -> str:
+  """The line a command stopped by a signal outside a training loop ends with."""
+  return f"stopped by {signal_name} while {phase}; rerun the same command"
+
+
+def run_command(main: Callable[[list[str]], None], flags_parser: Callable[[list[str]], list[str]],
+                *, line: Callable[[str, str], str] = stopped_line) -> None:
+  """`absl.app.run(main)` for a console script, this module's handler installed first: a stop that
+  unwinds out of `main` ends the process with its status (`status_of`) and `line(signal, phase)`
+  on stderr (`exit_now`: no teardown under a compile that is still running)."""
+  from absl import app  # pylint: disable=import-outside-toplevel
+  install()
+  try:
+    app.run(main, flags_parser=flags_parser)
+  except Interrupted as e:
+    exit_now(status_of(e.signal_name), line(e.signal_name, e.phase))
 
 
 def exit_now(status: int, line: str | None = None) -> None:
