@@ -104,6 +104,26 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, *,
   returned as None), which lets a backend use a kernel without an lse output.
   """
   _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern, q_segments, k_segments)
+  call, q_start, k_start = _call(q, k, pattern, scale, q_start, k_start, k_offset, q_align,
+                                 k_positions, local_prior, skip_prior, q_segments, layout,
+                                 with_lse)
+  if call.Tq == 0 or call.Tk == 0:
+    t = 1 if layout == "BTHK" else 2
+    B, H = q.shape[0], q.shape[3 - t]
+    o_shape = list(q.shape[:3]) + [v.shape[-1]]
+    lse = jnp.full((B, call.Tq, H) if layout == "BTHK" else (B, H, call.Tq), NO_KEY_LSE, F32)
+    return jnp.zeros(o_shape, q.dtype), (lse if with_lse else None)
+  backend = _backend(impl, interpret, call)
+  o, lse = backend.attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
+                          _ids(q_segments), _ids(k_segments), interpret=interpret)
+  return o, (lse if with_lse else None)
+
+
+def _call(q, k, pattern, scale, q_start, k_start, k_offset, q_align, k_positions, local_prior,
+          skip_prior, q_segments, layout, with_lse=True) -> tuple[Call, int | jax.Array,
+                                                                  int | jax.Array]:
+  """(the `Call` that `attend` / `attend_backward` describes, q_start, k_start): k_start from
+  k_offset when that is given, k_offset from the starts when both are static."""
   scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
   q_start, k_start = _start("q_start", q_start), _start("k_start", k_start)
   if k_offset is not None:
@@ -113,23 +133,14 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, *,
   elif is_static(q_start) and is_static(k_start):
     k_offset = k_start - q_start
   t = 1 if layout == "BTHK" else 2
-  Tq, Tk = q.shape[t], k.shape[t]
-  if Tq == 0 or Tk == 0:
-    B, H = q.shape[0], q.shape[3 - t]
-    o_shape = list(q.shape[:3]) + [v.shape[-1]]
-    lse = jnp.full((B, Tq, H) if layout == "BTHK" else (B, H, Tq), NO_KEY_LSE, F32)
-    return jnp.zeros(o_shape, q.dtype), (lse if with_lse else None)
-  call = Call(pattern=pattern, scale=scale, Tq=Tq, Tk=Tk,
+  call = Call(pattern=pattern, scale=scale, Tq=q.shape[t], Tk=k.shape[t],
               q_start=q_start if is_static(q_start) else None,
               k_start=k_start if is_static(k_start) else None, k_offset=k_offset,
               q_align=1 if is_static(q_start) else q_align,
               explicit=k_positions is not None, local_prior=local_prior is not None,
               skip_prior=skip_prior is not None, layout=layout, dtype=jnp.dtype(q.dtype).name,
               with_lse=with_lse, segments=q_segments is not None)
-  backend = _backend(impl, interpret, call)
-  o, lse = backend.attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
-                          _ids(q_segments), _ids(k_segments), interpret=interpret)
-  return o, (lse if with_lse else None)
+  return call, q_start, k_start
 
 
 def _backend(impl: str, interpret: bool, call: Call):
@@ -165,24 +176,13 @@ def attend_backward(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, 
   the union's. That is how a ring backward runs piece by piece.
   """
   _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern, q_segments, k_segments)
-  scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-  q_start, k_start = _start("q_start", q_start), _start("k_start", k_start)
-  if k_offset is not None:
-    k_start = q_start + k_offset if is_static(q_start) else q_start + jnp.int32(k_offset)
-  elif is_static(q_start) and is_static(k_start):
-    k_offset = k_start - q_start
+  call, q_start, k_start = _call(q, k, pattern, scale, q_start, k_start, k_offset, q_align,
+                                 k_positions, local_prior, skip_prior, q_segments, layout)
   if dlse is None:
     dlse = jnp.zeros(lse.shape, F32)
-  t = 1 if layout == "BTHK" else 2
-  call = Call(pattern=pattern, scale=scale, Tq=q.shape[t], Tk=k.shape[t],
-              q_start=q_start if is_static(q_start) else None,
-              k_start=k_start if is_static(k_start) else None, k_offset=k_offset,
-              q_align=1 if is_static(q_start) else q_align, explicit=k_positions is not None,
-              local_prior=local_prior is not None, skip_prior=skip_prior is not None,
-              layout=layout, dtype=jnp.dtype(q.dtype).name, segments=q_segments is not None)
   backend = _backend(impl, interpret, call)
-  if backend.backward is None:
-    backend = backends.get("xla")
+  if backend.backward is None or call.pattern.skips or call.local_prior or call.skip_prior:
+    backend = backends.get("xla")  # a kernel's backward runs the local part alone: no priors
   return backend.backward(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
                           _ids(q_segments), _ids(k_segments), o, lse, do, dlse,
                           interpret=interpret)

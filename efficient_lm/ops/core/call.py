@@ -47,9 +47,10 @@ class Backend:
   k_segments, *, interpret) -> (o, lse)`, differentiable in q, k, v and the priors under
   cotangents on both o and lse (so pieces still merge). `backward(call, ..., o, lse, do, dlse,
   *, interpret) -> (dq, dk, dv, d local_prior, d skip_prior)` is the same call's gradient at a
-  given o and lse (those of a union of key sets: a ring step), None when the backend has none
-  (the XLA core's serves). `unsupported(call)`: None, or why not (the front door then runs
-  `xla` and logs the reason once).
+  given o and lse (those of a union of key sets: a ring step), asked only for calls without
+  priors or skips; None when the backend has none (the XLA core's serves those and these).
+  `unsupported(call)`: None, or why not (the front door then runs `xla` and logs the reason
+  once).
   """
   name: str
   attend: Callable

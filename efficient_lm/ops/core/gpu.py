@@ -13,7 +13,7 @@ steps).
   `Pattern` inside the kernel (keys at negative positions are never visible), key blocks
   wholly outside a query block's `Pattern.key_range` are skipped; forward with lse, backward
   dq and dk / dv with the lse cotangent entering as `delta - dlse`. π: the window through the
-  kernel, the skips beside it (`skips.attend_with_skips`); priors shift lse outside it.
+  kernel, the skips beside it (`skips.kernel_attend`); priors shift lse outside it.
   Document ids are one more comparison in the kernel's mask.
 - `xla` (via `unsupported`): explicit key positions (decoding caches), a traced k_offset.
 
@@ -110,13 +110,8 @@ def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior
     except NotImplementedError as refusal:
       _log_once(f"attention on the Pallas kernel instead of cuDNN: {refusal}")
   local = lambda q, k, v: _kernel_attend(call, q, k, v, q_start, q_segments, k_segments, interpret)
-  if call.pattern.skips:
-    return skips.attend_with_skips(local, call, q, k, v, q_start, local_prior, skip_prior,
-                                   q_segments, k_segments)
-  o, lse = local(q, k, v)
-  if local_prior is not None:  # a constant on every logit of its row: lse moves, o does not
-    lse = jnp.where(lse > NO_KEY_LSE, lse + local_prior.astype(F32), NO_KEY_LSE)
-  return o, lse
+  return skips.kernel_attend(local, call, q, k, v, q_start, local_prior, skip_prior, q_segments,
+                             k_segments)
 
 
 # cuDNN, and its compute-capability check answered for the compile target.
@@ -572,12 +567,8 @@ def _kernel_attend(call: Call, q, k, v, q_start, qseg, kseg, interpret: bool):
 
 def backward(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, q_segments,
              k_segments, o, lse, do, dlse, *, interpret: bool = False):
-  """The kernel's backward of one call at a given o and lse; a call with priors or skips (never a
-  ring step's) takes the XLA core's."""
-  if call.pattern.skips or local_prior is not None or skip_prior is not None:
-    from efficient_lm.ops.core import xla  # pylint: disable=g-import-not-at-top
-    return xla.BACKEND.backward(call, q, k, v, q_start, k_start, k_positions, local_prior,
-                                skip_prior, q_segments, k_segments, o, lse, do, dlse)
+  """The kernel's backward of one call without priors or skips at a given o and lse."""
+  del k_start, k_positions, local_prior, skip_prior  # (the front door checked them)
   kern = _kernel_for(call, q, v, call.pattern, interpret)
   start = jnp.reshape(jnp.asarray(q_start, jnp.int32), (1,))
 

@@ -29,6 +29,25 @@ def _shift(x_BTHK: jax.Array, offset: int, length: int) -> jax.Array:
   return jnp.pad(piece, [(0, 0), (lo - offset, offset + length - hi), (0, 0), (0, 0)])
 
 
+def kernel_attend(local_attend, call, q, k, v, q_start, local_prior, skip_prior,
+                  q_segments=None, k_segments=None):
+  """(o, lse) of a kernel backend's call from `local_attend(q, k, v) -> (o_l, lse_l)`, the kernel
+  on the call's local part: the skips beside it when the pattern has them (`attend_with_skips`),
+  the local prior as a shift of lse."""
+  if call.pattern.skips:
+    return attend_with_skips(local_attend, call, q, k, v, q_start, local_prior, skip_prior,
+                             q_segments, k_segments)
+  o, lse = local_attend(q, k, v)
+  return o, _with_prior(lse, local_prior)
+
+
+def _with_prior(lse: jax.Array, prior: jax.Array | None) -> jax.Array:
+  """A prior is a constant on every logit of its row: lse moves by it (o does not)."""
+  if prior is None:
+    return lse
+  return jnp.where(lse > NO_KEY_LSE, lse + prior.astype(F32), NO_KEY_LSE)
+
+
 def attend_with_skips(local_attend, call, q, k, v, q_start, local_prior, skip_prior,
                       q_segments=None, k_segments=None):
   """(o, lse) of π's pattern from `local_attend(q, k, v) -> (o_l, lse_l)` (the kernel's local
@@ -41,9 +60,7 @@ def attend_with_skips(local_attend, call, q, k, v, q_start, local_prior, skip_pr
     q, k, v, o_l = (jnp.swapaxes(x, 1, 2) for x in (q, k, v, o_l))
     lse_l, local_prior, skip_prior = (None if x is None else jnp.swapaxes(x, 1, 2)
                                       for x in (lse_l, local_prior, skip_prior))
-  lse_l = lse_l.astype(F32)
-  if local_prior is not None:  # a constant on every local logit of the row: lse moves, o does not
-    lse_l = jnp.where(lse_l > NO_KEY_LSE, lse_l + local_prior.astype(F32), NO_KEY_LSE)
+  lse_l = _with_prior(lse_l.astype(F32), local_prior)
   q_pos_T = jnp.asarray(q_start, jnp.int32) + jnp.arange(call.Tq, dtype=jnp.int32)
   logits, values = [], []
   for d in call.pattern.skips:

@@ -7,7 +7,7 @@ explicit key positions, a traced k_offset, an unknown block phase, dtypes other 
 bfloat16. One kernel call holds at most `MAX_KEYS` (65,408) keys (16-bit bounds): a longer call is
 cut into pieces of queries and keys (`pieces`), one kernel call per piece pair that sees any key,
 merged by log-sum-exp. Tiles follow the pattern's reach (`tile`: 128 to 512). π's skips run beside
-the kernel (`skips.attend_with_skips`). Document ids go to the kernel as its `SegmentIds` (the call is
+the kernel (`skips.kernel_attend`). Document ids go to the kernel as its `SegmentIds` (the call is
 then mapped over the batch: one id array per row). `interpret=True` runs the kernels in Pallas
 interpret mode (CPU tests).
 
@@ -442,23 +442,14 @@ def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior
            k_segments, *, interpret: bool = False):
   del k_positions  # None: `unsupported` sends explicit positions to xla
   local = lambda q, k, v: _local_attend(call, q, k, v, k_start, q_segments, k_segments, interpret)
-  if call.pattern.skips:
-    return skips.attend_with_skips(local, call, q, k, v, q_start, local_prior, skip_prior,
-                                   q_segments, k_segments)
-  o, lse = local(q, k, v)
-  if local_prior is not None:  # a constant on every logit of the row: lse moves, o does not
-    lse = jnp.where(lse > NO_KEY_LSE, lse + local_prior.astype(F32), NO_KEY_LSE)
-  return o, lse
+  return skips.kernel_attend(local, call, q, k, v, q_start, local_prior, skip_prior, q_segments,
+                             k_segments)
 
 
 def backward(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, q_segments,
              k_segments, o, lse, do, dlse, *, interpret: bool = False):
-  """The kernels' backward of one call at a given o and lse; a call with priors or skips (never a
-  ring step's) takes the XLA core's."""
-  if call.pattern.skips or local_prior is not None or skip_prior is not None:
-    from efficient_lm.ops.core import xla  # pylint: disable=g-import-not-at-top
-    return xla.BACKEND.backward(call, q, k, v, q_start, k_start, k_positions, local_prior,
-                                skip_prior, q_segments, k_segments, o, lse, do, dlse)
+  """The kernels' backward of one call without priors or skips at a given o and lse."""
+  del k_positions, local_prior, skip_prior  # (the front door checked them)
   t = 1 if call.layout == "BTHK" else 2
   dq_pieces, dk, dv = [], jnp.zeros(k.shape, F32), jnp.zeros(v.shape, F32)
   for (qs, ql), pairs in _piece_pairs(call, call.pattern, interpret):
