@@ -568,7 +568,7 @@ def _kernel_attend(call: Call, q, k, v, q_start, qseg, kseg, interpret: bool):
 def backward(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, q_segments,
              k_segments, o, lse, do, dlse, *, interpret: bool = False):
   """The kernel's backward of one call without priors or skips at a given o and lse."""
-  del k_start, k_positions, local_prior, skip_prior  # (the front door checked them)
+  del k_start, k_positions, local_prior, skip_prior  # (the front door sends calls with them to xla)
   kern = _kernel_for(call, q, v, call.pattern, interpret)
   start = jnp.reshape(jnp.asarray(q_start, jnp.int32), (1,))
 

@@ -449,7 +449,7 @@ def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior
 def backward(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, q_segments,
              k_segments, o, lse, do, dlse, *, interpret: bool = False):
   """The kernels' backward of one call without priors or skips at a given o and lse."""
-  del k_positions, local_prior, skip_prior  # (the front door checked them)
+  del k_positions, local_prior, skip_prior  # (the front door sends calls with them to xla)
   t = 1 if call.layout == "BTHK" else 2
   dq_pieces, dk, dv = [], jnp.zeros(k.shape, F32), jnp.zeros(v.shape, F32)
   for (qs, ql), pairs in _piece_pairs(call, call.pattern, interpret):
