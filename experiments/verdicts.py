@@ -33,6 +33,7 @@ from efficient_lm import stats
 from experiments import long_range
 from experiments.common import REPO
 from experiments.context_ablation import CORPORA
+from experiments.context_ablation import sanity_check
 
 TRAINED = 0.5  # the share of queries inside its own reach a model must recall to be compared
 RESULTS = os.path.join(REPO, "experiments", "results")
@@ -220,7 +221,8 @@ def decide_all(long_range_results: dict | None = None, paper_tables: dict | None
           "rule": ("per-seed paired t (difference) or two one-sided t tests (equivalence) over "
                    "training seeds; Benjamini-Hochberg adjusted p < 0.05 over the family decides; "
                    "claims short of their planned seeds are pending and count as p = 1"),
-          "exact_nulls": exact_nulls(ablation)}
+          "exact_nulls": exact_nulls(ablation),
+          "ablation_sanity_failures": sanity_check((ablation or {}).get("rows", []))}
 
 
 def load_all(results_dir: str = RESULTS) -> dict:
@@ -284,6 +286,12 @@ def render_ablation(ablation: dict | None) -> str:
     lines.append(f"| `{r['corpus']}` | `{r['model']}` | {r['ablate_context']} ({r['kept_context'][0]}-"
                  f"{r['kept_context'][1]}) | {r['seed']} | {r['full_loss']:.4f} | {r['ablated_loss']:.4f} | "
                  f"{delta} | [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] | {r['documents']} |")
+  pairs = sorted({(r["corpus"], r["seed"]) for r in rows if r["model"] == "bcmt"} &
+                 {(r["corpus"], r["seed"]) for r in rows if r["model"] == "honly"})
+  failures = sanity_check(rows)
+  lines += ["", f"Sanity check (ablated BCMT against HOnly's full loss) over {len(pairs)} corpus-seed "
+            f"pairs: " + ("passes." if not failures else f"**fails** in {len(failures)}:")]
+  lines += [f"- {f}" for f in failures]
   return "\n".join(lines)
 
 

@@ -365,6 +365,57 @@ def test_swap_ablation_claims_are_decided_over_seeds(tmp_path):
   worse = [dict(r, ablated_loss=3.4) if r["model"] == "bcmt" and r["seed"] == 0 else r for r in rows]
   (failure,) = context_ablation.sanity_check(worse)
   assert failure.startswith("python_code, seed 0: BCMT") and "HOnly's full loss 3.3200" in failure
+  assert "-0.0200 is BCMT's full loss above HOnly's and +0.1000 the swap" in failure
+
+
+def test_committed_verdicts_follow_from_the_committed_results():
+  """results/verdicts.json is what `experiments.verdicts` decides from the committed result files
+  (a results file updated without rerunning it, or a hand edit, fails here), and the READMEs call
+  confirmed or refuted only what it does."""
+  from experiments import verdicts  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(verdicts.RESULTS, "verdicts.json")) as f:
+    committed = json.load(f)
+  def rounded(x):  # float sums may differ in the last bits between machines
+    if isinstance(x, float):
+      return float(f"{x:.9g}") if x == x else "nan"
+    if isinstance(x, dict):
+      return {k: rounded(v) for k, v in x.items()}
+    return [rounded(v) for v in x] if isinstance(x, list) else x
+
+  recomputed = json.loads(json.dumps(verdicts.decide_all(**verdicts.load_all())))
+  assert rounded(recomputed) == rounded(committed)
+  decided = {r["verdict"] for r in committed["rows"]}
+  with open(verdicts.README) as f:
+    table = f.read().split("<!-- verdicts -->")[1].split("<!-- /verdicts -->")[0]
+  for row in committed["rows"] + committed["pending"]:
+    assert row["claim"] in table
+  assert ("**confirmed**" in table) == ("confirmed" in decided)
+  assert ("**refuted**" in table) == ("refuted" in decided)
+
+
+def test_swap_ablation_failed_sanity_check_still_runs_every_row(tmp_path, monkeypatch, capsys):
+  """A failing sanity check is printed when it appears, but the rows after it still run; the
+  results file keeps the failures and the run ends with an error (exit status 1)."""
+  from experiments import context_ablation  # pylint: disable=import-outside-toplevel
+  full = {"honly": 4.53, "bcmt": 4.55, "dense": 4.50}  # BCMT's run is worse than HOnly's
+
+  def fake_row(corpus, model, seed, args):
+    del args
+    return dict(corpus=corpus, model=model, seed=seed, method="swap", ablate_context=512,
+                full_loss=full[model], ablated_loss=full[model] + 0.002, delta=0.002,
+                ci_low=0.0018, ci_high=0.0022)
+
+  monkeypatch.setattr(context_ablation, "run_row", fake_row)
+  out = tmp_path / "ablation.json"
+  with pytest.raises(SystemExit) as stop:
+    context_ablation.main(["--corpora=shakespeare", "--models=honly,bcmt,dense", "--seeds=0",
+                           f"--results={out}", f"--workdir_root={tmp_path}"])
+  assert "the sanity check failed" in str(stop.value.code)
+  saved = json.loads(out.read_text())
+  assert {r["model"] for r in saved["rows"]} == {"honly", "bcmt", "dense"}  # dense ran after it
+  (failure,) = saved["sanity_failures"]
+  assert "+0.0200 is BCMT's full loss above HOnly's and +0.0020 the swap" in failure
+  assert capsys.readouterr().out.count("sanity check failed") == 1  # once, when it appeared
 
 
 def test_recall_reach_follows_each_models_patterns():
