@@ -139,7 +139,7 @@ elif FAULT == "not-primary":
   text_files.scan = _refuse("read the corpus in full")
   tokenizer.Tokenizer.train = _refuse("train a tokenizer")
 elif FAULT.startswith("wikitext-from:"):
-  wikitext103.URLS = (FAULT.partition(":")[2],)
+  wikitext103.Wikitext103.URLS = (FAULT.partition(":")[2],)  # the mirrors the builder tries
 else:
   raise SystemExit(f"unknown fault {FAULT!r}")
 
