@@ -86,7 +86,7 @@ def pip_download(requirement: str, archive_name: str, target: str, sha256: str, 
     with progress.phase(f'downloading {requirement} with pip into {target}'):
       try:
         result = run_pip(['download', '--no-deps', '--no-binary', ':all:', requirement, '-d', tmp,
-                      '--disable-pip-version-check'])
+                          '--disable-pip-version-check'])
       except (OSError, subprocess.SubprocessError) as e:
         raise DownloadError(f'`pip download {requirement}` failed to run ({e}); {fix}') from e
     if result.returncode != 0:
