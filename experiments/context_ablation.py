@@ -28,9 +28,12 @@ other rows are still measured); each message splits the excess into BCMT's full 
 
 Rows go to experiments/results/context_ablation.json after every run (model, corpus, seed,
 method, full_loss, ablated_loss, delta, ci_low, ci_high, ...); resumable and additive (`--force`
-reruns). Rows of the earlier end-of-document readout are kept with method "eos".
+reruns), and runs over disjoint rows may share the file (each save merges the rows on disk,
+under the lock file `<results>.lock`). Rows of the earlier end-of-document readout are kept with
+method "eos".
 """
 import argparse
+import fcntl
 import json
 import os
 import signal
@@ -133,6 +136,17 @@ def sanity_check(rows: list[dict]) -> list[str]:
   return failures
 
 
+def load(path: str) -> tuple[dict, dict]:
+  """The results file (empty if there is none) and its rows by (corpus, model, seed, method)."""
+  results = {"rows": []}
+  if os.path.isfile(path):
+    with open(path) as f:
+      results = json.load(f)
+  for r in results["rows"]:
+    r.setdefault("method", "eos")  # the rows before the swap control
+  return results, {(r["corpus"], r["model"], r["seed"], r["method"]): r for r in results["rows"]}
+
+
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--corpora", default=",".join(CORPORA))
@@ -149,22 +163,22 @@ def main(argv=None) -> None:
     if unknown:
       sys.exit(f"error: --{name}: unknown {unknown}; use {', '.join(known)}")
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the running row too (run_monitored)
-  results = {"rows": []}
-  if os.path.isfile(args.results):
-    with open(args.results) as f:
-      results = json.load(f)
-  for r in results["rows"]:
-    r.setdefault("method", "eos")  # the rows before the swap control
-  done = {(r["corpus"], r["model"], r["seed"], r["method"]): r for r in results["rows"]}
+  results, done = load(args.results)
 
   def save():
-    results["rows"] = sorted(done.values(), key=lambda r: (r["method"] != METHOD, r["corpus"],
-                                                           r["model"], r["seed"]))
-    results.update(corpora=CORPORA, models={k: v[1] for k, v in MODELS.items()}, common=COMMON)
-    results.pop("gates", None)
-    with open(args.results + ".tmp", "w") as f:
-      json.dump(results, f, indent=1)
-    os.replace(args.results + ".tmp", args.results)
+    # Under a lock, and merged with the rows on disk: runs over disjoint rows (say one per seed)
+    # can share one results file; this run's rows win over the file's.
+    with open(args.results + ".lock", "a") as lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      for key, row in load(args.results)[1].items():
+        done.setdefault(key, row)
+      results["rows"] = sorted(done.values(), key=lambda r: (r["method"] != METHOD, r["corpus"],
+                                                             r["model"], r["seed"]))
+      results.update(corpora=CORPORA, models={k: v[1] for k, v in MODELS.items()}, common=COMMON)
+      results.pop("gates", None)
+      with open(args.results + ".tmp", "w") as f:
+        json.dump(results, f, indent=1)
+      os.replace(args.results + ".tmp", args.results)
 
   reported = set()
   for seed in map(int, args.seeds.split(",")):

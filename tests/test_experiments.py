@@ -418,6 +418,28 @@ def test_swap_ablation_failed_sanity_check_still_runs_every_row(tmp_path, monkey
   assert capsys.readouterr().out.count("sanity check failed") == 1  # once, when it appeared
 
 
+def test_swap_ablation_runs_over_disjoint_rows_share_one_results_file(tmp_path, monkeypatch):
+  """Two runs over disjoint seeds writing one results file while both are running: each save
+  merges the rows on disk, so neither run's rows are lost."""
+  from experiments import context_ablation  # pylint: disable=import-outside-toplevel
+  out = tmp_path / "ablation.json"
+  argv = ["--corpora=shakespeare", "--models=dense,sliding_window", f"--results={out}",
+          f"--workdir_root={tmp_path}"]
+
+  def fake_row(corpus, model, seed, args):
+    del args
+    if (model, seed) == ("sliding_window", 0):  # the other run starts and finishes meanwhile
+      context_ablation.main(argv + ["--seeds=1"])
+    return dict(corpus=corpus, model=model, seed=seed, method="swap", ablate_context=512,
+                full_loss=4.5, ablated_loss=4.5 + seed, delta=float(seed), ci_low=0.0, ci_high=0.0)
+
+  monkeypatch.setattr(context_ablation, "run_row", fake_row)
+  context_ablation.main(argv + ["--seeds=0"])
+  saved = json.loads(out.read_text())
+  assert sorted((r["model"], r["seed"], r["delta"]) for r in saved["rows"]) == [
+      ("dense", 0, 0.0), ("dense", 1, 1.0), ("sliding_window", 0, 0.0), ("sliding_window", 1, 1.0)]
+
+
 def test_recall_reach_follows_each_models_patterns():
   """Which MQAR queries a model's attention reaches in one hop (the "trained" precondition of the
   recall verdicts): the pair's token sits at q - d + 1, so the window of W reaches d <= W, π's
