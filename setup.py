@@ -56,12 +56,21 @@ setuptools.setup(
         "etils[epath]>=1.7.0",
         "importlib_resources>=6.0",  # tfds' epath needs it, TensorFlow does not come in
         "tensorboardX>=2.6.2",  # TensorBoard event files without TensorFlow
+        "tensorboard>=2.16",  # `tensorboard --logdir runs` (the viewer; pulls no TensorFlow)
+        "tokenizers>=0.19",  # data.tokenizer: a Hugging Face tokenizer.json
+        "datasets>=2.19",  # data.dataset='hf:<path>'
+        "safetensors>=0.4.3",  # python -m efficient_lm.export, efficient_lm.load
         "numpy>=1.26",
         "matplotlib>=3.8",  # experiments/: the benchmark and probe plots
     ],
     extras_require={
         "test": ["pytest>=8.0", "pytest-xdist>=3.5",
-                 "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29"],  # the notebook tests
+                 "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",  # the notebook tests
+                 "lm-eval>=0.4.8", "wandb>=0.19"],  # the harness and W&B tests (offline)
+        # python -m efficient_lm.harness: the lm-evaluation-harness (its core needs no torch).
+        "eval": ["lm-eval>=0.4.8"],
+        # train.wandb=True: Weights & Biases logging (WANDB_MODE=offline works with no network).
+        "wandb": ["wandb>=0.19"],
         # Compile for (and run on) TPUs: libtpu. `--target=tpu:...` works from any host with it.
         "tpu": [f"jax[tpu]{JAX}"],
         # Run on NVIDIA GPUs, or compile for them from any host (`--target=gpu:...`): the CUDA
