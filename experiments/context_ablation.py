@@ -63,6 +63,10 @@ MODELS = {
     "sliding_window": ("configs/sliding_window.py", {"model.window": 128}),
     "pi_attention": ("configs/pi_attention.py", {"model.window": 128, "model.period": 256,
                                                  "model.num_skips": 3}),
+    # π whose skips reach past the code corpus's cut (256 .. 1,792 back): the registered study
+    # experiments/registered/pi_window_code.json (π against the window where far context matters).
+    "pi_attention_far": ("configs/pi_attention.py", {"model.window": 128, "model.period": 256,
+                                                     "model.num_skips": 7}),
     "bcmt": ("configs/bcmt.py", {"model.block_size": 256}),
     "honly": ("configs/bcmt.py:honly", {"model.block_size": 256}),
     "ecp": ("configs/ecp.py", {"model.num_segments": 4}),

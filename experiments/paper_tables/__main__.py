@@ -35,6 +35,9 @@ def parse_args(argv=None):
                       help="rows to run: config keys (every seed) or row keys, e.g. bcmt:128,dense@1 "
                       "(default: all)")
   parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="steps per row")
+  parser.add_argument("--seeds", default="",
+                      help="these seeds for every row instead of the table's (a registered "
+                      "replication, experiments/registered/; give it its own --results)")
   parser.add_argument("--force", action="store_true", help="retrain rows already in the results")
   parser.add_argument("--rescore", action="store_true", help="rescore kept rows from their workdirs")
   parser.add_argument("--override", action="append", default=[],
@@ -66,7 +69,9 @@ def main():
     save_json(score_row_here(tables[0], args.score_row, args.steps, args), args.score_out)
     return
   wanted = set(filter(None, args.models.split(",")))
-  known = {k for t in TABLES for k in all_row_keys(t)} | {k for t in TABLES.values() for k, _ in t["rows"]}
+  seeds = tuple(int(s) for s in args.seeds.split(",") if s) or None
+  known = ({k for t in TABLES for k in all_row_keys(t, seeds)}
+           | {k for t in TABLES.values() for k, _ in t["rows"]})
   if wanted - known:
     sys.exit(f"error: --models: unknown rows {sorted(wanted - known)}; see TABLES in "
              "experiments/paper_tables/specs.py (row keys are <config key>@<seed>)")
@@ -89,7 +94,7 @@ def main():
 
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the running row too (run_monitored)
   failed = []
-  for table, key in queue(tables):
+  for table, key in queue(tables, seeds):
     if wanted and key not in wanted and split_key(key)[0] not in wanted:
       continue
     entry = results["tables"].setdefault(table, {"rows": {}})

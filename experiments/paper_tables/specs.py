@@ -149,14 +149,17 @@ def split_key(key: str) -> tuple[str, int]:
   return config_key, int(seed or 0)
 
 
-def all_row_keys(table: str) -> list[str]:
-  return [row_key(k, s) for k, seeds in TABLES[table]["rows"] for s in seeds]
+def all_row_keys(table: str, seeds: tuple[int, ...] | None = None) -> list[str]:
+  """The table's row keys; `seeds`: those seeds for every row instead of the table's (a registered
+  replication's fresh seeds: experiments/registered/)."""
+  return [row_key(k, s) for k, planned in TABLES[table]["rows"] for s in (seeds or planned)]
 
 
-def queue(tables: list[str]) -> list[tuple[str, str]]:
-  """(table, row key) in run order: every row's seed 0, then every row's seed 1, and so on."""
+def queue(tables: list[str], seeds: tuple[int, ...] | None = None) -> list[tuple[str, str]]:
+  """(table, row key) in run order: every row's first seed, then every row's second, and so on
+  (`seeds`: as in `all_row_keys`)."""
   items = [(seed, table, row_key(config_key, seed)) for table in tables
-           for config_key, seeds in TABLES[table]["rows"] for seed in seeds]
+           for config_key, planned in TABLES[table]["rows"] for seed in (seeds or planned)]
   return [(table, key) for _, table, key in sorted(items, key=lambda item: item[0])]
 
 
