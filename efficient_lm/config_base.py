@@ -16,14 +16,15 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
 
   config.data = data = ml_collections.ConfigDict()
   data.dataset = "shakespeare"      # 'shakespeare', 'wikitext103', 'python_code', 'tfds:<name>',
-                                    # 'text:<glob>', or 'mqar:<options>' (data/registry.py)
+                                    # 'text:<glob>', 'hf:<path>[:<config_name>]' (what
+                                    # datasets.load_dataset loads), or 'mqar:<options>' (data/registry.py)
   data.seq_len = 256                # tokens per training window (the model's context)
   data.batch_size = 8               # windows per step
   data.vocab_size = 8192            # sentencepiece vocabulary size (trained on the train split)
   data.data_dir = "~/.cache/efficient_lm"  # prepared ArrayRecord files, tokenizer and token cache
   data.archive = ""                 # local copy of the dataset archive; '' = download it
   data.archive_sha256 = ""          # expected sha256 of the archive; '' = the official one
-  data.text_key = "text"            # text feature of a 'tfds:<name>' dataset
+  data.text_key = "text"            # text feature of a 'tfds:<name>' dataset, text column of an 'hf:' one
   data.document_mask = True         # batches carry document ids: no position attends across an
                                     # end-of-document token into another document (generated
                                     # tasks such as mqar: one document a sequence, no ids)
@@ -34,6 +35,8 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
                                     # into more pieces (bits per byte barely move)
   data.validation_fraction = 0.05   # 'text:<glob>': share of the files (or bytes) held out for validation
   data.test_fraction = 0.05         # 'text:<glob>': share held out for test; 0 = no such split
+                                    # (an 'hf:' dataset without such a split: share of train's rows)
+  data.hf_allow_download = False    # 'hf:<name>' may download from the hub (else offline: the cache only)
 
   config.model = model = ml_collections.ConfigDict()
   model.name = model_name           # registry key in efficient_lm.models.REGISTRY

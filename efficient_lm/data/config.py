@@ -38,6 +38,14 @@ def has_document_ids(data_config) -> bool:
   return document_mask(data_config) and not (source is not None and source.generated)
 
 
+def _optional(cfg, name: str, default):
+  """`cfg.<name>`, or `default` if the config lacks the field."""
+  try:
+    return cfg[name]
+  except (KeyError, AttributeError):
+    return default
+
+
 def _field(cfg, name: str):
   try:
     return cfg[name]
@@ -103,6 +111,10 @@ def validate(data_config) -> None:
   text_key = data_config['text_key']
   require(isinstance(text_key, str) and text_key != '', 'data.text_key', text_key,
           'must name the text feature', "set data.text_key, e.g. 'text'")
+  if ds.startswith(registry.HF_PREFIX):
+    allow = _optional(data_config, 'hf_allow_download', False)
+    require(isinstance(allow, bool), 'data.hf_allow_download', allow, 'must be True or False',
+            'set data.hf_allow_download=False (the local datasets cache only) or True')
   mask = document_mask(data_config)
   require(isinstance(mask, bool), 'data.document_mask', mask, 'must be True or False',
           'set data.document_mask=True (documents never attend into each other) or False')

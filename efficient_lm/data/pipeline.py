@@ -34,7 +34,10 @@ def make_builder(data_config, tfds_dir: str, text_scan=None):
 
   ds = data_config['dataset']
   source = registry.lookup(ds)
-  if text_scan is not None:
+  if ds.startswith(registry.HF_PREFIX):  # text_scan: what hf_datasets.resolve found
+    from efficient_lm.data import hf_datasets  # pylint: disable=g-import-not-at-top
+    builder = hf_datasets.make_builder(text_scan, tfds_dir)
+  elif text_scan is not None:
     from efficient_lm.data import text_files  # pylint: disable=g-import-not-at-top
     builder = text_files.make_builder(text_scan, tfds_dir)
   elif source.builder:
@@ -63,6 +66,9 @@ def preflight(data_config, read: bool = True):
   `text:` glob that matches no usable file): before anything compiles. What it found, for `load`.
   `read=False`: the files are listed, not read (the processes other than 0 of a job)."""
   data_config_lib.validate(data_config)
+  if data_config['dataset'].startswith(registry.HF_PREFIX):  # loaded and checked (hf_datasets.py)
+    from efficient_lm.data import hf_datasets  # pylint: disable=g-import-not-at-top
+    return hf_datasets.resolve(data_config)
   if not data_config['dataset'].startswith(TEXT_PREFIX):
     return None
   from efficient_lm.data import text_files  # pylint: disable=g-import-not-at-top

@@ -2,7 +2,8 @@
 
 A `Source` is a built-in dataset (`shakespeare`, `wikitext103`, `python_code`: a TFDS builder on
 an archive) or a family addressed by a prefix (`tfds:<name>`, any TFDS text dataset; `text:<glob>`,
-your own files; `mqar:<options>`, a generated recall task with no text). `lookup(dataset)` finds it. Builders are imported only when used, so validating a
+your own files; `hf:<path>`, what `datasets.load_dataset` loads; `mqar:<options>`, a generated recall
+task with no text). `lookup(dataset)` finds it. Builders are imported only when used, so validating a
 config stays cheap.
 """
 
@@ -12,6 +13,7 @@ from typing import Callable
 
 TFDS_PREFIX = 'tfds:'
 TEXT_PREFIX = 'text:'
+HF_PREFIX = 'hf:'
 MQAR_PREFIX = 'mqar:'
 FRACTION_DEFAULTS = {'validation_fraction': 0.05, 'test_fraction': 0.05}  # text: held-out shares
 
@@ -63,6 +65,8 @@ SOURCES = {source.name: source for source in (
     Source(TFDS_PREFIX, 'tfds:<name> (e.g. tfds:pg19)'),
     Source(TEXT_PREFIX, "text:<glob> for your own files (e.g. 'text:~/notes/**/*.txt')",
            splits=_text_splits),
+    Source(HF_PREFIX, 'hf:<path> (a folder of data files or of save_to_disk, or a hub name in the '
+           "local cache; 'hf:<path>:<config_name>' picks a config)"),
     Source(MQAR_PREFIX, 'mqar:<options> (distance-controlled recall, e.g. mqar:queries=16)',
            splits=lambda cfg: ('train', 'validation', 'test'), generated='mqar'),
 )}
