@@ -1,0 +1,382 @@
+"""Exports a trained workdir's weights as safetensors (the library: `efficient_lm.load` reads them).
+
+    python -m efficient_lm.export --workdir=runs/pi_attention --out=exports/pi_attention
+        [--step=N] [--dtype=bfloat16] [--max_shard_bytes=5000000000] [--overwrite]
+
+Writes into `--out`: `model.safetensors` (or, past `--max_shard_bytes`,
+`model-00001-of-0000K.safetensors` ... and `model.safetensors.index.json`, the usual
+`{"metadata": {"total_size": ...}, "weight_map": {name: file}}`), `config.json` (the run's
+config.json and a `format` block: what wrote it, the step, the dtype), the workdir's tokenizer
+file(s) as they are, and a `README.md` model card. Tensors are named by their module path (the
+dot-joined nnx state path, e.g. `blocks.mixer.attn.qkv.kernel`); the layers, stacked by
+`nnx.scan`, are one tensor each with the layer axis first. The checkpoint (latest, or `--step`) is
+restored onto one CPU device whatever mesh or host count wrote it; shapes come from the config.
+Everything is written into a temporary folder beside `--out` and renamed into place: a failed or
+stopped export leaves nothing half-written. One `error: ...` line and exit status 2 for input it
+cannot use (no checkpoint, a non-empty `--out` without `--overwrite`). Only light modules are
+imported before the flags are checked.
+"""
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+from absl import flags
+from absl import logging as absl_logging
+
+from efficient_lm import cli as cli_lib
+from efficient_lm import exit_codes
+from efficient_lm import output
+from efficient_lm import signals
+from efficient_lm import workdir as workdir_lib
+from efficient_lm.files import unique_suffix
+
+FORMAT = "efficient_lm.safetensors"  # config.json's format.name
+FORMAT_VERSION = 1
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+# The tokenizer files a workdir may hold (a sentencepiece model, a Hugging Face tokenizer.json):
+# every one present is copied as it is.
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")
+DTYPES = ("float32", "bfloat16", "float16")
+DEFAULT_MAX_SHARD_BYTES = 5_000_000_000
+
+
+class ExportError(ValueError):
+  """An export that cannot run as asked (no checkpoint, an occupied --out, bad flags)."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Names: the dot-joined nnx state path of every parameter.
+
+
+def flat_names(params) -> dict[str, tuple[tuple, object]]:
+  """{name: (path in `nnx.to_pure_dict(params)`, leaf)} for an nnx State (arrays or shapes)."""
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  out = {}
+
+  def walk(tree, prefix):
+    for key, value in tree.items():
+      if isinstance(value, dict):
+        walk(value, prefix + (key,))
+        continue
+      name = ".".join(str(k) for k in prefix + (key,))
+      if name in out:
+        raise ExportError(f"two parameters are both named {name!r}; rename one module")
+      out[name] = (prefix + (key,), value)
+
+  walk(nnx.to_pure_dict(params), ())
+  return out
+
+
+def runnable_config(config, platform: str):
+  """`config` as `platform` ('cpu', 'gpu', 'tpu') can build it: a `model.attention_impl` whose
+  kernels cannot run there (splash off TPU, gpu off GPU) is swapped for 'auto'; the parameters are
+  the same."""
+  from efficient_lm.ops.core import backends  # pylint: disable=import-outside-toplevel
+  model = config.model
+  if backends.check(model.attention_impl, platform, model.kernel_interpret) is None:
+    return config
+  config = config.copy_and_resolve_references()
+  config.model.attention_impl = "auto"
+  config.model.kernel_interpret = False
+  return config
+
+
+def one_device_mesh(device):
+  """A mesh of `device` alone with the four axes (`sharding.single_device_mesh`'s, on any device)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from efficient_lm import sharding  # pylint: disable=import-outside-toplevel
+  return jax.make_mesh((1, 1, 1, 1), sharding.AXES,
+                       axis_types=(jax.sharding.AxisType.Auto,) * 4, devices=[device])
+
+
+def restore(workdir: str, step: int | None = None, device=None):
+  """(graphdef, params, config, step) of the workdir's latest checkpoint (or `step`), restored onto
+  `device` alone (default: the first of jax's default backend), whatever mesh or host count saved
+  it; the shapes come from the workdir's config.json."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from efficient_lm import checkpoint  # pylint: disable=import-outside-toplevel
+  from efficient_lm import train_state  # pylint: disable=import-outside-toplevel
+  wd = workdir_lib.Workdir(workdir)
+  wd.require_trained()
+  steps = checkpoint.committed_steps(wd.checkpoints)
+  if step is not None and step not in steps:
+    raise ExportError(f"--step={step} is not a committed checkpoint of {wd.checkpoints} (it has "
+                      f"{', '.join(map(str, steps)) or 'none'}); give one of them, or leave --step "
+                      "out for the latest")
+  device = device if device is not None else jax.devices()[0]
+  config = runnable_config(wd.saved_config(), device.platform)
+  mesh = one_device_mesh(device)
+  built = train_state.build(config, mesh, abstract=True)
+  ckpt = checkpoint.Checkpointer(wd.checkpoints, max_to_keep=None)
+  try:
+    if step is None:
+      restored = ckpt.restore_latest(built.state, lambda meta: None, set_aside=False)
+      if restored is None:
+        raise workdir_lib.WorkdirError(f"{wd.checkpoints} has no checkpoint yet: train first, or "
+                                       "wait for the first save (train.checkpoint_every)")
+      step, state, _ = restored
+    else:
+      state, _ = ckpt.restore(step, built.state)
+  finally:
+    ckpt.close()
+  return built.graphdef, state.params, config, int(step)
+
+
+# ----------------------------------------------------------------------------------------------
+# Writing.
+
+
+def plan_shards(sizes: dict[str, int], max_shard_bytes: int) -> list[list[str]]:
+  """Tensor names (in name order) cut into files of at most `max_shard_bytes` each (a larger
+  tensor alone in its own)."""
+  shards, used = [[]], 0
+  for name in sorted(sizes):
+    if shards[-1] and used + sizes[name] > max_shard_bytes:
+      shards.append([])
+      used = 0
+    shards[-1].append(name)
+    used += sizes[name]
+  return shards
+
+
+def shard_file(i: int, count: int) -> str:
+  return WEIGHTS if count == 1 else f"model-{i + 1:05d}-of-{count:05d}.safetensors"
+
+
+def write_weights(tensors: dict, folder: str, max_shard_bytes: int) -> list[str]:
+  """`tensors` ({name: numpy array}) as safetensors files in `folder` (and the index when there is
+  more than one); returns the files written."""
+  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+  shards = plan_shards({k: v.nbytes for k, v in tensors.items()}, max_shard_bytes)
+  files = [shard_file(i, len(shards)) for i in range(len(shards))]
+  for names, file in zip(shards, files):
+    save_file({k: tensors[k] for k in names}, os.path.join(folder, file),
+              metadata={"format": "flax"})
+  if len(shards) > 1:
+    index = {"metadata": {"total_size": sum(v.nbytes for v in tensors.values())},
+             "weight_map": {k: f for names, f in zip(shards, files) for k in names}}
+    with open(os.path.join(folder, INDEX), "w", encoding="utf-8") as f:
+      json.dump(index, f, indent=2, sort_keys=True)
+    files.append(INDEX)
+  return files
+
+
+def last_eval(workdir: str, step: int) -> dict | None:
+  """The last evaluation record of metrics.jsonl at or before `step` (None if there is none)."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  found = None
+  try:
+    with open(path, encoding="utf-8") as f:
+      for line in f:
+        try:
+          record = json.loads(line)
+        except ValueError:
+          continue  # a line torn by a kill
+        if "eval_loss" in record and record.get("step", 0) <= step:
+          found = record
+  except OSError:
+    return None
+  return found
+
+
+def model_card(config, *, step: int, num_params: int, dtype: str, files: list[str],
+               tokenizer_files: list[str], evaluation: dict | None, command: str) -> str:
+  m, d = config.model, config.data
+  shape = (f"d_model {m.d_model}, {m.num_layers} layers, {m.num_heads} heads, context (seq_len) "
+           f"{m.seq_len}, vocabulary {m.vocab_size}, {m.position} positions")
+  if evaluation is None:
+    scored = "no evaluation in the workdir's metrics.jsonl"
+  else:
+    bpb = evaluation.get("eval_bits_per_byte")
+    scored = (f"{config.train.eval_split} loss {evaluation['eval_loss']:.4f} nats/token"
+              + (f", {bpb:.4f} bits per byte" if bpb is not None else "")
+              + f" at step {evaluation['step']} (metrics.jsonl)")
+  weights = ", ".join(f"`{f}`" for f in files)
+  return f"""# {m.name} (efficient_lm)
+
+- Model: `{m.name}`: {shape}.
+- Corpus: `{d.dataset}`.
+- Training: step {step} (train.num_steps {config.train.num_steps}).
+- Evaluation: {scored}.
+- Parameters: {num_params:,}, stored as {dtype}.
+- Files: {weights}, `config.json` (the run's config and a `format` block),
+  {', '.join(f'`{f}`' for f in tokenizer_files)} (the tokenizer, as the workdir held it).
+
+Tensors are named by module path (the dot-joined nnx state path, e.g. `embed.embedding`). The
+layers are stacked by `nnx.scan`: each parameter of a layer is one tensor for all
+{m.num_layers} layers, the layer axis first (`[{m.num_layers}, ...]`).
+
+```python
+import efficient_lm
+model = efficient_lm.load("path/to/this/folder")
+model.generate(["ROMEO:"], max_new_tokens=50)
+```
+
+Made with `{command}`.
+"""
+
+
+def check_out(out: str, overwrite: bool) -> str:
+  """The absolute --out, or an ExportError when it cannot take an export."""
+  out = os.path.abspath(os.path.expanduser(out))
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise ExportError(f"--out={out} is a file; give a folder path (it is created)")
+  if os.path.isdir(out) and os.listdir(out) and not overwrite:
+    raise ExportError(f"--out={out} exists and is not empty; give a new folder, or add --overwrite "
+                      "to replace it")
+  return out
+
+
+def check_args(*, dtype: str | None, max_shard_bytes: int, step: int | None) -> None:
+  if dtype is not None and dtype not in DTYPES:
+    raise ExportError(f"--dtype={dtype} is not an export dtype; use one of {', '.join(DTYPES)} "
+                      "(or leave it out: the dtype trained)")
+  if not max_shard_bytes >= 1:
+    raise ExportError(f"--max_shard_bytes={max_shard_bytes} must be at least 1 (bytes per "
+                      "safetensors file; default 5 GB)")
+  if step is not None and step < 0:
+    raise ExportError(f"--step={step} must be a checkpoint's step (>= 0), or left out for the latest")
+
+
+def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None = None,
+           max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, overwrite: bool = False,
+           command: str | None = None) -> dict:
+  """Exports checkpoint `step` (default the latest) of `workdir` into the folder `out` (see the
+  module docstring). Returns what was written: out, step, files, num_params, total_size, dtype."""
+  check_args(dtype=dtype, max_shard_bytes=max_shard_bytes, step=step)
+  workdir = os.path.abspath(os.path.expanduser(workdir))
+  out = check_out(out, overwrite)
+  workdir_lib.Workdir(workdir).require_trained()
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  asked = step
+  _, params, _, step = restore(workdir, step, device=jax.devices("cpu")[0])
+  tensors = {}
+  for name, (_, value) in flat_names(params).items():
+    array = np.asarray(jax.device_get(value))
+    if dtype is not None and jax.numpy.issubdtype(array.dtype, jax.numpy.floating):
+      array = array.astype(jax.numpy.dtype(dtype))
+    tensors[name] = array
+  dtypes = sorted({v.dtype.name for v in tensors.values()})
+  with open(os.path.join(workdir, workdir_lib.CONFIG), encoding="utf-8") as f:
+    saved = json.load(f)
+  config = workdir_lib.Workdir(workdir).saved_config()
+  command = command or (f"python -m efficient_lm.export --workdir={workdir} --out={out}"
+                        + (f" --step={asked}" if asked is not None else "")
+                        + (f" --dtype={dtype}" if dtype else ""))
+  parent = os.path.dirname(out)
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", suffix=".tmp", dir=parent)
+  try:
+    files = write_weights(tensors, tmp, max_shard_bytes)
+    copied = [name for name in TOKENIZER_FILES if os.path.isfile(os.path.join(workdir, name))]
+    for name in copied:
+      shutil.copyfile(os.path.join(workdir, name), os.path.join(tmp, name))
+    saved["format"] = {"name": FORMAT, "version": FORMAT_VERSION, "step": step,
+                       "dtype": "/".join(dtypes), "weights": INDEX if len(files) > 1 else WEIGHTS}
+    with open(os.path.join(tmp, workdir_lib.CONFIG), "w", encoding="utf-8") as f:
+      json.dump(saved, f, indent=2)
+    num_params = sum(int(v.size) for v in tensors.values())
+    card = model_card(config, step=step, num_params=num_params, dtype="/".join(dtypes),
+                      files=files, tokenizer_files=copied, evaluation=last_eval(workdir, step),
+                      command=command)
+    with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
+      f.write(card)
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in os.listdir(tmp):  # mkdtemp's and safetensors' private modes: the usual ones
+      os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
+    os.chmod(tmp, 0o777 & ~umask)
+    _put_in_place(tmp, out, overwrite)
+  finally:
+    if os.path.exists(tmp):
+      shutil.rmtree(tmp, ignore_errors=True)
+  return {"out": out, "step": step, "files": files, "num_params": num_params,
+          "total_size": sum(v.nbytes for v in tensors.values()), "dtype": "/".join(dtypes),
+          "tokenizer": copied}
+
+
+def _put_in_place(tmp: str, out: str, overwrite: bool) -> None:
+  """Renames the finished folder `tmp` to `out` (an empty `out` removed first; a non-empty one,
+  with `overwrite`, renamed aside and removed once the new one is in place)."""
+  check_out(out, overwrite)  # again: something may have appeared since the first check
+  old = None
+  if os.path.isdir(out):
+    if os.listdir(out):
+      old = f"{out}.{unique_suffix()}.old"
+      os.rename(out, old)
+    else:
+      os.rmdir(out)
+  os.rename(tmp, out)
+  if old is not None:
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line.
+
+
+def cli(*, workdir: str, out: str, step: int | None = None, dtype: str | None = None,
+        max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES, overwrite: bool = False) -> int:
+  """What the command does: one line on stderr, the summary as the last stdout line (JSON);
+  returns the exit status (2 and one `error: ...` line for input it cannot use)."""
+  command = "python -m efficient_lm.export " + " ".join(sys.argv[1:])
+  try:  # the refusals that need no jax first
+    check_args(dtype=dtype, max_shard_bytes=max_shard_bytes, step=step)
+    check_out(out, overwrite)
+    workdir_lib.Workdir(workdir).require_trained()
+  except (ExportError, workdir_lib.WorkdirError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return exit_codes.USAGE
+  from efficient_lm import checkpoint  # pylint: disable=import-outside-toplevel
+  try:
+    result = export(workdir, out, step=step, dtype=dtype, max_shard_bytes=max_shard_bytes,
+                    overwrite=overwrite, command=command)
+  except (ExportError, workdir_lib.WorkdirError, checkpoint.NoRestorableCheckpointError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return exit_codes.USAGE
+  print(f"exported step {result['step']} of {workdir} to {result['out']}: "
+        f"{result['num_params']:,} parameters ({result['dtype']}, {result['total_size']:,} bytes) "
+        f"in {', '.join(result['files'])}", file=sys.stderr)
+  output.result(json.dumps(result))
+  return exit_codes.SUCCESS
+
+
+def main(argv) -> None:
+  del argv
+  FLAGS = flags.FLAGS
+  output.reserve_stdout()
+  absl_logging.set_verbosity(absl_logging.WARNING)  # the libraries' (Orbax) warnings only
+  with signals.phase(f"exporting {FLAGS.workdir}"):
+    status = cli(workdir=FLAGS.workdir, out=FLAGS.out, step=FLAGS.step, dtype=FLAGS.dtype,
+                 max_shard_bytes=FLAGS.max_shard_bytes, overwrite=FLAGS.overwrite)
+  sys.exit(status)
+
+
+def _define_flags() -> None:
+  flags.DEFINE_string("workdir", None, "A training workdir (config.json, tokenizer, checkpoints).")
+  flags.DEFINE_string("out", None, "The folder to write (created; must be new or empty unless "
+                      "--overwrite).")
+  flags.DEFINE_integer("step", None, "The checkpoint to export; default the latest.")
+  flags.DEFINE_string("dtype", None, f"Store floating tensors as this ({', '.join(DTYPES)}); "
+                      "default the dtype trained.")
+  flags.DEFINE_integer("max_shard_bytes", DEFAULT_MAX_SHARD_BYTES, "Bytes per safetensors file; "
+                       "past it the weights are sharded (model-00001-of-0000K.safetensors and "
+                       "model.safetensors.index.json).")
+  flags.DEFINE_bool("overwrite", False, "Replace a non-empty --out.")
+  flags.mark_flags_as_required(["workdir", "out"])
+
+
+def run() -> None:
+  """The `efficient-lm-export` console script."""
+  signals.install(training=False)
+  _define_flags()
+  signals.run_command(main, cli_lib.parse_flags)
+
+
+if __name__ == "__main__":
+  run()
