@@ -6,7 +6,8 @@
 `parse_flags` is absl's `flags_parser` for `app.run`: a mistake on the command line (an unknown
 flag or config field, with the closest names; a value of the wrong type; a missing config file;
 an unknown preset, with the presets the file has) prints one `error: ...` line and exits with
-status 2, before anything is imported or compiled.
+status 2, before anything is imported or compiled. `--help` (the command's flags, the models and
+every config field) and `--help=<model>` (the fields it reads) print `help`'s listing and exit 0.
 """
 
 import difflib
@@ -90,7 +91,10 @@ def _unknown_override(config: ml_collections.ConfigDict, argv: list[str]) -> str
 
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing (for `app.run(main, flags_parser=parse_flags)`), with every mistake one
-  line on stderr and exit status 2."""
+  line on stderr and exit status 2. `--help` and `--help=<model>` print their listing (`help`)
+  and exit 0."""
+  from efficient_lm import help as help_lib  # pylint: disable=import-outside-toplevel  (imports cli)
+  help_lib.answer(argv)
   unknown = _unknown_flag(argv[1:])
   if unknown:  # before the config file is loaded (it imports the models, and jax)
     _fail(f"Unknown command line flag '{unknown}'")

@@ -1,0 +1,338 @@
+"""`--help` and `--help=<model>`: a command's flags, the models, and every config field with its
+default and its meaning, generated from where each is defined so the listing cannot drift.
+
+The fields are the keys of the real ConfigDicts (`config_base.base_config` and each shipped
+`configs/<family>.py`'s `get_config()`); a field's meaning is the comment beside its definition in
+config_base.py or the family's file (read with `ast` and `tokenize`: the comment after the
+assignment with its continuation lines, indented further, joined; or, for an assignment with none,
+the comment lines just above it). A `mesh.rules` entry is described by its axis in `axes.py`. The
+model list (`MODELS`) is tested equal to `models.REGISTRY` (which imports jax: this module does
+not, so `--help` answers in a fraction of a second).
+"""
+
+import ast
+import io
+import shutil
+import sys
+import textwrap
+import tokenize
+
+import ml_collections
+from absl import flags
+
+from efficient_lm import axes
+from efficient_lm import cli
+from efficient_lm import config_base
+
+SECTIONS = ("data", "model", "train", "mesh")
+HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "-helpshort", "-helpfull")
+
+# Every key of `models.REGISTRY` (tests/test_help.py checks the two agree): the shipped config that
+# trains it (`--config=` form) and one line.
+MODELS = {
+    "dense": ("dense", "causal softmax attention over the whole window (the baseline)"),
+    "sliding_window": ("sliding_window", "attention over the last model.window tokens"),
+    "pi_attention": ("pi_attention", "π-Attention: a local window + periodic skips, gated"),
+    "bcmt": ("bcmt", "BCMT: blockwise local attention + a decaying memory of earlier blocks"),
+    "honly": ("bcmt:honly", "BCMT without its memory (the paper's ablation)"),
+    "ecp": ("ecp", "ECP: each piece attends to the previous piece and causally to itself"),
+    "perceiver_ar": ("perceiver_ar", "Perceiver AR: the last model.num_latents tokens are queries"),
+    "double_attention": ("perceiver_ar:double", "Perceiver-AR, its history refined in every layer"),
+    "compressed_double_attention": ("perceiver_ar:compressed",
+                                    "double attention over a history compressed by a learned map"),
+    "ssplit_double_attention": ("perceiver_ar:ssplit",
+                                "double attention, the history's inside model.num_history_segments"),
+}
+
+# Maps whose entries are set from axes.py rather than one by one: their entries' meaning.
+_MAPS = {"mesh.rules": "mesh axes of the parameter axis `{key}` (size {size})",
+         "mesh.activation_rules": "mesh axes of the activation axis `{key}`"}
+
+
+class _Shown(str):
+  """A default shown as written, not as a repr."""
+
+  def __repr__(self) -> str:
+    return str(self)
+
+
+class HelpError(ValueError):
+  """`--help=<name>` that names no model."""
+
+
+def leaves(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, object]:
+  """Every field of `config` ('data.seq_len': 256, 'mesh.rules.embed': 'fsdp', ...), in order."""
+  out = {}
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      out.update(leaves(value, f"{prefix}{key}."))
+    else:
+      out[prefix + key] = value
+  return out
+
+
+def _attribute_path(node: ast.AST, aliases: dict[str, str]) -> str | None:
+  """`config.model.window` or `model.window` (with `model` an alias of `config.model`) ->
+  'model.window'; None for anything else."""
+  parts = []
+  while isinstance(node, ast.Attribute):
+    parts.append(node.attr)
+    node = node.value
+  if not isinstance(node, ast.Name) or node.id not in aliases:
+    return None
+  return ".".join(p for p in [aliases[node.id], *reversed(parts)] if p)
+
+
+def field_comments(source: str) -> dict[str, str]:
+  """Each config field a config file assigns -> the comment that says what it is, one line ('' for
+  none), in the order of their first assignment (the first commented assignment gives the text)."""
+  comments = {}  # line -> (column, text, the line holds nothing else)
+  code_lines = set()
+  for token in tokenize.generate_tokens(io.StringIO(source).readline):
+    if token.type == tokenize.COMMENT:
+      comments[token.start[0]] = [token.start[1], token.string.lstrip("#").strip(), True]
+    elif token.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+                            tokenize.ENDMARKER):
+      code_lines.update(range(token.start[0], token.end[0] + 1))
+  for line, comment in comments.items():
+    comment[2] = line not in code_lines
+
+  aliases = {"config": ""}
+  out = {}
+  statements = sorted((n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Assign)),
+                      key=lambda n: n.lineno)
+  for node in statements:
+    paths = [_attribute_path(t, aliases) for t in node.targets]
+    source_path = _attribute_path(node.value, aliases)  # `model = config.model`
+    if source_path is None:  # `config.data = data = ml_collections.ConfigDict()`
+      source_path = next((p for p in paths if p is not None), None)
+    for target in node.targets:
+      if isinstance(target, ast.Name) and source_path is not None:
+        aliases[target.id] = source_path
+    for path in paths:
+      if path and "." in path and not out.get(path):
+        out[path] = _comment_of(node, comments)
+  return out
+
+
+def _comment_of(node: ast.stmt, comments: dict[int, list]) -> str:
+  """The trailing comment of `node` and its continuation lines; else the comment lines just above."""
+  trailing = [line for line in range(node.lineno, node.end_lineno + 1)
+              if line in comments and not comments[line][2]]
+  texts = []
+  if trailing:
+    texts.append(comments[trailing[0]][1])
+    line = node.end_lineno + 1
+    while line in comments and comments[line][2] and comments[line][0] > node.col_offset:
+      texts.append(comments[line][1])
+      line += 1
+  else:
+    line = node.lineno - 1
+    while line in comments and comments[line][2] and comments[line][0] == node.col_offset:
+      texts.insert(0, comments[line][1])
+      line -= 1
+  return " ".join(t for t in texts if t)
+
+
+def _source(path: str) -> str:
+  with open(path, encoding="utf-8") as f:
+    return f.read()
+
+
+def _config_path(spec: str) -> str:
+  return cli.resolve(spec).partition(":")[0]
+
+
+def _base_meanings() -> dict[str, str]:
+  return field_comments(_source(config_base.__file__))
+
+
+def meanings(spec: str | None = None) -> dict[str, str]:
+  """Every field of `spec`'s config (a `--config=` form; None: `base_config`) -> its one-line
+  meaning ('' where its definition has no comment)."""
+  base = _base_meanings()
+  config = config_base.base_config("dense") if spec is None else cli.load_config(spec)
+  own = {} if spec is None else field_comments(_source(_config_path(spec)))
+  shared = leaves(config_base.base_config(config.model.name))
+  parameter_axes = axes.all_axes()
+  order = {}
+  for field in [*base, *own]:
+    order.setdefault(field, len(order))
+  out = {}
+  for field in sorted(leaves(config), key=lambda f: (order.get(f, order.get(f.rpartition(".")[0],
+                                                                            len(order))), f)):
+    parent, _, key = field.rpartition(".")
+    if parent in _MAPS:
+      size = parameter_axes[key].size if key in parameter_axes else "?"
+      out[field] = _MAPS[parent].format(key=key, size=size)
+    elif field in shared:
+      out[field] = base.get(field, "")
+    else:
+      out[field] = own.get(field, "")
+  return out
+
+
+def family_configs() -> tuple[str, ...]:
+  """The shipped config files (`configs/<family>.py`), by name."""
+  return cli.config_names()
+
+
+def _value(value) -> str:
+  return repr(value)
+
+
+def _rows(fields: dict[str, object], meaning: dict[str, str], width: int) -> list[str]:
+  """'  name = default   meaning' lines, the meaning wrapped under itself."""
+  column = 40
+  lines = []
+  for field, value in fields.items():
+    head = f"  {field} = {_value(value)}"
+    text = meaning.get(field, "")
+    if len(head) + 2 > column:
+      lines.append(head)
+      head = ""
+    lines += textwrap.wrap(text, width=max(width, column + 30), initial_indent=head.ljust(column),
+                           subsequent_indent=" " * column) or [head]
+  return lines
+
+
+def _flag_lines(width: int) -> list[str]:
+  """The flags this command defines (not absl's own)."""
+  lines = []
+  for module, defined in sorted(flags.FLAGS.flags_by_module_dict().items()):
+    if module.startswith("absl"):
+      continue
+    for flag in sorted(defined, key=lambda f: f.name):
+      default = "" if flag.default is None else f" (default: {flag.default!r})"
+      if flag.name == "config" or flags.FLAGS[flag.name].validators and flag.default is None:
+        default = " (required)"
+      lines += textwrap.wrap(f"{flag.help}{default}", width=max(width, 70),
+                             initial_indent=f"  --{flag.name}".ljust(26),
+                             subsequent_indent=" " * 26)
+  return lines
+
+
+def _command_line() -> str:
+  """The running command's usage: its module docstring's first line."""
+  for module in flags.FLAGS.flags_by_module_dict():  # (`python -m`: the script's path)
+    doc = getattr(sys.modules.get(module, sys.modules["__main__"]), "__doc__", None)
+    if not module.startswith("absl") and doc:
+      lines = doc.strip().splitlines()
+      example = [line for line in lines[1:] if line.strip().startswith("python -m")][:1]
+      return "\n".join([lines[0], *example])
+  return ""
+
+
+def listing(width: int | None = None) -> str:
+  """What `--help` prints: the command's flags, the models, and every field of every shipped
+  config: the shared ones by section, then what each family's file adds (and changes)."""
+  width = width or min(120, shutil.get_terminal_size((100, 20)).columns)
+  out = [_command_line(), "", "Flags:",
+         "  --help[=<model>]".ljust(26) + "this listing; with a model's name, the fields it reads",
+         *_flag_lines(width), "",
+         "Models (model.name; `--help=<model>` lists the fields it reads):"]
+  name_width = max(map(len, MODELS))
+  spec_width = max(len(spec) for spec, _ in MODELS.values()) + len("--config=")
+  for name, (spec, line) in MODELS.items():  # one line each, whatever the width
+    out.append(f"  {name:<{name_width}}  {'--config=' + spec:<{spec_width}}  {line}")
+  out += ["", "Config fields (override any with --config.<field>=<value>; the default, then what "
+          "it is):"]
+  values = leaves(config_base.base_config("dense"))
+  values["model.name"] = _Shown("<the model's; set by its config>")
+  meaning = meanings()
+  fields = {k: values[k] for k in meaning}  # in the order config_base.py defines them
+  for section in SECTIONS:
+    out += ["", f"{section}. ({'shared by every model' if section == 'model' else 'every model'})"]
+    out += _rows({k: v for k, v in fields.items() if k.split(".")[0] == section}, meaning, width)
+  extra = sorted(set(k.split(".")[0] for k in fields) - set(SECTIONS))
+  for section in extra:  # a section added to config_base later is listed too
+    out += ["", f"{section}."]
+    out += _rows({k: v for k, v in fields.items() if k.split(".")[0] == section}, meaning, width)
+  for family in family_configs():
+    config = cli.load_config(family)
+    own, changed = family_fields(family, config)
+    models = ", ".join(m for m, (spec, _) in MODELS.items() if spec.partition(":")[0] == family)
+    out += ["", f"configs/{family}.py ({models or 'no model'}): "
+            + ("adds" if own else "adds no field") + (":" if own else "")]
+    meaning = meanings(family)
+    out += _rows({k: own[k] for k in meaning if k in own}, meaning, width)
+    if changed:
+      out += textwrap.wrap("changes the defaults: " + ", ".join(f"{k}={_value(v)}"
+                                                                 for k, v in changed.items()),
+                           width=max(width, 70), initial_indent="  ", subsequent_indent="    ")
+  return "\n".join(out) + "\n"
+
+
+def family_fields(family: str, config: ml_collections.ConfigDict | None = None,
+                  ) -> tuple[dict[str, object], dict[str, object]]:
+  """The fields `configs/<family>.py` adds to `base_config` (with its defaults), and the shared
+  fields it gives other defaults."""
+  config = config if config is not None else cli.load_config(family)
+  base = leaves(config_base.base_config(config.model.name))
+  fields = leaves(config)
+  own = {k: v for k, v in fields.items() if k not in base}
+  changed = {k: v for k, v in fields.items() if k in base and base[k] != v}
+  return own, changed
+
+
+def model_listing(model: str, width: int | None = None) -> str:
+  """What `--help=<model>` prints: every field the model reads, at its config's defaults: the
+  shared ones by section, then its own."""
+  if model not in MODELS:
+    raise HelpError(f"--help={model}: there is no model {model!r}; use one of "
+                    f"{', '.join(MODELS)} (or --help for everything)")
+  width = width or min(120, shutil.get_terminal_size((100, 20)).columns)
+  spec, line = MODELS[model]
+  config = cli.load_config(spec)
+  meaning = meanings(spec)
+  own, changed = family_fields(spec.partition(":")[0], config)
+  values = leaves(config)
+  fields = {k: values[k] for k in meaning if k not in own}
+  own = {k: values[k] for k in meaning if k in own}
+  out = [f"{model}: {line}", f"Trained with --config={spec}; every field it reads, at that "
+         "config's defaults (override any with --config.<field>=<value>):"]
+  for section in dict.fromkeys([*SECTIONS, *(k.split(".")[0] for k in fields)]):
+    rows = {k: v for k, v in fields.items() if k.split(".")[0] == section}
+    if rows:
+      out += ["", f"{section}." + (" (shared by every model)" if section == "model" else "")]
+      out += _rows(rows, meaning, width)
+  out += ["", f"{model}'s own (configs/{spec.partition(':')[0]}.py):"]
+  out += _rows(own, meaning, width) if own else ["  none"]
+  if changed:
+    out += ["", textwrap.fill("Set for it by its config (the shared default otherwise): "
+                              + ", ".join(changed), width=max(width, 70))]
+  return "\n".join(out) + "\n"
+
+
+def requested(argv: list[str]) -> str | None:
+  """'' for `--help` (or -h, --helpfull, ...), the name for `--help=<name>`, None without either;
+  nothing after `--` counts."""
+  for arg in argv[1:]:
+    if arg == "--":
+      return None
+    if arg in HELP_FLAGS:
+      return ""
+    for flag in ("--help=", "-help="):
+      if arg.startswith(flag):
+        return arg[len(flag):]
+  return None
+
+
+def answer(argv: list[str]) -> None:
+  """Prints `--help`'s or `--help=<model>`'s listing and exits 0 when `argv` asks for one (an
+  unknown model: one `error:` line, status 2); returns otherwise."""
+  name = requested(argv)
+  if name is None:
+    return
+  try:
+    text = model_listing(name) if name else listing()
+  except HelpError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(cli.EXIT_USAGE)
+  sys.stdout.write(text)
+  sys.stdout.flush()
+  sys.exit(0)
+
+
+__all__ = ["MODELS", "HelpError", "answer", "family_fields", "field_comments", "leaves", "listing",
+           "meanings", "model_listing", "requested"]

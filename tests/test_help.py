@@ -1,0 +1,154 @@
+"""`--help` and `--help=<model>`: every model and every config field, each field's meaning read from
+the comment beside its definition, from the three commands, without jax."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO
+from efficient_lm import cli
+from efficient_lm import config_base
+from efficient_lm import help as help_lib
+
+COMMANDS = {"efficient_lm.main": "Trains a model", "efficient_lm.sample": "Samples text",
+            "efficient_lm.evaluate": "Evaluates a trained workdir"}  # their docstrings' first words
+
+
+def run(args, module="efficient_lm.main"):
+  return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+                        cwd=REPO, timeout=120)
+
+
+def shipped_specs() -> list[str]:
+  """Every shipped config by name, and every model's config (presets included)."""
+  return sorted(set(cli.config_names()) | {spec for spec, _ in help_lib.MODELS.values()})
+
+
+@pytest.mark.parametrize("spec", shipped_specs())
+def test_every_field_of_every_shipped_config_has_a_meaning(spec):
+  """A field added without a comment beside it (config_base.py or the family's file) fails here."""
+  config = cli.load_config(spec)
+  meaning = help_lib.meanings(spec)
+  assert sorted(meaning) == sorted(help_lib.leaves(config))
+  missing = [field for field, text in meaning.items() if not text.strip()]
+  assert not missing, (f"{spec}: no comment beside {missing}; write what each is beside its "
+                       "definition")
+
+
+def test_the_model_list_is_the_registry():
+  """`MODELS` (kept jax-free) names exactly `models.REGISTRY`'s keys, each with the config that
+  trains it."""
+  from efficient_lm import models  # pylint: disable=import-outside-toplevel  (imports jax)
+  assert sorted(help_lib.MODELS) == sorted(models.REGISTRY), "update help.MODELS"
+  for model, (spec, line) in help_lib.MODELS.items():
+    assert cli.load_config(spec).model.name == model
+    assert line.strip()
+
+
+def test_comments_are_read_beside_each_field():
+  source = '''
+def get_config():
+  config = base_config("x")
+  model = config.model
+  model.window = 128       # local window:
+                           #   tokens it sees
+  # leading comment for a field without a trailing one
+  config.model.period = 64
+  model.bare = 3
+  config.data.seq_len = 512  # changed here
+  # a section comment
+  model.other = 1  # its own
+  model.window = 256  # a preset's note, not the meaning
+'''
+  assert help_lib.field_comments(source) == {
+      "model.window": "local window: tokens it sees",
+      "model.period": "leading comment for a field without a trailing one",
+      "model.bare": "",
+      "data.seq_len": "changed here",
+      "model.other": "its own",
+  }
+
+
+def test_config_base_aliases_and_shared_fields():
+  """`config.data = data = ConfigDict()` makes `data.x` mean `data.x`; the shared meanings are
+  config_base.py's comments."""
+  meaning = help_lib.meanings()
+  assert meaning["data.seq_len"] == "tokens per training window (the model's context)"
+  assert meaning["model.d_model"] == "residual stream width"
+  assert meaning["mesh.rules.embed"] == "mesh axes of the parameter axis `embed` (size model.d_model)"
+  # A family's comment on a shared field it changes does not replace the shared meaning.
+  assert help_lib.meanings("pi_attention")["data.seq_len"] == meaning["data.seq_len"]
+
+
+@pytest.mark.parametrize("module", COMMANDS)
+def test_help_exits_0_with_every_model_and_field(module):
+  start = time.perf_counter()
+  done = run(["--help"], module=module)
+  seconds = time.perf_counter() - start
+  assert done.returncode == 0, done.stderr[-2000:]
+  text = done.stdout
+  assert text.startswith(COMMANDS[module])
+  assert "--workdir" in text
+  for model in help_lib.MODELS:
+    assert f"\n  {model} " in text, model
+  fields = set(help_lib.leaves(config_base.base_config("dense")))
+  for family in cli.config_names():
+    fields |= set(help_lib.family_fields(family)[0])
+  for field in fields:
+    assert f"\n  {field} = " in text, field
+  assert seconds < 10, f"--help took {seconds:.1f} s"
+
+
+def test_console_script_help():
+  """The console scripts' entry (`efficient-lm-train`'s `main.run`) answers the same."""
+  done = subprocess.run([sys.executable, "-c", "import sys; from efficient_lm import main; "
+                         "sys.argv = ['efficient-lm-train', '--help']; main.run()"],
+                        capture_output=True, text=True, cwd=REPO, timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "\n  --compile_only " in done.stdout and "\n  model.d_model = 256" in done.stdout
+
+
+@pytest.mark.parametrize("model", sorted(help_lib.MODELS))
+def test_help_for_a_model_lists_what_it_reads(model):
+  spec = help_lib.MODELS[model][0]
+  text = help_lib.model_listing(model, width=100)
+  config = cli.load_config(spec)
+  own, _ = help_lib.family_fields(spec.partition(":")[0], config)
+  for field, value in help_lib.leaves(config).items():
+    assert f"\n  {field} = {value!r}" in text, field
+  others = set().union(*(help_lib.family_fields(f)[0] for f in cli.config_names())) - set(own)
+  for field in others:  # another family's fields are not this model's
+    assert f"\n  {field} = " not in text, field
+
+
+def test_help_for_a_model_from_the_command_line():
+  done = run(["--help=pi_attention"])
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "\n  model.window = 128" in done.stdout and "\n  data.seq_len = 512" in done.stdout
+  assert "model.block_size" not in done.stdout
+
+
+def test_an_unknown_model_is_one_error_line():
+  done = run(["--help=nope"], module="efficient_lm.sample")
+  assert done.returncode == 2
+  assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+  assert done.stderr.startswith("error: --help=nope: there is no model 'nope'; use one of dense")
+  assert done.stdout == ""
+
+
+LIGHT = """
+import sys
+from efficient_lm import help
+help.listing(); help.model_listing('bcmt')
+print(",".join(sorted(m for m in ("jax", "flax", "tensorflow_datasets", "grain", "orbax")
+                      if m in sys.modules)) or "none")
+"""
+
+
+def test_help_needs_no_jax():
+  done = subprocess.run([sys.executable, "-c", LIGHT], capture_output=True, text=True, cwd=REPO,
+                        timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.strip() == "none"
