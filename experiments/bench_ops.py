@@ -46,10 +46,12 @@ def load_baseline(rev: str):
   package = "baseline_ops_" + "".join(c if c.isalnum() else "_" for c in rev)
   root = tempfile.mkdtemp(prefix="bench_ops_")
   os.makedirs(os.path.join(root, package))
-  for path in git("ls-tree", "--name-only", rev, "efficient_lm/ops/").split():
-    if path.endswith(".py"):
+  for path in git("ls-tree", "-r", "--name-only", rev, "efficient_lm/ops/").split():
+    if path.endswith(".py"):  # subpackages (ops/core) too
       source = git("show", f"{rev}:{path}").replace("efficient_lm.ops", package)
-      with open(os.path.join(root, package, os.path.basename(path)), "w", encoding="utf-8") as f:
+      target = os.path.join(root, package, os.path.relpath(path, "efficient_lm/ops"))
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      with open(target, "w", encoding="utf-8") as f:
         f.write(source)
   sys.path.insert(0, root)
   return importlib.import_module(f"{package}.attention")

@@ -201,6 +201,65 @@ def test_offsets_match_reference(pattern, Tq, Tk, q_start, k_start, traced, bloc
   check(pattern, Tq, Tk, q_start=q_start, k_start=k_start, traced=traced, seed=Tq + q_start)
 
 
+# π's wide windows: a window too wide for the band (here block 8 and a band cap of 16 keys, as a
+# window of 8192 is at the tuned sizes) takes the looped schedule, whose key-block loop covers the
+# window alone, each skip one slice of keys beside it (`Plan.skip_slices`).
+
+WIDE_CASES = [
+    # (pattern, Tq, Tk, q_start, k_start)
+    (Pattern.pi(40, 64, 3), 128, 128, 0, 0),  # block 8, window 40, period 64
+    (Pattern.pi(12, 16, 3), 61, 61, 0, 0),    # ragged: a last query block past Tq
+    (Pattern.pi(12, 16, 3), 20, 45, 30, 5),   # a chunk: skips before the keys' start are absent
+    (Pattern.pi(12, 16, 3), 16, 40, 20, -6),  # keys before the sequence start (a ring halo)
+]
+
+
+@pytest.fixture
+def wide_windows(monkeypatch):
+  monkeypatch.setattr(core.plan, "Q_BLOCK", 8)
+  monkeypatch.setattr(core.plan, "K_BLOCK", 8)
+  monkeypatch.setattr(core.plan, "MAX_BAND", 16)
+
+
+@pytest.mark.parametrize("traced", [False, True], ids=["static", "traced"])
+@pytest.mark.parametrize("pattern,Tq,Tk,q_start,k_start", fast_first(WIDE_CASES, keep=(0, 3)),
+                         ids=lambda x: repr(x))
+def test_wide_window_skips_match_reference(pattern, Tq, Tk, q_start, k_start, traced,
+                                           wide_windows):
+  assert core.plan_for(pattern, Tq, Tk, q_start=q_start, k_start=k_start).skip_slices
+  check(pattern, Tq, Tk, q_start=q_start, k_start=k_start, traced=traced, seed=Tq)
+
+
+def test_wide_window_skips_keep_documents(wide_windows):
+  """Skip slices drop a key of another document (values and gradients against the reference)."""
+  pattern, T = Pattern.pi(12, 16, 3), 64
+  args, cotangents = random_inputs(T, T, seed=5, priors=(True, True))
+  ids = jnp.asarray(np.repeat(np.array([[0, 1, 2, 3], [0, 0, 1, 1]]), 16, axis=1), jnp.int32)
+  local, skip = reference_masks(pattern, np.arange(T), np.arange(T))
+  same = np.asarray(ids)[:, None, :, None] == np.asarray(ids)[:, None, None, :]
+  fast = lambda q, k, v, lp, sp: core.attend(q, k, v, pattern, local_prior=lp, skip_prior=sp,
+                                             q_segments=ids, k_segments=ids)
+  slow = lambda q, k, v, lp, sp: reference_attend(q, k, v, local & same, skip & same, lp, sp)
+  assert_matches(fast, slow, args, cotangents, atol=2e-5)
+
+
+@pytest.mark.parametrize("q_start", [0, 37])
+def test_looped_schedule_visits_only_seen_key_blocks(q_start, wide_windows):
+  """Each query block's key-block loop covers only blocks holding a key one of its queries sees
+  locally (π's skips come as slices), and every such block: O(T (W + S)), not O(T S P)."""
+  from efficient_lm.ops.core import xla
+  pattern, Tq, Tk = Pattern.pi(40, 64, 3), 96, 96 + q_start
+  plan = core.plan_for(pattern, Tq, Tk, q_start=q_start, k_start=0)
+  assert plan.schedule == "loop" and plan.skip_slices
+  NK = -(-Tk // plan.k_block)
+  local, _ = reference_masks(pattern, q_start + np.arange(Tq), np.arange(Tk))
+  for i in range(-(-Tq // plan.q_block)):
+    rows = local[i * plan.q_block:(i + 1) * plan.q_block]
+    seen = {j for j in range(NK) if rows[:, j * plan.k_block:(j + 1) * plan.k_block].any()}
+    lo, hi = xla._key_blocks(plan, q_start, 0, i, NK)
+    assert set(range(lo, hi)) == seen, (i, lo, hi, sorted(seen))
+
+
 # Explicit key positions: decoding caches (ring buffers with empty slots, -1), both layouts.
 
 POSITION_CASES = [

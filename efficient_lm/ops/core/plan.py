@@ -6,8 +6,11 @@ for a call (module `ops.core`): *banded* for a pattern of bounded reach
 a fixed band of key blocks, vectorized over a group of about `GROUP_TOKENS`
 query tokens) or *looped* for unbounded reach (dense causal, cross-attention,
 ring steps, explicit key positions: each query block loops over the key
-blocks `Pattern.key_range` allows). The plan is static and hashable (the
-custom VJP's static argument); `xla.py` runs it.
+blocks `Pattern.key_range` allows). On both schedules π's skips are one
+shifted slice of keys per skip distance beside the local blocks: a query
+block visits its window's key blocks and S slices, never the key blocks
+between its window and its farthest skip (`Plan.skip_slices`). The plan is
+static and hashable (the custom VJP's static argument); `xla.py` runs it.
 """
 
 import dataclasses
@@ -65,6 +68,13 @@ class Plan:
   # Looped schedule.
   q_block: int = 0
   k_block: int = 0
+
+  @property
+  def skip_slices(self) -> bool:
+    """Looped schedule: the key-block loop covers the local part only and each skip distance is
+    one slice of Lq keys per query block (explicit key positions: the skips are masked in the
+    loop over every slot instead)."""
+    return self.schedule == "loop" and not self.explicit and bool(self.pattern.skips)
 
   @property
   def key_rows(self) -> int:

@@ -3,7 +3,8 @@
 Runs a `plan.Plan`: the banded schedule (each group of query blocks against
 its band of key blocks, gathered by shifting whole blocks; π's skip keys as
 shifted slices) or the looped schedule (each query block over the key blocks
-its pattern allows, traced bounds, an online softmax). Both work heads-first
+its local pattern allows, traced bounds, an online softmax; π's skip keys as
+one shifted slice per skip distance, `Plan.skip_slices`). Both work heads-first
 (`[B, H, T, K]`; "BTHK" calls are transposed once). The custom VJP keeps only
 q, k, v, the priors, the document ids, o and lse; the backward recomputes the
 probabilities block by block (the flash-attention backward) and handles a
@@ -324,6 +325,51 @@ def _loop_inputs(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kse
   return qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf, segs
 
 
+# π's skips on the looped schedule (`Plan.skip_slices`): for query block i and skip distance d the
+# keys are one slice of k, Lq long, at index qs + i Lq - d - ks. The slices are cut from k with Lq
+# rows of margin on both sides: a slice that does not fit them lies wholly outside k, is wholly
+# masked, and reads (and adds zero gradients to) wherever the clamped start puts it.
+
+def _skip_buffers(plan: Plan, k, v, kseg):
+  """(k, v, key document ids) with the skip slices' margins: `[B, H, Lq + NK Lk + Lq, ...]`."""
+  if not plan.skip_slices:
+    return None
+  Lq, rows = plan.q_block, cdiv(plan.Tk, plan.k_block) * plan.k_block + 2 * plan.q_block
+  kseg_pad = None if kseg is None else _window(kseg, -Lq, rows, axis=1, value=-1)
+  return _window(k, -Lq, rows), _window(v, -Lq, rows), kseg_pad
+
+
+def _clamped(x: jax.Array, start, size: int, axis: int):
+  """x[start:start + size] along `axis` with start clamped into x (as dynamic slices clamp)."""
+  if is_static(start):
+    start = min(max(start, 0), x.shape[axis] - size)
+  return _slice(x, start, size, axis)
+
+
+def _skip_starts(plan: Plan, qs, ks, i) -> list:
+  """Per skip distance: the margin-buffer index of query block i's first skip key."""
+  return [qs + i * plan.q_block - d - ks + plan.q_block for d in plan.pattern.skips]
+
+
+def _skip_slices(plan: Plan, bufs, qs, ks, i, q_i, qpos_i, sp_i, qseg_i):
+  """Query block i's skip logits `[B, H, Lq, S]` (masked), keys and values `[B, H, Lq, S, K]`."""
+  k_pad, v_pad, kseg_pad = bufs
+  Lq, t = plan.q_block, T_AXIS
+  starts = _skip_starts(plan, qs, ks, i)
+  k_s = jnp.stack([_clamped(k_pad, a, Lq, t) for a in starts], axis=t + 1)
+  v_s = jnp.stack([_clamped(v_pad, a, Lq, t) for a in starts], axis=t + 1)
+  rows = jnp.arange(Lq, dtype=jnp.int32)
+  present = jnp.stack([(qpos_i - d >= 0) & (a - Lq + rows >= 0) & (a - Lq + rows < plan.Tk)
+                       for d, a in zip(plan.pattern.skips, starts)], axis=1)  # [Lq, S]
+  if kseg_pad is not None:  # [B, 1, Lq, S]: the skip key in the query's document
+    kseg_BLS = jnp.stack([_clamped(kseg_pad, a, Lq, 1) for a in starts], axis=2)
+    present = (present & (qseg_i[..., None] == kseg_BLS))[:, None]
+  s = precision.einsum_f32(SKIP_QK, q_i, k_s) * plan.scale
+  if sp_i is not None:
+    s = s + sp_i[..., None]
+  return jnp.where(present, s, MASKED), k_s, v_s
+
+
 def _key_blocks(plan: Plan, qs, ks, i, NK: int):
   """[first, last) key blocks query block i may see: from `pattern.key_range` (all for explicit).
 
@@ -331,17 +377,18 @@ def _key_blocks(plan: Plan, qs, ks, i, NK: int):
   time), traced scalars otherwise."""
   if plan.explicit:
     return 0, NK
+  pattern = plan.pattern.local if plan.skip_slices else plan.pattern
   Lq, Lk = plan.q_block, plan.k_block
   first = qs + i * Lq
   static = all(is_static(x) for x in (first, ks))
   if static:
     last = min(first + Lq - 1, qs + plan.Tq - 1)
-    lo, hi = plan.pattern.key_range(first, last)
+    lo, hi = pattern.key_range(first, last)
     lo_blk = min(max((lo - ks) // Lk, 0), NK)
     hi_blk = NK if hi is None else min(max((hi - ks) // Lk + 1, 0), NK)
     return lo_blk, max(hi_blk, lo_blk)
   last = jnp.minimum(first + Lq - 1, qs + plan.Tq - 1)
-  lo, hi = plan.pattern.key_range(first, last)
+  lo, hi = pattern.key_range(first, last)
   lo_blk = jnp.clip(jnp.floor_divide(lo - ks, Lk), 0, NK)
   hi_blk = NK if hi is None else jnp.clip(jnp.floor_divide(hi - ks, Lk) + 1, 0, NK)
   return lo_blk, jnp.maximum(hi_blk, lo_blk)
@@ -356,7 +403,7 @@ def _block_logits(plan: Plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i, qseg_i=None,
   if same is not None:
     local = local & same
   s_local = s if lp_i is None else s + lp_i[..., None]
-  if not plan.pattern.skips:
+  if not plan.pattern.skips or plan.skip_slices:  # skip slices: the skips come separately
     return jnp.where(local, s_local, MASKED), local, None
   skip = plan.pattern.skip_visible(qpos_i[:, None], kpos_j[None, :])
   if same is not None:
@@ -384,6 +431,7 @@ def _loop_forward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, ks
   qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf, segs = _loop_inputs(
       plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg)
   qseg_buf, kseg_buf = segs
+  skip_bufs = _skip_buffers(plan, k, v, kseg)
   B, H, _, _ = q_buf.shape
   Kv = v.shape[-1]
   Lq, Lk = plan.q_block, plan.k_block
@@ -416,6 +464,14 @@ def _loop_forward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, ks
     state = (jnp.full((B, H, Lq), NO_KEY_LSE, F32) + zero, jnp.zeros((B, H, Lq), F32) + zero,
              jnp.zeros((B, H, Lq, Kv), F32) + zero)
     m, l, acc = _loop_over(lo, hi, NK, k_body, state)
+    if skip_bufs is not None:
+      s, _, v_s = _skip_slices(plan, skip_bufs, qs, ks, i, q_i, qpos_i, sp_i, qseg_i)
+      m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+      correction = jnp.exp(m - m_new)
+      p = jnp.exp(s - m_new[..., None])
+      l = l * correction + jnp.sum(p, axis=-1)
+      acc = acc * correction[..., None] + precision.einsum_f32(SKIP_PV, p.astype(v.dtype), v_s)
+      m = m_new
     o = (acc / jnp.where(l > 0, l, 1.0)[..., None]).astype(q.dtype)
     lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), NO_KEY_LSE)
     if NQ == 1:
@@ -436,6 +492,7 @@ def _loop_backward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, k
   qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf, segs = _loop_inputs(
       plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg)
   qseg_buf, kseg_buf = segs
+  skip_bufs = _skip_buffers(plan, k, v, kseg)
   B, H, _, K = q_buf.shape
   Lq, Lk = plan.q_block, plan.k_block
   rows = NQ * Lq
@@ -445,7 +502,7 @@ def _loop_backward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, k
   delta_buf = _window(jnp.sum(do.astype(F32) * o.astype(F32), axis=-1) - dlse, 0, rows)
 
   def q_body(i, carry):
-    dq_buf, dlp_buf, dsp_buf, dk_buf, dv_buf = carry
+    dq_buf, dlp_buf, dsp_buf, dk_buf, dv_buf, dks_buf, dvs_buf = carry
     q_i = _slice(q_buf, i * Lq, Lq, 2)
     qpos_i = _slice(qpos_buf, i * Lq, Lq, 0)
     do_i = _slice(do_buf, i * Lq, Lq, 2)
@@ -479,24 +536,49 @@ def _loop_backward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, k
     lo, hi = _key_blocks(plan, qs, ks, i, NK)
     zero_rows = jnp.zeros((B, H, Lq), F32) + zero
     state = (jnp.zeros((B, H, Lq, K), F32) + zero, None if lp is None else zero_rows,
-             None if sp is None or _skip_free(plan) else zero_rows, dk_buf, dv_buf)
+             None if sp is None or _skip_free(plan) or plan.skip_slices else zero_rows, dk_buf,
+             dv_buf)
     dq_i, dlp_i, dsp_i, dk_buf, dv_buf = _loop_over(lo, hi, NK, k_body, state)
+    if skip_bufs is not None:
+      s, k_s, v_s = _skip_slices(plan, skip_bufs, qs, ks, i, q_i, qpos_i, sp_i, qseg_i)
+      p = jnp.exp(s - lse_i[..., None])
+      ds = p * (precision.einsum_f32(SKIP_QK, do_i, v_s) - delta_i[..., None])
+      dq_i = dq_i + precision.einsum_f32(SKIP_PV, ds.astype(k.dtype), k_s)
+      dk_s = precision.einsum_f32(SKIP_DKV, ds.astype(q.dtype), q_i) * plan.scale
+      dv_s = precision.einsum_f32(SKIP_DKV, p.astype(do.dtype), do_i)
+      for n, a in enumerate(_skip_starts(plan, qs, ks, i)):
+        take = lambda x: jax.lax.index_in_dim(x, n, axis=T_AXIS + 1, keepdims=False)
+        dks_buf = _add_at(dks_buf, _clamp_start(a, dks_buf.shape[T_AXIS], Lq), take(dk_s))
+        dvs_buf = _add_at(dvs_buf, _clamp_start(a, dvs_buf.shape[T_AXIS], Lq), take(dv_s))
+      if sp is not None:
+        dsp_i = jnp.sum(ds, axis=-1)
     put = lambda buf, x: None if buf is None else jax.lax.dynamic_update_slice_in_dim(
         buf, x, i * Lq, axis=2)
-    return put(dq_buf, dq_i), put(dlp_buf, dlp_i), put(dsp_buf, dsp_i), dk_buf, dv_buf
+    return (put(dq_buf, dq_i), put(dlp_buf, dlp_i), put(dsp_buf, dsp_i), dk_buf, dv_buf, dks_buf,
+            dvs_buf)
 
   zero_rows = jnp.zeros((B, H, rows), F32) + zero
+  margin = (None, None) if skip_bufs is None else tuple(
+      jnp.zeros(x.shape, F32) + zero for x in skip_bufs[:2])
   init = (jnp.zeros((B, H, rows, K), F32) + zero, None if lp is None else zero_rows,
           None if sp is None or _skip_free(plan) else zero_rows,
           jnp.zeros((B, H, NK * Lk, K), F32) + zero,
-          jnp.zeros((B, H, NK * Lk, v.shape[-1]), F32) + zero)
-  dq_buf, dlp_buf, dsp_buf, dk_buf, dv_buf = _q_loop(NQ, q_body, init)
+          jnp.zeros((B, H, NK * Lk, v.shape[-1]), F32) + zero, *margin)
+  dq_buf, dlp_buf, dsp_buf, dk_buf, dv_buf, dks_buf, dvs_buf = _q_loop(NQ, q_body, init)
   dq = (dq_buf[:, :, :plan.Tq] * plan.scale).astype(q.dtype)
-  dk = dk_buf[:, :, :plan.Tk].astype(k.dtype)
-  dv = dv_buf[:, :, :plan.Tk].astype(v.dtype)
+  dk, dv = dk_buf[:, :, :plan.Tk], dv_buf[:, :, :plan.Tk]
+  if skip_bufs is not None:  # the skip keys' gradients, from the margin buffers
+    dk = dk + dks_buf[:, :, Lq:Lq + plan.Tk]
+    dv = dv + dvs_buf[:, :, Lq:Lq + plan.Tk]
+  dk, dv = dk.astype(k.dtype), dv.astype(v.dtype)
   dlp = None if lp is None else dlp_buf[:, :, :plan.Tq]
   dsp = None if sp is None else (jnp.zeros_like(sp) if dsp_buf is None else dsp_buf[:, :, :plan.Tq])
   return dq, dk, dv, dlp, dsp
+
+
+def _clamp_start(start, length: int, size: int):
+  """A static start clamped into [0, length - size] (a traced one is clamped by the update)."""
+  return min(max(start, 0), length - size) if is_static(start) else start
 
 
 def _skip_free(plan: Plan) -> bool:
