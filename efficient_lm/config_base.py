@@ -97,6 +97,10 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
                                     # (deliberate fine-tuning; the old tokenizer file is kept)
   train.sample_prompt = "ROMEO:\n"  # prompt of the sample printed at the end ('' = none)
   train.sample_tokens = 64          # tokens generated for that sample
+  train.wandb = False               # also log metrics.jsonl's figures and the config to W&B (wandb extra)
+  train.wandb_project = "efficient_lm"  # the W&B project of the run
+  train.wandb_run_name = ""         # the W&B run's display name ('' = W&B picks one)
+  train.wandb_tags = ""             # comma-separated W&B tags, e.g. 'pi,ablation'
 
   config.mesh = mesh = ml_collections.ConfigDict()
   # Devices along each mesh axis; exactly one may be -1 (every device the others leave).

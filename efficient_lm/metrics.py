@@ -82,6 +82,45 @@ class NullWriter:
     pass
 
 
+class FanOut:
+  """Each figure to every one of `writers` (one `write` call in the loop, whatever they are)."""
+
+  def __init__(self, *writers):
+    self.writers = writers
+
+  def write(self, step: int, metrics: dict[str, float]) -> None:
+    for writer in self.writers:
+      writer.write(step, metrics)
+
+  def close(self) -> None:
+    """Closes every writer, even when one fails (the first failure is raised after)."""
+    failure = None
+    for writer in self.writers:
+      try:
+        writer.close()
+      except Exception as e:  # pylint: disable=broad-except
+        failure = failure or e
+    if failure is not None:
+      raise failure
+
+
+def open_writers(config, workdir: str, primary: bool):
+  """Where the run's figures go: on process 0 `metrics.jsonl` and TensorBoard (`MetricWriter`),
+  and W&B with `train.wandb` (`wandb_writer`, checked by `wandb_writer.check` before anything
+  compiled); nothing on the other processes."""
+  if not primary:
+    return NullWriter()
+  writers = [MetricWriter(workdir)]
+  if config.train.wandb:
+    from efficient_lm import wandb_writer  # pylint: disable=import-outside-toplevel  (the extra)
+    try:
+      writers.append(wandb_writer.WandbWriter(config, workdir))
+    except BaseException:
+      writers[0].close()
+      raise
+  return FanOut(*writers)
+
+
 def _duration(seconds: float) -> str:
   seconds = int(max(seconds, 0))
   h, rem = divmod(seconds, 3600)

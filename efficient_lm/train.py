@@ -39,6 +39,7 @@ from efficient_lm import step_memory
 from efficient_lm import targets
 from efficient_lm import train_state
 from efficient_lm import train_step as train_step_lib
+from efficient_lm import wandb_writer
 from efficient_lm import workdir as workdir_lib
 from efficient_lm.ops import ring
 from efficient_lm.validation import ConfigError
@@ -256,7 +257,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   distributed.PeerWatch.describe_checkpoints = lambda: checkpoint.describe_committed(ckpt.directory)
   log.info("model %s: %s parameters; %s train tokens; workdir %s", config.model.name,
            f"{abstract.num_params:,}", f"{corpus.num_tokens('train'):,}", wd.path)
-  writer = metrics_lib.MetricWriter(wd.path) if distributed.is_primary() else metrics_lib.NullWriter()
+  writer = metrics_lib.open_writers(config, wd.path, distributed.is_primary())
   return Run(config=config, workdir=wd.path, corpus=corpus, mesh=mesh,
              layout=models.sequence_layout(config.model, mesh), built=abstract, state=state,
              train_step=compiled, ckpt=ckpt, train_iter=train_iter, writer=writer, meta=meta,
@@ -565,6 +566,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   signal; `preempted_line`); during the final sample (the checkpoint committed) it raises
   `signals.Interrupted`."""
   config_check.validate(config)
+  wandb_writer.check(config.train)  # (the extra installed, before anything compiles)
   use_compilation_cache(config)
   run = setup(config, workdir)
   try:
