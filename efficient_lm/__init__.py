@@ -1,3 +1,12 @@
 """efficient_lm: a JAX/Flax model zoo of efficient long-context language models."""
 
 __version__ = "0.1.0"
+
+
+def load(path: str, *, step: int | None = None):
+  """A trained model from a training workdir (its latest checkpoint, or `step`) or a folder that
+  `python -m efficient_lm.export` wrote: an `efficient_lm.api.LoadedModel` with `.logits`,
+  `.score`, `.generate`, `.tokenizer`, `.config`, `.step`, `.seq_len` and `.eos_id`
+  (docs/using_a_model.md). Imports jax on first use: `import efficient_lm` stays light."""
+  from efficient_lm import api  # pylint: disable=import-outside-toplevel
+  return api.load(path, step=step)
