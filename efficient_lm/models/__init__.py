@@ -183,6 +183,10 @@ def validate_attention_impl(cfg: ml_collections.ConfigDict, platform: str) -> No
           "set model.kernel_interpret=False (True runs a kernel in Pallas interpret mode: tests)")
   reason = backends.check(impl, platform, interpret)
   require(reason is None, "model.attention_impl", impl, f"cannot run here: {reason}", "see above")
+  reason = backends.check_installed(impl, platform)
+  require(reason is None, "model.attention_impl", impl, "cannot call its kernels on this jax, so "
+          f"every attention call would run on xla: {reason}",
+          "set model.attention_impl='xla' (or 'auto'), or install a jax in jax_compat.JAX_REQUIREMENT")
   reason = backends.check_patterns(impl, platform, list(attention_patterns(cfg)))
   require(reason is None, "model.attention_impl", impl,
           f"cannot express {cfg.name}'s attention: {reason}", "set model.attention_impl accordingly")

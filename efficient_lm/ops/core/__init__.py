@@ -181,8 +181,12 @@ def attend_backward(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, 
   if dlse is None:
     dlse = jnp.zeros(lse.shape, F32)
   backend = _backend(impl, interpret, call)
-  if backend.backward is None or call.pattern.skips or call.local_prior or call.skip_prior:
-    backend = backends.get("xla")  # a kernel's backward runs the local part alone: no priors
+  if backend.backward is None:
+    backend = backends.fallback(backend.name, "no backward at a given o and lse")
+  elif backend.kernel and (call.pattern.skips or call.local_prior or call.skip_prior):
+    # A kernel's backward runs the local part alone: no priors, no skips.
+    backend = backends.fallback(backend.name, "a backward with π's skips or priors (ring steps): "
+                                "the kernel's backward takes the local part alone")
   return backend.backward(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
                           _ids(q_segments), _ids(k_segments), o, lse, do, dlse,
                           interpret=interpret)

@@ -12,16 +12,21 @@ Every attention call reaches one backend through the same front door
 training patterns of a model are checked against it before anything
 compiles (`check_patterns`). A kernel backend needs its hardware, or Pallas
 interpret mode (`interpret=True`, for tests on CPU). A call a kernel cannot
-run (`Backend.unsupported`: a decoding cache's explicit key positions, say)
-runs on `xla`: `fallback` records it (`FALLBACKS`, what a compile reports)
-and logs the reason once. The table below is static; a backend module is
+run (`Backend.unsupported`: a decoding cache's explicit key positions, say),
+and a kernel's backward of a call with π's skips or priors (`core.attend_backward`,
+ring steps), run on `xla`: `fallback` records each (`FALLBACKS`, what a compile
+and a generation report, `recorded` / `report_line`) and logs the reason once. The table below is static; a backend module is
 imported on first use and imports only the types (`call.py`).
 """
 
 import collections
+import contextlib
 import importlib
 import logging
 
+import jax
+
+from efficient_lm import jax_compat
 from efficient_lm.ops.core.call import Backend, Call
 from efficient_lm.ops.pattern import Pattern
 
@@ -36,6 +41,7 @@ log = logging.getLogger(__name__)
 # both (reset them before tracing).
 FALLBACKS: collections.Counter = collections.Counter()
 KERNEL_CALLS: collections.Counter = collections.Counter()
+_WARNED: set[str] = set()  # the problems `check_installed` has warned of
 
 
 def get(name: str) -> Backend:
@@ -70,6 +76,22 @@ def check(impl: str, platform: str, interpret: bool) -> str | None:
   return None
 
 
+def check_installed(impl: str, platform: str) -> str | None:
+  """Why the kernels `impl` names cannot be called on the installed jax (every call would run on
+  `xla`), or None. `auto` is not refused: it warns once and runs on `xla`."""
+  name = resolve(impl, platform)
+  missing = jax_compat.splash_missing() if name == "splash" else None
+  if missing is None:
+    return None
+  if canonical(impl) == "auto":
+    if missing not in _WARNED:
+      _WARNED.add(missing)
+      log.warning("model.attention_impl='auto' means %r here, whose kernels this jax lacks: every "
+                  "attention call runs on xla (%s)", name, missing)
+    return None
+  return missing
+
+
 def check_patterns(impl: str, platform: str, patterns: list[Pattern]) -> str | None:
   """Why `impl` cannot express one of `patterns` (None if it can), naming the impls that can."""
   backend = get(resolve(impl, platform))
@@ -86,13 +108,52 @@ def choose(impl: str, call: Call) -> Backend:
   (recorded in `FALLBACKS`, logged once per reason)."""
   backend = get(impl)
   reason = backend.unsupported(call)
-  if reason is None:
-    return backend
-  if not FALLBACKS[(backend.name, reason)]:
-    log.info("attention on xla instead of %s for this call: %s", backend.name, reason)
-  FALLBACKS[(backend.name, reason)] += 1
+  return backend if reason is None else fallback(backend.name, reason)
+
+
+def fallback(name: str, reason: str) -> Backend:
+  """The `xla` backend for a call the backend `name` cannot run, for `reason`: every route from
+  a kernel to the XLA core goes through here (counted in `FALLBACKS`, logged once per reason)."""
+  if name == "xla":
+    return get("xla")
+  if not FALLBACKS[(name, reason)]:
+    log.info("attention on xla instead of %s for this call: %s", name, reason)
+  FALLBACKS[(name, reason)] += 1
   return get("xla")
 
 
+@contextlib.contextmanager
+def recorded():
+  """What the attention calls traced inside the block ran on: yields a dict that holds, at exit,
+  `kernel_calls` {(backend, kernel and tiles): calls} and `fallbacks` {(backend, reason): calls}
+  (the counters' growth: a jitted function already traced adds nothing; see `trace_record`)."""
+  kernels, fallbacks = KERNEL_CALLS.copy(), FALLBACKS.copy()
+  out = {}
+  try:
+    yield out
+  finally:
+    out["kernel_calls"] = dict(KERNEL_CALLS - kernels)
+    out["fallbacks"] = dict(FALLBACKS - fallbacks)
+
+
+def trace_record(fn, *args, **kwargs) -> dict:
+  """`recorded` of one fresh trace of `fn(*args, **kwargs)` (abstract: nothing runs or compiles;
+  arrays or `jax.ShapeDtypeStruct`s)."""
+  with recorded() as record:
+    jax.eval_shape(lambda *a, **k: fn(*a, **k), *args, **kwargs)
+  return record
+
+
+def report_line(record: dict, label: str) -> str:
+  """One line of a `recorded` dict, like the compile report's: "attention (label): N kernel
+  calls (backend: kernel x n), M on xla instead (backend: reason x n)"."""
+  kernels = ", ".join(f"{b}: {what} x{n}" for (b, what), n in sorted(record["kernel_calls"].items()))
+  why = "; ".join(f"{b}: {reason} x{n}" for (b, reason), n in sorted(record["fallbacks"].items()))
+  return (f"attention ({label}): {sum(record['kernel_calls'].values())} kernel calls"
+          f"{f' ({kernels})' if kernels else ''}, {sum(record['fallbacks'].values())} on xla "
+          f"instead of a kernel{f' ({why})' if why else ''}")
+
+
 __all__ = ["ALIASES", "AUTO", "Backend", "Call", "FALLBACKS", "IMPLS", "KERNEL_CALLS", "canonical", "check",
-           "check_patterns", "choose", "get", "resolve"]
+           "check_installed", "check_patterns", "choose", "fallback", "get", "recorded", "report_line", "resolve",
+           "trace_record"]
