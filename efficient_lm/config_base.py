@@ -20,7 +20,8 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
                                     # datasets.load_dataset loads), or 'mqar:<options>' (data/registry.py)
   data.seq_len = 256                # tokens per training window (the model's context)
   data.batch_size = 8               # windows per step
-  data.vocab_size = 8192            # sentencepiece vocabulary size (trained on the train split)
+  data.vocab_size = 8192            # sentencepiece vocabulary size (trained on the train split);
+                                    # with data.tokenizer: that tokenizer's size, whatever is set
   data.data_dir = "~/.cache/efficient_lm"  # prepared ArrayRecord files, tokenizer and token cache
   data.archive = ""                 # local copy of the dataset archive; '' = download it
   data.archive_sha256 = ""          # expected sha256 of the archive; '' = the official one
@@ -33,6 +34,11 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
                                     # the cap (the embedded corpus: 4.5 MB) nothing changes; above
                                     # it training takes ~1 s per MB less, and rare strings split
                                     # into more pieces (bits per byte barely move)
+  data.tokenizer = ""               # a tokenizer of one's own, used as it is (never retrained): a
+                                    # sentencepiece .model or a Hugging Face tokenizer.json; it sets
+                                    # data.vocab_size. '' = train one on the train split
+  data.separator_token = ""         # data.tokenizer's token that ends each document ('' = its eos /
+                                    # end-of-text token, e.g. <|endoftext|>, </s>, [SEP])
   data.validation_fraction = 0.05   # 'text:<glob>': share of the files (or bytes) held out for validation
   data.test_fraction = 0.05         # 'text:<glob>': share held out for test; 0 = no such split
                                     # (an 'hf:' dataset without such a split: share of train's rows)

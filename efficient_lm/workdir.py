@@ -1,7 +1,8 @@
 """The one owner of a training workdir: what it holds, how a run is checked against it, how it is written.
 
     config.json       the resolved config of the run (evaluation and sampling read it)
-    tokenizer.model   the tokenizer the run trains with
+    tokenizer.model   the tokenizer the run trains with: a byte-identical copy of the sentencepiece
+                      model (tokenizer.json instead for a Hugging Face `data.tokenizer`)
     data.json         the corpus's identity: dataset, its source's fingerprint (the archive's
                       sha256, a `text:` folder's file-list hash, a TFDS version), the tokenizer's
                       sha256 and vocabulary size; and the `config.data` settings that made them
@@ -29,10 +30,14 @@ from efficient_lm.files import unique_suffix
 log = logging.getLogger(__name__)
 
 CONFIG, TOKENIZER, DATA = "config.json", "tokenizer.model", "data.json"
+TOKENIZER_JSON = "tokenizer.json"  # the copy of a Hugging Face tokenizer (`data.tokenizer`)
+TOKENIZER_FILES = (TOKENIZER, TOKENIZER_JSON)
 CHECKPOINTS = "checkpoints"
 # The `config.data` fields that decide the corpus and its tokenizer (recorded in data.json).
 CORPUS_SETTINGS = ("dataset", "vocab_size", "tokenizer_train_bytes", "text_key", "archive_sha256",
-                   "validation_fraction", "test_fraction")
+                   "validation_fraction", "test_fraction", "tokenizer", "separator_token")
+# With a `data.tokenizer` of one's own these follow it (the config's values do not decide them).
+_SET_BY_TOKENIZER = ("vocab_size", "tokenizer_train_bytes")
 
 
 def corpus_settings(data_config) -> dict:
@@ -111,13 +116,34 @@ class Workdir:
     with open(self.file(DATA), encoding="utf-8") as f:
       return json.load(f)
 
+  def tokenizer_file(self) -> str:
+    """The workdir's copy of its run's tokenizer: tokenizer.model or tokenizer.json (if both are
+    there, a switch cut short: the one data.json's tokenizer_sha256 names)."""
+    present = [self.file(name) for name in TOKENIZER_FILES if os.path.isfile(self.file(name))]
+    if len(present) > 1:
+      from efficient_lm.data import archives  # pylint: disable=import-outside-toplevel
+      sha = (self.saved_identity() or {}).get("tokenizer_sha256")
+      present = [p for p in present if archives.sha256_of(p) == sha] or present
+    return present[0] if present else self.file(TOKENIZER)
+
+  def open_tokenizer(self):
+    """The run's tokenizer from the workdir's copy, with the separator its run used
+    (`data.separator_token` in config.json): what sampling and evaluation encode with."""
+    from efficient_lm.data import tokenizer as tok  # pylint: disable=import-outside-toplevel
+    config = self.saved_config()
+    separator = config.data.separator_token if config is not None else ""
+    return tok.open_file(self.tokenizer_file(), separator)
+
   def require_trained(self) -> None:
     """WorkdirError unless this is a training workdir with a config and a tokenizer (evaluation,
     sampling)."""
-    for name in (CONFIG, TOKENIZER):
-      if not os.path.exists(self.file(name)):
-        raise WorkdirError(f"{self.path} has no {name}: it is not a training workdir (give the "
-                           "--workdir a `python -m efficient_lm.main` run wrote)")
+    if not os.path.exists(self.file(CONFIG)):
+      raise WorkdirError(f"{self.path} has no {CONFIG}: it is not a training workdir (give the "
+                         "--workdir a `python -m efficient_lm.main` run wrote)")
+    if not os.path.exists(self.tokenizer_file()):
+      raise WorkdirError(f"{self.path} has no {TOKENIZER} (nor {TOKENIZER_JSON}): it is not a "
+                         "training workdir (give the --workdir a `python -m efficient_lm.main` run "
+                         "wrote)")
     if not self.has_checkpoints():
       raise WorkdirError(f"{self.path} has no checkpoints yet: train first, or wait for the first "
                          "save (train.checkpoint_every)")
@@ -138,17 +164,47 @@ class Workdir:
         return
       saved = {"dataset": config.data.dataset}
     current = corpus_settings(data_config)
-    differs = [k for k in CORPUS_SETTINGS if k in saved and k in current and saved[k] != current[k]]
+    saved = dict(saved, tokenizer=saved.get("tokenizer", ""))  # (written before the field: '')
+    differs = []
+    if current.get("tokenizer"):
+      for key in _SET_BY_TOKENIZER:  # the file decides them
+        current.pop(key, None)
+      if saved["tokenizer"]:  # its content is what is compared, wherever it lies now
+        current["tokenizer"] = saved["tokenizer"]
+        differs = self._other_tokenizer_file(identity, data_config)
+    if "tokenizer" in current and current["tokenizer"] != saved["tokenizer"]:
+      differs.append("tokenizer")  # one's own tokenizer against a trained one: named first
+    differs += [k for k in CORPUS_SETTINGS if k in saved and k in current and saved[k] != current[k]]
     if not differs or allow_new_data:
       return  # (allow_new_data: the loaded corpus's check warns)
     first = differs[0]
+    if first == "tokenizer_sha256":
+      raise WorkdirMismatchError(
+          f"workdir {self.path} was trained on another tokenizer (tokenizer_sha256 "
+          f"{identity.get('tokenizer_sha256')!r} in its {DATA}, data.tokenizer="
+          f"{data_config['tokenizer']!r} has {differs[1]!r}); use a new --workdir, or set "
+          "train.allow_new_data=True to train these checkpoints further on the new data (the old "
+          "tokenizer is kept beside the new one)")
     what = {"dataset": "dataset", "vocab_size": "tokenizer", "tokenizer_train_bytes": "tokenizer",
-            "text_key": "text feature", "archive_sha256": "archive"}.get(first, "split of the files")
+            "text_key": "text feature", "archive_sha256": "archive", "tokenizer": "tokenizer",
+            "separator_token": "separator token"}.get(first, "split of the files")
     raise WorkdirMismatchError(
         f"workdir {self.path} was trained on another {what} (data.{first}={saved[first]!r} in "
         f"its {DATA if 'settings' in identity else CONFIG}, the config gives {current[first]!r}); "
         "use a new --workdir, or set train.allow_new_data=True to train these checkpoints further "
         "on the new data (the old tokenizer is kept beside the new one)")
+
+  @staticmethod
+  def _other_tokenizer_file(identity: dict, data_config) -> list:
+    """['tokenizer_sha256', its sha256] when `data.tokenizer`'s file is not the one data.json
+    records, else [] (also when it cannot be read: the config's own check answers that)."""
+    from efficient_lm.data import archives  # pylint: disable=import-outside-toplevel
+    try:
+      sha = archives.sha256_of(os.path.expanduser(data_config["tokenizer"]))
+    except OSError:
+      return []
+    saved = identity.get("tokenizer_sha256")
+    return ["tokenizer_sha256", sha] if saved and sha != saved else []
 
   def resumed_vocab_size(self, vocab_size: int) -> int:
     """The model's vocabulary when this config resumes the workdir's checkpoints on their corpus:
@@ -215,25 +271,31 @@ class Workdir:
 
   def write(self, config: ml_collections.ConfigDict, tokenizer, identity: dict,
             settings: dict | None = None) -> None:
-    """Puts config.json, tokenizer.model (the sentencepiece model; a generated task's
-    description) and data.json (`identity`, with `settings`: the run's `corpus_settings`) in
-    place, atomically each. A tokenizer that replaces a different one (train.allow_new_data)
-    keeps the old file as tokenizer.<its sha256 prefix>.model."""
+    """Puts config.json, the tokenizer's byte-identical copy (tokenizer.model: a sentencepiece
+    model, or a generated task's description; tokenizer.json: a Hugging Face tokenizer) and
+    data.json (`identity`, with `settings`: the run's `corpus_settings`) in place, atomically
+    each. A tokenizer that replaces a different one (train.allow_new_data) keeps the old file as
+    tokenizer.<its sha256 prefix>.model (or .json)."""
     os.makedirs(self.path, exist_ok=True)
     _write_atomic(self.file(CONFIG), text=config.to_json_best_effort(indent=2))
-    target = self.file(TOKENIZER)
+    target = self.file(getattr(tokenizer, "file_name", TOKENIZER))
     from efficient_lm.data import archives  # pylint: disable=import-outside-toplevel  (light module)
     source = tokenizer.model_path
     if source is None:  # a generated source's tokenizer saves itself
       source = f"{target}.{unique_suffix()}.new"
       tokenizer.save(source)
     try:
+      previous = self.tokenizer_file()
+      if os.path.isfile(previous) and archives.sha256_of(previous) != archives.sha256_of(source):
+        stem, ext = os.path.splitext(os.path.basename(previous))
+        old = self.file(f"{stem}.{archives.sha256_of(previous)[:12]}{ext}")
+        shutil.copyfile(previous, old)
+        log.warning("kept the workdir's previous tokenizer as %s", old)
       if os.path.abspath(source) != target:
-        if os.path.isfile(target) and archives.sha256_of(target) != archives.sha256_of(source):
-          old = self.file(f"tokenizer.{archives.sha256_of(target)[:12]}.model")
-          shutil.copyfile(target, old)
-          log.warning("kept the workdir's previous tokenizer as %s", old)
         _write_atomic(target, copy_from=source)
+      for name in TOKENIZER_FILES:  # one current copy: the other kind's is kept above
+        if self.file(name) != target and os.path.isfile(self.file(name)):
+          os.remove(self.file(name))
     finally:
       if tokenizer.model_path is None and os.path.exists(source):
         os.remove(source)
@@ -241,5 +303,5 @@ class Workdir:
     _write_atomic(self.file(DATA), text=json.dumps(record, indent=1, sort_keys=True))
 
 
-__all__ = ["CONFIG", "CORPUS_SETTINGS", "DATA", "TOKENIZER", "Workdir", "WorkdirError",
+__all__ = ["CONFIG", "CORPUS_SETTINGS", "DATA", "TOKENIZER", "TOKENIZER_FILES", "TOKENIZER_JSON", "Workdir", "WorkdirError",
            "WorkdirMismatchError", "corpus_settings", "model_meta"]

@@ -4,10 +4,22 @@ Layout under `data.data_dir` (default ~/.cache/efficient_lm):
 
     tfds/                         prepared TFDS datasets (ArrayRecord) and their downloads
     tokenizers/<corpus>-<key>/    spm.model + settings.json, key = hash(corpus, tokenizer settings)
-    tokens/<corpus>-<key>/        <split>.npy (int32 token stream) + <split>.json (bytes, documents)
+    tokens/<corpus>-<key>/        <split>.npy (int32 token stream) + <split>.json (bytes, documents,
+                                  the key), key = `stream_key`: hash(corpus, tokenizer identity)
 
-A split's stream is [eos, doc_0..., eos, doc_1..., eos, ...]. Every file appears atomically
-(written under a name of the process's own, then renamed), so nothing half-written is ever read.
+A split's stream is [eos, doc_0..., eos, doc_1..., eos, ...]. The streams are keyed by what they
+are made of: the corpus's identity and the tokenizer's (its file's sha256 and its separator id),
+for every source and every tokenizer, the library's own trained one and a `data.tokenizer` alike:
+another tokenizer (even a swapped `spm.model` under the same settings) always tokenizes again.
+
+How a source gets its key: it describes its documents in a JSON-able `corpus_id` (a name, a
+version, the splits' sizes, its files' fingerprint: whatever changes when the documents may) and
+calls `load_tokenizer(data_config, builder, corpus_id, root)` for the tokenizer and the key, or
+`stream_key(corpus_id, tokenizer)` for a tokenizer it has; `token_streams` then writes or reads
+`tokens/<corpus>-<key>/`.
+
+Every file appears atomically (written under a name of the process's own, then renamed), so
+nothing half-written is ever read.
 """
 
 import hashlib
@@ -22,6 +34,8 @@ import numpy as np
 
 from efficient_lm import files
 from efficient_lm import progress
+from efficient_lm.data import archives
+from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -52,9 +66,24 @@ def documents(builder, split: str, text_key: str):
       yield text.decode('utf-8', errors='replace') if isinstance(text, bytes) else str(text)
 
 
-def write_stream(path: str, meta_path: str, tokenizer, documents) -> None:
+def tokenizer_identity(tokenizer) -> dict:
+  """What a tokenizer's token streams depend on: its file's sha256, its kind and its separator
+  (end-of-document) id."""
+  return {'sha256': archives.sha256_of(tokenizer.model_path),
+          'kind': getattr(tokenizer, 'kind', 'sentencepiece'), 'separator_id': int(tokenizer.eos_id)}
+
+
+def stream_key(corpus_id: dict, tokenizer) -> str:
+  """The key of the token streams of the corpus `corpus_id` (any JSON-able description that
+  changes whenever its documents may) tokenized by `tokenizer` (`tokenizer_identity`)."""
+  return key_of({'corpus': corpus_id, 'tokenizer': tokenizer_identity(tokenizer),
+                 'format': CACHE_FORMAT})
+
+
+def write_stream(path: str, meta_path: str, tokenizer, documents, key: str = '') -> None:
   """Tokenizes `documents` into the packed stream at `path` (.npy), streaming through a raw file.
 
+  `key` (`stream_key`) goes into the meta file: a stream is read back only under its own key.
   Files appear atomically (written under a name of this process's own, then renamed), so
   processes that prepare the same cache at once only duplicate work, and a stop signal or a
   failure leaves neither a partial file nor a temporary one. A progress line every 20 s says how
@@ -97,7 +126,7 @@ def write_stream(path: str, meta_path: str, tokenizer, documents) -> None:
     os.replace(npy_tmp, path)
     with open(meta_tmp, 'w') as f:
       json.dump({'num_bytes': num_bytes, 'num_documents': num_docs, 'stream_length': num_tokens,
-                 'format': CACHE_FORMAT}, f)
+                 'format': CACHE_FORMAT, 'key': key}, f)
     os.replace(meta_tmp, meta_path)
   finally:
     for leftover in (raw_path, npy_tmp, meta_tmp):
@@ -125,6 +154,19 @@ def _write_json(path: str, obj) -> None:
 
 
 def load_tokenizer(data_config, builder, corpus_id: dict, root: str):
+  """(tokenizer, `stream_key`) for the corpus `corpus_id` of `builder`: `data.tokenizer` as it is
+  when it names one, else the tokenizer trained on the train split (cached under `root`)."""
+  given = data_config['tokenizer'] if 'tokenizer' in data_config else ''
+  if given:
+    from efficient_lm.data import config as data_config_lib  # pylint: disable=g-import-not-at-top
+    tokenizer = data_config_lib.open_given(data_config)
+    log.info('Using the tokenizer %s (data.tokenizer)', tokenizer)
+    return tokenizer, stream_key(corpus_id, tokenizer)
+  tokenizer = _own_tokenizer(data_config, builder, corpus_id, root)
+  return tokenizer, stream_key(corpus_id, tokenizer)
+
+
+def _own_tokenizer(data_config, builder, corpus_id: dict, root: str):
   from efficient_lm.data import tokenizer as tok  # pylint: disable=g-import-not-at-top
 
   settings = {'vocab_size': data_config['vocab_size'],
@@ -136,7 +178,7 @@ def load_tokenizer(data_config, builder, corpus_id: dict, root: str):
   if os.path.isfile(model_path):
     log.info('Loading tokenizer %s', model_path)
     try:
-      return tok.Tokenizer(model_path), key
+      return tok.Tokenizer(model_path, own=True)
     except Exception as e:  # pylint: disable=broad-except  (truncated or foreign file)
       log.warning('tokenizer %s is corrupt or unreadable (%s); training it again', model_path,
                   str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
@@ -162,4 +204,37 @@ def load_tokenizer(data_config, builder, corpus_id: dict, root: str):
   _write_json(os.path.join(directory, 'settings.json'), {'corpus': corpus_id, 'tokenizer': settings})
   log.info('Trained tokenizer (%d pieces) in %.1f s: %s', tokenizer.vocab_size,
                time.time() - start, model_path)
-  return tokenizer, key
+  return tokenizer
+
+
+def token_streams(root: str, name: str, key: str, tokenizer, splits, documents_of) -> dict:
+  """{split: `corpus.Split`} of `splits`, each tokenized once into `tokens/<name>-<key>/` (`key`:
+  `stream_key`) and memory-mapped; `documents_of(split)` yields the split's documents (str). A
+  stream whose meta file names another key (or none: written before keys were recorded) is
+  tokenized again."""
+  token_dir = os.path.join(root, 'tokens', f'{slug(name)}-{key}')
+  os.makedirs(token_dir, exist_ok=True)
+  out = {}
+  for split in splits:
+    path = os.path.join(token_dir, f'{slug(split)}.npy')
+    meta_path = os.path.join(token_dir, f'{slug(split)}.json')
+    meta = _read_meta(meta_path) if os.path.isfile(path) else None
+    if meta is None or meta.get('key') != key:
+      log.info('Tokenizing %s/%s...', name, split)
+      start = time.time()
+      write_stream(path, meta_path, tokenizer, documents_of(split), key)
+      log.info('Tokenized %s/%s in %.1f s', name, split, time.time() - start)
+      meta = _read_meta(meta_path)
+    tokens = np.load(path, mmap_mode='r')
+    if meta.get('format') != CACHE_FORMAT or len(tokens) != meta['stream_length']:
+      raise ValueError(f'{path} does not match {meta_path}; delete {token_dir} to rebuild it')
+    out[split] = corpus_lib.Split(tokens, meta['num_bytes'], meta['num_documents'])
+  return out
+
+
+def _read_meta(meta_path: str) -> dict | None:
+  try:
+    with open(meta_path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None

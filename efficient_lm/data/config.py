@@ -1,7 +1,8 @@
 """`config.data`: its fields, their checks, and the errors the data raises.
 
-Cheap: no I/O beyond `os.path` checks and no heavy import, so a bad config fails in well under a
-second, before anything is prepared.
+Cheap: no I/O beyond `os.path` checks (and reading `data.tokenizer`'s file, whose size sets
+`data.vocab_size`) and no heavy import, so a bad config fails in well under a second, before
+anything is prepared.
 """
 
 import os
@@ -29,6 +30,82 @@ def document_mask(data_config) -> bool:
     return data_config['document_mask']
   except (KeyError, AttributeError):
     return True
+
+
+def _optional(data_config, name: str, default):
+  try:
+    return data_config[name]
+  except (KeyError, AttributeError):
+    return default
+
+
+def tokenizer_path(data_config) -> str:
+  """`data.tokenizer` ('' = train one on the corpus), or '' if the config lacks it."""
+  return _optional(data_config, 'tokenizer', '')
+
+
+def separator_token(data_config) -> str:
+  """`data.separator_token` ('' = the tokenizer's eos / end-of-text), or '' if the config lacks it."""
+  return _optional(data_config, 'separator_token', '')
+
+
+def open_given(data_config):
+  """`data.tokenizer`'s tokenizer, opened once per file state (`tokenizer.given_tokenizer`); a
+  ConfigError naming the field when it cannot be used."""
+  from efficient_lm.data import tokenizer as tok  # pylint: disable=g-import-not-at-top
+  path = tokenizer_path(data_config)
+  try:
+    return tok.given_tokenizer(path, separator_token(data_config))
+  except ValueError as e:
+    raise ConfigError(f'data.tokenizer={path!r}: {e}') from None
+  except OSError as e:
+    raise ConfigError(f'data.tokenizer={path!r} cannot be read ({e.strerror or e}); point '
+                      "data.tokenizer at a readable tokenizer file, or '' to train one") from None
+
+
+def _given_on_command_line(data_config, field: str):
+  """The value `--config.data.<field>=...` gave on the command line to the config `data_config`
+  is part of (absl's config flag of `efficient_lm.main`), or None."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  try:
+    holder = flags.FLAGS['config']
+    config, overrides = holder.value, holder.override_values
+  except (KeyError, AttributeError, flags.Error):
+    return None
+  try:
+    if config is None or config.data is not data_config:
+      return None
+  except AttributeError:
+    return None
+  return overrides.get(f'data.{field}')
+
+
+def _check_tokenizer(data_config, generated: bool) -> bool:
+  """`data.tokenizer` and `data.separator_token`; with a tokenizer, `data.vocab_size` set to its
+  size (`model.vocab_size` follows). Whether a tokenizer was given."""
+  path, sep = tokenizer_path(data_config), separator_token(data_config)
+  require(isinstance(path, str), 'data.tokenizer', path, 'must be a path or empty',
+          "set data.tokenizer to a sentencepiece .model or a tokenizer.json, or '' to train one")
+  require(isinstance(sep, str), 'data.separator_token', sep, 'must be a string',
+          "set data.separator_token to one of the tokenizer's special tokens, or '' for its eos")
+  if not path:
+    require(sep == '', 'data.separator_token', sep, "only applies to a data.tokenizer of one's own",
+            "set data.separator_token to '' (the trained tokenizer's eos separates documents)")
+    return False
+  require(not generated, 'data.tokenizer', path,
+          f"does not apply to the generated dataset {data_config['dataset']!r} (it has its own ids)",
+          "set data.tokenizer to ''")
+  require(os.path.isfile(os.path.expanduser(path)), 'data.tokenizer', path,
+          'is not an existing file',
+          "point it at a sentencepiece .model or a Hugging Face tokenizer.json, or '' to train one")
+  tokenizer = open_given(data_config)
+  given = _given_on_command_line(data_config, 'vocab_size')
+  if given is not None and given != tokenizer.vocab_size:
+    raise ConfigError(f'--config.data.vocab_size={given!r} disagrees with data.tokenizer={path!r}, '
+                      f'which has {tokenizer.vocab_size} ids; drop --config.data.vocab_size (the '
+                      f'tokenizer sets it) or give {tokenizer.vocab_size}')
+  data_config['vocab_size'] = tokenizer.vocab_size
+  return True
 
 
 def has_document_ids(data_config) -> bool:
@@ -80,6 +157,7 @@ def validate(data_config) -> None:
   expanded = os.path.expanduser(data_dir)
   require(not os.path.exists(expanded) or os.path.isdir(expanded), 'data.data_dir', data_dir,
           'exists and is not a directory', 'point data.data_dir at a directory')
+  given = _check_tokenizer(data_config, bool(source.generated))
   if source.generated:  # no text: the source checks its own options
     source.generator().validate(data_config)
     return
@@ -92,7 +170,7 @@ def validate(data_config) -> None:
           f'plus data.test_fraction={fractions[1]!r} must be below 1 (train keeps the rest)',
           'lower data.validation_fraction or data.test_fraction')
   vocab = data_config['vocab_size']
-  require(vocab >= MIN_VOCAB_SIZE, 'data.vocab_size', vocab,
+  require(given or vocab >= MIN_VOCAB_SIZE, 'data.vocab_size', vocab,
           f'is below the {MIN_VOCAB_SIZE} pieces the tokenizer reserves (specials, newline, 256 bytes)',
           f'set data.vocab_size >= {MIN_VOCAB_SIZE} (8192 is the default)')
   archive = data_config['archive']

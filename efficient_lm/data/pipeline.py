@@ -6,12 +6,9 @@
 Everything is cached under `data.data_dir`; a second call only memory-maps the token files.
 """
 
-import json
 import logging
 import os
 import time
-
-import numpy as np
 
 from efficient_lm import files
 from efficient_lm.data import archives
@@ -113,23 +110,8 @@ def load(data_config, checked=None) -> corpus_lib.Corpus:
   if text_scan is not None:  # the files' paths, sizes, mtimes and the fractions: one cache per folder state
     corpus_id['files'] = text_scan.cache_key
   tokenizer, key = cache.load_tokenizer(data_config, builder, corpus_id, root)
-  token_dir = os.path.join(root, 'tokens', f'{cache.slug(name)}-{key}')
-  os.makedirs(token_dir, exist_ok=True)
-  splits = {}
-  for split in info.splits:
-    path = os.path.join(token_dir, f'{cache.slug(split)}.npy')
-    meta_path = os.path.join(token_dir, f'{cache.slug(split)}.json')
-    if not (os.path.isfile(path) and os.path.isfile(meta_path)):
-      log.info('Tokenizing %s/%s...', name, split)
-      start = time.time()
-      cache.write_stream(path, meta_path, tokenizer, cache.documents(builder, split, text_key))
-      log.info('Tokenized %s/%s in %.1f s', name, split, time.time() - start)
-    with open(meta_path) as f:
-      meta = json.load(f)
-    tokens = np.load(path, mmap_mode='r')
-    if meta.get('format') != cache.CACHE_FORMAT or len(tokens) != meta['stream_length']:
-      raise ValueError(f'{path} does not match {meta_path}; delete {token_dir} to rebuild it')
-    splits[split] = corpus_lib.Split(tokens, meta['num_bytes'], meta['num_documents'])
+  splits = cache.token_streams(root, name, key, tokenizer, list(info.splits),
+                               lambda split: cache.documents(builder, split, text_key))
   order = [s for s in ('train', 'validation', 'test') if s in splits]
   splits = {s: splits[s] for s in order + sorted(set(splits) - set(order))}
   identity = {'dataset': name, 'source': cache.key_of(corpus_id),

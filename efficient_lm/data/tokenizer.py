@@ -8,8 +8,13 @@ cannot round-trip, its whitespace marker U+2581, is encoded here as its three
 byte pieces, which decode back to it.
 
 Ids: 0 <pad>, 1 <unk>, 2 </s> (end of document), 3 '\\n', 4..259 the byte pieces.
+
+`data.tokenizer` brings a tokenizer of one's own instead, used as it is: any sentencepiece
+`.model` (`Tokenizer`, its eos or a named piece the separator) or a Hugging Face `tokenizer.json`
+(`hf_tokenizer.HFTokenizer`); `open_tokenizer` opens either, or a workdir's copy.
 """
 
+import functools
 import os
 import tempfile
 import threading
@@ -46,6 +51,7 @@ TRAINER_SETTINGS = dict(
 
 # The fewest pieces a model can have: specials, '\n' and the 256 byte pieces.
 NUM_RESERVED_PIECES = 260
+FILE_NAME = 'tokenizer.model'  # the workdir's copy of a sentencepiece model
 
 
 class VocabTooSmallError(ValueError):
@@ -90,15 +96,45 @@ def _lines(texts, max_bytes, fraction, counts):
 
 
 class Tokenizer:
-  """A trained sentencepiece model: exact round trip, end-of-document id, pad id."""
+  """A sentencepiece model: end-of-document id, pad id, and (with byte fallback) exact round trip.
 
-  def __init__(self, model_path: str):
+  `own`: the model must be one `train` wrote (eos, pad, byte fallback). Otherwise any model with
+  an eos piece, or a named `separator_token` piece, is used as it is (unk 0, bos 1, eos 2 and no
+  pad, as most published models are; with or without byte fallback). The separator is the
+  stream's end-of-document id (`eos_id`); with no pad piece the padding id is the separator
+  (padding is always under weight 0)."""
+
+  kind = 'sentencepiece'
+  file_name = FILE_NAME
+
+  def __init__(self, model_path: str, separator_token: str = '', *, own: bool = False):
     self.model_path = os.fspath(model_path)
     self._sp = spm.SentencePieceProcessor(model_file=self.model_path)
-    self._marker_ids = [self._sp.piece_to_id(f'<0x{b:02X}>') for b in _MARKER.encode('utf-8')]
-    if self._sp.eos_id() < 0 or self._sp.pad_id() < 0 or not self._sp.IsByte(self._marker_ids[0]):
+    byte_ids = [self._sp.piece_to_id(f'<0x{b:02X}>') for b in _MARKER.encode('utf-8')]
+    has_bytes = all(self._sp.IsByte(i) for i in byte_ids)
+    self._marker_ids = byte_ids if has_bytes else None  # else the marker goes to the model as is
+    if own and (self._sp.eos_id() < 0 or self._sp.pad_id() < 0 or not has_bytes):
       raise ValueError(f'{self.model_path} was not trained by Tokenizer.train (needs eos, pad, '
                        'byte fallback)')
+    if separator_token:
+      sep = self._sp.piece_to_id(separator_token)
+      if self._sp.id_to_piece(sep) != separator_token or not self._sp.IsControl(sep):
+        raise ValueError(f'data.separator_token={separator_token!r} is not a control piece of '
+                         f'{self.model_path} (text never encodes to one); name one of '
+                         f'{", ".join(self._control_pieces()[:8]) or "them (it has none)"}, or '
+                         "'' for its eos")
+      self._eos_id = sep
+    else:
+      if self._sp.eos_id() < 0:
+        raise ValueError(f'{self.model_path} has no eos piece to separate documents (eos_id -1); '
+                         'name one of its pieces in data.separator_token '
+                         f'({", ".join(self._control_pieces()[:8]) or "it has no control pieces"})')
+      self._eos_id = self._sp.eos_id()
+    self._pad_id = self._sp.pad_id() if self._sp.pad_id() >= 0 else self._eos_id
+
+  def _control_pieces(self) -> list[str]:
+    return [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())
+            if self._sp.IsControl(i)]
 
   @classmethod
   def train(cls, texts: Iterable[str], *, vocab_size: int, model_path: str,
@@ -149,7 +185,7 @@ class Tokenizer:
       if error is not None:
         raise error
       os.replace(prefix + '.model', model_path)
-    return cls(model_path)
+    return cls(model_path, own=True)
 
   @property
   def vocab_size(self) -> int:
@@ -157,14 +193,15 @@ class Tokenizer:
 
   @property
   def eos_id(self) -> int:
-    return self._sp.eos_id()
+    """The separator: the stream's end-of-document id."""
+    return self._eos_id
 
   @property
   def pad_id(self) -> int:
-    return self._sp.pad_id()
+    return self._pad_id
 
   def _encode_ids(self, text: str) -> list[int]:
-    if _MARKER not in text:
+    if _MARKER not in text or self._marker_ids is None:
       return self._sp.encode(text)
     ids = []
     for i, part in enumerate(text.split(_MARKER)):
@@ -181,7 +218,7 @@ class Tokenizer:
   def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[np.ndarray]:
     """encode() of each text, the marker-free ones in parallel."""
     texts = list(texts)
-    plain = [i for i, t in enumerate(texts) if _MARKER not in t]
+    plain = [i for i, t in enumerate(texts) if _MARKER not in t or self._marker_ids is None]
     out: list = [None] * len(texts)
     if plain:
       encoded = self._sp.encode([texts[i] for i in plain], num_threads=num_threads or os.cpu_count() or 1)
@@ -201,12 +238,59 @@ class Tokenizer:
     return f'Tokenizer({self.model_path!r}, vocab_size={self.vocab_size})'
 
 
-def open_tokenizer(path: str):
-  """The tokenizer a workdir holds at `path`: a sentencepiece model, or a generated task's
-  description (JSON, e.g. MQAR's: `data.mqar.MqarTokenizer`)."""
+def _is_hf_json(path: str) -> bool:
+  """Whether a JSON file is a Hugging Face tokenizer.json (a `model` section), not a task's."""
+  import json  # pylint: disable=g-import-not-at-top
+  try:
+    with open(path, encoding='utf-8') as f:
+      record = json.load(f)
+  except (OSError, ValueError):
+    return False
+  return isinstance(record, dict) and isinstance(record.get('model'), dict)
+
+
+def open_tokenizer(path: str, separator_token: str = ''):
+  """The tokenizer at `path`, used as it is (`open_file`). A training workdir, or its tokenizer
+  file (tokenizer.model / tokenizer.json: what `generation.load_workdir` opens), gives the
+  workdir's copy of either kind with the separator its run used (`workdir.Workdir.open_tokenizer`)."""
+  path = os.path.expanduser(os.fspath(path))
+  folder = path if os.path.isdir(path) else os.path.dirname(path)
+  in_workdir = os.path.basename(path) in (FILE_NAME, 'tokenizer.json') and not separator_token
+  if (os.path.isdir(path) or in_workdir) and os.path.isfile(os.path.join(folder, 'config.json')):
+    from efficient_lm import workdir  # pylint: disable=g-import-not-at-top
+    return workdir.Workdir(folder).open_tokenizer()
+  return open_file(path, separator_token)
+
+
+def open_file(path: str, separator_token: str = ''):
+  """The tokenizer file at `path`: a sentencepiece model (`Tokenizer`), a Hugging Face
+  tokenizer.json (`hf_tokenizer.HFTokenizer`), or a generated task's description (JSON, e.g.
+  MQAR's: `data.mqar.MqarTokenizer`). The separator is `separator_token`, '' = the file's eos /
+  end-of-text token. ValueError, one line, for a file that is none of these or has no separator."""
   with open(path, 'rb') as f:
-    head = f.read(1)
-  if head == b'{':
+    head = f.read(64).lstrip()
+  if head[:1] == b'{':
+    if _is_hf_json(path):
+      from efficient_lm.data import hf_tokenizer  # pylint: disable=g-import-not-at-top
+      return hf_tokenizer.HFTokenizer(path, separator_token)
     from efficient_lm.data import mqar  # pylint: disable=g-import-not-at-top
     return mqar.MqarTokenizer.load(path)
-  return Tokenizer(path)
+  try:
+    return Tokenizer(path, separator_token)
+  except (RuntimeError, OSError) as e:  # sentencepiece's parse error
+    raise ValueError(f'{path} is neither a sentencepiece model nor a Hugging Face tokenizer.json '
+                     f'({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})') from e
+
+
+@functools.lru_cache(maxsize=8)
+def _opened(path: str, separator_token: str, stamp: tuple):
+  del stamp  # part of the key only: a file rewritten in place is opened again
+  return open_file(path, separator_token)
+
+
+def given_tokenizer(path: str, separator_token: str = ''):
+  """`data.tokenizer`'s tokenizer (`open_file`), opened once per file state: validating a
+  config and loading its corpus share it."""
+  path = os.path.abspath(os.path.expanduser(path))
+  stat = os.stat(path)
+  return _opened(path, separator_token, (stat.st_mtime_ns, stat.st_size, stat.st_ino))
