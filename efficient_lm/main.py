@@ -129,9 +129,10 @@ def _run(workdir: str) -> None:
     except targets.TargetError as e:
       _fail(exit_codes.USAGE, str(e))
     targets.prepare_host()  # before anything starts a backend
-  if not FLAGS.compile_only:  # what config.json and data.json answer, before jax starts
+  if not FLAGS.compile_only:  # the folder, then what config.json and data.json answer: before jax
     from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
     try:
+      workdir_lib.check_usable(workdir, config)
       workdir_lib.Workdir(workdir).check_before_start(config)
     except workdir_lib.WorkdirError as e:
       _fail(exit_codes.USAGE, str(e))

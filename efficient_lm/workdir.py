@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 
 import ml_collections
 
@@ -57,6 +58,79 @@ class WorkdirError(RuntimeError):
 
 class WorkdirMismatchError(WorkdirError):
   """The workdir holds a run of another model or corpus than the config describes."""
+
+
+# A workdir's own entries (`check_usable`: a folder holding other things and none of these is not
+# a workdir); names starting with these prefixes count too (tokenizer.<sha>.model, temporary files).
+OWN_NAMES = (CONFIG, DATA, CHECKPOINTS, "tensorboard", "profile", "eval", "wandb", "wandb_run_id")
+OWN_PREFIXES = ("tokenizer.", "metrics.", f"{CONFIG}.", f"{DATA}.")
+BYTES_PER_PARAMETER = 4 * 3  # float32 parameters and Adam's two moments, in every checkpoint
+
+
+def checkpoint_bytes_floor(config: ml_collections.ConfigDict) -> tuple[int, int]:
+  """(parameters, bytes): a floor on one checkpoint of `config`'s model, from the config alone (no
+  jax): every layer's three d_model x d_model attention projections (the fewest any model has) and
+  its MLP, and 256 vocabulary rows at most (a small corpus's tokenizer can have fewer pieces than
+  data.vocab_size), times `BYTES_PER_PARAMETER`."""
+  model = config.model
+  d = max(0, int(model.d_model))
+  per_layer = 3 * d * d + 2 * max(0, int(model.mlp_ratio)) * d * d
+  vocab_rows = min(max(0, int(config.data.vocab_size)), 256) * (1 if model.tie_embeddings else 2)
+  positions = max(0, int(config.data.seq_len)) if model.position == "learned" else 0
+  params = max(0, int(model.num_layers)) * per_layer + (vocab_rows + positions) * d
+  return params, params * BYTES_PER_PARAMETER
+
+
+def _size(num_bytes: int) -> str:
+  for unit, scale in (("TiB", 2**40), ("GiB", 2**30)):
+    if num_bytes >= scale:
+      return f"{num_bytes / scale:,.2f} {unit}"
+  return f"{num_bytes / 2**20:,.1f} MiB"
+
+
+def check_usable(path: str, config: ml_collections.ConfigDict | None = None) -> None:
+  """WorkdirError when `path` cannot be a training workdir, from the filesystem alone (run before
+  jax, data or compiling; changes nothing): a file (or a file where a folder above it would be), a
+  folder nothing can be created in (the permission bits, then a real probe: that answers for root,
+  a read-only filesystem, /proc), a folder holding other things and none of a workdir's own
+  (`OWN_NAMES`, `OWN_PREFIXES`; hidden entries and lost+found aside), or, with `config`, a disk
+  without room for one checkpoint (`checkpoint_bytes_floor`)."""
+  shown = path
+  path = os.path.abspath(os.path.expanduser(path))
+  fix = "give a new or empty folder, or a workdir a run wrote"
+  folder = path
+  while not os.path.isdir(folder):  # the workdir, or the nearest folder above it that exists
+    if os.path.exists(folder):
+      where = "is a file" if folder == path else f"cannot be made: {folder} is a file"
+      raise WorkdirError(f"--workdir={shown} {where}, not a folder; {fix}")
+    folder = os.path.dirname(folder)
+  made = "" if folder == path else f", where {path} would be made"
+  if not os.access(folder, os.W_OK | os.X_OK):
+    raise WorkdirError(f"--workdir={shown}: {folder} is not writable by this user{made}; give a "
+                       "folder you can write in, or change its permissions")
+  try:
+    os.rmdir(tempfile.mkdtemp(prefix=".efficient_lm-probe-", dir=folder))
+  except OSError as e:
+    raise WorkdirError(f"--workdir={shown}: nothing can be created in {folder} "
+                       f"({e.strerror or e}){made}; give a folder you can write in") from None
+  if folder == path:
+    entries = sorted(name for name in os.listdir(path)
+                     if not name.startswith(".") and name != "lost+found")
+    if entries and not any(name in OWN_NAMES or name.startswith(OWN_PREFIXES) for name in entries):
+      listed = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+      raise WorkdirError(
+          f"--workdir={shown} holds other things ({listed}) and none of a workdir's ({CONFIG}, "
+          f"{CHECKPOINTS}/, metrics.jsonl, ...): it is not a workdir; {fix} (e.g. "
+          f"--workdir={os.path.join(shown, 'run')})")
+  if config is not None:
+    params, need = checkpoint_bytes_floor(config)
+    free = shutil.disk_usage(folder).free
+    if free < need:
+      raise WorkdirError(
+          f"--workdir={shown}: its disk has {_size(free)} free, one checkpoint of this model needs "
+          f"at least {_size(need)} ({params:,} parameters x 4 bytes x 3: the parameters and Adam's "
+          "two moments); free some space, give a --workdir on a disk with room, or a smaller "
+          "model (model.d_model, model.num_layers)")
 
 
 def model_meta(config: ml_collections.ConfigDict, params) -> dict:
