@@ -1,19 +1,37 @@
-"""Text generation: cached decoding for every model (the command line: `efficient_lm.sample`).
+"""Text generation: cached, batched decoding for every model (the command line: `efficient_lm.sample`).
 
-`generate` prefills the prompt in one parallel pass (or in chunks of
-`prefill_chunk` tokens), then decodes one token per step with the model's cache
-under one jitted `jax.lax.scan`. Every context starts with an end-of-document
-token, as every document does in training; a model with a fixed `prompt_window`
-(the Perceiver-AR family: its history) gets it left-padded with more of them. The caches (see each model's
-`init_cache`) are sized for the whole generation up front: the efficient
-models' are fixed by their window, blocks or segments; the dense baseline's
-holds every token.
+`generate_batch` continues many prompts of different lengths in one call; `generate` (one 1-D
+prompt) is its B = 1 case, and `generate_texts` / `generate_text` its text-level wrappers (stop
+strings, decoding). Every context starts with an end-of-document token, as every document does in
+training; a model with a fixed `prompt_window` (the Perceiver-AR family: its history) gets it
+left-padded with more of them (or cut to its last `prompt_window` tokens).
 
-`reference_generate` is the plain uncached decoder (one full forward pass per
-token over a window of `seq_len` tokens); tests compare the two.
+Ragged batches, with no per-row positions in the models: every row's tokens sit at the positions its
+own single-prompt run gives them (BCMT's blocks, ECP's segments, π's skips and learned position
+embeddings see the same positions), so row b's greedy output is the single-prompt one. The common
+prefix (the shortest context's length) of all rows is prefilled in one batched pass (or in chunks
+of `prefill_chunk` tokens), then one decoding step per position: at position t row b's input is its
+own prompt token while t is inside its context (its prompt is read by decoding steps) and its last
+sample afterwards; its new tokens are the samples from its own context's end on. The Perceiver-AR
+family's contexts all fill its window, so its rows share one length and the whole prompt is one
+prefill. Rows never mix: every op is per row, and row b samples with its own key stream
+(`seed`, b), so no row's output depends on another row's prompt, greedy or sampled.
+
+The decoding steps run as one jitted `lax.while_loop` per call of up to `steps_per_call` steps,
+which ends early on the device once every row has met a stop id or its count; between calls the host
+checks the text-level stop strings. The caches (see each model's `init_cache`) are sized for the
+whole generation up front: the efficient models' are fixed by their window, blocks or segments;
+the dense baseline's (and Perceiver-AR's) hold every token.
+
+`reference_generate` is the plain uncached decoder (one full forward pass per token over a window
+of `seq_len` tokens); tests compare the two.
 """
 
+import dataclasses
+import functools
 import sys
+import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -82,73 +100,253 @@ def prefill(model: nnx.Module, tokens_BT: jax.Array, cache, chunk: int | None = 
   return logits[:, -1], cache
 
 
-def generate(model: nnx.Module, prompt_ids, *, num_tokens: int, eos_id: int,
-             temperature: float = 0.8, top_k: int = 40, top_p: float = 1.0, seed: int = 0,
-             prefill_chunk: int | None = None, vocab_size: int | None = None,
-             document_mask: bool = False) -> np.ndarray:
-  """`num_tokens` new token ids continuing the 1-D `prompt_ids` (a document's start). With
+def _contexts(model: nnx.Module, prompts_ids, num_tokens: int, eos_id: int) -> list[list[int]]:
+  """Each prompt's context: an end-of-document token and the prompt, left-padded (or cut) to the
+  model's `prompt_window`; refused if `num_tokens` do not fit after the longest prompt."""
+  if isinstance(prompts_ids, (str, bytes)) or not len(prompts_ids):
+    raise ValueError("prompts_ids must be a non-empty list of token id lists")
+  prompts = [[int(t) for t in np.asarray(p).reshape(-1)] for p in prompts_ids]
+  longest = max(len(p) for p in prompts)
+  room = context_room(model, longest)
+  if num_tokens > room:
+    raise ValueError(f"{num_tokens} new tokens after a prompt of {longest} do not fit the "
+                     f"model's learned positions (model.seq_len={model.max_positions} in all, the "
+                     f"end-of-document token that starts the context included): generate at most "
+                     f"{max(room, 0)}, or train with model.position='rope'")
+  contexts = [[eos_id] + p for p in prompts]
+  window = getattr(model, "prompt_window", None)
+  if window:  # left-padded with end-of-document tokens (or cut) to the model's window
+    contexts = [([eos_id] * (window - len(c)) + c)[-window:] for c in contexts]
+  return contexts
+
+
+def _sampler(temperature: float, top_k: int, top_p: float, vocab_size: int | None):
+  """`sample(logits_BV, keys_B) -> ids_B`: each row drawn with its own key (greedy: no key)."""
+  def sample(logits_BV, keys_B):
+    if vocab_size is not None and vocab_size < logits_BV.shape[-1]:
+      logits_BV = jnp.where(jnp.arange(logits_BV.shape[-1]) < vocab_size, logits_BV, -jnp.inf)
+    if temperature == 0.0:
+      return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+    one = lambda logits_V, key: sample_logits(logits_V[None], key, temperature=temperature,
+                                              top_k=top_k, top_p=top_p)[0]
+    return jax.vmap(one)(logits_BV, keys_B).astype(jnp.int32)
+  return sample
+
+
+def _row_keys(key, count_B):
+  """Row b's key for its new token number count_B[b]: (seed, b, count)."""
+  rows_B = jnp.arange(count_B.shape[0])
+  return jax.vmap(lambda b, n: jax.random.fold_in(jax.random.fold_in(key, b), n))(
+      rows_B, jnp.maximum(count_B, 0))
+
+
+def _stopped(token_B, count_B, num_tokens, stop_ids: tuple):
+  """Rows whose token number count_B (a new token when >= 0) is a stop id or their last."""
+  done_B = count_B >= num_tokens - 1
+  for stop in stop_ids:
+    done_B = done_B | ((count_B >= 0) & (token_B == stop))
+  return done_B
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_len", "prefill_chunk", "settings"))
+def _prefill_rows(params, context_BL, ids_BL, lengths_B, key, num_tokens, *, graphdef, max_len: int,
+                  prefill_chunk: int | None, settings: tuple):
+  """The common prefix (L tokens per row) through the model: (cache, each row's sample for
+  position L, done per row)."""
+  stop_ids, sample = settings[1], _sampler(*settings[2:])
+  model = nnx.merge(graphdef, params)
+  B, L = context_BL.shape
+  logits_BV, cache = prefill(model, context_BL, model.init_cache(B, max_len), prefill_chunk, ids_BL)
+  count_B = L - lengths_B  # the sample's number among the row's new tokens (< 0: inside its prompt)
+  sample_B = sample(logits_BV, _row_keys(key, count_B))
+  return cache, sample_B, _stopped(sample_B, count_B, num_tokens, stop_ids)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "settings"), donate_argnames=("cache",))
+def _decode_rows(params, cache, last_B, id_B, done_B, context_BM, lengths_B, start, limit, key,
+                 num_tokens, *, graphdef, steps: int, settings: tuple):
+  """Up to `steps` decoding steps from position `start` (the input there: row b's context token
+  while inside it, else `last_B`, its last sample), ending early once every row is done or at
+  position `limit`: (cache, last samples, document ids, done, samples [steps, B], steps taken)."""
+  eos_id, stop_ids, sample = settings[0], settings[1], _sampler(*settings[2:])
+  B, M = context_BM.shape
+
+  def cond(carry):
+    i, done_B = carry[0], carry[5]
+    return (i < steps) & (start + i < limit) & ~jnp.all(done_B)
+
+  def body(carry):  # params ride in the carry so the module is built at the body's level
+    i, params, cache, last_B, id_B, done_B, out_SB = carry
+    t = start + i
+    prompt_B = jax.lax.dynamic_index_in_dim(context_BM, jnp.minimum(t, M - 1), axis=1,
+                                            keepdims=False)
+    token_B = jnp.where(t < lengths_B, prompt_B, last_B)
+    if id_B is not None:  # the token's document: an end-of-document token opens the next
+      id_B = id_B + (token_B == eos_id).astype(jnp.int32)
+    logits_BV, cache = nnx.merge(graphdef, params).decode_step(token_B, cache, t, id_B)
+    count_B = t + 1 - lengths_B
+    next_B = sample(logits_BV, _row_keys(key, count_B))
+    done_B = done_B | _stopped(next_B, count_B, num_tokens, stop_ids)
+    return i + 1, params, cache, next_B, id_B, done_B, out_SB.at[i].set(next_B)
+
+  carry = (jnp.zeros((), jnp.int32), params, cache, last_B, id_B, done_B,
+           jnp.zeros((steps, B), jnp.int32))
+  taken, _, cache, last_B, id_B, done_B, out_SB = jax.lax.while_loop(cond, body, carry)
+  return cache, last_B, id_B, done_B, out_SB, taken
+
+
+def generate_batch(model: nnx.Module, prompts_ids, *, num_tokens: int, eos_id: int,
+                   temperature: float = 0.8, top_k: int = 40, top_p: float = 1.0, seed: int = 0,
+                   vocab_size: int | None = None, document_mask: bool = False,
+                   stop_ids=None, prefill_chunk: int | None = None,
+                   until: Callable[[int, np.ndarray], bool] | None = None,
+                   steps_per_call: int = 64) -> list[np.ndarray]:
+  """Up to `num_tokens` new token ids for each prompt of `prompts_ids` (a list of 1-D id lists, any
+  lengths; each a document's start), decoded together (module docstring).
+
+  A row stops after a token of `stop_ids` (None: the end-of-document token `eos_id`; () or []:
+  never), which is kept as its last id, or after `num_tokens`. `until(row, new_ids) -> bool`, asked
+  on the host after every `steps_per_call` decoding steps, stops a row too (the text-level stop
+  strings); the ids a stopped row drew after that call's last check are returned as well. With
   `vocab_size` (the tokenizer's) no id at or past it is ever drawn, even from a model whose
   vocabulary is larger. `document_mask`: the model was trained within documents
-  (`data.document_mask`): an end-of-document token, in the prompt or drawn, opens a new one."""
+  (`data.document_mask`): an end-of-document token, in a prompt or drawn, opens a new one.
+  Sampling: row b draws its n-th token with the key (seed, b, n); temperature 0 is greedy.
+  """
   check_sampling(temperature, top_k, top_p)
   if prefill_chunk is not None and prefill_chunk < 1:
     raise ValueError(f"prefill_chunk={prefill_chunk} must be at least 1 (or None: one pass)")
   if num_tokens < 1:
     raise ValueError(f"num_tokens={num_tokens} must be at least 1")
-  context = [eos_id] + [int(t) for t in prompt_ids]
-  room = context_room(model, len(context) - 1)
-  if num_tokens > room:
-    raise ValueError(f"{num_tokens} new tokens after a prompt of {len(context) - 1} do not fit the "
-                     f"model's learned positions (model.seq_len={model.max_positions} in all, the "
-                     f"end-of-document token that starts the context included): generate at most "
-                     f"{max(room, 0)}, or train with model.position='rope'")
-  window = getattr(model, "prompt_window", None)
-  if window:  # left-padded with end-of-document tokens (or cut) to the model's window
-    context = ([eos_id] * (window - len(context)) + context)[-window:]
-  context = np.asarray(context, np.int32)[None]
-  P = context.shape[1]
-  context_ids = corpus_lib.document_ids(context, eos_id) if document_mask else None
+  if steps_per_call < 1:
+    raise ValueError(f"steps_per_call={steps_per_call} must be at least 1")
+  contexts = _contexts(model, prompts_ids, num_tokens, eos_id)
+  stop_ids = (eos_id,) if stop_ids is None else tuple(int(s) for s in stop_ids)
+  B = len(contexts)
+  lengths = np.asarray([len(c) for c in contexts], np.int32)
+  L, M = int(lengths.min()), int(lengths.max())
+  context_BM = np.full((B, M), eos_id, np.int32)
+  for b, c in enumerate(contexts):
+    context_BM[b, :len(c)] = c
+  # Document ids as in training (an end-of-document token opens the next); past a row's context
+  # its ids come from its samples.
+  ids_BM = corpus_lib.document_ids(context_BM, eos_id) if document_mask else None
+  settings = (eos_id, stop_ids, float(temperature), int(top_k), float(top_p), vocab_size)
   graphdef, params = nnx.split(model)
-  def sample(logits_BV, key):
-    if vocab_size is not None and vocab_size < logits_BV.shape[-1]:
-      logits_BV = jnp.where(jnp.arange(logits_BV.shape[-1]) < vocab_size, logits_BV, -jnp.inf)
-    return sample_logits(logits_BV, key, temperature=temperature, top_k=top_k,
-                         top_p=top_p).astype(jnp.int32)
+  key, count = jax.random.key(seed), jnp.asarray(num_tokens, jnp.int32)
+  lengths_B = jnp.asarray(lengths)
+  cache, last_B, done_B = _prefill_rows(
+      params, jnp.asarray(context_BM[:, :L]), None if ids_BM is None else jnp.asarray(ids_BM[:, :L]),
+      lengths_B, key, count, graphdef=graphdef, max_len=M + num_tokens,
+      prefill_chunk=prefill_chunk, settings=settings)
+  id_B = None if ids_BM is None else jnp.asarray(ids_BM[:, L - 1])
+  samples = [np.asarray(last_B)[:, None]]  # samples[.][b, j]: row b's token at position L + j
+  done = np.asarray(done_B)
+  limit = M + num_tokens - 1  # the last position whose input is needed, plus one
+  steps = max(1, min(steps_per_call, limit - L))
+  position = L
+  context = jnp.asarray(context_BM)
+  while position < limit and not done.all():
+    cache, last_B, id_B, done_B, out_SB, taken = _decode_rows(
+        params, cache, last_B, id_B, jnp.asarray(done), context, lengths_B, position, limit, key,
+        count, graphdef=graphdef, steps=steps, settings=settings)
+    taken = int(taken)
+    samples.append(np.asarray(out_SB)[:taken].T)
+    position += taken
+    done = np.asarray(done_B)
+    if until is not None and not done.all():
+      sampled = np.concatenate(samples, axis=1)
+      done = done | np.asarray([not done[b] and bool(until(b, _new_ids(sampled[b], lengths[b] - L,
+                                                                          num_tokens, stop_ids)))
+                                for b in range(B)])
+  sampled = np.concatenate(samples, axis=1)
+  return [_new_ids(sampled[b], lengths[b] - L, num_tokens, stop_ids) for b in range(B)]
 
-  @jax.jit
-  def run(params, context_BP, ids_BP, key):
-    model = nnx.merge(graphdef, params)
-    logits_BV, cache = prefill(model, context_BP, model.init_cache(1, P + num_tokens),
-                               prefill_chunk, ids_BP)
-    first_B = sample(logits_BV, jax.random.fold_in(key, 0))
-    last_id_B = None if ids_BP is None else ids_BP[:, -1]
 
-    def body(carry, i):  # params ride in the carry so the module is built at the body's level
-      params, cache, token_B, id_B = carry
-      if id_B is not None:  # the token's document: an end-of-document token opens the next
-        id_B = id_B + (token_B == eos_id).astype(jnp.int32)
-      logits_BV, cache = nnx.merge(graphdef, params).decode_step(token_B, cache, P + i, id_B)
-      next_B = sample(logits_BV, jax.random.fold_in(key, i + 1))
-      return (params, cache, next_B, id_B), next_B
+def _new_ids(samples: np.ndarray, offset: int, num_tokens: int, stop_ids: tuple) -> np.ndarray:
+  """A row's new ids: its samples from its context's end, up to `num_tokens` and its first stop id
+  (kept)."""
+  new = samples[offset:offset + num_tokens].astype(np.int32)
+  stops = np.flatnonzero(np.isin(new, stop_ids)) if stop_ids else []
+  return new[:stops[0] + 1] if len(stops) else new
 
-    _, rest_NB = jax.lax.scan(body, (params, cache, first_B, last_id_B),
-                              jnp.arange(num_tokens - 1))
-    return jnp.concatenate([first_B[None], rest_NB], axis=0)[:, 0]
 
-  ids = None if context_ids is None else jnp.asarray(context_ids)
-  return np.asarray(run(params, jnp.asarray(context), ids, jax.random.key(seed)))
+def generate(model: nnx.Module, prompt_ids, *, num_tokens: int, eos_id: int,
+             temperature: float = 0.8, top_k: int = 40, top_p: float = 1.0, seed: int = 0,
+             prefill_chunk: int | None = None, vocab_size: int | None = None,
+             document_mask: bool = False, stop_ids=()) -> np.ndarray:
+  """`num_tokens` new token ids continuing the 1-D `prompt_ids` (a document's start): `generate_batch`
+  of one row, which by default never stops early (`stop_ids=()`)."""
+  return generate_batch(model, [prompt_ids], num_tokens=num_tokens, eos_id=eos_id,
+                        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                        vocab_size=vocab_size, document_mask=document_mask, stop_ids=stop_ids,
+                        prefill_chunk=prefill_chunk)[0]
+
+
+@dataclasses.dataclass
+class Generated:
+  """One prompt's continuation: `text` is the prompt and its continuation (cut before a stop
+  string), `tokens` the new ids, `seconds` the time from the call's start (compilation included)
+  until its row was done."""
+  prompt: str
+  text: str
+  tokens: list[int]
+  seconds: float
+
+
+def generate_texts(model: nnx.Module, tokenizer, prompts: list[str], *, num_tokens: int,
+                   document_mask: bool, seed: int = 0, temperature: float = 0.8, top_k: int = 40,
+                   top_p: float = 1.0, prefill_chunk: int | None = None, stop=(),
+                   steps_per_call: int = 64) -> list[Generated]:
+  """Every prompt continued in one batched call (`generate_batch`): a row stops at the
+  end-of-document token (kept in `tokens`, not in `text`), after `num_tokens`, or once its new text
+  contains a string of `stop` (the text is cut before it; `tokens` end with the token that
+  completed it). `document_mask`: the workdir's `data.document_mask`."""
+  stop = [s for s in stop if s]
+  prompts_ids = [[int(t) for t in tokenizer.encode(p)] for p in prompts]
+  start = time.perf_counter()
+  finished = [None] * len(prompts)
+
+  def new_text(row: int, ids) -> str:  # decoded with the prompt, as a word's leading space needs
+    base = tokenizer.decode(prompts_ids[row])
+    text = tokenizer.decode(prompts_ids[row] + [int(t) for t in ids if t != tokenizer.eos_id])
+    return text[len(base):] if text.startswith(base) else text
+
+  def until(row: int, new_ids: np.ndarray) -> bool:
+    if any(s in new_text(row, new_ids) for s in stop):
+      finished[row] = time.perf_counter() - start
+      return True
+    return False
+
+  new_ids = generate_batch(model, prompts_ids, num_tokens=num_tokens, eos_id=tokenizer.eos_id,
+                           temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                           vocab_size=tokenizer.vocab_size, document_mask=document_mask,
+                           prefill_chunk=prefill_chunk, until=until if stop else None,
+                           steps_per_call=steps_per_call)
+  end = time.perf_counter() - start
+  out = []
+  for row, ids in enumerate(new_ids):
+    text = new_text(row, ids)
+    cuts = [text.find(s) for s in stop if s in text]
+    if cuts:  # the fewest tokens whose text holds the stop string, and the text before it
+      ids = next(ids[:n] for n in range(1, len(ids) + 1)
+                 if any(s in new_text(row, ids[:n]) for s in stop))
+      text = text[:min(cuts)]
+    out.append(Generated(prompt=prompts[row], text=tokenizer.decode(prompts_ids[row]) + text,
+                         tokens=[int(t) for t in ids],
+                         seconds=end if finished[row] is None else finished[row]))
+  return out
 
 
 def generate_text(model: nnx.Module, tokenizer, prompt: str, *, num_tokens: int, seed: int = 0,
                   temperature: float = 0.8, top_k: int = 40, top_p: float = 1.0,
-                  prefill_chunk: int | None = None, document_mask: bool = False) -> str:
-  """The prompt followed by its sampled continuation, decoded."""
-  prompt_ids = tokenizer.encode(prompt)
-  new_ids = generate(model, prompt_ids, num_tokens=num_tokens, eos_id=tokenizer.eos_id,
-                     temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                     prefill_chunk=prefill_chunk, vocab_size=tokenizer.vocab_size,
-                     document_mask=document_mask)
-  return tokenizer.decode(np.concatenate([prompt_ids, new_ids]))
+                  prefill_chunk: int | None = None, document_mask: bool = True, stop=()) -> str:
+  """The prompt followed by its sampled continuation, decoded (`generate_texts` of one prompt).
+  `document_mask`: the workdir's `data.document_mask` (pass `config.data.document_mask`); the
+  default is the config's default, True."""
+  return generate_texts(model, tokenizer, [prompt], num_tokens=num_tokens, seed=seed,
+                        temperature=temperature, top_k=top_k, top_p=top_p,
+                        prefill_chunk=prefill_chunk, document_mask=document_mask, stop=stop)[0].text
 
 
 def reference_generate(model: nnx.Module, prompt_ids, *, num_tokens: int, seq_len: int,
