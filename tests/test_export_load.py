@@ -1,0 +1,366 @@
+"""`python -m efficient_lm.export` and `efficient_lm.load`: safetensors out, the same model back in."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors import safe_open
+from safetensors.numpy import load_file, save_file
+
+import efficient_lm
+from conftest import REPO, _tiny_sections, load_config, subprocess_env
+from efficient_lm import api
+from efficient_lm import export
+from efficient_lm import generation
+from efficient_lm import scoring
+from efficient_lm import train
+from efficient_lm import train_state
+from efficient_lm import workdir as workdir_lib
+
+# The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).
+pytestmark = pytest.mark.xdist_group("export_runs")
+
+DOCS = os.path.join(REPO, "docs", "using_a_model.md")
+
+
+@pytest.fixture(scope="module")
+def run(shakespeare_archive, tiny_data_dir, tmp_path_factory):
+  """A tiny π-Attention run (6 steps, checkpoints at 3 and 6) and its export (the library call)."""
+  config = load_config("pi_attention")
+  overrides = dict(num_steps=6, checkpoint_every=3, eval_every=6, log_every=3, sample_tokens=0)
+  for section, fields in _tiny_sections(shakespeare_archive, tiny_data_dir, overrides).items():
+    config[section].update(fields)
+  config.model.update(window=8, period=8, num_skips=2)  # windows and skips inside seq_len=32
+  workdir = str(tmp_path_factory.mktemp("pi_run"))
+  train.train_and_evaluate(config, workdir)
+  out = str(tmp_path_factory.mktemp("exports") / "pi")
+  summary = export.export(workdir, out)
+  return {"workdir": workdir, "export": out, "summary": summary,
+          "config": workdir_lib.Workdir(workdir).saved_config()}
+
+
+@pytest.fixture(scope="module")
+def loaded(run):
+  return {"workdir": efficient_lm.load(run["workdir"]), "export": efficient_lm.load(run["export"])}
+
+
+def _ids(lm, rows=2, seed=0):
+  """`[rows, seq_len]` token ids: a document start, another document from the middle on."""
+  ids = np.random.default_rng(seed).integers(3, lm.tokenizer.vocab_size, size=(rows, lm.seq_len))
+  ids[:, 0] = lm.eos_id
+  ids[:, lm.seq_len // 2] = lm.eos_id
+  return ids
+
+
+def _tensors(folder):
+  """{name: array} of every safetensors file in `folder`."""
+  out = {}
+  for name in sorted(os.listdir(folder)):
+    if name.endswith(".safetensors"):
+      out.update(load_file(os.path.join(folder, name)))
+  return out
+
+
+def _error(call) -> str:
+  with pytest.raises(api.LoadError) as e:
+    call()
+  assert "\n" not in str(e.value)
+  return str(e.value)
+
+
+# What an export holds.
+
+
+def test_export_holds_every_parameter_once_named_by_module_path(run):
+  out, config = run["export"], run["config"]
+  assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors",
+                                     "tokenizer.model"]
+  tensors = _tensors(out)
+  num_params = train_state.build(config, abstract=True).num_params
+  assert sum(t.size for t in tensors.values()) == num_params == run["summary"]["num_params"]
+  assert sum(t.nbytes for t in tensors.values()) == run["summary"]["total_size"]
+  assert {t.dtype for t in tensors.values()} == {np.dtype(np.float32)}
+  m = config.model
+  assert tensors["embed.embedding"].shape == (m.vocab_size, m.d_model)
+  assert tensors["final_norm.scale"].shape == (m.d_model,)
+  head_dim = m.d_model // m.num_heads  # the stacked layers: one tensor, the layer axis first
+  assert tensors["blocks.mixer.attn.qkv.kernel"].shape == (m.num_layers, m.d_model, 3, m.num_heads,
+                                                           head_dim)
+  # The values are the checkpoint's: the parameters the sampler's loader restores.
+  model, _, _, step = generation.load_workdir(run["workdir"])
+  assert step == 6
+  np.testing.assert_array_equal(tensors["embed.embedding"], np.asarray(model.embed.embedding[...]))
+  with open(os.path.join(run["workdir"], "config.json")) as f:
+    saved = json.load(f)
+  with open(os.path.join(out, "config.json")) as f:
+    written = json.load(f)
+  assert written.pop("format") == {"name": "efficient_lm.safetensors", "version": 1, "step": 6,
+                                   "dtype": "float32", "weights": "model.safetensors"}
+  assert written == saved
+  with open(os.path.join(out, "tokenizer.model"), "rb") as a, \
+      open(os.path.join(run["workdir"], "tokenizer.model"), "rb") as b:
+    assert a.read() == b.read()
+  with open(os.path.join(run["workdir"], "metrics.jsonl")) as f:
+    final = [r for r in map(json.loads, f) if "eval_loss" in r][-1]
+  with open(os.path.join(out, "README.md")) as f:
+    card = f.read()
+  assert f"Parameters: {num_params:,}, stored as float32" in card
+  assert f"{final['eval_bits_per_byte']:.4f} bits per byte at step 6" in card
+  assert "Training: step 6" in card and "`shakespeare`" in card
+  assert f"python -m efficient_lm.export --workdir={run['workdir']} --out={out}" in card
+
+
+# Loading: the workdir and the export give the same model.
+
+
+def test_load_of_the_workdir_and_of_the_export_give_identical_logits(run, loaded):
+  ids = _ids(loaded["workdir"])
+  from_workdir = loaded["workdir"].logits(ids)
+  from_export = loaded["export"].logits(ids)
+  V = run["config"].model.vocab_size
+  assert from_workdir.shape == (2, 32, V) and from_workdir.dtype == np.float32
+  assert np.isfinite(from_workdir).all() and from_workdir.std() > 0
+  assert float(np.abs(from_workdir - from_export).max()) == 0.0
+  # ... and they are the model's: the sampler's loader, its forward pass with document ids.
+  model, *_ = generation.load_workdir(run["workdir"])
+  reference = model(jax.numpy.asarray(ids), segment_ids_BT=jax.numpy.asarray(
+      np.cumsum(ids == loaded["workdir"].eos_id, axis=1, dtype=np.int32)))
+  np.testing.assert_allclose(from_workdir, np.asarray(reference), rtol=1e-5, atol=1e-5)
+  for lm in loaded.values():
+    assert lm.step == 6 and lm.seq_len == 32 and lm.eos_id == lm.tokenizer.eos_id
+    assert lm.config.model.name == "pi_attention" and lm.num_params == run["summary"]["num_params"]
+
+
+def test_a_sharded_export_loads_the_same(run, loaded, tmp_path):
+  out = tmp_path / "sharded"
+  limit = 40_000  # the embedding table (49,152 bytes) alone in its file, the rest cut under it
+  summary = export.export(run["workdir"], str(out), max_shard_bytes=limit)
+  files = summary["files"]
+  shards = [f for f in files if f.endswith(".safetensors")]
+  assert len(shards) >= 3 and files[-1] == "model.safetensors.index.json"
+  assert shards == [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+  assert not (out / "model.safetensors").exists()
+  with open(out / "model.safetensors.index.json") as f:
+    index = json.load(f)
+  tensors = _tensors(str(out))
+  assert index["metadata"]["total_size"] == sum(t.nbytes for t in tensors.values())
+  for shard in shards:
+    held = load_file(str(out / shard))
+    assert len(held) == 1 or sum(t.nbytes for t in held.values()) <= limit
+    assert {k for k, f in index["weight_map"].items() if f == shard} == set(held)
+  assert sum(t.size for t in tensors.values()) == run["summary"]["num_params"]
+  ids = _ids(loaded["export"], seed=1)
+  assert float(np.abs(efficient_lm.load(str(out)).logits(ids)
+                      - loaded["export"].logits(ids)).max()) == 0.0
+
+
+def test_an_earlier_step_in_bfloat16(run, loaded, tmp_path):
+  out = tmp_path / "step3"
+  summary = export.export(run["workdir"], str(out), step=3, dtype="bfloat16")
+  assert summary["step"] == 3 and summary["dtype"] == "bfloat16"
+  at_3 = efficient_lm.load(run["workdir"], step=3)
+  assert at_3.step == 3
+  tensors = _tensors(str(out))
+  params = export.flat_names(nnx.state(at_3.model))
+  assert set(tensors) == set(params)
+  for name, tensor in tensors.items():  # the step-3 checkpoint's values, rounded to bfloat16
+    assert tensor.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(tensor, np.asarray(params[name][1]).astype(ml_dtypes.bfloat16))
+  lm = efficient_lm.load(str(out))
+  assert lm.step == 3
+  ids = _ids(lm, seed=2)
+  rounding = np.abs(lm.logits(ids) - at_3.logits(ids)).max()
+  three_steps = np.abs(loaded["workdir"].logits(ids) - at_3.logits(ids)).max()
+  assert 0 < rounding < 0.5 * three_steps
+
+
+# Weights written elsewhere: the same path, one clear error for names and shapes that differ.
+
+
+def test_weights_written_elsewhere_load_and_mismatches_are_named(run, loaded, tmp_path):
+  tensors = load_file(os.path.join(run["export"], "model.safetensors"))
+
+  def folder(name, weights):
+    path = tmp_path / name
+    path.mkdir()
+    for file in ("config.json", "tokenizer.model"):  # the workdir's: no format block
+      shutil.copy(os.path.join(run["workdir"], file), path / file)
+    save_file(weights, str(path / "model.safetensors"))
+    return str(path)
+
+  foreign = efficient_lm.load(folder("foreign", dict(tensors)))
+  assert foreign.step is None
+  ids = _ids(foreign, seed=3)
+  assert float(np.abs(foreign.logits(ids) - loaded["export"].logits(ids)).max()) == 0.0
+
+  renamed = dict(tensors)
+  renamed["embed.table"] = renamed.pop("embed.embedding")
+  message = _error(lambda: efficient_lm.load(folder("renamed", renamed)))
+  assert "has no tensor 'embed.embedding' ((384, 32) float32)" in message and "1 missing" in message
+  extra = dict(tensors, **{"blocks.extra.bias": np.zeros(3, np.float32)})
+  message = _error(lambda: efficient_lm.load(folder("extra", extra)))
+  assert "holds tensor 'blocks.extra.bias', which the model of" in message
+  reshaped = dict(tensors, **{"final_norm.scale": np.ones(31, np.float32)})
+  message = _error(lambda: efficient_lm.load(folder("reshaped", reshaped)))
+  assert "tensor 'final_norm.scale' in" in message
+  assert "has shape (31,) F32, the model of" in message and "expects (32,) float32" in message
+  integer = dict(tensors, **{"final_norm.scale": np.ones(32, np.int32)})
+  message = _error(lambda: efficient_lm.load(folder("integer", integer)))
+  assert "has shape (32,) I32" in message and "expects (32,) float32" in message
+  message = _error(lambda: efficient_lm.load(str(tmp_path)))
+  assert "holds neither model.safetensors (an export) nor config.json" in message
+  message = _error(lambda: efficient_lm.load(run["export"], step=3))
+  assert "is an export, which holds one step" in message
+
+
+# Scoring and generation.
+
+
+def test_score_is_the_evaluation_of_each_text_as_a_file(loaded, tmp_path, fake_work):
+  lm = loaded["export"]
+  texts = [fake_work("hamlet", lines=12), "ROMEO:\nGood night."]
+  scores = lm.score(texts, batch_size=3)
+  assert len(scores["texts"]) == 2
+  nll = tokens = 0.0
+  for text, got in zip(texts, scores["texts"]):
+    file = tmp_path / "text.txt"
+    file.write_text(text, encoding="utf-8")
+    stream, num_bytes = scoring.read_text_file(str(file), lm.tokenizer)
+    expected = scoring.score_stream(lm.model, stream, context=32, stride=32, batch_size=4,
+                                    num_bytes=num_bytes, eos_id=lm.eos_id, pad_id=lm.tokenizer.pad_id,
+                                    seq_len=32, document_mask=True)
+    assert got["tokens"] == expected["scored_tokens"] == len(stream) - 1
+    assert got["bytes"] == num_bytes
+    assert got["loss"] == pytest.approx(expected["loss"], rel=1e-6)
+    assert got["bits_per_byte"] == pytest.approx(expected["bits_per_byte"], rel=1e-6)
+    nll += got["loss"] * got["tokens"]
+    tokens += got["tokens"]
+  assert scores["texts"][0]["tokens"] > 2 * lm.seq_len  # the long text took several windows
+  assert scores["tokens"] == tokens and scores["loss"] == pytest.approx(nll / tokens, rel=1e-9)
+  assert scores["bits_per_byte"] == pytest.approx(
+      nll / np.log(2) / sum(len(t.encode()) for t in texts), rel=1e-9)
+  with pytest.raises(ValueError, match=r"texts\[1\] is empty"):
+    lm.score(["a", ""])
+
+
+def test_greedy_generation_follows_the_logits_and_stops(loaded):
+  lm = loaded["export"]
+  prompt = "thou art"
+  prompt_ids = [int(t) for t in lm.tokenizer.encode(prompt)]
+  ids = [lm.eos_id, *prompt_ids]
+  for _ in range(8):  # the uncached reference: a full forward pass per new token (causal: the
+    row = ids + [lm.tokenizer.pad_id] * (lm.seq_len - len(ids))  # padding after is never seen)
+    ids.append(int(np.argmax(lm.logits([row, row])[0, len(ids) - 1, :lm.tokenizer.vocab_size])))
+  expected = lm.tokenizer.decode(ids[1:])[len(lm.tokenizer.decode(prompt_ids)):]
+  assert len(expected) >= 4
+  stop = expected[len(expected) // 2:][:2]
+  (text,) = lm.generate([prompt], max_new_tokens=8, temperature=0.0, stop=["\x00never", stop])
+  assert text == expected[:expected.find(stop)]
+
+
+def test_bad_input_is_one_clear_error(loaded):
+  lm = loaded["export"]
+  for ids, message in (([1, 2, 3], r"must be a non-empty int array \[batch, tokens\]"),
+                       (np.zeros((1, 33), np.int32), "more than the model's seq_len=32"),
+                       ([[2, 384]], r"token id 384 is outside the model's vocabulary \[0, 384\)")):
+    with pytest.raises(ValueError, match=message):
+      lm.logits(ids)
+  with pytest.raises(ValueError, match="wrap one text as"):
+    lm.score("a text")
+  with pytest.raises(ValueError, match="max_new_tokens=0 must be an integer >= 1"):
+    lm.generate(["a"], max_new_tokens=0)
+
+
+# The command line and the docs.
+
+
+def test_refused_exports_are_one_line_and_status_2_and_write_nothing(run, tmp_path, capsys):
+  occupied = tmp_path / "occupied"
+  occupied.mkdir()
+  (occupied / "keep.txt").write_text("mine")
+  untrained = tmp_path / "untrained"
+  untrained.mkdir()
+  for name in ("config.json", "tokenizer.model"):
+    shutil.copy(os.path.join(run["workdir"], name), untrained / name)
+  new = str(tmp_path / "new")
+  cases = [
+      (dict(workdir=run["workdir"], out=str(occupied)), "exists and is not empty; give a new "
+       "folder, or add --overwrite to replace it"),
+      (dict(workdir=str(untrained), out=new), "has no checkpoints yet"),
+      (dict(workdir=run["workdir"], out=new, step=4), "--step=4 is not a committed checkpoint of "
+       f"{run['workdir']}/checkpoints (it has 3, 6)"),
+      (dict(workdir=run["workdir"], out=new, dtype="int8"), "--dtype=int8 is not an export dtype"),
+      (dict(workdir=run["workdir"], out=new, max_shard_bytes=0), "--max_shard_bytes=0 must be at "
+       "least 1"),
+  ]
+  for kwargs, message in cases:
+    assert export.cli(**kwargs) == 2, kwargs
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert captured.out == "" and len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert message in lines[0], (kwargs, lines)
+  assert sorted(os.listdir(tmp_path)) == ["occupied", "untrained"]  # no temporary folder left
+  assert os.listdir(occupied) == ["keep.txt"]
+  # --overwrite replaces it, once the new export is complete.
+  export.export(run["workdir"], str(occupied), overwrite=True)
+  assert sorted(os.listdir(occupied)) == ["README.md", "config.json", "model.safetensors",
+                                          "tokenizer.model"]
+  assert sorted(os.listdir(tmp_path)) == ["occupied", "untrained"]
+
+
+def _code_blocks(section: str, language: str) -> list[str]:
+  with open(DOCS, encoding="utf-8") as f:
+    text = f.read()
+  body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+  return re.findall(rf"```{language}\n(.*?)```", body, re.S)
+
+
+@pytest.mark.slow  # the export command in a subprocess
+def test_the_docs_commands(run, tmp_path):
+  """docs/using_a_model.md's Export command (the console script's module, in a subprocess) and its
+  Load and Export Python, on the tiny run."""
+  where = {"runs/pi_attention": run["workdir"], "exports/pi_attention": str(tmp_path / "doc")}
+
+  def placed(code):
+    for name, path in where.items():
+      code = code.replace(name, path)
+    return code
+
+  (command,) = _code_blocks("Export", "bash")
+  argv = placed(command).split()
+  assert argv[:3] == ["python", "-m", "efficient_lm.export"]
+  done = subprocess.run([sys.executable, *argv[1:]], cwd=REPO, capture_output=True, text=True,
+                        timeout=300, env=subprocess_env(), check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  summary = json.loads(done.stdout.strip().splitlines()[-1])
+  assert summary["files"] == ["model.safetensors"] and summary["step"] == 6
+  assert summary["num_params"] == run["summary"]["num_params"]
+  assert f"exported step 6 of {run['workdir']} to {where['exports/pi_attention']}" in done.stderr
+  assert load_file(os.path.join(where["exports/pi_attention"], "model.safetensors")).keys() == \
+      _tensors(run["export"]).keys()
+  # The same command again: refused, one line, status 2, before jax is imported.
+  again = subprocess.run([sys.executable, *argv[1:]], cwd=REPO, capture_output=True, text=True,
+                         timeout=300, env=subprocess_env(), check=False)
+  assert again.returncode == 2 and again.stdout == ""
+  assert [l for l in again.stderr.splitlines() if l.strip()] == [
+      f"error: --out={where['exports/pi_attention']} exists and is not empty; give a new folder, "
+      "or add --overwrite to replace it"]
+  for section in ("Load", "Export"):
+    for code in _code_blocks(section, "python"):
+      exec(compile(placed(code), DOCS, "exec"), {})  # pylint: disable=exec-used
+
+
+def test_import_efficient_lm_stays_light():
+  code = "import sys, efficient_lm; print(sorted(m for m in ('jax', 'flax', 'orbax') if m in sys.modules))"
+  done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                        timeout=60, check=True)
+  assert done.stdout.strip() == "[]"
+  assert callable(efficient_lm.load)
