@@ -204,9 +204,7 @@ class Workdir:
     """The run's tokenizer from the workdir's copy, with the separator its run used
     (`data.separator_token` in config.json): what sampling and evaluation encode with."""
     from efficient_lm.data import tokenizer as tok  # pylint: disable=import-outside-toplevel
-    config = self.saved_config()
-    separator = config.data.separator_token if config is not None else ""
-    return tok.open_file(self.tokenizer_file(), separator)
+    return tok.open_file(self.tokenizer_file(), tok.run_separator(self.path))
 
   def require_trained(self) -> None:
     """WorkdirError unless this is a training workdir with a config and a tokenizer (evaluation,

@@ -201,6 +201,29 @@ def test_the_stream_key_is_the_corpus_and_the_tokenizer(own):
 
 
 # ---------------------------------------------------------------------------------------------
+# The workdir's copy.
+
+
+def test_the_workdir_keeps_one_byte_identical_copy_and_readers_open_it(own, tmp_path):
+  wd = workdir_lib.Workdir(str(tmp_path / 'w'))
+  config = ml_collections.ConfigDict({'data': {'tokenizer': own['sp'], 'separator_token': '<s>'}})
+  sp = open_tokenizer(own['sp'], '<s>')
+  wd.write(config, sp, {'tokenizer_sha256': archives.sha256_of(own['sp'])})
+  assert open(wd.file('tokenizer.model'), 'rb').read() == open(own['sp'], 'rb').read()
+  for path in (wd.path, wd.file('tokenizer.model')):  # the run's separator, not the file's eos
+    assert open_tokenizer(path).eos_id == 1
+  config.data.update(tokenizer=own['hf'], separator_token='')
+  wd.write(config, open_tokenizer(own['hf']), {'tokenizer_sha256': archives.sha256_of(own['hf'])})
+  assert open(wd.file('tokenizer.json'), 'rb').read() == open(own['hf'], 'rb').read()
+  assert not os.path.exists(wd.file('tokenizer.model'))  # one current copy; the old one is kept
+  kept = wd.file(f'tokenizer.{archives.sha256_of(own["sp"])[:12]}.model')
+  assert open(kept, 'rb').read() == open(own['sp'], 'rb').read()
+  tok = open_tokenizer(wd.file('tokenizer.model'))  # the path generation.load_workdir opens
+  assert tok.kind == 'huggingface' and tok.model_path == wd.file('tokenizer.json')
+  assert wd.tokenizer_file() == wd.file('tokenizer.json')
+
+
+# ---------------------------------------------------------------------------------------------
 # Through the command line: the workdir's copy, the vocabulary, the refusals.
 
 

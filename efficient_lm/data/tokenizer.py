@@ -250,16 +250,34 @@ def _is_hf_json(path: str) -> bool:
 
 
 def open_tokenizer(path: str, separator_token: str = ''):
-  """The tokenizer at `path`, used as it is (`open_file`). A training workdir, or its tokenizer
-  file (tokenizer.model / tokenizer.json: what `generation.load_workdir` opens), gives the
-  workdir's copy of either kind with the separator its run used (`workdir.Workdir.open_tokenizer`)."""
+  """The tokenizer at `path`, used as it is (`open_file`). A training workdir (or an export), or
+  its tokenizer file (tokenizer.model / tokenizer.json: what `generation.load_workdir` opens),
+  gives the folder's copy of either kind, with the separator its run used (`run_separator`)."""
   path = os.path.expanduser(os.fspath(path))
-  folder = path if os.path.isdir(path) else os.path.dirname(path)
-  in_workdir = os.path.basename(path) in (FILE_NAME, 'tokenizer.json') and not separator_token
-  if (os.path.isdir(path) or in_workdir) and os.path.isfile(os.path.join(folder, 'config.json')):
+  if os.path.isdir(path):
     from efficient_lm import workdir  # pylint: disable=g-import-not-at-top
-    return workdir.Workdir(folder).open_tokenizer()
+    return workdir.Workdir(path).open_tokenizer()
+  if not separator_token and os.path.basename(path) in (FILE_NAME, 'tokenizer.json'):
+    folder = os.path.dirname(path)
+    if not os.path.exists(path):  # a workdir's tokenizer.model, where it holds tokenizer.json
+      from efficient_lm import workdir  # pylint: disable=g-import-not-at-top
+      path = workdir.Workdir(folder).tokenizer_file()
+    separator_token = run_separator(folder)
   return open_file(path, separator_token)
+
+
+def run_separator(folder: str) -> str:
+  """`data.separator_token` of the run whose config.json is in `folder` ('' when there is none,
+  or it is not a run's)."""
+  import json  # pylint: disable=g-import-not-at-top
+  try:
+    with open(os.path.join(folder, 'config.json'), encoding='utf-8') as f:
+      config = json.load(f)
+  except (OSError, ValueError):
+    return ''
+  section = config.get('data') if isinstance(config, dict) else None
+  separator = section.get('separator_token', '') if isinstance(section, dict) else ''
+  return separator if isinstance(separator, str) else ''
 
 
 def open_file(path: str, separator_token: str = ''):
