@@ -11,6 +11,7 @@ not, so `--help` answers in a fraction of a second).
 """
 
 import ast
+import functools
 import io
 import shutil
 import sys
@@ -134,25 +135,25 @@ def _comment_of(node: ast.stmt, comments: dict[int, list]) -> str:
   return " ".join(t for t in texts if t)
 
 
-def _source(path: str) -> str:
+@functools.lru_cache(maxsize=None)
+def _file_comments(path: str) -> dict[str, str]:
   with open(path, encoding="utf-8") as f:
-    return f.read()
+    return field_comments(f.read())
 
 
 def _config_path(spec: str) -> str:
   return cli.resolve(spec).partition(":")[0]
 
 
-def _base_meanings() -> dict[str, str]:
-  return field_comments(_source(config_base.__file__))
-
-
-def meanings(spec: str | None = None) -> dict[str, str]:
-  """Every field of `spec`'s config (a `--config=` form; None: `base_config`) -> its one-line
-  meaning ('' where its definition has no comment)."""
-  base = _base_meanings()
-  config = config_base.base_config("dense") if spec is None else cli.load_config(spec)
-  own = {} if spec is None else field_comments(_source(_config_path(spec)))
+def meanings(spec: str | None = None,
+             config: ml_collections.ConfigDict | None = None) -> dict[str, str]:
+  """Every field of `spec`'s config (a `--config=` form, or `config` if given, loaded from it;
+  None: `base_config`) -> its one-line meaning ('' where its definition has no comment), in the
+  order the files define them."""
+  base = _file_comments(config_base.__file__)
+  if config is None:
+    config = config_base.base_config("dense") if spec is None else cli.load_config(spec)
+  own = {} if spec is None else _file_comments(_config_path(spec))
   shared = leaves(config_base.base_config(config.model.name))
   parameter_axes = axes.all_axes()
   order = {}
@@ -254,7 +255,7 @@ def listing(width: int | None = None) -> str:
     models = ", ".join(m for m, (spec, _) in MODELS.items() if spec.partition(":")[0] == family)
     out += ["", f"configs/{family}.py ({models or 'no model'}): "
             + ("adds" if own else "adds no field") + (":" if own else "")]
-    meaning = meanings(family)
+    meaning = meanings(family, config)
     out += _rows({k: own[k] for k in meaning if k in own}, meaning, width)
     if changed:
       out += textwrap.wrap("changes the defaults: " + ", ".join(f"{k}={_value(v)}"
@@ -284,7 +285,7 @@ def model_listing(model: str, width: int | None = None) -> str:
   width = width or min(120, shutil.get_terminal_size((100, 20)).columns)
   spec, line = MODELS[model]
   config = cli.load_config(spec)
-  meaning = meanings(spec)
+  meaning = meanings(spec, config)
   own, changed = family_fields(spec.partition(":")[0], config)
   values = leaves(config)
   fields = {k: values[k] for k in meaning if k not in own}
