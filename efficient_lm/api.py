@@ -178,16 +178,6 @@ def _load_export(path: str) -> "LoadedModel":
   return LoadedModel(nnx.merge(built.graphdef, params), tokenizer, config, fmt.get("step"), path)
 
 
-def _generate_ids(model, prompts_ids: list[list[int]], **kwargs) -> list[np.ndarray]:
-  """New ids for each prompt: `generation.generate_batch` where this library has it, else
-  `generation.generate` prompt by prompt."""
-  if hasattr(generation, "generate_batch"):
-    return generation.generate_batch(model, prompts_ids, **kwargs)
-  stop_ids = kwargs.pop("stop_ids", None)
-  del stop_ids  # the one-prompt decoder has no early stop: the text is cut at `stop` afterwards
-  return [generation.generate(model, ids, **kwargs) for ids in prompts_ids]
-
-
 class LoadedModel:
   """A trained model with its tokenizer and config (`load`).
 
@@ -316,10 +306,11 @@ class LoadedModel:
 
   def generate(self, prompts, max_new_tokens: int = 64, temperature: float = 0.8, top_k: int = 40,
                top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None):
-    """The continuation of each prompt (the new text only): `max_new_tokens` tokens sampled with
-    the cached decoder (`temperature` 0 = greedy; `top_k` 0 and `top_p` 1 = no cut), each prompt
-    a document's start. `stop`: strings that end a continuation (cut before the first one found).
-    A list of prompts gives a list of texts; one string, one text."""
+    """The continuation of each prompt (the new text only), all prompts decoded together by
+    `generation.generate_batch` (the cached decoder): up to `max_new_tokens` tokens, `temperature`
+    0 = greedy, `top_k` 0 and `top_p` 1 = no cut; each prompt a document's start. A continuation
+    ends at the end-of-document token (not in the text) or once it holds a string of `stop` (cut
+    before it). A list of prompts gives a list of texts; one string, one text."""
     one = isinstance(prompts, str)
     prompts = [prompts] if one else list(prompts)
     if not prompts or not all(isinstance(p, str) for p in prompts):
@@ -331,16 +322,21 @@ class LoadedModel:
     if any(not isinstance(s, str) or not s for s in stop):
       raise ValueError(f"stop={stop!r} must be non-empty strings")
     prompts_ids = [[int(t) for t in self.tokenizer.encode(p)] for p in prompts]
-    new_ids = _generate_ids(self.model, prompts_ids, num_tokens=max_new_tokens, eos_id=self.eos_id,
-                            temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                            vocab_size=self.tokenizer.vocab_size,
-                            document_mask=bool(self.config.data.document_mask), stop_ids=None)
+
+    def new_text(row: int, ids) -> str:  # decoded with the prompt, as a word's leading space needs
+      head = self.tokenizer.decode(prompts_ids[row])
+      whole = self.tokenizer.decode(prompts_ids[row] + [int(t) for t in ids if t != self.eos_id])
+      return whole[len(head):] if whole.startswith(head) else self.tokenizer.decode(ids)
+
+    new_ids = generation.generate_batch(
+        self.model, prompts_ids, num_tokens=max_new_tokens, eos_id=self.eos_id,
+        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+        vocab_size=self.tokenizer.vocab_size, document_mask=bool(self.config.data.document_mask),
+        stop_ids=None, until=(lambda row, ids: any(s in new_text(row, ids) for s in stop))
+        if stop else None)
     texts = []
-    for ids, new in zip(prompts_ids, new_ids):
-      head = self.tokenizer.decode(np.asarray(ids, np.int32))
-      whole = self.tokenizer.decode(np.concatenate([np.asarray(ids, np.int32),
-                                                    np.asarray(new, np.int32)]))
-      text = whole[len(head):] if whole.startswith(head) else self.tokenizer.decode(new)
+    for row, ids in enumerate(new_ids):
+      text = new_text(row, ids)
       cuts = [text.find(s) for s in stop if s in text]
       texts.append(text[:min(cuts)] if cuts else text)
     return texts[0] if one else texts

@@ -253,17 +253,25 @@ def test_score_is_the_evaluation_of_each_text_as_a_file(loaded, tmp_path, fake_w
 
 def test_greedy_generation_follows_the_logits_and_stops(loaded):
   lm = loaded["export"]
-  prompt = "thou art"
-  prompt_ids = [int(t) for t in lm.tokenizer.encode(prompt)]
-  ids = [lm.eos_id, *prompt_ids]
+  prompts = ["thou art", "what light through yonder window"]  # ragged: decoded together
+  prompts_ids = [[int(t) for t in lm.tokenizer.encode(p)] for p in prompts]
+  rows = [[lm.eos_id, *ids] for ids in prompts_ids]
+  ended = [False, False]
   for _ in range(8):  # the uncached reference: a full forward pass per new token (causal: the
-    row = ids + [lm.tokenizer.pad_id] * (lm.seq_len - len(ids))  # padding after is never seen)
-    ids.append(int(np.argmax(lm.logits([row, row])[0, len(ids) - 1, :lm.tokenizer.vocab_size])))
-  expected = lm.tokenizer.decode(ids[1:])[len(lm.tokenizer.decode(prompt_ids)):]
-  assert len(expected) >= 4
-  stop = expected[len(expected) // 2:][:2]
-  (text,) = lm.generate([prompt], max_new_tokens=8, temperature=0.0, stop=["\x00never", stop])
-  assert text == expected[:expected.find(stop)]
+    batch = [r + [lm.tokenizer.pad_id] * (lm.seq_len - len(r)) for r in rows]  # padding unseen)
+    logits = lm.logits(batch)
+    for b, r in enumerate(rows):
+      if not ended[b]:  # a row ends with its document (the end-of-document token)
+        r.append(int(np.argmax(logits[b, len(r) - 1, :lm.tokenizer.vocab_size])))
+        ended[b] = r[-1] == lm.eos_id
+  expected = [lm.tokenizer.decode([t for t in r[1:] if t != lm.eos_id])[len(lm.tokenizer.decode(ids)):]
+              for r, ids in zip(rows, prompts_ids)]
+  assert lm.generate(prompts, max_new_tokens=8, temperature=0.0) == expected
+  assert len(expected[0]) >= 4
+  stop = expected[0][len(expected[0]) // 2:][:2]
+  cut = [e[:e.find(stop)] if stop in e else e for e in expected]
+  assert lm.generate(prompts, max_new_tokens=8, temperature=0.0, stop=["\x00never", stop]) == cut
+  assert lm.generate(prompts[0], max_new_tokens=8, temperature=0.0, stop=stop) == cut[0]
 
 
 def test_bad_input_is_one_clear_error(loaded):
