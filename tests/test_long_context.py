@@ -32,23 +32,27 @@ def batch(vocab: int, B: int = 2, seed: int = 0) -> dict:
 
 
 def loss_and_grads(cfg, *, loss_chunk: int = 0, params=None):
-  """Mean NLL of one batch and its gradient for every parameter (the same init for every cfg)."""
+  """Mean NLL of one batch and its gradient for every parameter (the same init for every cfg),
+  and the jaxpr that computed them (text)."""
   model = models.create(cfg, rngs=nnx.Rngs(0))
   graphdef, init = nnx.split(model, nnx.Param)
   params = init if params is None else params
   b = batch(cfg.vocab_size)
 
-  @jax.jit
   def f(params):
     nll, weight = train_step.model_nll(nnx.merge(graphdef, params), b, loss_chunk=loss_chunk)
     return nll / weight
 
-  value, grads = jax.value_and_grad(f)(params)
-  return float(value), grads, params
+  jaxpr = str(jax.make_jaxpr(jax.value_and_grad(f))(params))
+  value, grads = jax.jit(jax.value_and_grad(f))(params)
+  return float(value), grads, params, jaxpr
 
 
 def assert_same_function(a, b, *, rtol=2e-5, atol=2e-6):
-  (va, ga, _), (vb, gb, _) = a, b
+  """Equal loss and gradients, computed two different ways: an equivalence case whose setting
+  left the computation unchanged (the same jaxpr) compares a value with itself, and fails."""
+  (va, ga, _, ja), (vb, gb, _, jb) = a, b
+  assert ja != jb, "both sides ran the same computation: the setting under test did not apply"
   np.testing.assert_allclose(va, vb, rtol=rtol)
   flat_a, flat_b = jax.tree_util.tree_leaves_with_path(ga), jax.tree.leaves(gb)
   assert len(flat_a) == len(flat_b)
@@ -58,13 +62,26 @@ def assert_same_function(a, b, *, rtol=2e-5, atol=2e-6):
   assert any(float(jnp.abs(x).max()) > 0 for x in jax.tree.leaves(ga))
 
 
+# Chunks smaller than the hidden state: dense's is T = 32 positions, Perceiver-AR's its 8 latents
+# (a chunk of 8 or more would leave its loss whole). A ragged last chunk is padded with weight 0.
 @pytest.mark.slow
-@pytest.mark.parametrize("loss_chunk", [12, 8])  # 12: a ragged last chunk, padded with weight 0
-@pytest.mark.parametrize("name", ["dense", "perceiver_ar"])
+@pytest.mark.parametrize("name,loss_chunk", [("dense", 12), ("dense", 8), ("perceiver_ar", 3),
+                                             ("perceiver_ar", 4)])
 def test_chunked_loss_equals_the_whole_loss(name, loss_chunk):
   cfg = tiny_model_config(name, vocab_size=512)
   whole = loss_and_grads(cfg)
-  assert_same_function(loss_and_grads(cfg, loss_chunk=loss_chunk, params=whole[2]), whole)
+  chunked = loss_and_grads(cfg, loss_chunk=loss_chunk, params=whole[2])
+  assert chunked[3].count("scan[") > whole[3].count("scan[")  # the loss did run over chunks
+  assert_same_function(chunked, whole)
+
+
+def test_an_equivalence_that_compares_a_value_with_itself_fails():
+  """Perceiver-AR's hidden state is its 8 latents: a loss chunk of 8 leaves the loss whole, the
+  two sides one computation, which `assert_same_function` refuses (the case it guards against)."""
+  cfg = tiny_model_config("perceiver_ar", vocab_size=512)
+  whole = loss_and_grads(cfg)
+  with pytest.raises(AssertionError, match="the same computation"):
+    assert_same_function(loss_and_grads(cfg, loss_chunk=8, params=whole[2]), whole)
 
 
 @pytest.mark.parametrize("remat", fast_first(["block", "dots"]))
