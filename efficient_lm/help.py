@@ -13,6 +13,7 @@ not, so `--help` answers in a fraction of a second).
 import ast
 import functools
 import io
+import os
 import shutil
 import sys
 import textwrap
@@ -87,7 +88,7 @@ def _attribute_path(node: ast.AST, aliases: dict[str, str]) -> str | None:
 def field_comments(source: str) -> dict[str, str]:
   """Each config field a config file assigns -> the comment that says what it is, one line ('' for
   none), in the order of their first assignment (the first commented assignment gives the text)."""
-  comments = {}  # line -> (column, text, the line holds nothing else)
+  comments = {}  # line -> [column, text, whether the line holds nothing else]
   code_lines = set()
   for token in tokenize.generate_tokens(io.StringIO(source).readline):
     if token.type == tokenize.COMMENT:
@@ -173,21 +174,12 @@ def meanings(spec: str | None = None,
   return out
 
 
-def family_configs() -> tuple[str, ...]:
-  """The shipped config files (`configs/<family>.py`), by name."""
-  return cli.config_names()
-
-
-def _value(value) -> str:
-  return repr(value)
-
-
 def _rows(fields: dict[str, object], meaning: dict[str, str], width: int) -> list[str]:
   """'  name = default   meaning' lines, the meaning wrapped under itself."""
   column = 40
   lines = []
   for field, value in fields.items():
-    head = f"  {field} = {_value(value)}"
+    head = f"  {field} = {value!r}"
     text = meaning.get(field, "")
     if len(head) + 2 > column:
       lines.append(head)
@@ -249,7 +241,7 @@ def listing(width: int | None = None) -> str:
   for section in extra:  # a section added to config_base later is listed too
     out += ["", f"{section}."]
     out += _rows({k: v for k, v in fields.items() if k.split(".")[0] == section}, meaning, width)
-  for family in family_configs():
+  for family in cli.config_names():
     config = cli.load_config(family)
     own, changed = family_fields(family, config)
     models = ", ".join(m for m, (spec, _) in MODELS.items() if spec.partition(":")[0] == family)
@@ -258,7 +250,7 @@ def listing(width: int | None = None) -> str:
     meaning = meanings(family, config)
     out += _rows({k: own[k] for k in meaning if k in own}, meaning, width)
     if changed:
-      out += textwrap.wrap("changes the defaults: " + ", ".join(f"{k}={_value(v)}"
+      out += textwrap.wrap("changes the defaults: " + ", ".join(f"{k}={v!r}"
                                                                  for k, v in changed.items()),
                            width=max(width, 70), initial_indent="  ", subsequent_indent="    ")
   return "\n".join(out) + "\n"
@@ -330,8 +322,11 @@ def answer(argv: list[str]) -> None:
   except HelpError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(cli.EXIT_USAGE)
-  sys.stdout.write(text)
-  sys.stdout.flush()
+  try:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+  except BrokenPipeError:  # `--help | head`: the reader has what it wanted
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
   sys.exit(0)
 
 

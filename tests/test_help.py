@@ -101,13 +101,17 @@ def test_help_exits_0_with_every_model_and_field(module):
   assert seconds < 10, f"--help took {seconds:.1f} s"
 
 
-def test_console_script_help():
-  """The console scripts' entry (`efficient-lm-train`'s `main.run`) answers the same."""
-  done = subprocess.run([sys.executable, "-c", "import sys; from efficient_lm import main; "
-                         "sys.argv = ['efficient-lm-train', '--help']; main.run()"],
+@pytest.mark.parametrize("module,script,flag", [("main", "efficient-lm-train", "--compile_only"),
+                                                ("sample", "efficient-lm-sample", "--top_p"),
+                                                ("evaluate", "efficient-lm-eval", "--ablate_context")])
+def test_console_script_help(module, script, flag):
+  """The console scripts' entries (setup.py: `efficient_lm.<module>:run`) answer the same, each
+  with its own flags."""
+  done = subprocess.run([sys.executable, "-c", f"import sys; from efficient_lm import {module}; "
+                         f"sys.argv = ['{script}', '--help']; {module}.run()"],
                         capture_output=True, text=True, cwd=REPO, timeout=120)
   assert done.returncode == 0, done.stderr[-2000:]
-  assert "\n  --compile_only " in done.stdout and "\n  model.d_model = 256" in done.stdout
+  assert f"\n  {flag} " in done.stdout and "\n  model.d_model = 256" in done.stdout
 
 
 @pytest.mark.parametrize("model", sorted(help_lib.MODELS))
