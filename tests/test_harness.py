@@ -192,19 +192,37 @@ def test_simple_evaluate_runs_the_three_local_tasks(lm, task_dir, offline):
   assert 0.0 <= results["tiny_gen"]["exact_match,none"] <= 1.0
 
 
-def test_the_command_writes_lm_evals_results_json(workdir, task_dir, offline, tmp_path):
-  out = tmp_path / "results.json"
-  command = [sys.executable, "-m", "efficient_lm.harness", f"--workdir={workdir}",
-             "--tasks=tiny_mc", f"--include_path={task_dir}", "--noinclude_defaults",
-             "--limit=3", "--batch_size=4", f"--output={out}"]
-  done = subprocess.run(command, cwd=REPO, env=subprocess_env(**offline), capture_output=True,
-                        text=True, timeout=300, check=False)
+def _docs_blocks() -> dict[str, list[str]]:
+  """The fenced blocks of docs/using_a_model.md's `## Evaluate with lm-eval`, by language."""
+  with open(os.path.join(REPO, "docs", "using_a_model.md"), encoding="utf-8") as f:
+    section = f.read().split("## Evaluate with lm-eval", 1)[1].split("\n## ", 1)[0]
+  blocks = {}
+  for part in section.split("```")[1::2]:
+    language, _, body = part.partition("\n")
+    blocks.setdefault(language.strip(), []).append(body)
+  return blocks
+
+
+def test_the_docs_task_and_command_write_lm_evals_results_json(workdir, offline, tmp_path):
+  """docs/using_a_model.md's own task YAML, data and command, on the tiny run."""
+  blocks = _docs_blocks()
+  (yaml,) = [b for b in blocks["yaml"] if "task: capitals" in b]
+  (command,) = [b.strip() for b in blocks["bash"] if "--tasks=capitals" in b]
+  os.makedirs(tmp_path / "my_tasks")
+  (tmp_path / "my_tasks" / "capitals.yaml").write_text(yaml)
+  (tmp_path / "my_tasks" / "capitals.jsonl").write_text(blocks["json"][0])
+  env_part, python, *args = command.split()
+  assert env_part == "HF_DATASETS_OFFLINE=1" and python == "python"
+  args = [f"--workdir={workdir}" if a.startswith("--workdir=") else a for a in args]
+  done = subprocess.run([sys.executable, *args, "--limit=3", "--batch_size=4"], cwd=tmp_path,
+                        env=subprocess_env(**offline), capture_output=True, text=True, timeout=300,
+                        check=False)
   assert done.returncode == 0, done.stderr[-3000:]
-  results = json.loads(out.read_text())
-  assert 0.0 <= results["results"]["tiny_mc"]["acc,none"] <= 1.0
-  assert results["n-samples"]["tiny_mc"]["effective"] == 3
-  assert json.loads(done.stdout.strip().splitlines()[-1])["tiny_mc"]["acc,none"] == \
-      results["results"]["tiny_mc"]["acc,none"]
+  results = json.loads((tmp_path / "results" / "capitals.json").read_text())
+  assert 0.0 <= results["results"]["capitals"]["acc,none"] <= 1.0
+  assert results["n-samples"]["capitals"]["effective"] == 3
+  assert json.loads(done.stdout.strip().splitlines()[-1])["capitals"]["acc,none"] == \
+      results["results"]["capitals"]["acc,none"]
 
 
 def test_an_unknown_task_is_one_error_line(task_dir, tmp_path, capsys):
