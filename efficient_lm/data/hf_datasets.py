@@ -306,7 +306,9 @@ class HFDataset(text_builder.Reporting, tfds.core.GeneratorBasedBuilder, skip_re
     order = np.arange(len(ds)) if indices is None else indices
     for start in range(0, len(order), _READ_ROWS):
       chunk = order[start:start + _READ_ROWS]
-      texts = ds[[int(i) for i in chunk]][self._resolved.text_key]
+      rows = (slice(start, start + len(chunk)) if indices is None  # a slice: one Arrow read
+              else [int(i) for i in chunk])
+      texts = ds[rows][self._resolved.text_key]
       for i, text in self._counted(zip(chunk, texts)):
         yield int(i), {self._resolved.text_key: text or ''}
 
