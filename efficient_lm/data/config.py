@@ -115,14 +115,6 @@ def has_document_ids(data_config) -> bool:
   return document_mask(data_config) and not (source is not None and source.generated)
 
 
-def _optional(cfg, name: str, default):
-  """`cfg.<name>`, or `default` if the config lacks the field."""
-  try:
-    return cfg[name]
-  except (KeyError, AttributeError):
-    return default
-
-
 def _field(cfg, name: str):
   try:
     return cfg[name]
