@@ -3,63 +3,31 @@
     --config=configs/pi_attention.py        a config file (`:preset` after it: configs/bcmt.py:128)
     --config=pi_attention  --config=bcmt:128  a config shipped with the package, by name
 
-`parse_flags` is absl's `flags_parser` for `app.run`: a mistake on the command line (an unknown
-flag or config field, with the closest names; a value of the wrong type; a missing config file;
-an unknown preset, with the presets the file has) prints one `error: ...` line and exits with
-status 2, before anything is imported or compiled. `--help` (the command's flags, the models and
-every config field) and `--help=<model>` (the fields it reads) print `help`'s listing and exit 0.
+The configs are loaded by `config_files` (its names are here too). `parse_flags` is absl's
+`flags_parser` for `app.run`: a mistake on the command line (an unknown flag or config field, with
+the closest names; a value of the wrong type; a missing config file; an unknown preset, with the
+presets the file has) prints one `error: ...` line and exits with status 2, before anything is
+imported or compiled. `--help` (the command's flags, the models and every config field) and
+`--help=<model>` (the fields it reads) print `help`'s listing and exit 0.
 """
 
 import difflib
-import importlib.resources
-import importlib.util
-import os
 import sys
 
 import ml_collections
 from absl import flags
 
+from efficient_lm import config_files
+from efficient_lm import help as help_lib
 from efficient_lm.validation import ConfigError
 
 EXIT_USAGE = 2
 
 
-def config_names() -> tuple[str, ...]:
-  """The configs shipped with the package (`efficient_lm.configs`, the repository's configs/)."""
-  folder = importlib.resources.files("efficient_lm.configs")
-  return tuple(sorted(p.name[:-3] for p in folder.iterdir()
-                      if p.name.endswith(".py") and not p.name.startswith("_")))
-
-
-def resolve(spec: str) -> str:
-  """'pi_attention', 'bcmt:128' or 'configs/bcmt.py:128' -> '<existing path>[:preset]'; a
-  ConfigError naming the shipped configs when it is neither a file nor one of them."""
-  path, colon, preset = spec.partition(":")
-  if os.path.isfile(os.path.expanduser(path)):
-    return spec
-  name = os.path.splitext(os.path.basename(path))[0]
-  if name in config_names() and (path == name or not os.path.dirname(path)
-                                 or path.startswith("configs/")):
-    packaged = importlib.resources.files("efficient_lm.configs") / f"{name}.py"
-    return f"{packaged}{colon}{preset}"
-  raise ConfigError(f"--config={spec!r} is neither a config file nor a shipped config; give a path "
-                    f"such as configs/pi_attention.py, or one of {', '.join(config_names())} "
-                    "(with :preset after it, e.g. bcmt:128)")
-
-
-def load_config(spec: str, *, shown: str | None = None) -> ml_collections.ConfigDict:
-  """The ConfigDict of `spec` (`resolve`'s forms): its file's `get_config(preset)`. An unknown
-  preset is a ConfigError with the file's message (which names its presets); `shown` is how the
-  spec is named in it (default `spec`)."""
-  path, _, preset = resolve(spec).partition(":")
-  module_spec = importlib.util.spec_from_file_location(
-      f"efficient_lm_config_{os.path.splitext(os.path.basename(path))[0]}", path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  try:
-    return module.get_config(preset or None)
-  except ValueError as e:
-    raise ConfigError(f"--config={shown or spec}: {e}") from None
+# (Here too, as the library and the tests have called them: cli.load_config, ...)
+config_names = config_files.config_names
+resolve = config_files.resolve
+load_config = config_files.load_config
 
 
 def _fields(config, prefix: str = "") -> list[str]:
@@ -93,7 +61,6 @@ def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing (for `app.run(main, flags_parser=parse_flags)`), with every mistake one
   line on stderr and exit status 2. `--help` and `--help=<model>` print their listing (`help`)
   and exit 0."""
-  from efficient_lm import help as help_lib  # pylint: disable=import-outside-toplevel  (imports cli)
   help_lib.answer(argv)
   unknown = _unknown_flag(argv[1:])
   if unknown:  # before the config file is loaded (it imports the models, and jax)

@@ -23,8 +23,9 @@ import ml_collections
 from absl import flags
 
 from efficient_lm import axes
-from efficient_lm import cli
 from efficient_lm import config_base
+from efficient_lm import config_files
+from efficient_lm import exit_codes
 
 SECTIONS = ("data", "model", "train", "mesh")
 HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "-helpshort", "-helpfull")
@@ -143,7 +144,7 @@ def _file_comments(path: str) -> dict[str, str]:
 
 
 def _config_path(spec: str) -> str:
-  return cli.resolve(spec).partition(":")[0]
+  return config_files.resolve(spec).partition(":")[0]
 
 
 def meanings(spec: str | None = None,
@@ -153,7 +154,7 @@ def meanings(spec: str | None = None,
   order the files define them."""
   base = _file_comments(config_base.__file__)
   if config is None:
-    config = config_base.base_config("dense") if spec is None else cli.load_config(spec)
+    config = config_base.base_config("dense") if spec is None else config_files.load_config(spec)
   own = {} if spec is None else _file_comments(_config_path(spec))
   shared = leaves(config_base.base_config(config.model.name))
   parameter_axes = axes.all_axes()
@@ -241,8 +242,8 @@ def listing(width: int | None = None) -> str:
   for section in extra:  # a section added to config_base later is listed too
     out += ["", f"{section}."]
     out += _rows({k: v for k, v in fields.items() if k.split(".")[0] == section}, meaning, width)
-  for family in cli.config_names():
-    config = cli.load_config(family)
+  for family in config_files.config_names():
+    config = config_files.load_config(family)
     own, changed = family_fields(family, config)
     models = ", ".join(m for m, (spec, _) in MODELS.items() if spec.partition(":")[0] == family)
     out += ["", f"configs/{family}.py ({models or 'no model'}): "
@@ -260,7 +261,7 @@ def family_fields(family: str, config: ml_collections.ConfigDict | None = None,
                   ) -> tuple[dict[str, object], dict[str, object]]:
   """The fields `configs/<family>.py` adds to `base_config` (with its defaults), and the shared
   fields it gives other defaults."""
-  config = config if config is not None else cli.load_config(family)
+  config = config if config is not None else config_files.load_config(family)
   base = leaves(config_base.base_config(config.model.name))
   fields = leaves(config)
   own = {k: v for k, v in fields.items() if k not in base}
@@ -276,7 +277,7 @@ def model_listing(model: str, width: int | None = None) -> str:
                     f"{', '.join(MODELS)} (or --help for everything)")
   width = width or min(120, shutil.get_terminal_size((100, 20)).columns)
   spec, line = MODELS[model]
-  config = cli.load_config(spec)
+  config = config_files.load_config(spec)
   meaning = meanings(spec, config)
   own, changed = family_fields(spec.partition(":")[0], config)
   values = leaves(config)
@@ -321,7 +322,7 @@ def answer(argv: list[str]) -> None:
     text = model_listing(name) if name else listing()
   except HelpError as e:
     print(f"error: {e}", file=sys.stderr)
-    sys.exit(cli.EXIT_USAGE)
+    sys.exit(exit_codes.USAGE)
   try:
     sys.stdout.write(text)
     sys.stdout.flush()
