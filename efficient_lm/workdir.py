@@ -178,11 +178,16 @@ class Workdir:
   # Reading.
 
   def saved_config(self) -> ml_collections.ConfigDict | None:
-    """The run's config, with the fields added since it was written at their defaults."""
+    """The run's config, with the fields added since it was written at their defaults; a
+    `data.tokenizer` of one's own is the workdir's copy (the file the run named may have moved:
+    evaluation and sampling read the copy)."""
     if not os.path.isfile(self.file(CONFIG)):
       return None
     with open(self.file(CONFIG), encoding="utf-8") as f:
-      return config_base.fill_defaults(ml_collections.ConfigDict(json.load(f)), saved=True)
+      config = config_base.fill_defaults(ml_collections.ConfigDict(json.load(f)), saved=True)
+    if config.data.tokenizer and os.path.isfile(self.tokenizer_file()):
+      config.data.tokenizer = self.tokenizer_file()
+    return config
 
   def saved_identity(self) -> dict | None:
     if not os.path.isfile(self.file(DATA)):

@@ -17,6 +17,7 @@ import pytest
 
 from conftest import REPO, SHAKESPEARE_WORKS, fake_work_text, load_config, subprocess_env
 from efficient_lm import data
+from efficient_lm import scoring
 from efficient_lm import workdir as workdir_lib
 from efficient_lm.data import archives
 from efficient_lm.data import cache
@@ -243,11 +244,13 @@ def _train_tokens(stderr: str) -> int:
   return int(re.search(r'Corpus\(shakespeare, vocab=\d+, tokens: train=(\d+)', stderr)[1])
 
 
-@pytest.mark.slow  # two training runs on the command line, one per kind (~25 s each on 2 cores)
+@pytest.mark.slow  # two training runs on the command line, one per kind (~35 s each on 2 cores)
 @pytest.mark.parametrize('kind', ['sp', 'hf'])
 def test_main_trains_with_a_tokenizer_of_ones_own(own, kind, tiny_cli_args, tiny_config, tmp_path):
   workdir = tmp_path / 'w'
-  done = _run(_cli(tiny_cli_args, str(workdir), own[kind]))
+  given = tmp_path / os.path.basename(own[kind])  # (removed once trained: readers use the copy)
+  given.write_bytes(open(own[kind], 'rb').read())
+  done = _run(_cli(tiny_cli_args, str(workdir), str(given)))
   assert done.returncode == 0, done.stderr[-3000:]
   copy = workdir / ('tokenizer.model' if kind == 'sp' else 'tokenizer.json')
   assert copy.read_bytes() == open(own[kind], 'rb').read()
@@ -260,11 +263,19 @@ def test_main_trains_with_a_tokenizer_of_ones_own(own, kind, tiny_cli_args, tiny
   # The library's own tokenizer on the same data_dir gives another train token count.
   config = tiny_config()
   assert _train_tokens(done.stderr) != data.load(config.data).num_tokens('train')
-  # What reads the workdir later opens its copy.
+  # What reads the workdir later opens its copy, the given file gone.
+  given.unlink()
   tok = open_tokenizer(str(workdir / 'tokenizer.model'))  # the path generation.load_workdir opens
   assert tok.model_path == str(copy) and tok.encode(SAMPLE).tolist() == \
       open_tokenizer(own[kind]).encode(SAMPLE).tolist()
   workdir_lib.Workdir(str(workdir)).require_trained()
+  text = tmp_path / 'text.txt'
+  text.write_text(SAMPLE)
+  on_text = scoring.evaluate_workdir(str(workdir), text_file=str(text))
+  on_split = scoring.evaluate_workdir(str(workdir), split='validation')
+  assert on_text['num_bytes'] == len(SAMPLE.encode()) and on_text['step'] == on_split['step'] == 4
+  final = json.loads(done.stdout.splitlines()[-1])  # the run's final evaluation, same split
+  assert on_split['bits_per_byte'] == pytest.approx(final['eval_bits_per_byte'], rel=1e-3), final
 
 
 def test_a_command_line_vocab_size_that_disagrees_is_refused_before_any_work(own, tiny_cli_args,
