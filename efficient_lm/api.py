@@ -64,12 +64,13 @@ def load(path: str, *, step: int | None = None) -> "LoadedModel":
 
 
 def _open_tokenizer(path: str):
+  """The tokenizer of a workdir or an export folder (its tokenizer.model or tokenizer.json, with
+  the separator its run's config.json names)."""
   from efficient_lm.data.tokenizer import open_tokenizer  # pylint: disable=import-outside-toplevel
-  for name in export_lib.TOKENIZER_FILES:
-    if os.path.isfile(os.path.join(path, name)):
-      return open_tokenizer(os.path.join(path, name))
-  raise LoadError(f"{path} has no tokenizer file ({' or '.join(export_lib.TOKENIZER_FILES)}); copy "
-                  "the tokenizer the model was trained with into it")
+  if not any(os.path.isfile(os.path.join(path, name)) for name in workdir_lib.TOKENIZER_FILES):
+    raise LoadError(f"{path} has no tokenizer file ({' or '.join(workdir_lib.TOKENIZER_FILES)}); "
+                    "copy the tokenizer the model was trained with into it")
+  return open_tokenizer(path)
 
 
 def _read_config(path: str) -> tuple[ml_collections.ConfigDict, dict]:

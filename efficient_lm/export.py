@@ -4,17 +4,17 @@
         [--step=N] [--dtype=bfloat16] [--max_shard_bytes=5000000000] [--overwrite]
 
 Writes into `--out`: `model.safetensors` (or, past `--max_shard_bytes`,
-`model-00001-of-0000K.safetensors` ... and `model.safetensors.index.json`, the usual
-`{"metadata": {"total_size": ...}, "weight_map": {name: file}}`), `config.json` (the run's
-config.json and a `format` block: what wrote it, the step, the dtype), the workdir's tokenizer
-file(s) as they are, and a `README.md` model card. Tensors are named by their module path (the
-dot-joined nnx state path, e.g. `blocks.mixer.attn.qkv.kernel`); the layers, stacked by
-`nnx.scan`, are one tensor each with the layer axis first. The checkpoint (latest, or `--step`) is
-restored onto one CPU device whatever mesh or host count wrote it; shapes come from the config.
-Everything is written into a temporary folder beside `--out` and renamed into place: a failed or
-stopped export leaves nothing half-written. One `error: ...` line and exit status 2 for input it
-cannot use (no checkpoint, a non-empty `--out` without `--overwrite`). Only light modules are
-imported before the flags are checked.
+`model-00001-of-0000K.safetensors` ... and `model.safetensors.index.json`, the usual `{"metadata":
+{"total_size": ...}, "weight_map": {name: file}}`), `config.json` (the run's config.json and a
+`format` block: what wrote it, the step, the dtype), the workdir's tokenizer file as it is
+(tokenizer.model or tokenizer.json), and a `README.md` model card. Tensors are named by their
+module path (the dot-joined nnx state path, e.g. `blocks.mixer.attn.qkv.kernel`); the layers,
+stacked by `nnx.scan`, are one tensor each with the layer axis first. The checkpoint (latest, or
+`--step`) is restored onto one CPU device whatever mesh or host count wrote it; shapes come from
+the config. Everything is written into a temporary folder beside `--out` and renamed into place: a
+failed or stopped export leaves nothing half-written. One `error: ...` line and exit status 2 for
+input it cannot use (no checkpoint, a non-empty `--out` without `--overwrite`).
+Only light modules are imported before the flags are checked.
 """
 
 import json
@@ -37,9 +37,6 @@ FORMAT = "efficient_lm.safetensors"  # config.json's format.name
 FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
-# The tokenizer files a workdir may hold (a sentencepiece model, a Hugging Face tokenizer.json):
-# every one present is copied as it is.
-TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json")
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_MAX_SHARD_BYTES = 5_000_000_000
 
@@ -273,9 +270,9 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
   tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", suffix=".tmp", dir=parent)
   try:
     files = write_weights(tensors, tmp, max_shard_bytes)
-    copied = [name for name in TOKENIZER_FILES if os.path.isfile(os.path.join(workdir, name))]
-    for name in copied:
-      shutil.copyfile(os.path.join(workdir, name), os.path.join(tmp, name))
+    tokenizer = workdir_lib.Workdir(workdir).tokenizer_file()  # tokenizer.model or .json
+    copied = [os.path.basename(tokenizer)]
+    shutil.copyfile(tokenizer, os.path.join(tmp, copied[0]))
     saved["format"] = {"name": FORMAT, "version": FORMAT_VERSION, "step": step,
                        "dtype": "/".join(dtypes), "weights": INDEX if len(files) > 1 else WEIGHTS}
     with open(os.path.join(tmp, workdir_lib.CONFIG), "w", encoding="utf-8") as f:

@@ -33,12 +33,14 @@ DOCS = os.path.join(REPO, "docs", "using_a_model.md")
 
 @pytest.fixture(scope="module")
 def run(shakespeare_archive, tiny_data_dir, tmp_path_factory):
-  """A tiny π-Attention run (6 steps, checkpoints at 3 and 6) and its export (the library call)."""
+  """A tiny π-Attention run (6 steps, checkpoints at 3 and 6) trained on 2 devices, parameters
+  sharded over them (mesh.fsdp=2), and its export (the library call), restored onto one."""
   config = load_config("pi_attention")
   overrides = dict(num_steps=6, checkpoint_every=3, eval_every=6, log_every=3, sample_tokens=0)
   for section, fields in _tiny_sections(shakespeare_archive, tiny_data_dir, overrides).items():
     config[section].update(fields)
   config.model.update(window=8, period=8, num_skips=2)  # windows and skips inside seq_len=32
+  config.mesh.fsdp = 2
   workdir = str(tmp_path_factory.mktemp("pi_run"))
   train.train_and_evaluate(config, workdir)
   out = str(tmp_path_factory.mktemp("exports") / "pi")
@@ -372,3 +374,25 @@ def test_import_efficient_lm_stays_light():
                         timeout=60, check=True)
   assert done.stdout.strip() == "[]"
   assert callable(efficient_lm.load)
+
+
+@pytest.mark.slow  # a training run for each family
+@pytest.mark.parametrize("name", ["dense", "sliding_window", "bcmt", "ecp", "perceiver_ar"])
+def test_every_family_exports_and_loads_the_same(name, shakespeare_archive, tiny_data_dir, tmp_path):
+  from test_models import CONFIG_OF, FAMILY_FIELDS  # pylint: disable=import-outside-toplevel
+  config = load_config(*CONFIG_OF.get(name, (name,)))
+  overrides = dict(num_steps=2, checkpoint_every=2, eval_every=2, sample_tokens=0)
+  for section, fields in _tiny_sections(shakespeare_archive, tiny_data_dir, overrides).items():
+    config[section].update(fields)
+  config.model.update(FAMILY_FIELDS.get(name, {}))
+  train.train_and_evaluate(config, str(tmp_path / "run"))
+  summary = export.export(str(tmp_path / "run"), str(tmp_path / "export"))
+  assert summary["num_params"] == train_state.build(config, abstract=True).num_params
+  from_workdir, from_export = efficient_lm.load(str(tmp_path / "run")), efficient_lm.load(
+      str(tmp_path / "export"))
+  ids = _ids(from_workdir)
+  logits = from_workdir.logits(ids)
+  assert logits.shape[0] == 2 and logits.shape[2] == config.model.vocab_size
+  assert float(np.abs(logits - from_export.logits(ids)).max()) == 0.0
+  text = "ROMEO:\nGood night, good night! parting is such sweet sorrow " * 4
+  assert from_workdir.score([text]) == from_export.score([text])
