@@ -181,6 +181,10 @@ def test_hub_name_is_read_from_the_cache_offline(tmp_path, hf_home, monkeypatch)
   assert 'HF_DATASETS_OFFLINE' not in os.environ
   assert corpus.splits == ('train', 'validation', 'test')
   assert corpus.num_documents('train') + corpus.num_documents('validation') == len(rows)
+  # data.hf_allow_download=True leaves the environment's setting (online here) alone.
+  seen.clear()
+  hf_datasets.resolve(_config(tmp_path / 'd', f'hf:{tmp_path}/src', hf_allow_download=True))
+  assert seen == [(False, False, None)]
   with pytest.raises(ConfigError, match=r"^data\.dataset='hf:someone/missing' is not a local folder "
                      r'and not in the datasets cache \(.*\), and downloads are off; set '
                      r'data\.hf_allow_download=True to download it'):
