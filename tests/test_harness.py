@@ -114,12 +114,17 @@ class _Request:
     self.args = args
 
 
-def _log_probs(model, ids) -> np.ndarray:
-  """log p(ids[t+1] | ids[:t+1]) for every t, from the loaded model's own `.logits`."""
-  logits = np.asarray(model.logits(np.asarray([ids[:-1]])), np.float64)[0]
+def _log_softmax(model, inputs) -> np.ndarray:
+  """float64 log-probabilities `[T', V]` of one row of inputs, from the model's own `.logits`."""
+  logits = np.asarray(model.logits(np.asarray([inputs])), np.float64)[0]
   logits -= logits.max(-1, keepdims=True)
-  log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-  return log_p[np.arange(len(ids) - 1), ids[1:]], logits.argmax(-1) == np.asarray(ids[1:])
+  return logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+
+
+def _log_probs(model, ids) -> tuple[np.ndarray, np.ndarray]:
+  """(log p(ids[t+1] | ids[:t+1]), whether ids[t+1] is the argmax) for every t."""
+  log_p = _log_softmax(model, ids[:-1])
+  return log_p[np.arange(len(ids) - 1), ids[1:]], log_p.argmax(-1) == np.asarray(ids[1:])
 
 
 def test_loglikelihood_is_the_continuations_log_probability_from_the_logits(lm):
@@ -233,3 +238,36 @@ def test_an_unknown_task_is_one_error_line(task_dir, tmp_path, capsys):
   assert status == 2 and len(err) == 1, err
   assert err[0].startswith("error: --tasks: no_such_task is not among") and "--include_path" in err[0]
   assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.slow  # (another family compiled: ~15 s)
+def test_perceiver_ar_scores_in_its_latents(lm):
+  """A Perceiver-AR model (untrained: the layout is what is checked) predicts only its last
+  num_latents positions: rows right-aligned, rolling windows of num_latents targets, the same
+  perplexity as the library's scorer with that stride, continuations scored from those logits."""
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from efficient_lm import api, models, scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm.harness_model import EfficientLM  # pylint: disable=import-outside-toplevel
+  config = load_config("perceiver_ar")
+  config.data.update(dict(TINY["data"], vocab_size=int(lm.lm.config.data.vocab_size)))
+  config.model.update(dict(TINY["model"], num_latents=8))
+  perceiver = EfficientLM(api.LoadedModel(models.create(config.model, rngs=nnx.Rngs(0)),
+                                          lm.lm.tokenizer, config, None, "untrained"), batch_size=2)
+  assert (perceiver.num_logits, perceiver.right_align) == (8, True)
+  text = (PPL_DOCS[0]["text"] + PPL_DOCS[1]["text"]) * 2
+  ids = [int(t) for t in lm.lm.tokenizer.encode(text)]
+  (log_p,) = perceiver.loglikelihood_rolling([_Request(text)])
+  library = scoring.score_stream(perceiver.lm.model, np.asarray([lm.eos_id] + ids), context=32,
+                                 stride=8, batch_size=2, num_bytes=len(text.encode()),
+                                 eos_id=lm.eos_id, pad_id=lm.pad_id, seq_len=32,
+                                 document_mask=perceiver.document_mask)
+  assert library["scored_tokens"] == len(ids)
+  assert np.exp(-log_p / len(ids)) == pytest.approx(library["perplexity"], rel=1e-5)
+  ctx, cont = perceiver._encode_pair("good night", " sweet prince")  # pylint: disable=protected-access
+  ((got, _),) = perceiver.loglikelihood([_Request("good night", " sweet prince")])
+  full = [lm.eos_id] + ctx + cont
+  row = [lm.eos_id] * (32 - len(full) + 1) + full  # right-aligned: eos on the left
+  log_p = _log_softmax(perceiver.lm, row[:-1])  # the last 8 positions only
+  assert log_p.shape[0] == 8
+  want = sum(log_p[8 - len(cont) + j, t] for j, t in enumerate(cont))
+  assert got == pytest.approx(want, rel=1e-4, abs=1e-4)
