@@ -104,8 +104,17 @@ def _contexts(model: nnx.Module, prompts_ids, num_tokens: int, eos_id: int) -> l
   """Each prompt's context: an end-of-document token and the prompt, left-padded (or cut) to the
   model's `prompt_window`; refused if `num_tokens` do not fit after the longest prompt."""
   if isinstance(prompts_ids, (str, bytes)) or not len(prompts_ids):
-    raise ValueError("prompts_ids must be a non-empty list of token id lists")
-  prompts = [[int(t) for t in np.asarray(p).reshape(-1)] for p in prompts_ids]
+    raise ValueError("prompts_ids must be a non-empty list of token id lists (one a prompt)")
+  arrays = [np.asarray(p) for p in prompts_ids]
+  vocab = model.embed.num_embeddings
+  for i, a in enumerate(arrays):
+    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
+      raise ValueError(f"prompts_ids[{i}] has shape {a.shape} ({a.dtype}): each prompt must be a "
+                       "1-D list of int token ids")
+    if a.size and not 0 <= a.min() <= a.max() < vocab:
+      raise ValueError(f"prompts_ids[{i}] holds ids outside 0..{vocab - 1} (model.vocab_size="
+                       f"{vocab}): encode the prompt with the run's tokenizer")
+  prompts = [[int(t) for t in a] for a in arrays]
   longest = max(len(p) for p in prompts)
   room = context_room(model, longest)
   if num_tokens > room:
@@ -277,6 +286,9 @@ def generate(model: nnx.Module, prompt_ids, *, num_tokens: int, eos_id: int,
              document_mask: bool = False, stop_ids=()) -> np.ndarray:
   """`num_tokens` new token ids continuing the 1-D `prompt_ids` (a document's start): `generate_batch`
   of one row, which by default never stops early (`stop_ids=()`)."""
+  if np.ndim(prompt_ids) != 1:
+    raise ValueError(f"prompt_ids has shape {np.shape(prompt_ids)}: generate takes one 1-D prompt; "
+                     "give several (of any lengths) to generate_batch as a list")
   return generate_batch(model, [prompt_ids], num_tokens=num_tokens, eos_id=eos_id,
                         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                         vocab_size=vocab_size, document_mask=document_mask, stop_ids=stop_ids,

@@ -8,13 +8,14 @@ would decode differently.
 import json
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
 from flax import nnx
 
 from conftest import REPO, fast_first, subprocess_env
-from efficient_lm import generation, models, train
+from efficient_lm import generation, models, sample, train
 from test_models import tiny_model_config
 
 # Every registered model (tiny sizes, test_models.FAMILY_FIELDS), and BCMT with learned positions.
@@ -120,12 +121,16 @@ def test_text_stops_before_a_stop_string(pi_model):
     assert stop not in r.text[len(r.prompt):]
 
 
-def test_learned_positions_refuse_a_batch_whose_longest_prompt_leaves_no_room():
+def test_bad_prompts_are_refused_before_anything_compiles():
   model = tiny_model("dense", position="learned", seq_len=16)
   with pytest.raises(ValueError, match="after a prompt of 10 do not fit the model's learned"):
     generation.generate_batch(model, [[5], list(range(3, 13))], num_tokens=6, eos_id=1)
   with pytest.raises(ValueError, match="non-empty list"):
     generation.generate_batch(model, [], num_tokens=6, eos_id=1)
+  with pytest.raises(ValueError, match=r"prompts_ids\[1\] holds ids outside 0..63"):
+    generation.generate_batch(model, [[5], [64]], num_tokens=2, eos_id=1)
+  with pytest.raises(ValueError, match="generate takes one 1-D prompt"):
+    generation.generate(model, np.ones((2, 3), np.int32), num_tokens=2, eos_id=1)
 
 
 # The command line.
@@ -161,11 +166,25 @@ def test_cli_batch_equals_each_prompt_alone(tiny_config, tmp_path):
   cut_lines = [json.loads(line) for line in cut.stdout.splitlines()]
   assert len(cut_lines) == 3
   assert cut_lines[0]["text"] == lines[0]["text"][:lines[0]["text"].index(stop, len(prompts[0]))]
+  empty = run_cli(*common, "--prompt=a", "--stop=")
+  assert empty.returncode == 2 and "--stop" in empty.stderr and empty.stdout == ""
 
 
-def test_cli_refuses_a_bad_prompts_file_and_an_empty_stop(tmp_path):
+def test_cli_refuses_a_prompts_file_it_cannot_read(tmp_path):
   missing = run_cli(f"--workdir={tmp_path}", f"--prompts_file={tmp_path}/none.txt")
   assert missing.returncode == 2 and "--prompts_file" in missing.stderr
   assert missing.stdout == "" and len(missing.stderr.strip().splitlines()) == 1
-  empty = run_cli(f"--workdir={tmp_path}", "--prompt=a", "--stop=")
-  assert empty.returncode == 2 and "--stop" in empty.stderr
+
+
+def test_prompts_come_from_the_flags_then_the_file_unescaped(tmp_path):
+  path = tmp_path / "prompts.txt"
+  path.write_text("one\\ttwo\n\n  \nthree\n", encoding="utf-8")
+  flags = lambda **kw: types.SimpleNamespace(**dict(dict(prompt=None, prompts_file=None,
+                                                         escapes=True), **kw))
+  assert sample._prompts(flags(prompt=["a\\nb"], prompts_file=str(path))) == [
+      "a\nb", "one\ttwo", "three"]
+  assert sample._prompts(flags(prompts_file=str(path), escapes=False))[0] == "one\\ttwo"
+  assert sample._prompts(flags()) == [""]
+  path.write_text("\n\n", encoding="utf-8")
+  with pytest.raises(ValueError, match="holds no prompt"):
+    sample._prompts(flags(prompts_file=str(path)))
