@@ -91,6 +91,14 @@ def test_jsonl_folder_gives_its_splits_documents_and_bytes(tmp_path):
   batch = next(corpus.eval_batches('train', batch_size=4, seq_len=128))
   eos = batch['inputs'] == corpus.tokenizer.eos_id
   assert eos.any() and np.array_equal(batch['segment_ids'], np.cumsum(eos, axis=1))
+  # Training batches resume exactly from a saved iterator state.
+  it = corpus.train_iterator(batch_size=2, seed=3)
+  next(it)
+  state = it.get_state()
+  expected = [next(it)['inputs'] for _ in range(3)]
+  resumed = corpus.train_iterator(batch_size=2, seed=3)
+  resumed.set_state(state)
+  assert all(np.array_equal(next(resumed)['inputs'], e) for e in expected)
   # A second load reads the caches: the same streams, nothing prepared again.
   again = data.load(_config(tmp_path / 'd', f'hf:{tmp_path}/corpus'))
   assert np.array_equal(np.asarray(again.tokens('test')), np.asarray(corpus.tokens('test')))
@@ -251,6 +259,7 @@ def test_cache_key_follows_the_files_and_settings(tmp_path):
   config = _config(tmp_path / 'd', f'hf:{tmp_path}/c')
   key = hf_datasets.resolve(config).cache_key
   assert hf_datasets.resolve(config).cache_key == key
+  assert data.preflight(config, read=False).cache_key == key  # the other processes of a job
   assert hf_datasets.resolve(_config(tmp_path / 'd', f'hf:{tmp_path}/c',
                                      validation_fraction=0.3)).cache_key != key
   _write_jsonl(tmp_path / 'c', {'train': _rows('a', 7)})  # a row more in train.jsonl
