@@ -63,7 +63,7 @@ class WorkdirMismatchError(WorkdirError):
 # A workdir's own entries (`check_usable`: a folder holding other things and none of these is not
 # a workdir); names starting with these prefixes count too (tokenizer.<sha>.model, temporary files).
 OWN_NAMES = (CONFIG, DATA, CHECKPOINTS, "tensorboard", "profile", "eval", "wandb", "wandb_run_id")
-OWN_PREFIXES = ("tokenizer.", "metrics.", f"{CONFIG}.", f"{DATA}.")
+OWN_PREFIXES = ("tokenizer.", "metrics.", f"{CONFIG}.", f"{DATA}.", f"{CHECKPOINTS}_")
 BYTES_PER_PARAMETER = 4 * 3  # float32 parameters and Adam's two moments, in every checkpoint
 
 

@@ -89,7 +89,7 @@ def test_a_folder_that_is_not_a_workdir(tmp_path):
 
 @pytest.mark.parametrize("entries", [[], [".hidden"], ["lost+found"], ["checkpoints"],
                                      ["metrics.jsonl", "notes.txt"], ["config.json"],
-                                     ["tokenizer.model"]])
+                                     ["tokenizer.model"], ["checkpoints_unreadable"]])
 def test_what_counts_as_a_workdir(tmp_path, entries):
   """Empty, only hidden entries, or any of a workdir's own (with anything else beside): usable."""
   for name in entries:
