@@ -64,6 +64,10 @@ class WorkdirMismatchError(WorkdirError):
 # a workdir); names starting with these prefixes count too (tokenizer.<sha>.model, temporary files).
 OWN_NAMES = (CONFIG, DATA, CHECKPOINTS, "tensorboard", "profile", "eval", "wandb", "wandb_run_id")
 OWN_PREFIXES = ("tokenizer.", "metrics.", f"{CONFIG}.", f"{DATA}.", f"{CHECKPOINTS}_")
+# A run's log written into its own folder (`... 2>&1 | tee runs/x/log.txt`, the experiments'
+# runners): neither a workdir's nor a stranger's, so a folder holding only logs is usable.
+LOG_SUFFIXES = (".log", ".log.txt")
+LOG_NAMES = ("log.txt", "stdout", "stderr", "nohup.out")
 BYTES_PER_PARAMETER = 4 * 3  # float32 parameters and Adam's two moments, in every checkpoint
 
 
@@ -115,7 +119,8 @@ def check_usable(path: str, config: ml_collections.ConfigDict | None = None) -> 
                        f"({e.strerror or e}){made}; give a folder you can write in") from None
   if folder == path:
     entries = sorted(name for name in os.listdir(path)
-                     if not name.startswith(".") and name != "lost+found")
+                     if not name.startswith(".") and name != "lost+found"
+                     and name not in LOG_NAMES and not name.endswith(LOG_SUFFIXES))
     if entries and not any(name in OWN_NAMES or name.startswith(OWN_PREFIXES) for name in entries):
       listed = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
       raise WorkdirError(

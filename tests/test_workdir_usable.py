@@ -89,9 +89,11 @@ def test_a_folder_that_is_not_a_workdir(tmp_path):
 
 @pytest.mark.parametrize("entries", [[], [".hidden"], ["lost+found"], ["checkpoints"],
                                      ["metrics.jsonl", "notes.txt"], ["config.json"],
-                                     ["tokenizer.model"], ["checkpoints_unreadable"]])
+                                     ["tokenizer.model"], ["checkpoints_unreadable"],
+                                     ["log.txt"], ["train.log", "nohup.out"]])
 def test_what_counts_as_a_workdir(tmp_path, entries):
-  """Empty, only hidden entries, or any of a workdir's own (with anything else beside): usable."""
+  """Empty, only hidden entries or logs (a run's output teed into its own folder, as the
+  experiments' runners do), or any of a workdir's own (with anything else beside): usable."""
   for name in entries:
     (tmp_path / name).mkdir()
   check_usable(str(tmp_path))
