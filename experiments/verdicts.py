@@ -31,10 +31,14 @@ import numpy as np
 
 from efficient_lm import stats
 from experiments import long_range
+from experiments import registration
 from experiments.common import REPO
 from experiments.context_ablation import CORPORA
-from experiments.context_ablation import sanity_check
+from experiments.context_ablation import placebo
 
+EXPLORATORY = "exploratory"  # a result that ran before its claim was registered: never a verdict
+NOT_VALIDATED = "not validated"  # a swap claim whose rows the placebo gate does not validate
+LEGACY = "seed_level_family"  # experiments/registered/: the 32 claims below
 TRAINED = 0.5  # the share of queries inside its own reach a model must recall to be compared
 RESULTS = os.path.join(REPO, "experiments", "results")
 README = os.path.join(REPO, "experiments", "README.md")
@@ -124,8 +128,9 @@ def recall_claim(results: dict, claim: str, a: str, b: str, bins: tuple[int, int
                                     margin=stats.EQUIVALENCE_MARGIN["recall"])
   else:
     result = stats.paired_t_test(accuracy[a], accuracy[b], higher_is_better=True)
+  codes = {s: [runs[long_range.row_key(m, s)].get("code") for m in (a, b)] for s in seeds}
   return stats.Claim(claim, kind, result, len(seeds), stats.PLANNED_SEEDS["recall"], why_not), {
-      "source": "long_range", "a": a, "b": b, "metric": "recall (accuracy)",
+      "codes": codes, "source": "long_range", "a": a, "b": b, "metric": "recall (accuracy)",
       "distances": list(bins), "path_only": path_only, "per_seed": described}
 
 
@@ -142,18 +147,21 @@ def table_claims(paper_tables: dict | None, positions: dict | None) -> list[tupl
     groups = {k: [r for r in rs if "scores" in r] for k, rs in grouped(entry.get("rows", {}), table)}
     for text, a, b, metric, paper, *kind in spec["claims"]:
       kind = kind[0] if kind else "difference"
-      values = {}
+      values, codes = {}, {}
       for model in (a, b):
         rows = groups.get(model) or []
         v = metric_values(rows, metric, (positions or {}).get(table, {})) if rows else None
         values[model] = {r["seed"]: x for r, x in zip(rows, v)} if v is not None else {}
+        for r in rows:
+          codes.setdefault(r["seed"], []).append(r.get("code"))
       if kind == "equivalence":
         result = stats.equivalence_test(values[a], values[b], margin=stats.EQUIVALENCE_MARGIN["loss"])
       else:
         result = stats.paired_t_test(values[a], values[b])  # losses: lower is better
       seeds = len(set(values[a]) & set(values[b]))
+      paired = set(values[a]) & set(values[b])
       out.append((stats.Claim(text, kind, result, seeds, stats.PLANNED_SEEDS["loss"]), {
-          "source": f"paper_tables:{table}", "a": a, "b": b, "metric": metric[0], "paper": paper,
+          "codes": {s: c for s, c in codes.items() if s in paired}, "source": f"paper_tables:{table}", "a": a, "b": b, "metric": metric[0], "paper": paper,
           "per_seed": [{"seed": s, "a": values[a][s], "b": values[b][s]}
                        for s in sorted(set(values[a]) & set(values[b]))]}))
   return out
@@ -163,10 +171,16 @@ def table_claims(paper_tables: dict | None, positions: dict | None) -> list[tupl
 # The swap ablation's claims.
 
 
+def placebo_gate() -> dict:
+  return registration.studies()["swap_placebo_gate"]
+
+
 def ablation_claims(ablation: dict | None) -> list[tuple]:
   """Per model and corpus, "gains from the context beyond the cut": the per-seed paired t of the
-  ablated against the full loss (positive difference = ablated - full: the context is used)."""
+  ablated against the full loss (positive difference = ablated - full: the context is used), each
+  row with its placebo bin and the gate's mark (`context_ablation.placebo`)."""
   rows = [r for r in (ablation or {}).get("rows", []) if r.get("method") == "swap"]
+  gate = placebo_gate()
   out = []
   for corpus in ABLATION_CORPORA:
     for model in ABLATION_MODELS:
@@ -179,13 +193,16 @@ def ablation_claims(ablation: dict | None) -> list[tuple]:
       full = {r["seed"]: r["full_loss"] for r in mine}
       ablated = {r["seed"]: r["ablated_loss"] for r in mine}
       claim = f"{model} gains from the context beyond {cut} tokens on {corpus} (swap ablation)"
+      marks = {r["seed"]: placebo(r, gate) for r in mine}
       out.append((stats.Claim(claim, "difference", stats.paired_t_test(full, ablated), len(mine),
                               stats.PLANNED_SEEDS["loss"]), {
+          "codes": {r["seed"]: [r.get("code")] for r in mine},
+          "placebo_validated": bool(marks) and all(m["validated"] for m in marks.values()),
           "source": "context_ablation", "a": model, "b": f"{model}, context beyond the cut swapped",
           "metric": "validation loss (nats/token)", "corpus": corpus,
           "per_seed": [{"seed": r["seed"], "full_loss": r["full_loss"], "ablated_loss": r["ablated_loss"],
                         "delta": r["delta"], "ci_low": r["ci_low"], "ci_high": r["ci_high"],
-                        "documents": r["documents"]} for r in mine]}))
+                        "documents": r["documents"], "placebo": marks[r["seed"]]} for r in mine]}))
   return out
 
 
@@ -201,10 +218,81 @@ def exact_nulls(ablation: dict | None) -> list[dict]:
 # The family.
 
 
+def _relabel(row: dict, extra: dict, study: dict) -> dict:
+  """The row with its registration label; an exploratory claim, or a swap claim the placebo gate
+  does not validate, gets no verdict (its figures stay)."""
+  codes = extra.pop("codes")
+  row = {**row, **extra, "registration": registration.label(study, codes)}
+  if row["note"].startswith("pending"):
+    return row
+  if row["registration"]["status"] == registration.EXPLORATORY:
+    before = row["registration"]["seeds_before_registration"]
+    row.update(verdict=EXPLORATORY, note=f"seeds {', '.join(map(str, before))} ran before the claim "
+               f"was registered ({row['registration']['registered_in']})")
+  elif extra.get("placebo_validated") is False:
+    row.update(verdict=NOT_VALIDATED, note="the placebo gate does not validate every row")
+  return row
+
+
+def registered_claims(results: dict[str, dict | None]) -> list[dict]:
+  """The confirmatory studies' claims (experiments/registered/, `kind` confirmatory), each its own
+  family of one, decided only from runs after its registration (pending until its seeds ran)."""
+  from experiments.paper_tables.render import metric_values  # pylint: disable=import-outside-toplevel
+  out = []
+  for name, study in registration.studies().items():
+    if study["kind"] != "confirmatory":
+      continue
+    found = results.get(name) or {}
+    commit = registration.study_commit(study)
+    for spec in study["claims"] + study.get("secondary", []):
+      values, codes, excluded = {spec["a"]: {}, spec.get("b"): {}}, {}, []
+      if name == "bcmt_replication":
+        rows = [r for r in ((found.get("tables") or {}).get("bcmt", {}).get("rows", {})).values()
+                if "scores" in r]
+        metric = tuple(tuple(tuple(x) for x in m) if isinstance(m, list) else m for m in spec["metric"])
+        per_position = (results.get(name + "_per_position") or {}).get("bcmt", {})
+        for model in (spec["a"], spec["b"]):
+          mine = sorted((r for r in rows if r["config_key"] == model), key=lambda r: r["seed"])
+          v = metric_values(mine, metric, per_position) if mine else None
+          for r, x in zip(mine, v if v is not None else []):
+            values[model][r["seed"]] = x
+            codes.setdefault(r["seed"], []).append(r.get("code"))
+      else:  # pi_window_code: context_ablation rows
+        rows = [r for r in found.get("rows", []) if r.get("method") == "swap"]
+        for r in rows:
+          if spec.get("b") is None and r["model"] == spec["a"]:  # the swap delta: full vs ablated
+            values[spec["a"]][r["seed"]] = r["full_loss"]
+            values[None][r["seed"]] = r["ablated_loss"]
+          elif r["model"] in (spec["a"], spec.get("b")):
+            values[r["model"]][r["seed"]] = r["full_loss"]
+          else:
+            continue
+          codes.setdefault(r["seed"], []).append(r.get("code"))
+      for seed in sorted(codes):  # only runs after the registration, only the registered seeds
+        if seed not in study["seeds"] or not all(registration.ran_after(commit, c) for c in codes[seed]):
+          excluded.append(seed)
+          for v in values.values():
+            v.pop(seed, None)
+      a, b = values[spec["a"]], values[spec.get("b")]
+      result = (stats.paired_t_test(b, a) if spec.get("b") is None else stats.paired_t_test(a, b))
+      claim = stats.Claim(spec["text"], spec["kind"], result, len(set(a) & set(b)), len(study["seeds"]))
+      row = stats.decide_family([claim])[0]
+      primary = spec in study["claims"]
+      if not primary and not row["note"].startswith("pending"):
+        row.update(verdict="reported (secondary)", note="a secondary measure: never a verdict")
+      out.append({**row, "study": name, "id": spec["id"], "primary": primary,
+                  "registered_in": commit[:7] if commit else None,
+                  "seeds_excluded": excluded, "per_seed": [
+                      {"seed": s, "a": a[s], "b": b[s]} for s in sorted(set(a) & set(b))]})
+  return out
+
+
 def decide_all(long_range_results: dict | None = None, paper_tables: dict | None = None,
-               positions: dict | None = None, ablation: dict | None = None) -> dict:
+               positions: dict | None = None, ablation: dict | None = None,
+               registered: dict | None = None) -> dict:
   """verdicts.json's content: `rows` (claims with their planned seeds, decided), `pending`
-  (claims short of them), the family's size and rule, and the exact nulls."""
+  (claims short of them), the family's size and rule, the exact nulls, and the registered
+  studies' claims (`registered`: their results files by study name)."""
   tested = []
   if long_range_results is not None:
     tested += [recall_claim(long_range_results, *c) for c in RECALL_CLAIMS]
@@ -212,25 +300,35 @@ def decide_all(long_range_results: dict | None = None, paper_tables: dict | None
   tested += ablation_claims(ablation)
   size = family_size()
   decided = stats.decide_family([c for c, _ in tested], family_size=size)
+  legacy = registration.studies()[LEGACY]
   rows, pending = [], []
   for (claim, extra), row in zip(tested, decided):
-    row = {**row, **extra}
+    row = _relabel(row, extra, legacy)
     (pending if row["note"].startswith("pending") or claim.seeds < claim.planned else rows).append(row)
   return {"rows": rows, "pending": pending, "family_size": size, "partial": bool(pending),
           "planned_seeds": stats.PLANNED_SEEDS, "equivalence_margin": stats.EQUIVALENCE_MARGIN,
           "rule": ("per-seed paired t (difference) or two one-sided t tests (equivalence) over "
-                   "training seeds; Benjamini-Hochberg adjusted p < 0.05 over the family decides; "
-                   "claims short of their planned seeds are pending and count as p = 1"),
+                   "training seeds; Benjamini-Hochberg adjusted p < 0.05 over the family decides "
+                   "(Benjamini-Yekutieli beside it); claims short of their planned seeds are pending "
+                   "and count as p = 1; a claim resting on a run from before its registration "
+                   "(experiments/registered/) is exploratory, and a swap claim whose rows the "
+                   "placebo gate does not validate is not validated: neither gets a verdict"),
           "exact_nulls": exact_nulls(ablation),
-          "ablation_sanity_failures": sanity_check((ablation or {}).get("rows", []))}
+          "registered": registered_claims(registered or {})}
 
 
 def load_all(results_dir: str = RESULTS) -> dict:
   """The results files `decide_all` reads (None where absent)."""
+  registered = {}
+  for name in registration.studies():
+    registered[name] = load_json(os.path.join(results_dir, "registered", f"{name}.json"))
+    registered[name + "_per_position"] = load_json(
+        os.path.join(results_dir, "registered", f"{name}_per_position.json"))
   return {"long_range_results": load_json(os.path.join(results_dir, "long_range.json")),
           "paper_tables": load_json(os.path.join(results_dir, "paper_tables.json")),
           "positions": load_json(os.path.join(results_dir, "paper_tables_per_position.json")),
-          "ablation": load_json(os.path.join(results_dir, "context_ablation.json"))}
+          "ablation": load_json(os.path.join(results_dir, "context_ablation.json")),
+          "registered": registered}
 
 
 def by_claim(verdicts: dict) -> dict[str, dict]:
@@ -249,49 +347,104 @@ def verdict_cell(row: dict) -> str:
   v = row["verdict"]
   if row["note"].startswith("pending"):
     return f"not decided ({row['note']})"
+  if v in (EXPLORATORY, NOT_VALIDATED):
+    return f"{v} ({row['note']})"
   return f"**{v}**" if v not in (stats.NOT_DECIDED, stats.NOT_COMPARABLE) else (
       f"{v} ({row['note']})" if row["note"] else v)
 
 
+def _diff_ci(row: dict) -> tuple[str, str]:
+  d = row["difference"]
+  diff = "" if d is None or d != d else f"{d:+.4f}"
+  ci = ("" if row["ci_low"] is None or row["ci_low"] != row["ci_low"]
+        else f"[{row['ci_low']:+.4f}, {row['ci_high']:+.4f}]")
+  return diff, ci
+
+
 def render_verdicts(verdicts: dict) -> str:
-  """The family's table: every claim, its seeds, test, raw and adjusted p, verdict."""
-  lines = [f"Family: {verdicts['family_size']} claims; decided: {len(verdicts['rows'])}; pending "
-           f"(fewer seeds than planned): {len(verdicts['pending'])}"
-           + (" (**partial**: runs still to come)" if verdicts["partial"] else "") + ".", "",
+  """The family's table: every claim, its seeds, test, raw and adjusted p (BH and BY), whether its
+  runs came after its registration, verdict."""
+  counts = {}
+  for row in verdicts["rows"]:
+    counts[row["verdict"]] = counts.get(row["verdict"], 0) + 1
+  lines = [f"Family: {verdicts['family_size']} claims; with their planned seeds: {len(verdicts['rows'])} ("
+           + ", ".join(f"{n} {v}" for v, n in sorted(counts.items())) + f"); pending: "
+           f"{len(verdicts['pending'])}" + (" (**partial**: runs still to come)" if verdicts["partial"] else "")
+           + ".", "",
            "| claim | source | seeds | difference (A better > 0) | 95% interval (TOST: 90%) | test | p | "
-           "p adjusted (BH) | verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "p adjusted (BH) | p adjusted (BY) | registration | verdict |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for row in verdicts["rows"] + verdicts["pending"]:
-    d = row["difference"]
-    diff = "" if d is None or d != d else f"{d:+.4f}"
-    ci = ("" if row["ci_low"] is None or row["ci_low"] != row["ci_low"]
-          else f"[{row['ci_low']:+.4f}, {row['ci_high']:+.4f}]")
+    diff, ci = _diff_ci(row)
     test = row["test"] + (f", margin {row['margin']}" if "margin" in row else "")
+    reg = row.get("registration") or {}
     lines.append(f"| {row['claim']} | {row['source']} | {row['seeds']} of {row['planned_seeds']} | {diff} | "
-                 f"{ci} | {test} | {_p(row['p_value'])} | {_p(row['p_adjusted'])} | {verdict_cell(row)} |")
+                 f"{ci} | {test} | {_p(row['p_value'])} | {_p(row['p_adjusted'])} | "
+                 f"{_p(row.get('p_adjusted_by'))} | {reg.get('status', '')} | {verdict_cell(row)} |")
+  return "\n".join(lines)
+
+
+def render_registered(verdicts: dict) -> str:
+  """The confirmatory studies (experiments/registered/): each claim, its seeds so far, verdict."""
+  rows = verdicts.get("registered") or []
+  if not rows:
+    return "(no confirmatory study registered)"
+  lines = ["| study | claim | registered in | seeds | difference (A better > 0) | 95% interval | p | "
+           "verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+  for row in rows:
+    diff, ci = _diff_ci(row)
+    kind = "" if row["primary"] else " (secondary)"
+    lines.append(f"| `{row['study']}` | {row['claim']}{kind} | `{row['registered_in']}` | {row['seeds']} of "
+                 f"{row['planned_seeds']} | {diff} | {ci} | {_p(row['p_value'])} | {verdict_cell(row)} |")
   return "\n".join(lines)
 
 
 def render_ablation(ablation: dict | None) -> str:
-  """The swap ablation: per corpus and model, each seed's full loss, ablated loss and delta."""
+  """The swap ablation: per corpus and model, each seed's full loss, ablated loss and delta, and
+  its placebo bin with the gate's mark."""
   rows = [r for r in (ablation or {}).get("rows", []) if r.get("method") == "swap"]
   if not rows:
     return "(no swap rows yet: `python -m experiments.context_ablation`)"
+  gate = placebo_gate()
   lines = ["| corpus | model | cut (kept context) | seed | full loss | ablated loss (swap) | delta | "
-           "95% interval over documents (this run) | documents |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "95% interval over documents (this run) | placebo: delta, upper (tokens, documents) | "
+           "later tokens' delta | placebo gate |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   order = {m: i for i, m in enumerate(("dense", "pi_attention", "sliding_window", "bcmt", "honly", "ecp",
                                        "perceiver_ar"))}
   for r in sorted(rows, key=lambda r: (r["corpus"], order.get(r["model"], 99), r["seed"])):
     delta = "0 (exact)" if r["exact_null"] and r["delta"] == 0.0 else f"{r['delta']:+.4f}"
+    if r["exact_null"]:
+      bin_cell, later, mark = "", "", "exact null"
+    else:
+      m = placebo(r, gate)
+      bin_cell = f"{m['delta']:+.4f}, {m['upper']:+.4f} ({m['tokens']:,}, {m['documents']})"
+      later, mark = f"{m['later_delta']:+.4f}", "validated" if m["validated"] else "not validated"
     lines.append(f"| `{r['corpus']}` | `{r['model']}` | {r['ablate_context']} ({r['kept_context'][0]}-"
                  f"{r['kept_context'][1]}) | {r['seed']} | {r['full_loss']:.4f} | {r['ablated_loss']:.4f} | "
-                 f"{delta} | [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] | {r['documents']} |")
-  pairs = sorted({(r["corpus"], r["seed"]) for r in rows if r["model"] == "bcmt"} &
-                 {(r["corpus"], r["seed"]) for r in rows if r["model"] == "honly"})
-  failures = sanity_check(rows)
-  lines += ["", f"Sanity check (ablated BCMT against HOnly's full loss) over {len(pairs)} corpus-seed "
-            f"pairs: " + ("passes." if not failures else f"**fails** in {len(failures)}:")]
-  lines += [f"- {f}" for f in failures]
+                 f"{delta} | [{r['ci_low']:+.4f}, {r['ci_high']:+.4f}] | {bin_cell} | {later} | {mark} |")
+  return "\n".join(lines)
+
+
+def render_summary(verdicts: dict) -> str:
+  """The top README's paragraph on the verdicts: what is decided, and what is not, by label."""
+  by = {}
+  for row in verdicts["rows"] + verdicts["pending"]:
+    by.setdefault(row["verdict"], []).append(row["claim"])
+  decided = [v for v in (stats.CONFIRMED, stats.REFUTED, stats.EQUIVALENT, stats.NOT_EQUIVALENT) if v in by]
+  lines = [f"Of its {verdicts['family_size']} seed-level claims, "
+           f"{sum(len(by[v]) for v in decided)} reach a verdict, "
+           f"{len(by.get(EXPLORATORY, []))} are exploratory (some of their runs came before the claim "
+           f"was fixed: reported, never a verdict), {len(by.get(NOT_VALIDATED, []))} are not validated "
+           f"(the swap ablation's placebo gate) and {len(by.get(stats.NOT_DECIDED, []))} are not decided:"]
+  for v in decided:
+    lines += [f"- **{v}**: " + "; ".join(by[v]) + "."]
+  registered = verdicts.get("registered") or []
+  if registered:
+    lines += [f"- registered before their runs, {len(registered)} claims of "
+              f"{len({r['study'] for r in registered})} confirmatory studies: "
+              + "; ".join(f"{r['claim']} ({r['seeds']} of {r['planned_seeds']} seeds: {r['verdict']})"
+                          for r in registered if r["primary"]) + "."]
   return "\n".join(lines)
 
 
@@ -306,13 +459,22 @@ def replace_block(text: str, marker: str, body: str) -> str:
   return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
-def render_readme(verdicts: dict, loaded: dict, readme: str = README) -> None:
+TOP_README = os.path.join(REPO, "README.md")
+
+
+def render_readme(verdicts: dict, loaded: dict, readme: str = README, top: str = TOP_README) -> None:
+  if os.path.isfile(top):
+    with open(top) as f:
+      text = f.read()
+    with open(top, "w") as f:
+      f.write(replace_block(text, "verdicts_summary", render_summary(verdicts)))
   if not os.path.isfile(readme):
     return
   with open(readme) as f:
     text = f.read()
   text = replace_block(text, "verdicts", render_verdicts(verdicts))
   text = replace_block(text, "context_ablation", render_ablation(loaded["ablation"]))
+  text = replace_block(text, "registered", render_registered(verdicts))
   if loaded["long_range_results"] is not None:
     text = replace_block(text, "long_range", long_range.render(loaded["long_range_results"]))
   with open(readme, "w") as f:
@@ -323,16 +485,17 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--results_dir", default=RESULTS)
   parser.add_argument("--readme", default=README)
+  parser.add_argument("--top_readme", default=TOP_README)
   args = parser.parse_args(argv)
   loaded = load_all(args.results_dir)
   verdicts = decide_all(**loaded)
   with open(os.path.join(args.results_dir, "verdicts.json"), "w") as f:
     json.dump(verdicts, f, indent=1)
-  render_readme(verdicts, loaded, args.readme)
+  render_readme(verdicts, loaded, args.readme, args.top_readme)
   from experiments.paper_tables.render import render_readme as render_tables  # pylint: disable=import-outside-toplevel
   if loaded["paper_tables"] is not None:
     render_tables(loaded["paper_tables"], loaded["positions"] or {}, args.readme, verdicts=verdicts)
-  for row in verdicts["rows"] + verdicts["pending"]:
+  for row in verdicts["rows"] + verdicts["pending"] + verdicts["registered"]:
     print(f"{row['verdict']:>15}  p_adj={_p(row['p_adjusted']):>7}  {row['seeds']}/{row['planned_seeds']} "
           f"seeds  {row['claim']}")
 

@@ -219,9 +219,14 @@ def test_paper_tables_queue_and_row_keys():
   assert plots.position_bins(8)[0] == (0, 1) and plots.position_bins(8)[-1][1] == 8
 
 
-def paper_table_results(values: dict[str, dict[int, float]]) -> dict:
-  """paper_tables.json's shape for the π table: {config key: {seed: validation loss}}."""
-  rows = {f"{k}@{s}": {"key": f"{k}@{s}", "config_key": k, "seed": s, "eval_loss": v, "scores": {}}
+AFTER_REGISTRATION = "2229519384d7bc940471cfe87132217df5b91e25"  # descends from the family's
+
+
+def paper_table_results(values: dict[str, dict[int, float]], code: str = AFTER_REGISTRATION) -> dict:
+  """paper_tables.json's shape for the π table: {config key: {seed: validation loss}}, every row
+  run from `code`."""
+  rows = {f"{k}@{s}": {"key": f"{k}@{s}", "config_key": k, "seed": s, "eval_loss": v, "scores": {},
+                       "code": code}
           for k, by_seed in values.items() for s, v in by_seed.items()}
   return {"tables": {"pi": {"rows": rows}}}
 
@@ -255,6 +260,10 @@ def test_paper_table_claims_are_decided_over_seeds_as_one_family():
   table = render.render_claims("pi", results["tables"]["pi"], {}, decided)
   assert "| π is ahead of the sliding window |" in table and "**confirmed**" in table
   assert "**equivalent**" in table and "not decided (pending: 2 of 3 planned seeds)" in table
+  early = verdicts.by_claim(verdicts.decide_all(paper_tables=paper_table_results({
+      "sliding_window": {0: 4.70, 1: 4.66, 2: 4.68}, "pi_attention": {0: 4.650, 1: 4.611, 2: 4.629}},
+      code="010e34b (snapshot)"), positions={}))["π is ahead of the sliding window"]
+  assert early["verdict"] == "exploratory" and early["p_value"] == ahead["p_value"]
 
 
 def test_paper_tables_refuses_unknown_rows(tmp_path):
@@ -336,36 +345,110 @@ def test_train_step_flops_count_every_layer(spec):
   assert f4 - f3 == pytest.approx(f3 - f2, rel=1e-3)
 
 
-def test_swap_ablation_claims_are_decided_over_seeds(tmp_path):
+def _swap_row(model, seed, full, ablated, *, code, early=(0.0, 0.001, 17, 16690), **extra):
+  """A swap row of the code corpus; `early`: its placebo bin's (delta, upper, documents, tokens)."""
+  delta, upper, documents, tokens = early
+  row = dict(corpus="python_code", method="swap", ablate_context=1024, kept_context=[768, 1023],
+             documents=17, exact_null=False, model=model, seed=seed, full_loss=full,
+             ablated_loss=ablated, delta=ablated - full, ci_low=ablated - full - 0.01,
+             ci_high=ablated - full + 0.01, tokens=200000, code=code,
+             by_position_in_document=[
+                 dict(low=0, high=1024, delta=delta, ci_low=delta - 0.001, ci_high=upper,
+                      documents=documents, tokens=tokens),
+                 dict(low=1024, high=None, delta=0.0, ci_low=0.0, ci_high=0.0, documents=17,
+                      tokens=200000 - tokens)])
+  row.update(extra)
+  return row
+
+
+def test_swap_ablation_claims_are_decided_over_seeds():
   """A model gains from the far context when its ablated loss is above its full loss over seeds
-  (3 planned); two seeds are pending; exact nulls are listed apart, not tested. The sanity check
-  names a BCMT row whose ablated loss is worse than HOnly's full loss beyond its interval."""
-  from experiments import context_ablation, verdicts  # pylint: disable=import-outside-toplevel
-  base = dict(corpus="python_code", method="swap", ablate_context=1024, kept_context=[768, 1023],
-              documents=17, exact_null=False)
-  rows = [dict(base, model="dense", seed=s, full_loss=3.2 + 0.01 * s, ablated_loss=3.3 + 0.012 * s,
-               ci_low=0.08, ci_high=0.12) for s in range(3)]
-  rows += [dict(base, model="bcmt", seed=s, full_loss=3.3, ablated_loss=3.3 + d, ci_low=d - 0.01,
-                ci_high=d + 0.01) for s, d in ((0, 0.01), (1, -0.004))]
-  rows += [dict(base, model="honly", seed=s, full_loss=3.32, ablated_loss=3.32, ci_low=0.0, ci_high=0.0,
-                exact_null=True) for s in range(3)]
-  rows += [dict(base, model="dense", seed=0, method="eos", full_loss=3.2, ablated_loss=3.9, ci_low=0.6,
-                ci_high=0.8)]  # the earlier readout: not a swap row, not judged
-  for r in rows:
-    r["delta"] = r["ablated_loss"] - r["full_loss"]
+  (3 planned) and the placebo gate validates every row; two seeds are pending; exact nulls are
+  listed apart, not tested; a row whose placebo bound is not below its later tokens' delta, or
+  too few documents in the bin, makes the claim 'not validated'; a row run before the family's
+  registration makes it 'exploratory'."""
+  from experiments import verdicts  # pylint: disable=import-outside-toplevel
+  after = AFTER_REGISTRATION
+  rows = [_swap_row("dense", s, 3.2 + 0.01 * s, 3.3 + 0.012 * s, code=after) for s in range(3)]
+  rows += [_swap_row("bcmt", s, 3.3, 3.3 + d, code=after) for s, d in ((0, 0.01), (1, -0.004))]
+  rows += [_swap_row("honly", s, 3.32, 3.32, code=after, exact_null=True) for s in range(3)]
+  rows += [_swap_row("perceiver_ar", s, 3.2, 3.3, code=after, early=(0.05, 0.2, 17, 16690))
+           for s in range(3)]  # disruption bound (0.2) above the effect
+  rows += [_swap_row("pi_attention", s, 3.2, 3.3, code=after, early=(0.0, 0.001, 2, 1024))
+           for s in range(3)]  # 2 documents in the bin
+  rows += [_swap_row("ecp", s, 3.2, 3.3, code="010e34b (snapshot)") for s in range(3)]  # before
+  rows += [dict(rows[0], method="eos", ablated_loss=3.9)]  # the earlier readout: not judged
   decided = verdicts.decide_all(ablation={"rows": rows})
   by = verdicts.by_claim(decided)
-  dense = by["dense gains from the context beyond 1024 tokens on python_code (swap ablation)"]
+  claim = "{} gains from the context beyond 1024 tokens on python_code (swap ablation)".format
+  dense = by[claim("dense")]
   assert dense["verdict"] == "confirmed" and dense["seeds"] == 3 and dense["p_value"] < 0.01
   assert dense["difference"] == pytest.approx(0.1 + 0.002)  # mean of ablated - full over seeds
-  bcmt = by["bcmt gains from the context beyond 1024 tokens on python_code (swap ablation)"]
-  assert bcmt in decided["pending"] and bcmt["seeds"] == 2
+  assert dense["registration"]["status"] == "preregistered"
+  assert by[claim("bcmt")] in decided["pending"] and by[claim("bcmt")]["seeds"] == 2
   assert [n["exact_zero"] for n in decided["exact_nulls"]] == [True] * 3
-  assert context_ablation.sanity_check(rows) == []  # BCMT's ablated loss is below HOnly's 3.32
-  worse = [dict(r, ablated_loss=3.4) if r["model"] == "bcmt" and r["seed"] == 0 else r for r in rows]
-  (failure,) = context_ablation.sanity_check(worse)
-  assert failure.startswith("python_code, seed 0: BCMT") and "HOnly's full loss 3.3200" in failure
-  assert "-0.0200 is BCMT's full loss above HOnly's and +0.1000 the swap" in failure
+  assert by[claim("perceiver_ar")]["verdict"] == "not validated"
+  marks = [s["placebo"] for s in by[claim("pi_attention")]["per_seed"]]
+  assert by[claim("pi_attention")]["verdict"] == "not validated"
+  assert "2 documents" in marks[0]["why_not"] and not marks[0]["validated"]
+  ecp = by[claim("ecp")]
+  assert ecp["verdict"] == "exploratory" and ecp["registration"]["seeds_before_registration"] == [0, 1, 2]
+  assert ecp["p_adjusted_by"] >= ecp["p_adjusted"]  # Benjamini-Yekutieli beside Benjamini-Hochberg
+
+
+def test_placebo_gate_bounds_disruption_below_the_effect():
+  """The placebo bin is [0, cut) of position in document; the later tokens' delta is the rest of
+  the row's; validated only when the bin's upper bound is below it, with enough documents."""
+  from experiments import context_ablation  # pylint: disable=import-outside-toplevel
+  gate = {"min_documents": 5, "min_tokens": 4096}
+  row = _swap_row("dense", 0, 3.0, 3.01, code=None, early=(0.001, 0.004, 17, 20000))
+  mark = context_ablation.placebo(row, gate)
+  # delta 0.01 over 200,000 tokens, 0.001 over the first 20,000: the later 180,000 carry 0.011
+  assert mark["later_delta"] == pytest.approx(0.011) and mark["validated"]
+  assert not context_ablation.placebo(dict(row, delta=0.003), gate)["validated"]  # later 0.0032
+  assert not context_ablation.placebo(
+      _swap_row("dense", 0, 3.0, 3.01, code=None, early=(0.0, 0.001, 4, 20000)), gate)["validated"]
+  with pytest.raises(ValueError, match="placebo"):
+    context_ablation.placebo(dict(row, ablate_context=512), gate)
+
+
+def test_registration_is_read_from_git():
+  """A result is after a registration when its commit descends from it; an earlier or unknown
+  commit is not. The family recorded after the fact names a commit whose tree held its claims."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  from experiments import registration, verdicts  # pylint: disable=import-outside-toplevel
+  from experiments.paper_tables.specs import TABLES  # pylint: disable=import-outside-toplevel
+  studies = registration.studies()
+  legacy = registration.study_commit(studies["seed_level_family"])
+  assert registration.ran_after(legacy, "2229519 (the seed-level runs)")
+  assert not registration.ran_after(legacy, "010e34b (snapshot: git archive of that commit)")
+  assert not registration.ran_after(legacy, None) and not registration.ran_after(legacy, "not a commit")
+  held = {path: subprocess.run(["git", "-C", registration.REPO, "show", f"{legacy}:{path}"],
+                               capture_output=True, text=True, check=True).stdout
+          for path in ("experiments/verdicts.py", "experiments/paper_tables/specs.py")}
+  for claim, *_ in verdicts.RECALL_CLAIMS:
+    assert claim[:40] in held["experiments/verdicts.py"]
+  for spec in TABLES.values():
+    for claim, *_ in spec["claims"]:
+      assert claim[:40] in held["experiments/paper_tables/specs.py"]
+  for name in ("bcmt_replication", "pi_window_code", "swap_placebo_gate"):
+    commit = registration.study_commit(studies[name])
+    assert commit is not None, f"{name} is not committed: register it before its runs"
+    assert registration.ran_after(legacy, commit)  # registered after the family, in this history
+  for study in studies.values():  # every confirmatory claim states its power before it runs
+    for claim in study.get("claims", []) if isinstance(study.get("claims"), list) else []:
+      assert claim["power"]["value"], study["study"]
+
+
+def test_power_matches_the_t_distribution():
+  """stats.power: about alpha / 2 under the null (one direction), rising with the effect; TOST
+  power near 0 when the margin is small against the spread."""
+  from efficient_lm import stats  # pylint: disable=import-outside-toplevel
+  assert stats.power("difference", 6, 1.0, effect=0.0) == pytest.approx(0.025, abs=0.006)
+  assert stats.power("difference", 6, 0.0083, effect=0.0168) == pytest.approx(0.97, abs=0.01)
+  assert stats.power("equivalence", 3, 0.021, margin=0.02) < 0.15
+  assert stats.power("equivalence", 30, 0.01, margin=0.02) > 0.9
+  assert stats.benjamini_yekutieli([0.01], family_size=2) == pytest.approx([0.02 * 1.5])
 
 
 def test_committed_verdicts_follow_from_the_committed_results():
@@ -391,32 +474,38 @@ def test_committed_verdicts_follow_from_the_committed_results():
     assert row["claim"] in table
   assert ("**confirmed**" in table) == ("confirmed" in decided)
   assert ("**refuted**" in table) == ("refuted" in decided)
+  # The READMEs' generated blocks (the top README's summary, the registered studies, the verdicts
+  # and the swap rows with their placebo bins) are what the committed files render to.
+  loaded = verdicts.load_all()
+  for path, marker, body in (
+      (verdicts.TOP_README, "verdicts_summary", verdicts.render_summary(committed)),
+      (verdicts.README, "registered", verdicts.render_registered(committed)),
+      (verdicts.README, "verdicts", verdicts.render_verdicts(committed)),
+      (verdicts.README, "context_ablation", verdicts.render_ablation(loaded["ablation"]))):
+    with open(path) as f:
+      text = f.read()
+    assert f"<!-- {marker} -->" in text, (path, marker)
+    assert verdicts.replace_block(text, marker, body) == text, f"{path}: {marker} is stale"
 
 
-def test_swap_ablation_failed_sanity_check_still_runs_every_row(tmp_path, monkeypatch, capsys):
-  """A failing sanity check is printed when it appears, but the rows after it still run; the
-  results file keeps the failures and the run ends with an error (exit status 1)."""
+def test_swap_ablation_prints_each_rows_placebo_gate(tmp_path, monkeypatch, capsys):
+  """Every row runs and prints its placebo bin and the gate's mark; an unvalidated row is a result,
+  not a failure (the run ends normally)."""
   from experiments import context_ablation  # pylint: disable=import-outside-toplevel
-  full = {"honly": 4.53, "bcmt": 4.55, "dense": 4.50}  # BCMT's run is worse than HOnly's
 
   def fake_row(corpus, model, seed, args):
     del args
-    return dict(corpus=corpus, model=model, seed=seed, method="swap", ablate_context=512,
-                full_loss=full[model], ablated_loss=full[model] + 0.002, delta=0.002,
-                ci_low=0.0018, ci_high=0.0022)
+    early = (0.0, 0.001, 17, 16690) if model == "dense" else (0.0, 0.5, 17, 16690)
+    return dict(_swap_row(model, seed, 4.5, 4.52, code=None, early=early), corpus=corpus)
 
   monkeypatch.setattr(context_ablation, "run_row", fake_row)
   out = tmp_path / "ablation.json"
-  with pytest.raises(SystemExit) as stop:
-    context_ablation.main(["--corpora=shakespeare", "--models=honly,bcmt,dense", "--seeds=0",
-                           f"--results={out}", f"--workdir_root={tmp_path}"])
-  assert "the sanity check failed" in str(stop.value.code)
+  context_ablation.main(["--corpora=python_code", "--models=bcmt,dense", "--seeds=0",
+                         f"--results={out}", f"--workdir_root={tmp_path}"])
   saved = json.loads(out.read_text())
-  assert {r["model"] for r in saved["rows"]} == {"honly", "bcmt", "dense"}  # dense ran after it
-  (failure,) = saved["sanity_failures"]
-  assert "+0.0200 is BCMT's full loss above HOnly's and +0.0020 the swap" in failure
-  assert capsys.readouterr().out.count("sanity check failed") == 1  # once, when it appeared
-
+  assert {r["model"] for r in saved["rows"]} == {"bcmt", "dense"} and "sanity_failures" not in saved
+  printed = capsys.readouterr().out
+  assert printed.count(": validated") == 1 and printed.count("not validated (the swap's cost") == 1
 
 def test_swap_ablation_runs_over_disjoint_rows_share_one_results_file(tmp_path, monkeypatch):
   """Two runs over disjoint seeds writing one results file while both are running: each save
