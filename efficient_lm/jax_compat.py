@@ -1,4 +1,4 @@
-"""Every private jax API the library uses, in one place: jax 0.10.2 through 0.11.x.
+"""Every private jax API the library uses, in one place: jax 0.10.2 through 0.12.x.
 
 Each entry uses jax's private function where this jax has it (with the signature the library
 calls it with) and otherwise falls back, named in `missing()`:
@@ -34,7 +34,7 @@ import re
 import sys
 
 # The jax versions the library is tested with (setup.py reads this line as text).
-JAX_REQUIREMENT = ">=0.10.2,<0.12"
+JAX_REQUIREMENT = ">=0.10.2,<0.13"
 
 SPLASH_MODULE = "jax.experimental.pallas.ops.tpu.splash_attention.splash_attention_kernel"
 CUDNN_MODULE = "jax._src.cudnn.fused_attention_stablehlo"
