@@ -27,7 +27,7 @@ def read_jax_requirement() -> str:
   return match.group(1)
 
 
-# jax 0.10.2 through 0.11.x. The accelerator extras go through jax's own extras, which pin
+# jax 0.10.2 through 0.12.x. The accelerator extras go through jax's own extras, which pin
 # jaxlib, libtpu and the CUDA plugin to the exact jax version pip picks: one version throughout.
 JAX = read_jax_requirement()
 
