@@ -3,6 +3,7 @@ model.seq_chunk against the plain model (loss and every gradient); their config 
 `main --compile_only` and the fit check that refuses a step too large before any data is made."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from flax import nnx
 from efficient_lm import exit_codes
 from efficient_lm import models
 from efficient_lm import train_step
+from efficient_lm.models import decoder
 from efficient_lm.validation import ConfigError
 from tests.test_models import tiny_model_config
 
@@ -103,6 +105,33 @@ def test_sequence_chunks_are_the_same_function(name):
   chunked = loss_and_grads(tiny_model_config(name, seq_chunk=8, remat="block"), loss_chunk=16,
                            params=whole[2])
   assert_same_function(chunked, whole)
+
+
+@pytest.mark.parametrize("name", fast_first(CHUNKABLE, keep=(0, 3)))
+def test_sequence_chunks_apply_at_a_length_they_do_not_divide(name, caplog):
+  """T = 28 with chunks of 8 (evaluation or a prompt at another length): padded to 32 at the end,
+  run in chunks, cut back; the logits of the whole pass, by another computation. At T <= the
+  chunk the block runs whole, and the log says so once."""
+  tokens = jax.random.randint(jax.random.key(2), (2, 28), 0, 64)
+  whole = models.create(tiny_model_config(name), rngs=nnx.Rngs(0))
+  chunked = models.create(tiny_model_config(name, seq_chunk=8), rngs=nnx.Rngs(0))
+  def logits(model):
+    graphdef, state = nnx.split(model)
+    fn = lambda state, x: nnx.merge(graphdef, state)(x)
+    return str(jax.make_jaxpr(fn)(state, tokens)), np.asarray(jax.jit(fn)(state, tokens))
+
+  (chunked_jaxpr, got), (whole_jaxpr, want) = logits(chunked), logits(whole)
+  assert chunked_jaxpr != whole_jaxpr  # the chunks did apply
+  np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+  caplog.set_level(logging.INFO, logger="efficient_lm.models.decoder")
+  decoder._LOGGED.clear()
+  short = models.create(tiny_model_config(name, seq_chunk=32), rngs=nnx.Rngs(0))
+  short(tokens)
+  short(tokens[:, :20])
+  said = [r.getMessage() for r in caplog.records if "model.seq_chunk=32" in r.getMessage()]
+  assert said == ["model.seq_chunk=32: a sequence of 28 <= 32 tokens is one chunk; the block runs "
+                  "on it whole", "model.seq_chunk=32: a sequence of 20 <= 32 tokens is one chunk; "
+                  "the block runs on it whole"]
 
 
 @pytest.mark.slow  # ~20 s a model

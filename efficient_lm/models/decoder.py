@@ -9,6 +9,7 @@ with `nnx.scan`, so compile time does not grow with depth; otherwise (a
 per-layer window, a doubling period) they are kept in a list and unrolled.
 """
 
+import logging
 from typing import Callable, Protocol, runtime_checkable
 
 import jax
@@ -87,6 +88,20 @@ def rematerialized(fn: Callable, remat: str, *, in_loop: bool) -> Callable:
   return nnx.remat(fn, policy=REMAT_POLICIES[remat], prevent_cse=not in_loop)
 
 
+_LOGGED: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+  if message not in _LOGGED:
+    _LOGGED.add(message)
+    logging.getLogger(__name__).info(message)
+
+
+def _patterns(mixer) -> tuple[Pattern, ...]:
+  patterns = mixer.patterns
+  return (patterns,) if isinstance(patterns, Pattern) else tuple(patterns)
+
+
 class Block(nnx.Module):
   """x + mixer(norm(x)), then x + mlp(norm(x)); dropout on both branches.
 
@@ -94,7 +109,10 @@ class Block(nnx.Module):
   chunks of C tokens in a `lax.map`, each chunk rematerialized: its keys and
   values (with those of the halo before it), queries, attention, gate, residual
   adds and MLP (`models/chunking.py`). The same function; the activations one
-  chunk at a time.
+  chunk at a time. A length T > C that C does not divide (evaluation or a
+  prompt at another length) is padded at the end to a multiple of C: causal
+  queries never see the padding, which is cut off after. A sequence of at most
+  C tokens is one chunk: the block runs on it whole (said once, in the log).
   """
 
   def __init__(self, cfg: ml_collections.ConfigDict, mixer: nnx.Module, *, rngs: nnx.Rngs):
@@ -107,9 +125,17 @@ class Block(nnx.Module):
     self.mlp = layers.Mlp(cfg.d_model, cfg.mlp_ratio, dtype=dtype, rngs=rngs)
 
   def __call__(self, x_BTD, positions_BT, segment_ids_BT, key):
-    T = x_BTD.shape[1]
-    if self.seq_chunk and T > self.seq_chunk and T % self.seq_chunk == 0:
-      return self.chunked(x_BTD, positions_BT, segment_ids_BT, key)
+    T, C = x_BTD.shape[1], self.seq_chunk
+    if C and T > C:
+      if T % C == 0:
+        return self.chunked(x_BTD, positions_BT, segment_ids_BT, key)
+      if all(p.causal for p in _patterns(self.mixer)):
+        return self.chunked_padded(x_BTD, positions_BT, segment_ids_BT, key)
+      _log_once(f"model.seq_chunk={C} does not divide a sequence of {T} tokens and the mixer has a "
+                "bidirectional pattern (padding would be seen): the block runs on it whole")
+    if C:
+      _log_once(f"model.seq_chunk={C}: a sequence of {T} <= {C} tokens is one chunk; the block "
+                "runs on it whole")
     mixer_key = mlp_key = None
     if key is not None:
       mixer_key, mlp_key = jax.random.split(key)
@@ -118,6 +144,18 @@ class Block(nnx.Module):
     x_BTD = x_BTD + layers.dropout(self.mlp(self.mlp_norm(x_BTD)), self.dropout_rate, mlp_key,
                                    positions_BT)
     return x_BTD
+
+  def chunked_padded(self, x_BTD, positions_BT, segment_ids_BT, key):
+    """`chunked` over T tokens padded at the end to a multiple of `seq_chunk` (the padding's
+    positions continue the sequence, its document id is the last token's), then cut back to T.
+    Exact: every pattern a chunked mixer has is causal, so no real query sees the padding."""
+    T = x_BTD.shape[1]
+    pad = -T % self.seq_chunk
+    tail = lambda a: jnp.pad(a, [(0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 2), mode="edge")
+    steps = jnp.arange(pad + 1, dtype=positions_BT.dtype)[1:]
+    positions_BT = jnp.concatenate([positions_BT, positions_BT[:, -1:] + steps], axis=1)
+    segment_ids_BT = None if segment_ids_BT is None else tail(segment_ids_BT)
+    return self.chunked(tail(x_BTD), positions_BT, segment_ids_BT, key)[:, :T]
 
   def chunked(self, x_BTD, positions_BT, segment_ids_BT, key):
     """`__call__` over chunks of `seq_chunk` tokens (see `models/chunking.py`)."""
