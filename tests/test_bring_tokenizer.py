@@ -100,7 +100,8 @@ def test_a_named_separator_replaces_the_eos(own, tmp_path):
 
 @pytest.mark.parametrize('case,match', [
     ('sp without eos', r"^data\.tokenizer='.*noeos\.model': .* has no eos piece to separate "
-                       r'documents \(eos_id -1\); name one of its pieces in data\.separator_token'),
+                       r'documents \(eos_id -1\); name one of its control pieces in '
+                       r'data\.separator_token'),
     ('hf without end-of-text', r"^data\.tokenizer='.*plain\.json': .* has no end-of-text special "
                                r'token .* name one of its special tokens in data\.separator_token'),
     ('separator not special', r"^data\.tokenizer='.*': data\.separator_token='thou' is not a "

@@ -45,7 +45,7 @@ class HFTokenizer:
     if separator_token:
       if separator_token not in specials:
         raise ValueError(f'data.separator_token={separator_token!r} is not a special token of '
-                         f'{self.model_path} (text never encodes to one); name one of '
+                         f'{self.model_path} (the tokens no text encodes to); name one of '
                          f'{", ".join(specials[:8]) or "them (it has none)"}, or '
                          "'' for its end-of-text token")
       self.separator_token = separator_token

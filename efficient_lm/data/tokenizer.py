@@ -120,14 +120,14 @@ class Tokenizer:
       sep = self._sp.piece_to_id(separator_token)
       if self._sp.id_to_piece(sep) != separator_token or not self._sp.IsControl(sep):
         raise ValueError(f'data.separator_token={separator_token!r} is not a control piece of '
-                         f'{self.model_path} (text never encodes to one); name one of '
+                         f'{self.model_path} (the pieces no text encodes to); name one of '
                          f'{", ".join(self._control_pieces()[:8]) or "them (it has none)"}, or '
                          "'' for its eos")
       self._eos_id = sep
     else:
       if self._sp.eos_id() < 0:
         raise ValueError(f'{self.model_path} has no eos piece to separate documents (eos_id -1); '
-                         'name one of its pieces in data.separator_token '
+                         'name one of its control pieces in data.separator_token '
                          f'({", ".join(self._control_pieces()[:8]) or "it has no control pieces"})')
       self._eos_id = self._sp.eos_id()
     self._pad_id = self._sp.pad_id() if self._sp.pad_id() >= 0 else self._eos_id
@@ -198,6 +198,7 @@ class Tokenizer:
 
   @property
   def pad_id(self) -> int:
+    """The model's pad piece, else the separator (padding is always under weight 0)."""
     return self._pad_id
 
   def _encode_ids(self, text: str) -> list[int]:
