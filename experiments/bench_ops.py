@@ -11,6 +11,14 @@ Measured side by side in one process, so the ratios are meaningful on a noisy
 machine even when the absolute times are not. Ops that do not fit (causal at
 long T) can be limited with --max_causal_len.
 
+`--interleave` times the ops at each T call by call in turn (one compiled
+step each, interleaved like the baseline), so their ratios hold on a loaded
+machine; the table's last column is then each op over the first op at that T.
+π's wide windows against the sliding window of the same width:
+
+    nice -n 5 python -m experiments.bench_ops --ops=sliding:8192,pi:8192:16384:3 \
+        --seq_lens=65536 --repeats=2 --interleave --json=experiments/results/ops_pi_wide.json
+
 `--baseline_rev=REV` also times `efficient_lm/ops` as it was at git revision
 REV (extracted with `git show` into a temporary package), interleaved call by
 call with the current ops, and reports current / baseline. `--memory` compiles
@@ -120,6 +128,8 @@ def main():
   parser.add_argument("--memory", action="store_true",
                       help="compile only; report fwd+bwd temporary bytes")
   parser.add_argument("--json", default="", help="also write the results to this file")
+  parser.add_argument("--interleave", action="store_true",
+                      help="time the ops at each T call by call in turn (ratios to the first op)")
   args = parser.parse_args()
   specs = args.ops.split(",")
   seq_lens = [int(t) for t in args.seq_lens.split(",")]
@@ -141,6 +151,15 @@ def main():
     return
 
   results, base_results = {}, {}
+  if args.interleave:
+    for T in seq_lens:
+      times = time_calls([fwd_bwd(make_op(spec)) for spec in specs], inputs(T, **shape),
+                         args.repeats)
+      for spec, seconds in zip(specs, times):
+        results[(spec, T)] = seconds
+        print(f"{spec:>20} T={T:>6}: {1e3 * seconds:9.1f} ms   / {specs[0]} "
+              f"{seconds / times[0]:.3f}", flush=True)
+    specs = []  # timed
   for spec in specs:
     for T in seq_lens:
       if spec.startswith("causal") and T > args.max_causal_len:
@@ -174,7 +193,11 @@ def main():
   print(f"\nuptime: {os.getloadavg()}")
   if args.json:
     with open(args.json, "w") as f:
-      json.dump([{"op": s, "seq_len": T, "seconds": v, "baseline_seconds": base_results.get((s, T))}
+      first = args.ops.split(",")[0]
+      json.dump([{"op": s, "seq_len": T, "seconds": v, "baseline_seconds": base_results.get((s, T)),
+                  **({"over_first_op": v / results[(first, T)], "interleaved": True,
+                      "command": "python -m experiments.bench_ops " + " ".join(sys.argv[1:]),
+                      "load_average": os.getloadavg()} if args.interleave else {})}
                  for (s, T), v in results.items()], f, indent=1)
 
 
