@@ -57,7 +57,12 @@ def load(path: str, *, step: int | None = None) -> "LoadedModel":
                       "load the workdir it came from")
     return _load_export(path)
   if os.path.isfile(os.path.join(path, workdir_lib.CONFIG)):
-    graphdef, params, config, step = export_lib.restore(path, step)
+    from efficient_lm import checkpoint  # pylint: disable=import-outside-toplevel
+    try:
+      graphdef, params, config, step = export_lib.restore(path, step)
+    except (workdir_lib.WorkdirError, export_lib.ExportError,
+            checkpoint.NoRestorableCheckpointError) as e:
+      raise LoadError(str(e)) from e
     return LoadedModel(nnx.merge(graphdef, params), _open_tokenizer(path), config, step, path)
   raise LoadError(f"{path} holds neither {export_lib.WEIGHTS} (an export) nor {workdir_lib.CONFIG} "
                   "and checkpoints/ (a training workdir); give one of those folders")

@@ -181,8 +181,13 @@ def last_eval(workdir: str, step: int) -> dict | None:
 
 
 def model_card(config, *, step: int, num_params: int, dtype: str, files: list[str],
-               tokenizer_files: list[str], evaluation: dict | None, command: str) -> str:
+               tokenizer_files: list[str], evaluation: dict | None, command: str,
+               shapes: dict[str, tuple]) -> str:
+  """The export's README.md; `shapes`: {tensor name: shape}."""
   m, d = config.model, config.data
+  stacked = sorted(k for k, v in shapes.items() if k.startswith("blocks.")
+                   and not k.split(".")[1].isdigit() and v and v[0] <= m.num_layers)
+  example = (f" (here `{stacked[0]}` is `{list(shapes[stacked[0]])}`)" if stacked else "")
   shape = (f"d_model {m.d_model}, {m.num_layers} layers, {m.num_heads} heads, context (seq_len) "
            f"{m.seq_len}, vocabulary {m.vocab_size}, {m.position} positions")
   if evaluation is None:
@@ -203,9 +208,9 @@ def model_card(config, *, step: int, num_params: int, dtype: str, files: list[st
 - Files: {weights}, `config.json` (the run's config and a `format` block),
   {', '.join(f'`{f}`' for f in tokenizer_files)} (the tokenizer, as the workdir held it).
 
-Tensors are named by module path (the dot-joined nnx state path, e.g. `embed.embedding`). The
-layers are stacked by `nnx.scan`: each parameter of a layer is one tensor for all
-{m.num_layers} layers, the layer axis first (`[{m.num_layers}, ...]`).
+Tensors are named by module path (the dot-joined nnx state path, e.g. `embed.embedding`). Layers
+that run under `nnx.scan` are stacked: each of their parameters is one tensor for all of them,
+the layer axis first{example}; layers built one by one carry their index (`blocks.0.`, ...).
 
 ```python
 import efficient_lm
@@ -280,7 +285,7 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
     num_params = sum(int(v.size) for v in tensors.values())
     card = model_card(config, step=step, num_params=num_params, dtype="/".join(dtypes),
                       files=files, tokenizer_files=copied, evaluation=last_eval(workdir, step),
-                      command=command)
+                      command=command, shapes={k: v.shape for k, v in tensors.items()})
     with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
       f.write(card)
     umask = os.umask(0)

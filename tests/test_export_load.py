@@ -117,6 +117,7 @@ def test_export_holds_every_parameter_once_named_by_module_path(run):
   assert f"Parameters: {num_params:,}, stored as float32" in card
   assert f"{final['eval_bits_per_byte']:.4f} bits per byte at step 6" in card
   assert "Training: step 6" in card and "`shakespeare`" in card
+  assert "the layer axis first (here `blocks.mixer.attn.out.kernel` is `[2, 32, 32]`)" in card
   assert f"python -m efficient_lm.export --workdir={run['workdir']} --out={out}" in card
 
 
@@ -221,6 +222,8 @@ def test_weights_written_elsewhere_load_and_mismatches_are_named(run, loaded, tm
   assert "holds neither model.safetensors (an export) nor config.json" in message
   message = _error(lambda: efficient_lm.load(run["export"], step=3))
   assert "is an export, which holds one step" in message
+  message = _error(lambda: efficient_lm.load(run["workdir"], step=4))
+  assert "--step=4 is not a committed checkpoint" in message and "(it has 3, 6)" in message
 
 
 # Scoring and generation.
