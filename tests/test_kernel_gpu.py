@@ -345,3 +345,23 @@ def test_compiles_for_an_h200_from_this_host():
   for name in ("pallas-window-lse", "pallas-blocks-traced"):
     assert lines[name].startswith("- triton "), lines
     assert int(lines[name].split()[-1]) >= 3, lines  # forward, dq and dk / dv kernels
+
+
+def test_pi_wide_window_kernel_visits_only_the_window_blocks(monkeypatch):
+  """π through the front door: the kernel's key-block range per query block comes from the local
+  pattern alone (the skips run beside it as slices): window 40, period 64, 3 skips on 16 x 32
+  tiles visits at most 3 key blocks per query block, never the blocks back to its farthest skip."""
+  kernels = []
+  real = gpu._kernel_for
+  monkeypatch.setattr(gpu, "_kernel_for", lambda *a: kernels.append(real(*a)) or kernels[-1])
+  pattern, T = Pattern.pi(40, 64, 3), 256
+  x = jax.ShapeDtypeStruct((1, T, 2, 16), jnp.float32)
+  jax.eval_shape(lambda q, k, v: core.attend(q, k, v, pattern, impl="gpu", interpret=True), x, x, x)
+  assert kernels and all(kern.pattern == pattern.local for kern in kernels)
+  kern = kernels[-1]
+  visible = np.asarray(pattern.local_visible(np.arange(T)[:, None], np.arange(T)[None]))
+  for i in range(T // kern.block_q):
+    start, stop = (int(b) for b in gpu._key_blocks(kern, 0, i))
+    rows = visible[i * kern.block_q:(i + 1) * kern.block_q]
+    want = [j for j in range(T // kern.block_k) if rows[:, j * kern.block_k:(j + 1) * kern.block_k].any()]
+    assert list(range(start, stop)) == want, (i, start, stop, want)

@@ -302,3 +302,26 @@ def test_tiles_follow_the_pattern():
   assert [splash.tile(p) for p in (Pattern.dense(), Pattern.sliding(128), Pattern.sliding(129),
                                    Pattern.blocks(256), Pattern.pi(64, 512, 4), Pattern.sliding(8))
           ] == [512, 128, 256, 256, 128, 128]
+
+
+def test_pi_wide_window_masks_list_only_the_window_blocks(monkeypatch):
+  """π through the front door: the kernel's block tables come from the local pattern alone (the
+  skips run beside it as slices), so a query block visits its window's key blocks, never the
+  blocks back to its farthest skip (window 100, period 256, 3 skips: 128-tiles, 8 blocks)."""
+  specs = []
+  real = splash._masks
+  monkeypatch.setattr(splash, "_masks", lambda spec: specs.append(spec) or real(spec))
+  pattern, T = Pattern.pi(100, 256, 3), 1024
+  x = jax.ShapeDtypeStruct((1, T, 2, 8), jnp.float32)
+  jax.eval_shape(lambda q, k, v: core.attend(q, k, v, pattern, impl="splash", interpret=True),
+                 x, x, x)
+  assert specs and all(spec.pattern == pattern.local for spec in specs)
+  spec = specs[-1]
+  block_mask, data_next = splash._masks(spec).fwd
+  visible = np.asarray(pattern.local_visible(np.arange(T)[:, None], np.arange(T)[None]))
+  n = T // spec.bq
+  want = visible.reshape(n, spec.bq, n, spec.bkv).any(axis=(1, 3))
+  for a in range(n):
+    visits = set(data_next[0][a][block_mask[0][a] > 0].tolist())
+    assert visits == set(np.nonzero(want[a])[0].tolist()), (a, visits)
+    assert visits <= {a - 1, a}  # the skips' blocks (a - 2, a - 4, a - 6) are not visited
