@@ -271,3 +271,12 @@ def test_perceiver_ar_scores_in_its_latents(lm):
   assert log_p.shape[0] == 8
   want = sum(log_p[8 - len(cont) + j, t] for j, t in enumerate(cont))
   assert got == pytest.approx(want, rel=1e-4, abs=1e-4)
+
+
+def test_lm_evals_registry_builds_the_model_from_model_args(workdir, lm):
+  from lm_eval.api.registry import get_model  # pylint: disable=import-outside-toplevel
+  built = get_model("efficient_lm").create_from_arg_string(f"path={workdir},batch_size=2",
+                                                           {"batch_size": None, "device": None})
+  assert type(built) is type(lm) and built.batch_size == 2 and built.seq_len == 32
+  pair = [_Request("good night", " sweet prince")]
+  assert built.loglikelihood(pair)[0][0] == pytest.approx(lm.loglikelihood(pair)[0][0], rel=1e-6)
