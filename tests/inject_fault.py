@@ -102,7 +102,7 @@ if "@" in FAULT:
   _wrap(generation, "sample_from_state", lambda *a, **k: _reached("sample"))
   _wrap(checkpoint.Checkpointer, "wait", lambda *a, **k: _reached("commit"))
   _wrap(scoring, "evaluate_workdir", lambda *a, **k: _reached("evaluate"))
-  _wrap(generation, "generate_text", lambda *a, **k: _reached("generate"))
+  _wrap(generation, "generate_texts", lambda *a, **k: _reached("generate"))  # the sample command's
   if FAULT.endswith("@compile"):
     _wrap(step_memory, "compile_train_step", lambda *a, **k: threading.Timer(
         N / 1000, lambda: _send(FAULT.partition("@")[0])).start())
