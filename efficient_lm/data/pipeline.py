@@ -63,6 +63,9 @@ def preflight(data_config, read: bool = True):
   `text:` glob that matches no usable file): before anything compiles. What it found, for `load`.
   `read=False`: the files are listed, not read (the processes other than 0 of a job)."""
   data_config_lib.validate(data_config)
+  if data_config['dataset'].startswith(registry.NEEDLE_PREFIX):  # its options, then its base's checks
+    from efficient_lm.data import needle  # pylint: disable=g-import-not-at-top
+    return needle.preflight(data_config, read)
   if data_config['dataset'].startswith(registry.HF_PREFIX):  # loaded and checked (hf_datasets.py)
     from efficient_lm.data import hf_datasets  # pylint: disable=g-import-not-at-top
     return hf_datasets.resolve(data_config)
@@ -84,6 +87,9 @@ def load(data_config, checked=None) -> corpus_lib.Corpus:
   if source is not None and source.generated:  # nothing to prepare: generated on the fly
     data_config_lib.validate(data_config)
     return source.generator().load(data_config)
+  if data_config['dataset'].startswith(registry.NEEDLE_PREFIX):  # windows of a base corpus's text
+    from efficient_lm.data import needle  # pylint: disable=g-import-not-at-top
+    return needle.load(data_config, checked)
   text_scan = checked if checked is not None else preflight(data_config)
   root = os.path.abspath(os.path.expanduser(data_config['data_dir']))
   try:

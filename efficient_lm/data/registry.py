@@ -3,8 +3,8 @@
 A `Source` is a built-in dataset (`shakespeare`, `wikitext103`, `python_code`: a TFDS builder on
 an archive) or a family addressed by a prefix (`tfds:<name>`, any TFDS text dataset; `text:<glob>`,
 your own files; `hf:<path>`, what `datasets.load_dataset` loads; `mqar:<options>`, a generated recall
-task with no text). `lookup(dataset)` finds it. Builders are imported only when used, so validating a
-config stays cheap.
+task with no text; `needle:<options>`, needles planted in a text dataset's windows). `lookup(dataset)`
+finds it. Builders are imported only when used, so validating a config stays cheap.
 """
 
 import dataclasses
@@ -15,6 +15,7 @@ TFDS_PREFIX = 'tfds:'
 TEXT_PREFIX = 'text:'
 HF_PREFIX = 'hf:'
 MQAR_PREFIX = 'mqar:'
+NEEDLE_PREFIX = 'needle:'
 FRACTION_DEFAULTS = {'validation_fraction': 0.05, 'test_fraction': 0.05}  # text: held-out shares
 
 
@@ -28,6 +29,7 @@ class Source:
   takes_archive: bool = False        # `data.archive` / `data.archive_sha256` apply
   generated: str = ''                # 'module': a source with no text (no TFDS, no tokenizer to
                                      # train): its `validate(data_config)` and `load(data_config)`
+  options: bool = False              # the prefix alone is a dataset (every option has a default)
 
   @property
   def is_prefix(self) -> bool:
@@ -69,6 +71,9 @@ SOURCES = {source.name: source for source in (
            "local cache; 'hf:<path>:<config_name>' picks a config)"),
     Source(MQAR_PREFIX, 'mqar:<options> (distance-controlled recall, e.g. mqar:queries=16)',
            splits=lambda cfg: ('train', 'validation', 'test'), generated='mqar'),
+    Source(NEEDLE_PREFIX, 'needle:<options> (needles in a text dataset, e.g. '
+           'needle:base=shakespeare,needles=2)', takes_archive=True, options=True,
+           splits=lambda cfg: importlib.import_module('efficient_lm.data.needle').known_splits(cfg)),
 )}
 BUILT_IN = tuple(name for name, source in SOURCES.items() if not source.is_prefix)
 
@@ -81,7 +86,7 @@ def lookup(dataset) -> Source | None:
     return SOURCES[dataset]
   for source in SOURCES.values():
     if source.is_prefix and dataset.startswith(source.name) and (
-        dataset[len(source.name):].strip() or source.generated):  # 'mqar:' alone: its defaults
+        dataset[len(source.name):].strip() or source.generated or source.options):  # 'mqar:' alone
       return source
   return None
 
