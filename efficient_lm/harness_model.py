@@ -14,6 +14,7 @@ import numpy as np
 from flax import nnx
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
+from tqdm import tqdm
 
 import efficient_lm
 from efficient_lm import scoring
@@ -68,13 +69,15 @@ class EfficientLM(LM):
   def _encode(self, text: str) -> list[int]:
     return [int(t) for t in self.lm.tokenizer.encode(text)] if text else []
 
-  def _score_rows(self, rows: list[dict]) -> list[tuple[float, bool]]:
+  def _score_rows(self, rows: list[dict], what: str = "",
+                  disable_tqdm: bool = False) -> list[tuple[float, bool]]:
     """(summed log-probability of the weighted targets, every weighted target the argmax) of
     each `[seq_len]` row, `batch_size` rows a step (the last batch padded with rows of weight
     0: one compiled shape)."""
     out = []
     blank = {k: np.zeros_like(v) for k, v in rows[0].items()} if rows else None
-    for first in range(0, len(rows), self.batch_size):
+    steps = range(0, len(rows), self.batch_size)
+    for first in tqdm(steps, desc=what, disable=disable_tqdm or len(steps) < 2):
       chunk = rows[first:first + self.batch_size]
       chunk = chunk + [blank] * (self.batch_size - len(chunk))
       batch = {k: np.stack([r[k] for r in chunk]) for k in chunk[0]}
@@ -114,7 +117,6 @@ class EfficientLM(LM):
     return ctx, whole[len(ctx):]
 
   def loglikelihood(self, requests, disable_tqdm: bool = False):
-    del disable_tqdm
     rows, where, results = [], [], []
     for i, request in enumerate(requests):
       context, continuation = request.args
@@ -132,7 +134,7 @@ class EfficientLM(LM):
       rows.append(self._row(full[:-1][-self.seq_len:], full[1:][-self.seq_len:], len(cont)))
       where.append(i)
       results.append(None)
-    for i, scored in zip(where, self._score_rows(rows)):
+    for i, scored in zip(where, self._score_rows(rows, "loglikelihood", disable_tqdm)):
       results[i] = scored
     for request, result in zip(requests, results):
       self.cache_hook.add_partial("loglikelihood", request.args, result)
@@ -153,14 +155,14 @@ class EfficientLM(LM):
             for b in range(len(batch["inputs"]))]
 
   def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-    del disable_tqdm
     rows, owner = [], []
     for i, request in enumerate(requests):
       windows = self.rolling_rows(request.args[0])
       rows += windows
       owner += [i] * len(windows)
     results = [0.0] * len(requests)
-    for i, (logprob, _) in zip(owner, self._score_rows(rows)):
+    for i, (logprob, _) in zip(owner, self._score_rows(rows, "loglikelihood_rolling",
+                                                      disable_tqdm)):
       results[i] += logprob
     for request, result in zip(requests, results):
       self.cache_hook.add_partial("loglikelihood_rolling", request.args, result)
