@@ -162,3 +162,24 @@ def test_generation_report_names_kernels_and_fallbacks(monkeypatch):
   assert line.startswith("attention (decode step): 0 kernel calls, 1 on xla instead of a kernel")
   assert reason in line
   assert "1 kernel calls (splash: " in backends.report_line(first, "prefill")
+
+
+def test_a_generation_reports_its_prefill_and_decode_step():
+  """`ops.report` on a model asked for splash: the whole-prompt prefill on the kernel, each
+  cached step (and a prefill chunk after the first) on xla with the reason, as the docs say."""
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from efficient_lm.ops import report  # pylint: disable=import-outside-toplevel
+  model = models.create(tiny_model_config("pi_attention", attention_impl="splash",
+                                          kernel_interpret=True), rngs=nnx.Rngs(0))
+  kw = dict(batch=2, prompt_len=20, max_len=40)
+  whole = report.generation_records(model, **kw)
+  assert sum(whole["prefill"]["kernel_calls"].values()) >= 1 and not whole["prefill"]["fallbacks"]
+  step = whole["decode step"]
+  assert not step["kernel_calls"] and sum(step["fallbacks"].values()) >= 1
+  assert all(name == "splash" and "explicit key positions" in reason
+             for name, reason in step["fallbacks"])
+  chunked = report.generation_records(model, prefill_chunk=8, **kw)["prefill"]
+  assert chunked["kernel_calls"] and chunked["fallbacks"]  # the first chunk, then the cache
+  prefill_line, step_line = report.generation_lines(model, **kw)
+  assert prefill_line.startswith("attention (prefill): ") and "0 on xla" in prefill_line
+  assert step_line.startswith("attention (decode step): 0 kernel calls") and "explicit" in step_line
