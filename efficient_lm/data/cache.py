@@ -5,7 +5,8 @@ Layout under `data.data_dir` (default ~/.cache/efficient_lm):
     tfds/                         prepared TFDS datasets (ArrayRecord) and their downloads
     tokenizers/<corpus>-<key>/    spm.model + settings.json, key = hash(corpus, tokenizer settings)
     tokens/<corpus>-<key>/        <split>.npy (int32 token stream) + <split>.json (bytes, documents,
-                                  the key), key = `stream_key`: hash(corpus, tokenizer identity)
+                                  the key, the tokenizer's sha256 and separator id),
+                                  key = `stream_key`: hash(corpus, tokenizer identity)
 
 A split's stream is [eos, doc_0..., eos, doc_1..., eos, ...]. The streams are keyed by what they
 are made of: the corpus's identity and the tokenizer's (its file's sha256 and its separator id),
@@ -83,7 +84,8 @@ def stream_key(corpus_id: dict, tokenizer) -> str:
 def write_stream(path: str, meta_path: str, tokenizer, documents, key: str = '') -> None:
   """Tokenizes `documents` into the packed stream at `path` (.npy), streaming through a raw file.
 
-  `key` (`stream_key`) goes into the meta file: a stream is read back only under its own key.
+  `key` (`stream_key`) and the tokenizer's identity go into the meta file: a stream is read back
+  only under its own key.
   Files appear atomically (written under a name of this process's own, then renamed), so
   processes that prepare the same cache at once only duplicate work, and a stop signal or a
   failure leaves neither a partial file nor a temporary one. A progress line every 20 s says how
@@ -126,7 +128,8 @@ def write_stream(path: str, meta_path: str, tokenizer, documents, key: str = '')
     os.replace(npy_tmp, path)
     with open(meta_tmp, 'w') as f:
       json.dump({'num_bytes': num_bytes, 'num_documents': num_docs, 'stream_length': num_tokens,
-                 'format': CACHE_FORMAT, 'key': key}, f)
+                 'format': CACHE_FORMAT, 'key': key,
+                 'tokenizer': tokenizer_identity(tokenizer) if tokenizer.model_path else None}, f)
     os.replace(meta_tmp, meta_path)
   finally:
     for leftover in (raw_path, npy_tmp, meta_tmp):
