@@ -84,6 +84,8 @@ setuptools.setup(
             "efficient-lm-train = efficient_lm.main:run",
             "efficient-lm-sample = efficient_lm.sample:run",
             "efficient-lm-eval = efficient_lm.evaluate:run",
+            "efficient-lm-export = efficient_lm.export:run",
+            "efficient-lm-harness = efficient_lm.harness:run",
         ],
     },
 )
