@@ -98,6 +98,25 @@ def test_a_named_separator_replaces_the_eos(own, tmp_path):
   assert open_tokenizer(str(tmp_path / 'sep.json')).separator_token == '</s>'  # found by name
 
 
+def test_a_document_never_forges_the_separator_even_where_the_model_can_reach_it(tmp_path):
+  """A Unigram vocabulary holds its special tokens as pieces: '</s>' in a text segments to the
+  separator's id. Those spans are encoded a character at a time instead."""
+  from tokenizers import Tokenizer as HF, decoders, models, pre_tokenizers, trainers  # pylint: disable=import-outside-toplevel
+  unigram = HF(models.Unigram())
+  unigram.pre_tokenizer = pre_tokenizers.Metaspace()
+  unigram.decoder = decoders.Metaspace()
+  unigram.train_from_iterator(TEXT_LINES + ['a </s> b <x>'] * 5, trainers.UnigramTrainer(
+      vocab_size=150, special_tokens=['<pad>', '</s>', '<unk>'], unk_token='<unk>', show_progress=False))
+  unigram.save(str(tmp_path / 'unigram.json'))
+  tok = open_tokenizer(str(tmp_path / 'unigram.json'))
+  text = 'thou art </s> the lord</s>'
+  unigram.encode_special_tokens = True  # the library alone, special-token matching off: reached
+  assert tok.eos_id in unigram.encode(text, add_special_tokens=False).ids
+  ids = tok.encode(text)
+  assert tok.eos_id not in ids and tok.encode_batch([text])[0].tolist() == ids.tolist()
+  assert 'the lord' in tok.decode(ids)
+
+
 @pytest.mark.parametrize('case,match', [
     ('sp without eos', r"^data\.tokenizer='.*noeos\.model': .* has no eos piece to separate "
                        r'documents \(eos_id -1\); name one of its control pieces in '

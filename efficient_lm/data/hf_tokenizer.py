@@ -3,8 +3,9 @@
 Loaded from the file alone with the `tokenizers` library (`Tokenizer.from_file`: never the hub),
 used as it is: its own normalizer, pre-tokenizer and decoder. Whatever the file sets for padding and
 truncation is switched off (a document is never cut), no special token is added around a text, and
-special-token strings inside a document are encoded as plain text (`encode_special_tokens`), so a
-document can never forge the separator. The separator (the stream's end-of-document id) is
+special-token strings inside a document are encoded as plain text (`encode_special_tokens`), and a
+span the model still segments into the separator's piece (a Unigram vocabulary holds its special
+tokens as pieces) is encoded a character at a time: a document can never forge the separator. The separator (the stream's end-of-document id) is
 `separator_token` when given, else the first of `END_OF_TEXT` among its special tokens (text never
 encodes to a special token, so a separator never comes from a document).
 """
@@ -82,14 +83,31 @@ class HFTokenizer:
     return self._pad_id
 
   def encode(self, text: str) -> np.ndarray:
-    """int32 ids of `text` (no special token added)."""
-    return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+    """int32 ids of `text` (no special token added; never the separator)."""
+    return self._without_separator(text, self._tok.encode(text, add_special_tokens=False))
 
   def encode_batch(self, texts: Sequence[str], num_threads: int | None = None) -> list[np.ndarray]:
     """encode() of each text, in parallel (the library's own threads)."""
     del num_threads  # the library sizes its pool itself (RAYON_NUM_THREADS)
-    encoded = self._tok.encode_batch(list(texts), add_special_tokens=False)
-    return [np.asarray(e.ids, dtype=np.int32) for e in encoded]
+    texts = list(texts)
+    encoded = self._tok.encode_batch(texts, add_special_tokens=False)
+    return [self._without_separator(t, e) for t, e in zip(texts, encoded)]
+
+  def _without_separator(self, text: str, encoding) -> np.ndarray:
+    """The encoding's ids, where a model that can reach the separator's piece from text (a
+    Unigram vocabulary holding '</s>', say) has: that span encoded a character at a time."""
+    ids = np.asarray(encoding.ids, dtype=np.int32)
+    hits = np.flatnonzero(ids == self._eos_id)
+    if not hits.size:
+      return ids
+    parts, last = [], 0
+    for i in hits:
+      start, end = encoding.offsets[i]
+      chars = [t for ch in text[start:end]
+               for t in self._tok.encode(ch, add_special_tokens=False).ids if t != self._eos_id]
+      parts += [ids[last:i], np.asarray(chars, dtype=np.int32)]
+      last = i + 1
+    return np.concatenate(parts + [ids[last:]])
 
   def decode(self, ids) -> str:
     """Text of `ids` (an int sequence or array); special tokens decode to ''."""
