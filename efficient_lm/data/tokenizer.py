@@ -240,8 +240,11 @@ class Tokenizer:
 
 
 def _is_hf_json(path: str) -> bool:
-  """Whether a JSON file is a Hugging Face tokenizer.json (a `model` section), not a task's."""
+  """Whether a JSON file is a Hugging Face tokenizer.json (a `model` section), not a task's (a
+  generated task's description is a few hundred bytes: a file over 1 MiB is not parsed here)."""
   import json  # pylint: disable=g-import-not-at-top
+  if os.path.getsize(path) > 1 << 20:
+    return True
   try:
     with open(path, encoding='utf-8') as f:
       record = json.load(f)
