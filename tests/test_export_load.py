@@ -339,7 +339,7 @@ def _code_blocks(section: str, language: str) -> list[str]:
 @pytest.mark.slow  # the export command in a subprocess
 def test_the_docs_commands(run, tmp_path):
   """docs/using_a_model.md's Export command (the console script's module, in a subprocess) and its
-  Load and Export Python, on the tiny run."""
+  Load, Export and Generate Python, on the tiny run."""
   where = {"runs/pi_attention": run["workdir"], "exports/pi_attention": str(tmp_path / "doc")}
 
   def placed(code):
@@ -366,7 +366,7 @@ def test_the_docs_commands(run, tmp_path):
   assert [l for l in again.stderr.splitlines() if l.strip()] == [
       f"error: --out={where['exports/pi_attention']} exists and is not empty; give a new folder, "
       "or add --overwrite to replace it"]
-  for section in ("Load", "Export"):
+  for section in ("Load", "Export", "Generate"):
     for code in _code_blocks(section, "python"):
       exec(compile(placed(code), DOCS, "exec"), {})  # pylint: disable=exec-used
 
@@ -399,3 +399,28 @@ def test_every_family_exports_and_loads_the_same(name, shakespeare_archive, tiny
   assert float(np.abs(logits - from_export.logits(ids)).max()) == 0.0
   text = "ROMEO:\nGood night, good night! parting is such sweet sorrow " * 4
   assert from_workdir.score([text]) == from_export.score([text])
+
+
+@pytest.mark.slow  # a training run with a Hugging Face tokenizer
+def test_a_tokenizer_json_travels_with_the_export(shakespeare_archive, tiny_data_dir, tmp_path):
+  from test_bring_tokenizer import _train_byte_level_bpe  # pylint: disable=import-outside-toplevel
+  config = load_config("pi_attention")
+  overrides = dict(num_steps=2, checkpoint_every=2, eval_every=2, sample_tokens=0)
+  for section, fields in _tiny_sections(shakespeare_archive, tiny_data_dir, overrides).items():
+    config[section].update(fields)
+  config.model.update(window=8, period=8, num_skips=2)
+  config.data.tokenizer = _train_byte_level_bpe(str(tmp_path / "tokenizer.json"))
+  workdir, out = str(tmp_path / "run"), str(tmp_path / "export")
+  train.train_and_evaluate(config, workdir)
+  assert export.export(workdir, out)["tokenizer"] == ["tokenizer.json"]
+  assert "tokenizer.model" not in os.listdir(out)
+  with open(os.path.join(out, "tokenizer.json"), "rb") as a, \
+      open(os.path.join(workdir, "tokenizer.json"), "rb") as b:
+    assert a.read() == b.read()
+  from_workdir, from_export = efficient_lm.load(workdir), efficient_lm.load(out)
+  text = "ROMEO:\nGood night, good night! parting is such sweet sorrow"
+  ids = from_export.tokenizer.encode(text)
+  np.testing.assert_array_equal(ids, from_workdir.tokenizer.encode(text))
+  assert from_export.eos_id == from_workdir.eos_id and from_export.tokenizer.decode(ids) == text
+  row = [[from_export.eos_id, *ids][:from_export.seq_len]]
+  assert float(np.abs(from_export.logits(row) - from_workdir.logits(row)).max()) == 0.0
