@@ -77,6 +77,10 @@ def _sample(FLAGS) -> None:  # pylint: disable=invalid-name
     print(f"error: {e}", file=sys.stderr)
     sys.exit(exit_codes.USAGE)
   print(f"{config.model.name} at step {step} from {FLAGS.workdir}", file=sys.stderr)
+  from efficient_lm.ops import report  # pylint: disable=import-outside-toplevel
+  print("\n".join(report.prompts_lines(model, [tokenizer.encode(p) for p in prompts],
+                                       num_tokens=FLAGS.max_new_tokens,
+                                       prefill_chunk=FLAGS.prefill_chunk or None)), file=sys.stderr)
   try:
     results = generation.generate_texts(model, tokenizer, prompts, num_tokens=FLAGS.max_new_tokens,
                                         seed=FLAGS.seed, temperature=FLAGS.temperature,

@@ -183,3 +183,16 @@ def test_a_generation_reports_its_prefill_and_decode_step():
   prefill_line, step_line = report.generation_lines(model, **kw)
   assert prefill_line.startswith("attention (prefill): ") and "0 on xla" in prefill_line
   assert step_line.startswith("attention (decode step): 0 kernel calls") and "explicit" in step_line
+
+
+def test_the_sample_commands_report_stays_within_learned_positions():
+  """`prompts_lines` (what `efficient_lm.sample` prints on stderr) sizes its cache within a
+  learned position table, where a longer cache is refused."""
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from efficient_lm.ops import report  # pylint: disable=import-outside-toplevel
+  model = models.create(tiny_model_config("dense", position="learned", seq_len=16),
+                        rngs=nnx.Rngs(0))
+  with pytest.raises(ValueError, match="exceeds model.seq_len=16"):
+    report.generation_lines(model, batch=2, prompt_len=4, max_len=34)
+  lines = report.prompts_lines(model, [[5, 6, 7], [5, 6, 7, 8, 9]], num_tokens=30)
+  assert [line.split(":")[0] for line in lines] == ["attention (prefill)", "attention (decode step)"]

@@ -3,6 +3,7 @@ decoding step, as the compile report gives them for a train step.
 
     for line in report.generation_lines(model, batch=2, prompt_len=100, max_len=300):
       print(line, file=sys.stderr)
+    report.prompts_lines(model, prompts_ids, num_tokens=200)  # the sample command's
 
 Each part is traced once, abstractly (`backends.trace_record`: nothing runs or compiles): the
 prompt's prefill (one pass, or its first `prefill_chunk` tokens and one `extend` of the next
@@ -48,3 +49,18 @@ def generation_lines(model, *, batch: int, prompt_len: int, max_len: int,
   records = generation_records(model, batch=batch, prompt_len=prompt_len, max_len=max_len,
                                prefill_chunk=prefill_chunk)
   return [backends.report_line(record, label) for label, record in records.items()]
+
+
+def prompts_lines(model, prompts_ids, *, num_tokens: int,
+                  prefill_chunk: int | None = None) -> list[str]:
+  """`generation_lines` for a batched generation of `prompts_ids` (`generation.generate_batch`:
+  the shortest context, the prompt after its end-of-document token, prefilled in one pass or in
+  chunks), its cache `num_tokens` longer, within a learned position table (`max_positions`)."""
+  prompt_len = 1 + min(len(ids) for ids in prompts_ids)
+  max_len = prompt_len + num_tokens
+  limit = getattr(model, "max_positions", None)
+  if limit is not None:
+    max_len = min(max_len, limit)
+    prompt_len = min(prompt_len, max_len - 1)
+  return generation_lines(model, batch=len(prompts_ids), prompt_len=max(prompt_len, 1),
+                          max_len=max_len, prefill_chunk=prefill_chunk)
