@@ -372,7 +372,10 @@ def test_the_docs_commands(run, tmp_path):
 
 
 def test_import_efficient_lm_stays_light():
-  code = "import sys, efficient_lm; print(sorted(m for m in ('jax', 'flax', 'orbax') if m in sys.modules))"
+  """`import efficient_lm` and the export command's module (what runs before its flags and its
+  refusals) import none of the heavy libraries."""
+  code = ("import sys, efficient_lm, efficient_lm.export; "
+          "print(sorted(m for m in ('jax', 'flax', 'orbax', 'numpy') if m in sys.modules))")
   done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
                         timeout=60, check=True)
   assert done.stdout.strip() == "[]"
