@@ -108,18 +108,18 @@ def _installed(module: str) -> bool:
 
 
 def check(spec: str) -> tuple[str, str, str]:
-  """`parse`, then what this host can tell before loading any accelerator plugin: the extra the
-  platform needs is installed, and a TPU topology has the chip's dimensions (v5e, v6e: 2x4; v5p:
-  2x2x2). TargetError naming the fix otherwise."""
+  """`parse`, then what this host can tell before loading any accelerator plugin: a TPU topology
+  has the chip's dimensions (v5e, v6e: 2x4; v5p: 2x2x2), then the extra the platform needs is
+  installed (a wrong spec is named whatever is installed). TargetError naming the fix otherwise."""
   platform, device, topology = parse(spec)
-  module, what, fix = EXTRAS[platform]
-  if not _installed(module):
-    raise TargetError(f"--target={spec!r} needs {what} to compile for {platform.upper()}s: {fix}")
   if platform == "tpu" and topology.count("x") + 1 != TPU_DIMENSIONS[device]:
     example = {2: "2x2 or 4x8", 3: "2x2x1 or 4x4x4"}[TPU_DIMENSIONS[device]]
     raise TargetError(f"--target={spec!r}: a {device} slice's topology has "
                       f"{TPU_DIMENSIONS[device]} dimensions (chips along each axis), e.g. "
                       f"{device}:{example}")
+  module, what, fix = EXTRAS[platform]
+  if not _installed(module):
+    raise TargetError(f"--target={spec!r} needs {what} to compile for {platform.upper()}s: {fix}")
   return platform, device, topology
 
 
