@@ -13,6 +13,7 @@ describes, so a file written elsewhere with the same names and shapes loads the 
 (docs/using_a_model.md).
 """
 
+import contextlib
 import json
 import os
 from typing import Sequence
@@ -148,11 +149,14 @@ def _check_tensors(path: str, where: dict[str, str], expected: dict) -> None:
     raise LoadError(f"{os.path.join(path, where[name])} holds tensor {name!r}, which the model of "
                     f"{config} does not have ({len(unexpected)} unexpected; the model's names "
                     f"include {', '.join(sorted(expected)[:3])}); remove it or fix config.json")
+  with contextlib.ExitStack() as stack:
+    files = {file: stack.enter_context(safe_open(os.path.join(path, file), framework="numpy"))
+             for file in sorted(set(where.values()))}
+    shapes = {name: (tuple(files[where[name]].get_slice(name).get_shape()),
+                     files[where[name]].get_slice(name).get_dtype()) for name in expected}
   for name in sorted(expected):
     want = expected[name][1]
-    with safe_open(os.path.join(path, where[name]), framework="numpy") as f:
-      got = f.get_slice(name)
-      shape, dtype = tuple(got.get_shape()), got.get_dtype()
+    shape, dtype = shapes[name]
     kind = "float" if dtype.startswith(("F", "BF")) else dtype
     want_kind = "float" if jnp.issubdtype(want.dtype, jnp.floating) else None
     if shape != tuple(want.shape) or (kind == "float") != (want_kind == "float"):
@@ -172,13 +176,15 @@ def _load_export(path: str) -> "LoadedModel":
   where = _weight_files(path)
   _check_tensors(path, where, expected)
   pure = nnx.to_pure_dict(built.state.params)
-  for name, (keys, want) in expected.items():
-    with safe_open(os.path.join(path, where[name]), framework="numpy") as f:
-      array = f.get_tensor(name)
-    node = pure
-    for key in keys[:-1]:
-      node = node[key]
-    node[keys[-1]] = jax.device_put(np.asarray(array).astype(want.dtype), want.sharding)
+  with contextlib.ExitStack() as stack:
+    files = {file: stack.enter_context(safe_open(os.path.join(path, file), framework="numpy"))
+             for file in sorted(set(where.values()))}
+    for name, (keys, want) in expected.items():
+      node = pure
+      for key in keys[:-1]:
+        node = node[key]
+      array = np.asarray(files[where[name]].get_tensor(name)).astype(want.dtype)
+      node[keys[-1]] = jax.device_put(array, want.sharding)
   params = built.state.params
   nnx.replace_by_pure_dict(params, pure)
   return LoadedModel(nnx.merge(built.graphdef, params), tokenizer, config, fmt.get("step"), path)
