@@ -87,6 +87,12 @@ def test_defaults_and_canonical_spec():
 def test_seq_len_too_short_is_one_line_naming_the_field(base, shakespeare_archive, tiny_data_dir):
   with pytest.raises(ConfigError, match=r'^data.seq_len=64 cannot hold .*; raise data.seq_len'):
     needle.check_fits(needle.parse('needle:needles=1'), base.tokenizer, 64)
+  given = _data_config(shakespeare_archive, tiny_data_dir, 'needle:needles=1', seq_len=64)
+  given.tokenizer = base.tokenizer.model_path  # known before anything compiles: preflight says so
+  with pytest.raises(ConfigError, match=r'^data.seq_len=64 cannot hold'):
+    data.preflight(given)
+  given.seq_len = 256
+  assert data.preflight(given).task == needle.parse('needle:needles=1')
 
 
 # ----------------------------------------------------------------------------------------------
