@@ -295,7 +295,8 @@ def test_bad_input_is_one_clear_error(loaded):
 # The command line and the docs.
 
 
-def test_refused_exports_are_one_line_and_status_2_and_write_nothing(run, tmp_path, capsys):
+def test_refused_exports_are_one_line_and_status_2_and_write_nothing(run, tmp_path, capsys,
+                                                                    monkeypatch):
   occupied = tmp_path / "occupied"
   occupied.mkdir()
   (occupied / "keep.txt").write_text("mine")
@@ -321,6 +322,16 @@ def test_refused_exports_are_one_line_and_status_2_and_write_nothing(run, tmp_pa
     assert captured.out == "" and len(lines) == 1 and lines[0].startswith("error: "), lines
     assert message in lines[0], (kwargs, lines)
   assert sorted(os.listdir(tmp_path)) == ["occupied", "untrained"]  # no temporary folder left
+  assert os.listdir(occupied) == ["keep.txt"]
+  # An export that fails once the weights are written leaves nothing behind, the old folder kept.
+  def fail(*args, **kwargs):
+    raise OSError("disk full")
+  monkeypatch.setattr(export, "model_card", fail)
+  for target, overwrite in ((new, False), (str(occupied), True)):
+    with pytest.raises(OSError, match="disk full"):
+      export.export(run["workdir"], target, overwrite=overwrite)
+  monkeypatch.undo()
+  assert sorted(os.listdir(tmp_path)) == ["occupied", "untrained"]
   assert os.listdir(occupied) == ["keep.txt"]
   # --overwrite replaces it, once the new export is complete.
   export.export(run["workdir"], str(occupied), overwrite=True)
