@@ -14,6 +14,7 @@ import importlib
 import os
 import re
 import runpy
+import subprocess
 import sys
 import types
 
@@ -84,6 +85,28 @@ def test_setup_declares_the_compat_range_and_this_jax_is_in_it(monkeypatch):
   for version in ("0.10.1", "0.9.0", "0.13.0", "0.13.0.dev20270101", "1.0.0"):
     assert not jax_compat.supported(version), version
   assert not jax_compat.supported("")
+
+
+def test_ci_runs_the_readme_command_then_the_fast_tier_on_the_newest_jax():
+  """.ci/run: the README's test command first, unchanged; then a Python 3.12 venv given the newest
+  jax of the range it reads from jax_compat.py (checked by running its own sed), the library after
+  it, and the fast tier; `set -e` so that either stage failing fails CI."""
+  with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+    readme_test_command = f.read().splitlines()[3].strip()  # the README's second command line
+  assert readme_test_command.startswith("pip install -e '.[test") and "pytest" in readme_test_command
+  path = os.path.join(REPO, ".ci", "run")
+  with open(path, encoding="utf-8") as f:
+    script = f.read()
+  commands = [line for line in script.splitlines() if line and not line.startswith("#")]
+  assert commands[:3] == ["set -euo pipefail", 'cd "$(dirname "$0")/.."', readme_test_command]
+  assert subprocess.run(["bash", "-n", path], check=False).returncode == 0
+  sed = next(line for line in commands if line.startswith("JAX_REQUIREMENT="))
+  read = subprocess.run(["bash", "-c", f'{sed}\nprintf %s "$JAX_REQUIREMENT"'], cwd=REPO,
+                        capture_output=True, text=True, check=True).stdout
+  assert read == jax_compat.JAX_REQUIREMENT, read
+  installs = [line for line in commands if '/bin/pip" install' in line]
+  assert '"jax$JAX_REQUIREMENT"' in installs[0] and "-e '.[test,tpu]'" in installs[1], installs
+  assert commands[-1] == '"$VENV/bin/python" -m pytest -m "not slow" -n auto'
 
 
 def test_this_jax_has_every_private_feature():
