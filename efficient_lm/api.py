@@ -259,7 +259,8 @@ class LoadedModel:
 
     Each text is one document, scored as `python -m efficient_lm.evaluate --text_file` scores a
     file: the stream [eos] + its tokens + [eos], in windows of `seq_len` tokens, every target
-    once, through `scoring`'s windows and score step (compiled once for all the texts).
+    once, through `scoring`'s windows and score step (compiled once for all the texts; the
+    windows are built a batch at a time, so any number of texts fits).
     Returns {"texts": [{loss, perplexity, bits_per_byte, tokens, bytes}, ...], and the same
     figures over all texts}; `tokens` counts the scored targets."""
     if isinstance(texts, str):
@@ -278,35 +279,42 @@ class LoadedModel:
                                                  per_token=True)
     layout = dict(context=seq_len, stride=seq_len, seq_len=seq_len, right_align=False, eos_id=eos,
                   pad_id=pad, document_mask=bool(self.config.data.document_mask))
-    batches, owner, targets, num_bytes = [], [], [], []
-    for i, text in enumerate(texts):
+    for i, text in enumerate(texts):  # every refusal before any work
       if not isinstance(text, str) or not text:
         raise ValueError(f"texts[{i}] is {'empty' if text == '' else type(text).__name__}; give "
                          "non-empty strings")
+    nll_N, scored_N = np.zeros(len(texts)), np.zeros(len(texts))  # per text, float64 on the host
+    targets, num_bytes = [], []
+    pending, owners = [], []  # rows not yet scored, a batch at a time, and their texts
+
+    def run(rows: dict, owner_R: np.ndarray) -> None:
+      if len(owner_R) < batch_size:  # the last batch: rows of weight 0 (window ids past the end)
+        extra = scoring.window_batch(np.asarray([eos, eos], np.int32),
+                                     np.arange(1, 1 + batch_size - len(owner_R)), **layout)
+        rows = {k: np.concatenate([rows[k], extra[k]]) for k in rows}
+      out = jax.device_get(self._score_step(self._params, rows))
+      T = out["token_nll"].shape[1]
+      weights_RT = rows["weights"][:len(owner_R), -T:]
+      token_nll_RT = np.asarray(out["token_nll"], np.float64)[:len(owner_R)]
+      np.add.at(nll_N, owner_R, (token_nll_RT * weights_RT).sum(1))
+      np.add.at(scored_N, owner_R, weights_RT.sum(1))
+
+    for i, text in enumerate(texts):
       tokens = np.concatenate([[eos], self.tokenizer.encode(text), [eos]]).astype(np.int32)
       windows = scoring.num_windows(len(tokens) - 1, seq_len)
-      batches.append(scoring.window_batch(tokens, np.arange(windows), **layout))
-      owner += [i] * windows
+      pending.append(scoring.window_batch(tokens, np.arange(windows), **layout))
+      owners.append(np.full(windows, i))
       targets.append(len(tokens) - 1)
       num_bytes.append(len(text.encode("utf-8")))
-    rows = {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
-    padding = -len(owner) % batch_size  # rows of weight 0 (window ids past a stream's last)
-    if padding:
-      extra = scoring.window_batch(np.asarray([eos, eos], np.int32),
-                                   np.arange(1, 1 + padding), **layout)
-      rows = {k: np.concatenate([rows[k], extra[k]]) for k in rows}
-    nll_R, scored_R = np.zeros(len(owner) + padding), np.zeros(len(owner) + padding)
-    for first in range(0, len(nll_R), batch_size):
-      batch = {k: v[first:first + batch_size] for k, v in rows.items()}
-      out = jax.device_get(self._score_step(self._params, batch))
-      T = out["token_nll"].shape[1]
-      weights_BT = batch["weights"][:, -T:]
-      nll_R[first:first + batch_size] = (np.asarray(out["token_nll"], np.float64) * weights_BT).sum(1)
-      scored_R[first:first + batch_size] = weights_BT.sum(1)
-    owner = np.asarray(owner)
+      while sum(map(len, owners)) >= batch_size or (i == len(texts) - 1 and owners):
+        rows = {k: np.concatenate([b[k] for b in pending]) for k in pending[0]}
+        owner_R = np.concatenate(owners)
+        run({k: v[:batch_size] for k, v in rows.items()}, owner_R[:batch_size])
+        rest = {k: v[batch_size:] for k, v in rows.items()}
+        pending, owners = ([rest], [owner_R[batch_size:]]) if len(owner_R) > batch_size else ([], [])
     per_text, total_nll, total_scored, total_bytes = [], 0.0, 0.0, 0.0
     for i in range(len(texts)):
-      nll, scored = float(nll_R[:len(owner)][owner == i].sum()), float(scored_R[:len(owner)][owner == i].sum())
+      nll, scored = float(nll_N[i]), float(scored_N[i])
       charged = num_bytes[i] * scored / targets[i]  # bytes of the scored share (latents only)
       per_text.append({**metrics_lib.loss_figures(nll, scored, charged), "tokens": int(round(scored)),
                        "bytes": num_bytes[i]})

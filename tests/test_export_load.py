@@ -252,6 +252,9 @@ def test_score_is_the_evaluation_of_each_text_as_a_file(loaded, tmp_path, fake_w
   assert scores["tokens"] == tokens and scores["loss"] == pytest.approx(nll / tokens, rel=1e-9)
   assert scores["bits_per_byte"] == pytest.approx(
       nll / np.log(2) / sum(len(t.encode()) for t in texts), rel=1e-9)
+  again = lm.score(texts[::-1] + texts, batch_size=5)  # other batches: the same figures per text
+  for got, want in zip(again["texts"], scores["texts"][::-1] + scores["texts"]):
+    assert got["tokens"] == want["tokens"] and got["loss"] == pytest.approx(want["loss"], rel=1e-6)
   with pytest.raises(ValueError, match=r"texts\[1\] is empty"):
     lm.score(["a", ""])
 
