@@ -3,6 +3,10 @@
     python -m efficient_lm.evaluate --workdir=runs/pi_attention [--split=test | --text_file=PATH]
         [--context=N --stride=S] [--per_position] [--ablate_context=N [--ablate_method=swap|eos]]
         [--batch_size=B] [--out=DIR]
+    python -m efficient_lm.evaluate --workdir=W --task=needle [--lengths=256,512 --depths=0,0.5,1
+        --needles_per_cell=20 --variant=single|multikey|multivalue|multiquery --distractors=9
+        --haystack=FILE]
+    python -m efficient_lm.evaluate --workdir=W --task=extrapolate [--factors=1,2,4,8]
 
 Prints one line on stderr and the figures as one JSON object, the last line of stdout; one
 `error: ...` line and exit status 2 for input it cannot use. Ctrl-C (SIGINT) stops it at once with
@@ -85,11 +89,20 @@ def main(argv) -> None:
   output.reserve_stdout()
   absl_logging.set_verbosity(absl_logging.WARNING)  # the libraries' (Orbax) warnings only
   with signals.phase(f"evaluating {FLAGS.workdir}"), output.library_prints_discarded():
-    status = cli(workdir=FLAGS.workdir, split=FLAGS.split, text_file=FLAGS.text_file,
-                 context=FLAGS.context, stride=FLAGS.stride, batch_size=FLAGS.batch_size,
-                 per_position=FLAGS.per_position, out=FLAGS.out,
-                 ablate_context=FLAGS.ablate_context, ablate_method=FLAGS.ablate_method,
-                 per_query_out=FLAGS.per_query_out, max_tokens=FLAGS.max_tokens)
+    if FLAGS.task != "score":  # the long-context evaluations (efficient_lm.long_eval)
+      from efficient_lm.long_eval import command  # pylint: disable=import-outside-toplevel
+      status = command.run(
+          FLAGS.task, workdir=FLAGS.workdir, lengths=FLAGS.lengths, depths=FLAGS.depths,
+          needles_per_cell=FLAGS.needles_per_cell, variant=FLAGS.variant,
+          distractors=FLAGS.distractors, haystack=FLAGS.haystack, factors=FLAGS.factors,
+          split=FLAGS.split, text_file=FLAGS.text_file, batch_size=FLAGS.batch_size,
+          out=FLAGS.out, max_tokens=FLAGS.max_tokens, seed=FLAGS.seed)
+    else:
+      status = cli(workdir=FLAGS.workdir, split=FLAGS.split, text_file=FLAGS.text_file,
+                   context=FLAGS.context, stride=FLAGS.stride, batch_size=FLAGS.batch_size,
+                   per_position=FLAGS.per_position, out=FLAGS.out,
+                   ablate_context=FLAGS.ablate_context, ablate_method=FLAGS.ablate_method,
+                   per_query_out=FLAGS.per_query_out, max_tokens=FLAGS.max_tokens)
   sys.exit(status)
 
 
@@ -117,6 +130,24 @@ def _define_flags() -> None:
                        "to a multiple of the device count.")
   flags.DEFINE_string("out", None, "Where --per_position writes; default <workdir>/eval/<split or "
                       "file stem>/.")
+  flags.DEFINE_enum("task", "score", ["score", "needle", "extrapolate"], "score: loss, "
+                    "perplexity, bits per byte (above); needle: needle-in-a-haystack grid; "
+                    "extrapolate: loss by position at --factors x seq_len "
+                    "(docs/long_context_evals.md).")
+  flags.DEFINE_list("lengths", ["256", "512", "768", "1024"], "--task=needle: prompt lengths "
+                    "(tokens), comma-separated.")
+  flags.DEFINE_list("depths", ["0", "0.25", "0.5", "0.75", "1"], "--task=needle: needle depths "
+                    "(fractions of the haystack, 0 = its start), comma-separated.")
+  flags.DEFINE_integer("needles_per_cell", 20, "--task=needle: needles per (length, depth) cell.")
+  flags.DEFINE_enum("variant", "single", ["single", "multikey", "multivalue", "multiquery"],
+                    "--task=needle: RULER's needle variants.")
+  flags.DEFINE_integer("distractors", 9, "--task=needle: random 7-digit answers the true one is "
+                       "ranked among.")
+  flags.DEFINE_string("haystack", None, "--task=needle: a UTF-8 text file for the haystacks; "
+                      "default the workdir corpus's --split (default test).")
+  flags.DEFINE_list("factors", ["1", "2", "4", "8"], "--task=extrapolate: window lengths as "
+                    "multiples of the trained seq_len, comma-separated.")
+  flags.DEFINE_integer("seed", 0, "--task=needle: the seed of the needles, keys and haystacks.")
   flags.mark_flags_as_required(["workdir"])
 
 

@@ -1,0 +1,102 @@
+"""`python -m efficient_lm.evaluate --task=needle | extrapolate`: the flags read, the model and
+its held-out text loaded, the figures written (docs/long_context_evals.md)."""
+
+import os
+import sys
+
+from efficient_lm import exit_codes
+from efficient_lm import output
+
+TASKS = ("score", "needle", "extrapolate")
+
+
+class UsageError(ValueError):
+  """A flag value that cannot be used; the message names the flag and the fix."""
+
+
+def parse_list(name: str, values, kind):
+  """`--name=a,b,c` (absl's list flag) as numbers of `kind`."""
+  try:
+    return [kind(v) for v in values]
+  except (TypeError, ValueError):
+    raise UsageError(f"--{name}={','.join(map(str, values))} must be comma-separated "
+                     f"{'integers' if kind is int else 'numbers'}") from None
+
+
+def _stderr(line: str) -> None:
+  print(line, file=sys.stderr)
+
+
+def _held_out(lm, split: str | None, text_file: str | None, flag: str):
+  """(token stream, what it is) of a split of the workdir's corpus (default test) or a file."""
+  from efficient_lm import scoring  # pylint: disable=import-outside-toplevel
+  if text_file is not None:
+    tokens, _ = scoring.read_text_file(text_file, lm.tokenizer)
+    return tokens, os.path.basename(text_file)
+  if lm.config.data.dataset.startswith("mqar:"):
+    raise UsageError(f"{lm.path} is an MQAR workdir (synthetic tokens, no text); give {flag}=FILE "
+                     "of text, or evaluate a text-trained workdir")
+  from efficient_lm import data  # pylint: disable=import-outside-toplevel
+  corpus = data.load(lm.config.data)
+  split = split or "test"
+  if split not in corpus.splits:
+    raise UsageError(f"--split={split} is not a split of {corpus.name}; use one of "
+                     f"{', '.join(s for s in corpus.splits if s != 'train')}")
+  if split == "train":
+    raise UsageError("--split=train is the training text; use a held-out split (test or "
+                     "validation)")
+  return corpus.tokens(split), f"{split} split"
+
+
+def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int = 20,
+        variant: str = "single", distractors: int = 9, haystack: str | None = None,
+        factors=(), split: str | None = None, text_file: str | None = None,
+        batch_size: int | None = None, out: str | None = None, max_tokens: int = 0,
+        seed: int = 0) -> int:
+  """What the command does for `task`: lines on stderr, the one-line summary on stdout; returns
+  the exit status (2 and one `error: ...` line for input it cannot use)."""
+  from efficient_lm import api  # pylint: disable=import-outside-toplevel
+  from efficient_lm import data  # pylint: disable=import-outside-toplevel
+  from efficient_lm import scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm.long_eval import extrapolate, needle, needle_grid, reach  # pylint: disable=import-outside-toplevel
+  from efficient_lm.validation import ConfigError  # pylint: disable=import-outside-toplevel
+  try:
+    if task == "needle":
+      lengths = parse_list("lengths", lengths, int)
+      depths = parse_list("depths", depths, float)
+      if text_file is not None:
+        raise UsageError("--text_file is for --task=score and extrapolate; give the needle task's "
+                         "haystack as --haystack=FILE")
+    else:
+      factors = parse_list("factors", factors, int)
+      if haystack is not None:
+        raise UsageError("--haystack is for --task=needle; give extrapolate's text as "
+                         "--text_file=FILE or --split")
+    if batch_size is not None and batch_size < 1:
+      raise UsageError(f"--batch_size={batch_size} must be at least 1")
+    lm = api.load(workdir)
+    batch_size = batch_size or int(lm.config.data.batch_size)
+    if task == "needle":
+      tokens, source = _held_out(lm, split, haystack, "--haystack")
+      record = needle_grid.run(lm, needle.haystack_stream(tokens, lm.eos_id), lengths=lengths,
+                               depths=depths, needles_per_cell=needles_per_cell, variant=variant,
+                               distractors=distractors, batch_size=batch_size, seed=seed,
+                               source=source, log=_stderr)
+      out = out or os.path.join(lm.path, "eval", f"needle_{variant}")
+      json_path, png_path = needle_grid.write(record, out)
+      line = needle_grid.summary(record, json_path)
+    else:
+      tokens, source = _held_out(lm, split, text_file, "--text_file")
+      record = extrapolate.run(lm, tokens, factors=factors, batch_size=batch_size, source=source,
+                               max_tokens=max_tokens, log=_stderr)
+      out = out or os.path.join(lm.path, "eval", f"extrapolate_{source.split()[0]}")
+      json_path, png_path = extrapolate.write(record, out)
+      line = extrapolate.summary(record, json_path)
+  except (UsageError, api.LoadError, needle.NeedleError, extrapolate.ExtrapolateError,
+          reach.LengthError, scoring.EvalError, ConfigError, data.DataError,
+          data.DownloadError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return exit_codes.USAGE
+  _stderr(f"wrote {json_path} and {png_path}")
+  output.result(line)
+  return exit_codes.SUCCESS

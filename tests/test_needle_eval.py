@@ -1,0 +1,242 @@
+"""The long-context evaluations (`efficient_lm.long_eval`): the needle prompts, the rank score
+against `.logits`, each family's length rule, the files, and the extrapolation curve against the
+library's own scorer."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import REPO, _tiny_sections, load_config, subprocess_env
+from efficient_lm import api
+from efficient_lm import data
+from efficient_lm import scoring
+from efficient_lm import train
+from efficient_lm.long_eval import command
+from efficient_lm.long_eval import extrapolate
+from efficient_lm.long_eval import needle
+from efficient_lm.long_eval import needle_grid
+from efficient_lm.long_eval import reach
+
+# The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).
+pytestmark = pytest.mark.xdist_group("needle_eval_runs")
+
+SEQ_LEN = 32  # conftest's TINY
+
+
+def _tiny(name, archive, data_dir, **model_overrides):
+  config = load_config(name)
+  sections = _tiny_sections(archive, data_dir, dict(num_steps=4, eval_every=100, checkpoint_every=4,
+                                                    sample_tokens=0))
+  for section, fields in sections.items():
+    config[section].update(fields)
+  config.model.update(model_overrides)
+  return config
+
+
+@pytest.fixture(scope="module")
+def window_run(shakespeare_archive, tiny_data_dir, tmp_path_factory):
+  """A sliding-window workdir trained 4 steps (window 8 of seq_len 32), loaded."""
+  config = _tiny("sliding_window", shakespeare_archive, tiny_data_dir, window=8)
+  workdir = str(tmp_path_factory.mktemp("window"))
+  train.train_and_evaluate(config, workdir)
+  lm = api.load(workdir)
+  corpus = data.load(lm.config.data)
+  return lm, needle.haystack_stream(corpus.tokens("test"), lm.eos_id), corpus.tokens("test")
+
+
+# The prompts.
+
+@pytest.mark.parametrize("variant", needle.VARIANTS)
+def test_needles_sit_at_their_depth_in_one_document_and_the_question_asks_their_key(
+    window_run, variant):
+  lm, haystack, _ = window_run
+  length, tok = 400, lm.tokenizer  # the fixture's 384-piece tokenizer spells the needle out
+  for depth in (0.0, 0.5, 1.0):
+    prompts = needle.build(tok, haystack, length=length, depth=depth, variant=variant,
+                           rng=np.random.default_rng(7))
+    assert len(prompts) == (needle.EXTRA_NEEDLES + 1 if variant == "multiquery" else 1)
+    for p in prompts:
+      assert len(p.ids) == length
+      # One document: the end-of-document token opens it and none follows (segment ids all equal).
+      assert p.ids[0] == lm.eos_id and np.all(p.ids[1:] != lm.eos_id)
+      assert len(np.unique(data.document_ids(p.ids[None], lm.eos_id))) == 1
+      # Every needle's tokens are where the prompt says; the asked one's at the depth.
+      for start, ids in zip(p.needle_starts, p.needle_ids):
+        np.testing.assert_array_equal(p.ids[start:start + len(ids)], ids)
+      if variant == "multiquery":  # the needles one after another at the depth
+        longest = max(len(tok.encode(needle.QUESTION.format(key=q.key))) for q in prompts)
+        h = length - 1 - sum(len(i) for i in p.needle_ids) - longest
+        order = np.argsort(p.needle_starts)
+        assert p.needle_starts[order[0]] == 1 + round(depth * h)
+        ends = [p.needle_starts[i] + len(p.needle_ids[i]) for i in order[:-1]]
+        assert ends == [p.needle_starts[i] for i in order[1:]]
+      else:
+        before = sum(len(ids) for s, ids in zip(p.needle_starts[1:], p.needle_ids[1:])
+                     if s < p.needle_starts[0])
+        assert p.needle_starts[0] == 1 + round(depth * p.haystack) + before
+      # The question asks the main needle's key, and its answer is that needle's value.
+      main_text = tok.decode(p.needle_ids[0])
+      assert main_text == needle.NEEDLE.format(key=p.key, value=p.answers[0])
+      question = needle.QUESTION.format(key=p.key)
+      assert tok.decode(p.ids[-len(tok.encode(question)):]) == question
+      assert tok.decode(p.answer_ids[0]).strip() == p.answers[0]
+    if variant == "multikey":  # the distractor needles carry other keys
+      others = [tok.decode(ids) for ids in prompts[0].needle_ids[1:]]
+      assert all(prompts[0].key not in text for text in others)
+    if variant == "multivalue":
+      assert len(set(prompts[0].answers)) == needle.EXTRA_NEEDLES + 1
+
+
+def test_exact_match_reads_the_leading_digits():
+  assert needle.is_exact(" 4818263. And", ["4818263"])
+  assert not needle.is_exact(" 48182634", ["4818263"])
+  assert not needle.is_exact(" the 4818263", ["4818263"])
+  assert needle.is_exact("1234567", ["7654321", "1234567"])
+
+
+def test_chance_levels():
+  single = needle_grid.report.chance(1, 9)
+  assert single["top1"] == pytest.approx(0.1)
+  assert single["mrr"] == pytest.approx(sum(1 / r for r in range(1, 11)) / 10)
+  rng = np.random.default_rng(0)  # the best of 4 true among 9 wrong, by simulation
+  scores = rng.random((20000, 13))
+  ranks = 1 + (scores[:, 4:] >= scores[:, :4].max(1, keepdims=True)).sum(1)
+  many = needle_grid.report.chance(4, 9)
+  assert many["top1"] == pytest.approx(np.mean(ranks == 1), abs=0.01)
+  assert many["mrr"] == pytest.approx(np.mean(1 / ranks), abs=0.01)
+
+
+def test_wilson_interval():
+  w = needle_grid.report.wilson(7, 20)
+  assert w["share"] == 0.35 and w["ci_low"] == pytest.approx(0.1812, abs=1e-4)
+  assert w["ci_high"] == pytest.approx(0.5671, abs=1e-4)
+
+
+# The rank score, by hand.
+
+def test_rank_score_equals_a_hand_computation_from_logits(window_run):
+  """Each candidate's log-likelihood (the prompt prefilled once, its cache repeated for the
+  candidates) equals the one read off the logits of the whole sequence, prompt and answer. The
+  prompts (160 tokens: the needle and question alone take about 130 of the fixture's pieces) are
+  longer than the model's seq_len, which `.logits` refuses: the logits are the same jitted
+  forward pass it runs (`lm.model` on the ids and their document ids)."""
+  lm, haystack, _ = window_run
+  cells = needle_grid.build_grid(lm.tokenizer, haystack, lengths=[160], depths=[0.5],
+                                 needles_per_cell=3, variant="single", distractors=4)
+  rows = cells[(160, 0.5)]
+  width = max(len(a) for _, _, ids in rows for a in ids)
+  prompts = [r[0] for r in rows]
+  got = needle.rank_scores(lm.model, prompts, [r[1] for r in rows], [r[2] for r in rows], width,
+                           eos_id=lm.eos_id, document_mask=True)
+  for b, (prompt, candidates, ids) in enumerate(rows):
+    want = []
+    for answer in ids:
+      seq = np.concatenate([prompt.ids, answer])
+      ids = seq[None, :-1]
+      logits = np.asarray(lm.model(jnp.asarray(ids), segment_ids_BT=jnp.asarray(
+          data.document_ids(ids, lm.eos_id))), np.float64)[0]
+      logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
+                                                                                   keepdims=True)) \
+          - logits.max(-1, keepdims=True)
+      want.append(sum(logp[len(prompt.ids) - 1 + i, t] for i, t in enumerate(answer)))
+    np.testing.assert_allclose(got[b], want, rtol=0, atol=2e-3)
+    assert needle.rank_of(got[b], 1) == 1 + sum(w >= want[0] for w in want[1:])
+
+
+# Which lengths each family may run.
+
+def test_lengths_past_seq_len_refused_for_learned_positions_and_latents_accepted_with_reach():
+  learned = load_config("dense")
+  learned.model.position = "learned"
+  with pytest.raises(reach.LengthError, match=r"model.position='learned'.*at most"):
+    reach.check(learned, [learned.model.seq_len + 1])
+  with pytest.raises(reach.LengthError, match=r"\+10 of answer"):  # the answer needs positions too
+    reach.check(learned, [learned.model.seq_len - 5], extra=10)
+  perceiver = load_config("perceiver_ar")
+  with pytest.raises(reach.LengthError, match="fixed window"):
+    reach.check(perceiver, [perceiver.model.seq_len + 1])
+  for name in ("sliding_window", "pi_attention", "bcmt", "ecp"):
+    config = load_config(name)
+    assert reach.check(config, [config.model.seq_len * 8], extra=10) is None
+  dense = load_config("dense")
+  assert "out of distribution" in reach.check(dense, [dense.model.seq_len * 2])
+  assert reach.check(dense, [dense.model.seq_len]) is None
+
+
+# The command: files, one line, bad input.
+
+def test_needle_grid_past_seq_len_writes_json_and_heatmap(window_run, tmp_path, capsys):
+  lm, _, _ = window_run
+  out = str(tmp_path / "needle")
+  status = command.run("needle", workdir=lm.path, lengths=["160", "192"], depths=["0", "1"],
+                       needles_per_cell=3, variant="single", distractors=5, batch_size=4,
+                       out=out)
+  captured = capsys.readouterr()
+  assert status == 0, captured.err
+  line = captured.out.strip()
+  assert "\n" not in line and line.startswith("needle (single)")
+  record = json.load(open(os.path.join(out, "needle.json")))
+  assert [(c["length"], c["depth"]) for c in record["cells"]] == [(160, 0.0), (160, 1.0),
+                                                                   (192, 0.0), (192, 1.0)]
+  for cell in record["cells"]:
+    assert cell["prompts"] == 3 and cell["exact"]["n"] == 3 and len(cell["answers"]) == 3
+    assert 0 <= cell["exact"]["ci_low"] <= cell["exact"]["share"] <= cell["exact"]["ci_high"] <= 1
+    ranks = [a["rank"] for a in cell["answers"]]
+    assert all(1 <= r <= 6 for r in ranks)
+    assert cell["mrr"]["mean"] == pytest.approx(np.mean([1 / r for r in ranks]))
+    assert cell["top1"]["count"] == sum(r == 1 for r in ranks)
+  assert record["chance"]["top1"] == pytest.approx(1 / 6)
+  assert os.path.getsize(os.path.join(out, "needle.png")) > 1000
+
+
+def test_bad_lengths_are_one_error_line(window_run, tmp_path):
+  lm, _, _ = window_run
+  result = subprocess.run(
+      [sys.executable, "-m", "efficient_lm.evaluate", f"--workdir={lm.path}", "--task=needle",
+       "--lengths=8"], cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
+      timeout=300)
+  assert result.returncode == 2, result.stderr
+  errors = [l for l in result.stderr.splitlines() if l.startswith("error:")]
+  assert len(errors) == 1 and "--lengths: 8 tokens cannot hold" in errors[0], result.stderr
+  assert result.stdout == ""
+
+
+# Extrapolation.
+
+def test_extrapolate_1x_equals_the_scorer_and_runs_past_seq_len(window_run, tmp_path, capsys):
+  lm, _, tokens = window_run
+  got = extrapolate.curve(lm.model, tokens, length=SEQ_LEN, eos_id=lm.eos_id,
+                          pad_id=int(lm.tokenizer.pad_id), batch_size=3, document_mask=True,
+                          max_windows=7)
+  starts = extrapolate.window_starts(np.asarray(tokens), lm.eos_id, SEQ_LEN)[:7]
+  assert np.all(np.diff(starts) == SEQ_LEN)  # the first document's: one stream of 7 windows
+  stream = np.asarray(tokens[starts[0]:starts[-1] + SEQ_LEN + 1])
+  assert np.all(stream[1:-1] != lm.eos_id)  # inside one document (the last target may end it)
+  ref = scoring.score_stream(lm.model, stream, context=SEQ_LEN, stride=SEQ_LEN, batch_size=4,
+                             num_bytes=1, eos_id=lm.eos_id, pad_id=int(lm.tokenizer.pad_id),
+                             per_position=True, document_mask=True)
+  count = np.asarray(ref["per_position_count"], np.float64)
+  nll = np.nan_to_num(np.asarray(ref["per_position_loss"], np.float64)) * count
+  assert got["tokens"] == int(count.sum()) == 7 * SEQ_LEN
+  assert got["loss"] == pytest.approx(nll.sum() / count.sum(), abs=1e-4)
+  for b in got["buckets"]:
+    assert b["loss"] == pytest.approx(nll[b["low"]:b["high"]].sum() / count[b["low"]:b["high"]].sum(),
+                                      abs=1e-4)
+    assert b["tokens"] == count[b["low"]:b["high"]].sum()
+  assert [(b["low"], b["high"]) for b in got["buckets"]][:3] == [(0, 1), (1, 2), (2, 4)]
+  # Past the trained length (the window model's reach is bounded): files and one line.
+  out = str(tmp_path / "extrapolate")
+  status = command.run("extrapolate", workdir=lm.path, factors=["1", "2"], batch_size=4, out=out,
+                       max_tokens=256)
+  assert status == 0, capsys.readouterr().err
+  record = json.load(open(os.path.join(out, "extrapolate.json")))
+  assert [c["length"] for c in record["curves"]] == [SEQ_LEN, 2 * SEQ_LEN]
+  assert record["curves"][1]["buckets"][-1] == {**record["curves"][1]["buckets"][-1],
+                                                "low": SEQ_LEN, "high": 2 * SEQ_LEN}
+  assert os.path.getsize(os.path.join(out, "extrapolate.png")) > 1000
+  assert capsys.readouterr().out.startswith("extrapolate sliding_window")
