@@ -101,6 +101,8 @@ def test_seq_len_too_short_is_one_line_naming_the_field(base, shakespeare_archiv
 
 def test_needles_at_their_depths_and_questions_at_the_end(corpus):
   tok, task = corpus.tokenizer, corpus.task
+  needle_format, question_format = needle.formats()  # the evaluator's sentences
+  assert question_format.format(key='k').startswith('What is the special magic number for k?')
   for i in range(8):
     s = corpus.sequence('validation', i)
     assert len(s.x) == SEQ_LEN + 1 and s.x[0] == s.x[-1] == tok.eos_id
@@ -112,14 +114,14 @@ def test_needles_at_their_depths_and_questions_at_the_end(corpus):
     H = SEQ_LEN - 1 - asked - sum(lengths)
     for j, (key, value, depth, start) in enumerate(zip(s.keys, s.values, s.depths, s.starts)):
       planted = tok.decode(s.x[start:start + lengths[j]])
-      assert planted == ' ' + needle.NEEDLE.format(key=key, value=value)
+      assert planted == ' ' + needle_format.format(key=key, value=value)
       before = sum(lengths[m] for m in range(3) if s.starts[m] < start)  # needles earlier on
       assert start - 1 - before == math.floor(depth * (H + 1))  # haystack tokens before it
     text = tok.decode(s.x)
-    tail = ''.join(' ' + needle.QUESTION.format(key=k) + ' ' + needle.NEEDLE.format(key=k, value=v)
+    tail = ''.join(f' {question_format.format(key=k)} {v}.'
                    for k, v in zip(s.keys[:task.needles], s.values[:task.needles]))
     assert text.endswith(tail)
-    assert needle.QUESTION.format(key=s.keys[2]) not in text  # the distractor is not asked
+    assert question_format.format(key=s.keys[2]) not in text  # the distractor is not asked
     for answer, value in zip(s.answers, s.values):  # the scored targets spell the value
       assert tok.decode(s.x[1:][list(answer)]).strip() == value
 

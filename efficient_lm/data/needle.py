@@ -31,11 +31,11 @@ from efficient_lm.validation import ConfigError
 log = logging.getLogger(__name__)
 
 PREFIX = registry.NEEDLE_PREFIX
-try:  # the evaluator's formats, when its module is there; else the same sentences
-  from efficient_lm.needle import NEEDLE, QUESTION  # pylint: disable=g-import-not-at-top
-except ImportError:
-  NEEDLE = 'The special magic number for {key} is {value}.'
-  QUESTION = 'What is the special magic number for {key}?'
+# The sentences, as the evaluator (`efficient_lm.long_eval.needle`) writes them: a needle, and a
+# question that ends where the answer's value begins (' <value>.' follows). `formats()` reads the
+# evaluator's own when that module is there (it imports jax: only when sequences are drawn).
+NEEDLE = 'The special magic number for {key} is {value}.'
+QUESTION = 'What is the special magic number for {key}? The special magic number for {key} is'
 DIGITS = 7  # a needle's value: 7 decimal digits, the first not 0
 # The key vocabulary: `keys=N` draws from the first N words.
 KEY_WORDS = (
@@ -196,11 +196,22 @@ class NeedleSequence:
   answers: tuple[tuple[int, ...], ...]
 
 
+def formats() -> tuple[str, str]:
+  """(NEEDLE, QUESTION): the evaluator's, from `efficient_lm.long_eval.needle`, else this module's
+  (the same sentences)."""
+  try:
+    from efficient_lm.long_eval import needle as evaluator  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return NEEDLE, QUESTION
+  return evaluator.NEEDLE, evaluator.QUESTION
+
+
 class _Texts:
-  """The tokenizer's ids of needles and questions (cached per key and value) and of newline."""
+  """The tokenizer's ids of needles and of questions with their answers, and of newline."""
 
   def __init__(self, tokenizer):
     self.tokenizer = tokenizer
+    self.needle_format, self.question_format = formats()
     ids = np.asarray(tokenizer.encode('\n')).reshape(-1)
     newline = next((int(i) for i in ids[::-1] if tokenizer.decode([int(i)]) == '\n'), None)
     if newline is None:
@@ -208,15 +219,21 @@ class _Texts:
                       'document inside a haystack); use a tokenizer with one (data.tokenizer)')
     self.newline_id = newline
 
+  def needle_text(self, key: str, value: str) -> str:
+    return ' ' + self.needle_format.format(key=key, value=value)
+
+  def question_text(self, key: str, value: str) -> str:
+    """The question and its answer: the question format, then ' <value>.'."""
+    return ' ' + self.question_format.format(key=key) + f' {value}.'
+
   def needle(self, key: str, value: str) -> np.ndarray:
-    return np.asarray(self.tokenizer.encode(' ' + NEEDLE.format(key=key, value=value)), np.int32)
+    return np.asarray(self.tokenizer.encode(self.needle_text(key, value)), np.int32)
 
   def question(self, key: str, value: str) -> tuple[np.ndarray, np.ndarray]:
     """The question and its answer's ids, and the positions among them of the value's digits."""
-    answer = NEEDLE.format(key=key, value=value)
-    text = ' ' + QUESTION.format(key=key) + ' ' + answer
+    text = self.question_text(key, value)
     ids = np.asarray(self.tokenizer.encode(text), np.int32)
-    first = text.rindex(value)
+    first = len(text) - len(value) - 1
     last = first + len(value)
     # Characters decoded after each prefix of the ids: token k covers [ends[k-1], ends[k]).
     ends = np.array([len(self.tokenizer.decode(ids[:k + 1])) for k in range(len(ids))])
