@@ -203,12 +203,8 @@ class Workdir:
   def tokenizer_file(self) -> str:
     """The workdir's copy of its run's tokenizer: tokenizer.model or tokenizer.json (if both are
     there, a switch cut short: the one data.json's tokenizer_sha256 names)."""
-    present = [self.file(name) for name in TOKENIZER_FILES if os.path.isfile(self.file(name))]
-    if len(present) > 1:
-      from efficient_lm.data import archives  # pylint: disable=import-outside-toplevel
-      sha = (self.saved_identity() or {}).get("tokenizer_sha256")
-      present = [p for p in present if archives.sha256_of(p) == sha] or present
-    return present[0] if present else self.file(TOKENIZER)
+    from efficient_lm.data import tokenizer as tok  # pylint: disable=import-outside-toplevel
+    return tok.folder_file(self.path)
 
   def open_tokenizer(self):
     """The run's tokenizer from the workdir's copy, with the separator its run used

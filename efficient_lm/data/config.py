@@ -11,6 +11,7 @@ import re
 import numpy as np
 
 from efficient_lm.data import registry
+from efficient_lm.data.errors import DataError
 from efficient_lm.validation import ConfigError, require, require_positive_int
 
 TFDS_PREFIX, TEXT_PREFIX = registry.TFDS_PREFIX, registry.TEXT_PREFIX
@@ -18,10 +19,6 @@ FRACTION_DEFAULTS, fraction = registry.FRACTION_DEFAULTS, registry.fraction
 MIN_VOCAB_SIZE = 260  # the tokenizer's reserved pieces: <pad>, <unk>, </s>, '\n', 256 bytes
 FIELDS = ('dataset', 'seq_len', 'batch_size', 'vocab_size', 'data_dir', 'archive', 'archive_sha256',
           'text_key', 'tokenizer_train_bytes')
-
-
-class DataError(ValueError):
-  """The data itself (not a config field) cannot be used: an empty split, say."""
 
 
 def document_mask(data_config) -> bool:

@@ -253,19 +253,38 @@ def _is_hf_json(path: str) -> bool:
   return isinstance(record, dict) and isinstance(record.get('model'), dict)
 
 
+FILES = (FILE_NAME, 'tokenizer.json')  # the copy a run's folder (a workdir, an export) keeps
+
+
+def folder_file(folder: str) -> str:
+  """The tokenizer file a run's folder holds: tokenizer.model or tokenizer.json; where both are
+  there (a switch cut short), the one its data.json's `tokenizer_sha256` names. The path of
+  tokenizer.model when it holds neither (its absence is the caller's to report)."""
+  import json  # pylint: disable=g-import-not-at-top
+  present = [os.path.join(folder, n) for n in FILES if os.path.isfile(os.path.join(folder, n))]
+  if len(present) > 1:
+    from efficient_lm.data import archives  # pylint: disable=g-import-not-at-top
+    try:
+      with open(os.path.join(folder, 'data.json'), encoding='utf-8') as f:
+        sha = json.load(f).get('tokenizer_sha256')
+    except (OSError, ValueError, AttributeError):
+      sha = None
+    present = [p for p in present if archives.sha256_of(p) == sha] or present
+  return present[0] if present else os.path.join(folder, FILE_NAME)
+
+
 def open_tokenizer(path: str, separator_token: str = ''):
   """The tokenizer at `path`, used as it is (`open_file`). A training workdir (or an export), or
   its tokenizer file (tokenizer.model / tokenizer.json: what `generation.load_workdir` opens),
-  gives the folder's copy of either kind, with the separator its run used (`run_separator`)."""
+  gives the folder's copy of either kind (`folder_file`), with the separator its run used
+  (`run_separator`)."""
   path = os.path.expanduser(os.fspath(path))
   if os.path.isdir(path):
-    from efficient_lm import workdir  # pylint: disable=g-import-not-at-top
-    return workdir.Workdir(path).open_tokenizer()
-  if not separator_token and os.path.basename(path) in (FILE_NAME, 'tokenizer.json'):
+    return open_file(folder_file(path), separator_token or run_separator(path))
+  if not separator_token and os.path.basename(path) in FILES:
     folder = os.path.dirname(path)
     if not os.path.exists(path):  # a workdir's tokenizer.model, where it holds tokenizer.json
-      from efficient_lm import workdir  # pylint: disable=g-import-not-at-top
-      path = workdir.Workdir(folder).tokenizer_file()
+      path = folder_file(folder)
     separator_token = run_separator(folder)
   return open_file(path, separator_token)
 

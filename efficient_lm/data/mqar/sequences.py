@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from efficient_lm.data.config import DataError
+from efficient_lm.data.errors import DataError
 from efficient_lm.data.mqar.task import (DEFAULT_PAIR_TOKENS, EOS_ID, PAD_ID, QUERY_ID,
                                          MqarTask)
 
