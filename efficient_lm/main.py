@@ -136,6 +136,13 @@ def _run(workdir: str) -> None:
       workdir_lib.Workdir(workdir).check_before_start(config)
     except workdir_lib.WorkdirError as e:
       _fail(exit_codes.USAGE, str(e))
+  if config.data.get("tokenizer"):  # the given file, and a --config.data.vocab_size against it
+    from efficient_lm.data import config as data_config  # pylint: disable=import-outside-toplevel
+    from efficient_lm.validation import ConfigError  # pylint: disable=import-outside-toplevel
+    try:
+      data_config.validate(config.data)
+    except ConfigError as e:
+      _fail(exit_codes.USAGE, str(e))
   what = "compiling" if FLAGS.compile_only else f"training into {workdir}"
   logger.info("%s (%s): %s; starting jax", config.model.name, FLAGS["config"].config_filename, what)
   from efficient_lm import backends, distributed, step_memory, train  # pylint: disable=import-outside-toplevel

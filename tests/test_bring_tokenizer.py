@@ -311,6 +311,7 @@ def test_a_command_line_vocab_size_that_disagrees_is_refused_before_any_work(own
   assert (f'--config.data.vocab_size=384 disagrees with data.tokenizer=' in errors[0]
           and f'which has {size} ids' in errors[0]), errors
   assert 'compiling' not in done.stderr and not (tmp_path / 'fresh').exists()
+  assert 'starting jax' not in done.stderr  # refused before jax starts (main's pre-jax checks)
 
 
 @pytest.mark.slow  # a training run, then refusals on the command line
