@@ -275,8 +275,8 @@ class LoadedModel:
     scoring.check_windows(seq_len, seq_len, seq_len=seq_len, num_logits=num_logits,
                           model_name=f"model.name={self.config.model.name!r}")
     if self._score_step is None:
-      self._score_step = scoring.make_score_step(self._graphdef, loss_chunk=self.config.train.loss_chunk,
-                                                 per_token=True)
+      self._score_step = scoring.make_score_step(
+          self._graphdef, loss_chunk=self.config.train.loss_chunk, per_token=True)
     layout = dict(context=seq_len, stride=seq_len, seq_len=seq_len, right_align=False, eos_id=eos,
                   pad_id=pad, document_mask=bool(self.config.data.document_mask))
     for i, text in enumerate(texts):  # every refusal before any work
@@ -311,14 +311,16 @@ class LoadedModel:
         owner_R = np.concatenate(owners)
         run({k: v[:batch_size] for k, v in rows.items()}, owner_R[:batch_size])
         rest = {k: v[batch_size:] for k, v in rows.items()}
-        pending, owners = ([rest], [owner_R[batch_size:]]) if len(owner_R) > batch_size else ([], [])
+        left = len(owner_R) > batch_size
+        pending, owners = ([rest], [owner_R[batch_size:]]) if left else ([], [])
     per_text, total_nll, total_scored, total_bytes = [], 0.0, 0.0, 0.0
     for i in range(len(texts)):
       nll, scored = float(nll_N[i]), float(scored_N[i])
       charged = num_bytes[i] * scored / targets[i]  # bytes of the scored share (latents only)
-      per_text.append({**metrics_lib.loss_figures(nll, scored, charged), "tokens": int(round(scored)),
-                       "bytes": num_bytes[i]})
-      total_nll, total_scored, total_bytes = total_nll + nll, total_scored + scored, total_bytes + charged
+      per_text.append({**metrics_lib.loss_figures(nll, scored, charged),
+                       "tokens": int(round(scored)), "bytes": num_bytes[i]})
+      total_nll, total_scored, total_bytes = (total_nll + nll, total_scored + scored,
+                                              total_bytes + charged)
     return {"texts": per_text, **metrics_lib.loss_figures(total_nll, total_scored, total_bytes),
             "tokens": int(round(total_scored)), "bytes": int(sum(num_bytes))}
 

@@ -83,7 +83,7 @@ def runnable_config(config, platform: str):
 
 
 def one_device_mesh(device):
-  """A mesh of `device` alone with the four axes (`sharding.single_device_mesh`'s, on any device)."""
+  """A mesh of `device` alone with the four axes (`sharding.single_device_mesh`, on any device)."""
   import jax  # pylint: disable=import-outside-toplevel
   from efficient_lm import sharding  # pylint: disable=import-outside-toplevel
   return jax.make_mesh((1, 1, 1, 1), sharding.AXES,
@@ -241,7 +241,8 @@ def check_args(*, dtype: str | None, max_shard_bytes: int, step: int | None) -> 
     raise ExportError(f"--max_shard_bytes={max_shard_bytes} must be at least 1 (bytes per "
                       "safetensors file; default 5 GB)")
   if step is not None and step < 0:
-    raise ExportError(f"--step={step} must be a checkpoint's step (>= 0), or left out for the latest")
+    raise ExportError(f"--step={step} must be a checkpoint's step (>= 0), or left out for the "
+                      "latest")
 
 
 def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None = None,

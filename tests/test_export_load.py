@@ -1,4 +1,4 @@
-"""`python -m efficient_lm.export` and `efficient_lm.load`: safetensors out, the same model back in."""
+"""`python -m efficient_lm.export` and `efficient_lm.load`: safetensors out, the same model in."""
 
 import json
 import os
@@ -12,7 +12,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 from flax import nnx
-from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 import efficient_lm
@@ -149,7 +148,8 @@ def test_a_sharded_export_loads_the_same(run, loaded, tmp_path):
   files = summary["files"]
   shards = [f for f in files if f.endswith(".safetensors")]
   assert len(shards) >= 3 and files[-1] == "model.safetensors.index.json"
-  assert shards == [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+  assert shards == [f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                    for i in range(1, len(shards) + 1)]
   assert not (out / "model.safetensors").exists()
   with open(out / "model.safetensors.index.json") as f:
     index = json.load(f)
@@ -240,7 +240,8 @@ def test_score_is_the_evaluation_of_each_text_as_a_file(loaded, tmp_path, fake_w
     file.write_text(text, encoding="utf-8")
     stream, num_bytes = scoring.read_text_file(str(file), lm.tokenizer)
     expected = scoring.score_stream(lm.model, stream, context=32, stride=32, batch_size=4,
-                                    num_bytes=num_bytes, eos_id=lm.eos_id, pad_id=lm.tokenizer.pad_id,
+                                    num_bytes=num_bytes, eos_id=lm.eos_id,
+                                    pad_id=lm.tokenizer.pad_id,
                                     seq_len=32, document_mask=True)
     assert got["tokens"] == expected["scored_tokens"] == len(stream) - 1
     assert got["bytes"] == num_bytes
@@ -272,8 +273,8 @@ def test_greedy_generation_follows_the_logits_and_stops(loaded):
       if not ended[b]:  # a row ends with its document (the end-of-document token)
         r.append(int(np.argmax(logits[b, len(r) - 1, :lm.tokenizer.vocab_size])))
         ended[b] = r[-1] == lm.eos_id
-  expected = [lm.tokenizer.decode([t for t in r[1:] if t != lm.eos_id])[len(lm.tokenizer.decode(ids)):]
-              for r, ids in zip(rows, prompts_ids)]
+  expected = [lm.tokenizer.decode([t for t in r[1:] if t != lm.eos_id])
+              [len(lm.tokenizer.decode(ids)):] for r, ids in zip(rows, prompts_ids)]
   assert lm.generate(prompts, max_new_tokens=8, temperature=0.0) == expected
   assert len(expected[0]) >= 4
   stop = expected[0][len(expected[0]) // 2:][:2]
@@ -398,7 +399,8 @@ def test_import_efficient_lm_stays_light():
 
 @pytest.mark.slow  # a training run for each family
 @pytest.mark.parametrize("name", ["dense", "sliding_window", "bcmt", "ecp", "perceiver_ar"])
-def test_every_family_exports_and_loads_the_same(name, shakespeare_archive, tiny_data_dir, tmp_path):
+def test_every_family_exports_and_loads_the_same(name, shakespeare_archive, tiny_data_dir,
+                                                 tmp_path):
   from test_models import CONFIG_OF, FAMILY_FIELDS  # pylint: disable=import-outside-toplevel
   config = load_config(*CONFIG_OF.get(name, (name,)))
   overrides = dict(num_steps=2, checkpoint_every=2, eval_every=2, sample_tokens=0)
