@@ -165,13 +165,13 @@ class Checked:
   base: Any
 
 
-def preflight(data_config, read: bool = True) -> Checked:
-  """The task's options and the base's fields (its checks, `pipeline.preflight`), and with a
-  `data.tokenizer` that the needles fit in `data.seq_len`: before anything compiles."""
-  from efficient_lm.data import pipeline  # pylint: disable=g-import-not-at-top  (pipeline imports us)
+def preflight(data_config, read: bool, base_preflight) -> Checked:
+  """The task's options and the base's fields (its checks: `base_preflight`, the pipeline's
+  `preflight`, handed in so that this module does not import the pipeline that dispatches to it),
+  and with a `data.tokenizer` that the needles fit in `data.seq_len`: before anything compiles."""
   task = parse(data_config['dataset'])
   base = base_config(data_config, task)
-  checked = pipeline.preflight(base, read=read)
+  checked = base_preflight(base, read=read)
   if data_config_lib.tokenizer_path(base):  # the tokenizer is known now: the needles must fit
     check_fits(task, data_config_lib.open_given(base), data_config['seq_len'])
   return Checked(task, checked)
@@ -486,13 +486,12 @@ class NeedleCorpus:
             f'{self.seq_len} per held-out split)')
 
 
-def load(data_config, checked: Checked | None = None) -> NeedleCorpus:
-  """`data.load` for a 'needle:' dataset: the base corpus prepared and loaded (its cache and
-  tokenizer, as `data.dataset=<base>` would), the sequences drawn from it."""
-  from efficient_lm.data import pipeline  # pylint: disable=g-import-not-at-top
-  checked = checked if checked is not None else preflight(data_config)
+def load(data_config, checked: Checked, base_load) -> NeedleCorpus:
+  """`data.load` for a 'needle:' dataset: the base corpus prepared and loaded by `base_load` (the
+  pipeline's `load`: its cache and tokenizer, as `data.dataset=<base>` would), the sequences
+  drawn from it. `checked`: what `preflight` returned."""
   task = checked.task
-  base = pipeline.load(base_config(data_config, task), checked.base)
+  base = base_load(base_config(data_config, task), checked.base)
   seq_len = data_config['seq_len']
   check_fits(task, base.tokenizer, seq_len)
   for split in base.splits:  # a haystack is shorter than a window: a window's worth always fits

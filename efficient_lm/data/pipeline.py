@@ -65,7 +65,7 @@ def preflight(data_config, read: bool = True):
   data_config_lib.validate(data_config)
   if data_config['dataset'].startswith(registry.NEEDLE_PREFIX):  # its options, then its base's checks
     from efficient_lm.data import needle  # pylint: disable=g-import-not-at-top
-    return needle.preflight(data_config, read)
+    return needle.preflight(data_config, read, preflight)
   if data_config['dataset'].startswith(registry.HF_PREFIX):  # loaded and checked (hf_datasets.py)
     from efficient_lm.data import hf_datasets  # pylint: disable=g-import-not-at-top
     return hf_datasets.resolve(data_config)
@@ -89,7 +89,8 @@ def load(data_config, checked=None) -> corpus_lib.Corpus:
     return source.generator().load(data_config)
   if data_config['dataset'].startswith(registry.NEEDLE_PREFIX):  # windows of a base corpus's text
     from efficient_lm.data import needle  # pylint: disable=g-import-not-at-top
-    return needle.load(data_config, checked)
+    return needle.load(data_config, checked if checked is not None else preflight(data_config),
+                       load)
   text_scan = checked if checked is not None else preflight(data_config)
   root = os.path.abspath(os.path.expanduser(data_config['data_dir']))
   try:
