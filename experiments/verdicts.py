@@ -32,12 +32,13 @@ import numpy as np
 from efficient_lm import stats
 from experiments import long_range
 from experiments import registration
+from experiments.claims import EXPLORATORY, NOT_VALIDATED, by_claim, verdict_cell  # noqa: F401 (by_claim)
 from experiments.common import REPO
 from experiments.context_ablation import CORPORA
 from experiments.context_ablation import placebo
+from experiments.paper_tables.metrics import grouped, metric_values
+from experiments.paper_tables.render import render_readme as render_tables
 
-EXPLORATORY = "exploratory"  # a result that ran before its claim was registered: never a verdict
-NOT_VALIDATED = "not validated"  # a swap claim whose rows the placebo gate does not validate
 LEGACY = "seed_level_family"  # experiments/registered/: the 32 claims below
 TRAINED = 0.5  # the share of queries inside its own reach a model must recall to be compared
 RESULTS = os.path.join(REPO, "experiments", "results")
@@ -139,7 +140,6 @@ def recall_claim(results: dict, claim: str, a: str, b: str, bins: tuple[int, int
 
 
 def table_claims(paper_tables: dict | None, positions: dict | None) -> list[tuple]:
-  from experiments.paper_tables.render import grouped, metric_values  # pylint: disable=import-outside-toplevel
   from experiments.paper_tables.specs import TABLES  # pylint: disable=import-outside-toplevel
   out = []
   for table, spec in TABLES.items():
@@ -237,7 +237,6 @@ def _relabel(row: dict, extra: dict, study: dict) -> dict:
 def registered_claims(results: dict[str, dict | None]) -> list[dict]:
   """The confirmatory studies' claims (experiments/registered/, `kind` confirmatory), each its own
   family of one, decided only from runs after its registration (pending until its seeds ran)."""
-  from experiments.paper_tables.render import metric_values  # pylint: disable=import-outside-toplevel
   out = []
   for name, study in registration.studies().items():
     if study["kind"] != "confirmatory":
@@ -331,26 +330,12 @@ def load_all(results_dir: str = RESULTS) -> dict:
           "registered": registered}
 
 
-def by_claim(verdicts: dict) -> dict[str, dict]:
-  return {r["claim"]: r for r in verdicts["rows"] + verdicts["pending"]}
-
-
 # ----------------------------------------------------------------------------------------------
 # Markdown.
 
 
 def _p(p) -> str:
   return "" if p is None or p != p else ("< 0.001" if p < 0.001 else f"{p:.3f}")
-
-
-def verdict_cell(row: dict) -> str:
-  v = row["verdict"]
-  if row["note"].startswith("pending"):
-    return f"not decided ({row['note']})"
-  if v in (EXPLORATORY, NOT_VALIDATED):
-    return f"{v} ({row['note']})"
-  return f"**{v}**" if v not in (stats.NOT_DECIDED, stats.NOT_COMPARABLE) else (
-      f"{v} ({row['note']})" if row["note"] else v)
 
 
 def _diff_ci(row: dict) -> tuple[str, str]:
@@ -492,7 +477,6 @@ def main(argv=None) -> None:
   with open(os.path.join(args.results_dir, "verdicts.json"), "w") as f:
     json.dump(verdicts, f, indent=1)
   render_readme(verdicts, loaded, args.readme, args.top_readme)
-  from experiments.paper_tables.render import render_readme as render_tables  # pylint: disable=import-outside-toplevel
   if loaded["paper_tables"] is not None:
     render_tables(loaded["paper_tables"], loaded["positions"] or {}, args.readme, verdicts=verdicts)
   for row in verdicts["rows"] + verdicts["pending"] + verdicts["registered"]:

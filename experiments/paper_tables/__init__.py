@@ -7,7 +7,8 @@
 
 One job per module: `specs` (the tables, their rows, claims and commands), `rows` (training and
 scoring one row in pausable subprocesses, `experiments.runner`), `store` (the json files),
-`render` (markdown tables and claims, with `efficient_lm.stats`'s paired verdicts), `plots` (the
+`metrics` (the rows' numbers: per-position curves, band losses, a claim's metric per seed),
+`render` (markdown tables and claims, with `experiments.claims`'s verdict cells), `plots` (the
 per-position figures), `bench` (side-by-side tokens/s), `__main__` (the queue and the command
 line).
 
