@@ -412,7 +412,8 @@ def render_ablation(ablation: dict | None) -> str:
 
 
 def render_summary(verdicts: dict) -> str:
-  """The top README's paragraph on the verdicts: what is decided, and what is not, by label."""
+  """experiments/README.md's summary of the verdicts (its `verdicts_summary` block): what is
+  decided, and what is not, by label."""
   by = {}
   for row in verdicts["rows"] + verdicts["pending"]:
     by.setdefault(row["verdict"], []).append(row["claim"])
@@ -444,19 +445,12 @@ def replace_block(text: str, marker: str, body: str) -> str:
   return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
-TOP_README = os.path.join(REPO, "README.md")
-
-
-def render_readme(verdicts: dict, loaded: dict, readme: str = README, top: str = TOP_README) -> None:
-  if os.path.isfile(top):
-    with open(top) as f:
-      text = f.read()
-    with open(top, "w") as f:
-      f.write(replace_block(text, "verdicts_summary", render_summary(verdicts)))
+def render_readme(verdicts: dict, loaded: dict, readme: str = README) -> None:
   if not os.path.isfile(readme):
     return
   with open(readme) as f:
     text = f.read()
+  text = replace_block(text, "verdicts_summary", render_summary(verdicts))
   text = replace_block(text, "verdicts", render_verdicts(verdicts))
   text = replace_block(text, "context_ablation", render_ablation(loaded["ablation"]))
   text = replace_block(text, "registered", render_registered(verdicts))
@@ -470,13 +464,12 @@ def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--results_dir", default=RESULTS)
   parser.add_argument("--readme", default=README)
-  parser.add_argument("--top_readme", default=TOP_README)
   args = parser.parse_args(argv)
   loaded = load_all(args.results_dir)
   verdicts = decide_all(**loaded)
   with open(os.path.join(args.results_dir, "verdicts.json"), "w") as f:
     json.dump(verdicts, f, indent=1)
-  render_readme(verdicts, loaded, args.readme, args.top_readme)
+  render_readme(verdicts, loaded, args.readme)
   if loaded["paper_tables"] is not None:
     render_tables(loaded["paper_tables"], loaded["positions"] or {}, args.readme, verdicts=verdicts)
   for row in verdicts["rows"] + verdicts["pending"] + verdicts["registered"]:

@@ -474,11 +474,11 @@ def test_committed_verdicts_follow_from_the_committed_results():
     assert row["claim"] in table
   assert ("**confirmed**" in table) == ("confirmed" in decided)
   assert ("**refuted**" in table) == ("refuted" in decided)
-  # The READMEs' generated blocks (the top README's summary, the registered studies, the verdicts
+  # experiments/README.md's generated blocks (the summary, the registered studies, the verdicts
   # and the swap rows with their placebo bins) are what the committed files render to.
   loaded = verdicts.load_all()
   for path, marker, body in (
-      (verdicts.TOP_README, "verdicts_summary", verdicts.render_summary(committed)),
+      (verdicts.README, "verdicts_summary", verdicts.render_summary(committed)),
       (verdicts.README, "registered", verdicts.render_registered(committed)),
       (verdicts.README, "verdicts", verdicts.render_verdicts(committed)),
       (verdicts.README, "context_ablation", verdicts.render_ablation(loaded["ablation"]))):
