@@ -116,9 +116,9 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
   # All three given: take them as they are. (JAX's cluster detection would otherwise also pin a
   # SLURM or Open MPI process to one local device, its local rank: one process per GPU.)
   explicit = all(v is not None for v in given.values())
-  from efficient_lm import backends  # pylint: disable=import-outside-toplevel
+  from efficient_lm import jax_devices  # pylint: disable=import-outside-toplevel
   error = None
-  with backends.native_stderr_captured() as captured:  # the service's "experimental" warning
+  with jax_devices.native_stderr_captured() as captured:  # the service's "experimental" warning
     try:
       jax.distributed.initialize(coordinator_address, num_processes, process_id,
                                  cluster_detection_method="deactivate" if explicit else None,
@@ -127,7 +127,7 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
       error = e
     text = captured()
   if error is not None:
-    backends.replay(text)
+    jax_devices.replay(text)
     raise error
   signals.install()  # again: nothing native keeps SIGINT / SIGTERM
   PeerWatch.start(heartbeat_timeout)

@@ -145,7 +145,7 @@ def _run(workdir: str) -> None:
       _fail(exit_codes.USAGE, str(e))
   what = "compiling" if FLAGS.compile_only else f"training into {workdir}"
   logger.info("%s (%s): %s; starting jax", config.model.name, FLAGS["config"].config_filename, what)
-  from efficient_lm import backends, distributed, step_memory, train  # pylint: disable=import-outside-toplevel
+  from efficient_lm import distributed, jax_devices, step_memory, train  # pylint: disable=import-outside-toplevel
   try:
     with signals.phase("starting jax"):
       # Before anything touches devices; then only process 0 logs progress.
@@ -153,7 +153,7 @@ def _run(workdir: str) -> None:
                                             FLAGS.process_id, FLAGS.heartbeat_timeout):
         setup_logging(primary=distributed.is_primary())
         distributed.log_job()
-      backends.start()
+      jax_devices.start()
     if FLAGS.compile_only:
       _compile_only(config)
       return

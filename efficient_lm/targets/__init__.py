@@ -141,13 +141,13 @@ def load(spec: str, num_slices: int = 1) -> Target:
   if not isinstance(num_slices, int) or num_slices < 1:
     raise TargetError(f"--num_slices={num_slices!r} must be a positive integer")
   prepare_host()
-  from efficient_lm import backends  # pylint: disable=import-outside-toplevel
+  from efficient_lm import jax_devices  # pylint: disable=import-outside-toplevel
   if platform == "tpu":  # (libtpu's probe for local chips speaks on stderr: kept back)
-    devices = backends.quietly(lambda: _tpu_devices(spec, device, topology, num_slices))
+    devices = jax_devices.quietly(lambda: _tpu_devices(spec, device, topology, num_slices))
     chip = TPU_CHIPS[device]
     memory, available, peak = chip["memory"], chip["available"], chip["peak_bf16_tflops"]
   else:
-    devices = backends.quietly(lambda: _gpu_devices(spec, device, topology, num_slices))
+    devices = jax_devices.quietly(lambda: _gpu_devices(spec, device, topology, num_slices))
     memory = int(re.search(r"device_memory_size:\s*(\d+)", gpu_description(device)).group(1))
     fraction = float(os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", GPU_MEMORY_FRACTION))
     available, peak = int(memory * fraction), GPU_PEAK_BF16_TFLOPS.get(device, 0)

@@ -1,9 +1,9 @@
 """JAX's devices, brought up once and quietly: the native start-up chatter of a backend this host
 does not use (libtpu probing for TPU chips on a CPU or GPU host) is kept out of a run's output.
 
-    backends.start()                       # after `distributed.initialize_distributed`
-    backends.quietly(fn)                   # fn() with its native chatter kept back
-    with backends.native_stderr_captured() as captured: ...   # the same for any native step
+    jax_devices.start()                    # after `distributed.initialize_distributed`
+    jax_devices.quietly(fn)                # fn() with its native chatter kept back
+    with jax_devices.native_stderr_captured() as captured: ...   # the same for any native step
 
 What native code prints on the process's stderr while captured is kept in a temporary file and
 shown only if the step fails (or, for `start`, when the devices are TPUs: then it is the runtime
