@@ -209,7 +209,7 @@ def generate_batch(model: nnx.Module, prompts_ids, *, num_tokens: int, eos_id: i
                    vocab_size: int | None = None, document_mask: bool = False,
                    stop_ids=None, prefill_chunk: int | None = None,
                    until: Callable[[int, np.ndarray], bool] | None = None,
-                   steps_per_call: int = 64) -> list[np.ndarray]:
+                   steps_per_call: int = 64, timings: dict | None = None) -> list[np.ndarray]:
   """Up to `num_tokens` new token ids for each prompt of `prompts_ids` (a list of 1-D id lists, any
   lengths; each a document's start), decoded together (module docstring).
 
@@ -221,6 +221,8 @@ def generate_batch(model: nnx.Module, prompts_ids, *, num_tokens: int, eos_id: i
   vocabulary is larger. `document_mask`: the model was trained within documents
   (`data.document_mask`): an end-of-document token, in a prompt or drawn, opens a new one.
   Sampling: row b draws its n-th token with the key (seed, b, n); temperature 0 is greedy.
+  `timings` (a dict, for benchmarks) gets the seconds of the prefill (`prefill_s`) and of the
+  decoding calls (`decode_s`, host checks excluded) and the decoding steps taken (`steps`).
   """
   check_sampling(temperature, top_k, top_p)
   if prefill_chunk is not None and prefill_chunk < 1:
@@ -244,6 +246,7 @@ def generate_batch(model: nnx.Module, prompts_ids, *, num_tokens: int, eos_id: i
   graphdef, params = nnx.split(model)
   key, count = jax.random.key(seed), jnp.asarray(num_tokens, jnp.int32)
   lengths_B = jnp.asarray(lengths)
+  clock = time.perf_counter()
   cache, last_B, done_B = _prefill_rows(
       params, jnp.asarray(context_BM[:, :L]), None if ids_BM is None else jnp.asarray(ids_BM[:, :L]),
       lengths_B, key, count, graphdef=graphdef, max_len=M + num_tokens,
@@ -251,23 +254,29 @@ def generate_batch(model: nnx.Module, prompts_ids, *, num_tokens: int, eos_id: i
   id_B = None if ids_BM is None else jnp.asarray(ids_BM[:, L - 1])
   samples = [np.asarray(last_B)[:, None]]  # samples[.][b, j]: row b's token at position L + j
   done = np.asarray(done_B)
+  spent = {"prefill_s": time.perf_counter() - clock, "decode_s": 0.0, "steps": 0}
   limit = M + num_tokens - 1  # the last position whose input is needed, plus one
   steps = max(1, min(steps_per_call, limit - L))
   position = L
   context = jnp.asarray(context_BM)
   while position < limit and not done.all():
+    clock = time.perf_counter()
     cache, last_B, id_B, done_B, out_SB, taken = _decode_rows(
         params, cache, last_B, id_B, jnp.asarray(done), context, lengths_B, position, limit, key,
         count, graphdef=graphdef, steps=steps, settings=settings)
     taken = int(taken)
     samples.append(np.asarray(out_SB)[:taken].T)
-    position += taken
     done = np.asarray(done_B)
+    spent["decode_s"] += time.perf_counter() - clock
+    spent["steps"] += taken
+    position += taken
     if until is not None and not done.all():
       sampled = np.concatenate(samples, axis=1)
       done = done | np.asarray([not done[b] and bool(until(b, _new_ids(sampled[b], lengths[b] - L,
                                                                           num_tokens, stop_ids)))
                                 for b in range(B)])
+  if timings is not None:
+    timings.update(spent)
   sampled = np.concatenate(samples, axis=1)
   return [_new_ids(sampled[b], lengths[b] - L, num_tokens, stop_ids) for b in range(B)]
 

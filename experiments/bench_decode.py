@@ -12,10 +12,23 @@ from position C in one jitted `lax.scan`, timed after compilation (median of
 (every layer's keys, values and state) and the prefill time. A model whose
 cache or prefill does not fit in --max_cache_gb is reported as such, not run.
 Untrained weights: speed and memory do not depend on them.
+
+With --batch_sizes, the batch sweep instead: for each model, context C and batch size B, B random
+prompts of C - 1 tokens continued by `generation.generate_batch` (greedy, --new_tokens each, no
+early stop: the library's whole path), timed after compilation (median of --repeats), side by side;
+reported: decoding tokens/s (B x the decoding steps / the seconds of the decoding calls, which
+`generate_batch` times with `timings=`: the batched prefill of the prompts is timed apart, as
+prefill_s, and the whole call as call_s), milliseconds per step, the speed-up over batch 1 and the cache bytes per row (the cache pytree's bytes / B), also for a context of
+16 C (shapes only): constant for the local models, growing with C for the dense baseline. With --out it is written under "batch_sweep" in the JSON file, whose other content
+(the context sweep's "args" and "rows") is kept, and the reverse.
+
+    python -m experiments.bench_decode --batch_sizes=1,8,32 --contexts=256 --new_tokens=32 \
+        --configs=configs/dense.py,configs/sliding_window.py,configs/pi_attention.py,configs/bcmt.py
 """
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -86,6 +99,79 @@ def bench(model: nnx.Module, name: str, context: int, args) -> dict:
               decode_tokens_per_sec=args.new_tokens / seconds)
 
 
+def bench_batch(model: nnx.Module, context: int, batch_size: int, args) -> dict:
+  """`generation.generate_batch` of `batch_size` prompts of context - 1 tokens (the
+  end-of-document token makes C), --new_tokens each, greedy and never stopping early."""
+  total = context + args.new_tokens
+  abstract_cache = jax.eval_shape(lambda: model.init_cache(batch_size, total))
+  far_cache = jax.eval_shape(lambda: model.init_cache(batch_size, 16 * context + args.new_tokens))
+  row = {"context": context, "batch_size": batch_size,
+         "cache_bytes_per_row": cache_bytes(abstract_cache) / batch_size,
+         "cache_bytes_per_row_at_16x_context": cache_bytes(far_cache) / batch_size}
+  if cache_bytes(abstract_cache) > args.max_cache_gb * 2 ** 30:
+    return dict(row, skipped=f"cache over {args.max_cache_gb} GiB")
+  rng = np.random.default_rng(0)
+  prompts = [list(rng.integers(3, args.vocab_size, context - 1)) for _ in range(batch_size)]
+  run = lambda timings: generation.generate_batch(
+      model, prompts, num_tokens=args.new_tokens, eos_id=2, temperature=0.0, stop_ids=(),
+      steps_per_call=args.new_tokens, timings=timings)
+  start = time.perf_counter()
+  run({})
+  row["first_call_s_with_compile"] = time.perf_counter() - start
+  calls, decode, prefill = [], [], []
+  for _ in range(args.repeats):
+    timings = {}
+    start = time.perf_counter()
+    out = run(timings)
+    calls.append(time.perf_counter() - start)
+    decode.append(timings["decode_s"])
+    prefill.append(timings["prefill_s"])
+  assert all(len(ids) == args.new_tokens for ids in out) and timings["steps"] == args.new_tokens - 1
+  steps = timings["steps"]
+  return dict(row, call_s=statistics.median(calls), prefill_s=statistics.median(prefill),
+              decode_s=statistics.median(decode), ms_per_step=1e3 * statistics.median(decode) / steps,
+              tokens_per_sec=batch_size * steps / statistics.median(decode))
+
+
+def write_section(path: str, section: dict) -> None:
+  """Writes `section`'s keys into the JSON object at `path`, keeping its other keys."""
+  data = {}
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      data = json.load(f)
+  data.update(section)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(data, f, indent=2)
+    f.write("\n")
+
+
+def main_batch(args) -> None:
+  """The batch sweep (module docstring)."""
+  rows = []
+  print(f"{'model':<28}{'context':>8}{'batch':>6}{'tok/s':>10}{'ms/step':>9}{'vs B=1':>8}{'prefill s':>10}"
+        f"{'cache KiB/row':>15}{'at 16 C':>10}{'1st call s':>11}", flush=True)
+  for spec in args.configs.split(","):
+    model, _ = model_for(spec, args)
+    for context in [int(c) for c in args.contexts.split(",")]:
+      single = None
+      for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
+        row = dict(bench_batch(model, context, batch_size, args), config=spec)
+        rows.append(row)
+        if "skipped" in row:
+          print(f"{spec:<28}{context:>8}{batch_size:>6}  {row['skipped']}", flush=True)
+          continue
+        single = single or row["tokens_per_sec"]
+        row["speedup_vs_first_batch"] = row["tokens_per_sec"] / single
+        print(f"{spec:<28}{context:>8}{batch_size:>6}{row['tokens_per_sec']:>10.1f}"
+              f"{row['ms_per_step']:>9.2f}{row['speedup_vs_first_batch']:>8.2f}{row['prefill_s']:>10.3f}"
+              f"{row['cache_bytes_per_row'] / 2 ** 10:>15.1f}"
+              f"{row['cache_bytes_per_row_at_16x_context'] / 2 ** 10:>10.1f}"
+              f"{row['first_call_s_with_compile']:>11.1f}",
+              flush=True)
+  if args.out:
+    write_section(args.out, {"batch_sweep": {"args": vars(args), "rows": rows}})
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--configs", default="configs/dense.py,configs/sliding_window.py,"
@@ -101,8 +187,13 @@ def main() -> None:
   parser.add_argument("--chunked_prefill", default="dense",
                       help="models (model.name) prefilled in chunks; the others in one pass")
   parser.add_argument("--max_cache_gb", type=float, default=8.0)
+  parser.add_argument("--batch_sizes", default="",
+                      help="the batch sweep at these batch sizes (e.g. 1,8,32); empty: the context sweep")
   parser.add_argument("--out", default=None, help="also write the rows as JSON here")
   args = parser.parse_args()
+  if args.batch_sizes:
+    main_batch(args)
+    return
 
   rows = []
   print(f"{'model':<28}{'context':>8}{'tok/s':>9}{'ms/tok':>9}{'cache MiB':>11}{'prefill s':>11}"
@@ -121,8 +212,7 @@ def main() -> None:
             f"{row['cache_bytes'] / 2 ** 20:>11.1f}{row['prefill_s_with_compile']:>11.1f}"
             f"{row['ms_per_token'] / first_ms:>19.2f}", flush=True)
   if args.out:
-    with open(args.out, "w", encoding="utf-8") as f:
-      json.dump({"args": vars(args), "rows": rows}, f, indent=2)
+    write_section(args.out, {"args": vars(args), "rows": rows})
 
 
 if __name__ == "__main__":
