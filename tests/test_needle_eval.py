@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import REPO, _tiny_sections, load_config, subprocess_env
+from conftest import REPO, _tiny_sections, fast_first, load_config, subprocess_env
 from efficient_lm import api
 from efficient_lm import data
 from efficient_lm import scoring
@@ -127,25 +127,73 @@ def test_rank_score_equals_a_hand_computation_from_logits(window_run):
   forward pass it runs (`lm.model` on the ids and their document ids)."""
   lm, haystack, _ = window_run
   cells = needle_grid.build_grid(lm.tokenizer, haystack, lengths=[160], depths=[0.5],
-                                 needles_per_cell=3, variant="single", distractors=4)
-  rows = cells[(160, 0.5)]
+                                 needles_per_cell=4, variant="single", distractors=5)
+  rows = cells[(160, 0.5)]  # the shapes of the grid test's batches (one compile for both)
   width = max(len(a) for _, _, ids in rows for a in ids)
   prompts = [r[0] for r in rows]
   got = needle.rank_scores(lm.model, prompts, [r[1] for r in rows], [r[2] for r in rows], width,
                            eos_id=lm.eos_id, document_mask=True)
-  for b, (prompt, candidates, ids) in enumerate(rows):
+  # Every prompt + candidate as one row, candidates padded to `width` (causal: the padding after
+  # an answer never changes its logits), through the model in one pass.
+  seqs = np.stack([np.concatenate([p.ids, a, np.full(width - len(a), lm.eos_id, np.int32)])[:-1]
+                   for p, _, ids in rows for a in ids])
+  logits = np.asarray(lm.model(jnp.asarray(seqs), segment_ids_BT=jnp.asarray(
+      data.document_ids(seqs, lm.eos_id))), np.float64)
+  logp = logits - logits.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  n = 0
+  for b, (prompt, _, ids) in enumerate(rows):
     want = []
     for answer in ids:
-      seq = np.concatenate([prompt.ids, answer])
-      ids = seq[None, :-1]
-      logits = np.asarray(lm.model(jnp.asarray(ids), segment_ids_BT=jnp.asarray(
-          data.document_ids(ids, lm.eos_id))), np.float64)[0]
-      logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1,
-                                                                                   keepdims=True)) \
-          - logits.max(-1, keepdims=True)
-      want.append(sum(logp[len(prompt.ids) - 1 + i, t] for i, t in enumerate(answer)))
+      want.append(sum(logp[n, len(prompt.ids) - 1 + i, t] for i, t in enumerate(answer)))
+      n += 1
     np.testing.assert_allclose(got[b], want, rtol=0, atol=2e-3)
     assert needle.rank_of(got[b], 1) == 1 + sum(w >= want[0] for w in want[1:])
+
+
+FAMILIES = [("sliding_window", None, dict(window=8)),
+            ("dense", None, {}),
+            ("pi_attention", None, dict(window=8, period=8, num_skips=2)),
+            ("bcmt", None, dict(block_size=8)),
+            ("bcmt", "honly", dict(block_size=8)),
+            ("ecp", None, dict(num_segments=4))]
+
+
+# All slow: the fast tier checks the sliding-window case through the trained model above.
+@pytest.mark.parametrize("name,preset,fields", fast_first(FAMILIES, keep=0))
+def test_candidates_read_from_a_repeated_cache_match_a_full_pass(name, preset, fields):
+  """Every family's cache layout (the decoder's [B * H, ...], BCMT's memory, ECP's segments) is
+  repeated per candidate right: the candidates' log-likelihoods after a prefilled context equal
+  those of the whole sequence in one pass (random weights, contexts past seq_len = 32)."""
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from efficient_lm import models  # pylint: disable=import-outside-toplevel
+  config = load_config(name, preset)
+  config.data.update(seq_len=SEQ_LEN, vocab_size=384)
+  config.model.update(d_model=32, num_layers=2, num_heads=2, mlp_ratio=2, **fields)
+  model = models.create(config.model, rngs=nnx.Rngs(1))
+  rng = np.random.default_rng(0)
+  B, L, R, A = 2, 44, 3, 3
+  context_BL = rng.integers(3, 384, size=(B, L)).astype(np.int32)
+  context_BL[:, 0] = 2
+  context_BL[1, 20] = 2  # a second document in row 1: the candidates belong to it
+  answers_BRA = rng.integers(3, 384, size=(B, R, A)).astype(np.int32)
+  mask_BRA = np.ones((B, R, A), np.float32)
+  mask_BRA[0, 1, 2] = 0  # a shorter candidate
+  graphdef, params = nnx.split(model)
+  got = np.asarray(needle.candidate_loglik(params, jnp.asarray(context_BL), jnp.asarray(answers_BRA),
+                                           jnp.asarray(mask_BRA), graphdef=graphdef,
+                                           max_len=L + A, eos_id=2, document_mask=True))
+  seqs = np.concatenate([np.repeat(context_BL, R, axis=0), answers_BRA.reshape(B * R, A)],
+                        axis=1)[:, :-1]
+  logits = np.asarray(model(jnp.asarray(seqs), segment_ids_BT=jnp.asarray(
+      data.document_ids(seqs, 2))), np.float64)
+  logp = logits - logits.max(-1, keepdims=True)
+  logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+  for b in range(B):
+    for r in range(R):
+      n = b * R + r
+      want = sum(logp[n, L - 1 + i, answers_BRA[b, r, i]] * mask_BRA[b, r, i] for i in range(A))
+      assert got[b, r] == pytest.approx(want, abs=2e-3), (name, b, r)
 
 
 # Which lengths each family may run.
@@ -174,7 +222,7 @@ def test_needle_grid_past_seq_len_writes_json_and_heatmap(window_run, tmp_path, 
   lm, _, _ = window_run
   out = str(tmp_path / "needle")
   status = command.run("needle", workdir=lm.path, lengths=["160", "192"], depths=["0", "1"],
-                       needles_per_cell=3, variant="single", distractors=5, batch_size=4,
+                       needles_per_cell=2, variant="single", distractors=5, batch_size=4,
                        out=out)
   captured = capsys.readouterr()
   assert status == 0, captured.err
@@ -184,7 +232,7 @@ def test_needle_grid_past_seq_len_writes_json_and_heatmap(window_run, tmp_path, 
   assert [(c["length"], c["depth"]) for c in record["cells"]] == [(160, 0.0), (160, 1.0),
                                                                    (192, 0.0), (192, 1.0)]
   for cell in record["cells"]:
-    assert cell["prompts"] == 3 and cell["exact"]["n"] == 3 and len(cell["answers"]) == 3
+    assert cell["prompts"] == 2 and cell["exact"]["n"] == 2 and len(cell["answers"]) == 2
     assert 0 <= cell["exact"]["ci_low"] <= cell["exact"]["share"] <= cell["exact"]["ci_high"] <= 1
     ranks = [a["rank"] for a in cell["answers"]]
     assert all(1 <= r <= 6 for r in ranks)
@@ -240,3 +288,20 @@ def test_extrapolate_1x_equals_the_scorer_and_runs_past_seq_len(window_run, tmp_
                                                 "low": SEQ_LEN, "high": 2 * SEQ_LEN}
   assert os.path.getsize(os.path.join(out, "extrapolate.png")) > 1000
   assert capsys.readouterr().out.startswith("extrapolate sliding_window")
+
+
+def test_the_docs_commands_use_the_evaluators_flags():
+  """Every `python -m efficient_lm.evaluate` command of docs/long_context_evals.md names only flags
+  evaluate.py defines, and the task values it has."""
+  import re  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(REPO, "docs", "long_context_evals.md"), encoding="utf-8") as f:
+    doc = f.read()
+  with open(os.path.join(REPO, "efficient_lm", "evaluate.py"), encoding="utf-8") as f:
+    defined = set(re.findall(r'flags\.DEFINE_\w+\(\s*"(\w+)"', f.read()))
+  commands = [c.replace("\\\n", " ") for c in re.findall(r"```\n(python -m efficient_lm\.evaluate[^`]*)```",
+                                                          doc)]
+  assert len(commands) == 2
+  for command_line in commands:
+    names = re.findall(r"--(\w+)", command_line)
+    assert names and set(names) <= defined, (set(names) - defined, command_line)
+    assert re.search(r"--task=(needle|extrapolate)\b", command_line)
