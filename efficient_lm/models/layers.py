@@ -280,10 +280,13 @@ class SelfAttention(nnx.Module):
     """C queries at positions start.. over cached keys / values `[B * H, S, K]` at slot positions
     `pos_S` (-1 = empty) and documents `seg_BS`: the route in the cache's layout, `[B, C, H, K]`."""
     B, C, H, K = q_BCHK.shape
-    heads = lambda x_NSK: x_NSK.reshape(B, H, x_NSK.shape[1], x_NSK.shape[2])
-    prior = lambda p_BCH: None if p_BCH is None else jnp.swapaxes(p_BCH, 1, 2)
-    o_BHCK = self.route.attend(jnp.swapaxes(q_BCHK, 1, 2), heads(k_NSK), heads(v_NSK),
+    # Heads folded into the batch (B * H rows of one head each), so the cache is read in its own
+    # layout: read as [B, H, S, K], XLA copied the whole cache twice a decoding step when B > 1.
+    fold = lambda x_BHX: x_BHX.reshape(B * H, 1, *x_BHX.shape[2:])
+    rows = lambda ids_BX: None if ids_BX is None else jnp.repeat(ids_BX, H, axis=0)
+    prior = lambda p_BCH: None if p_BCH is None else fold(jnp.swapaxes(p_BCH, 1, 2))
+    o_N1CK = self.route.attend(fold(jnp.swapaxes(q_BCHK, 1, 2)), k_NSK[:, None], v_NSK[:, None],
                                pattern or self.pattern, q_start=start, k_positions=pos_S,
                                local_prior=prior(local_prior), skip_prior=prior(skip_prior),
-                               segment_ids=seg_BC, k_segment_ids=seg_BS, layout="BHTK")
-    return jnp.swapaxes(o_BHCK, 1, 2)
+                               segment_ids=rows(seg_BC), k_segment_ids=rows(seg_BS), layout="BHTK")
+    return jnp.swapaxes(o_N1CK.reshape(B, H, C, K), 1, 2)
