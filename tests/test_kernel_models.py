@@ -17,6 +17,7 @@ from flax import nnx
 from efficient_lm import models
 from efficient_lm import train_step
 from efficient_lm.ops import core
+from efficient_lm.ops.core import backends
 from test_models import tiny_model_config
 
 FAMILIES = ["dense", "pi_attention", "sliding_window", "bcmt", "honly", "ecp", "perceiver_ar",
@@ -42,10 +43,11 @@ def test_every_family_on_a_kernel_equals_xla(name, impl):
   chunk = {"seq_chunk": 16} if models.chunkable(tiny_model_config(name)) else {}
   tokens = jax.random.randint(jax.random.key(1), (2, 33), 0, 64)
   want_loss, want = loss_and_grads(tiny_model_config(name, attention_impl="xla", **chunk), tokens)
-  fallbacks = sum(core.FALLBACKS.values())
+  fallbacks, kernel_calls = sum(core.FALLBACKS.values()), sum(backends.KERNEL_CALLS.values())
   got_loss, got = loss_and_grads(
       tiny_model_config(name, attention_impl=impl, kernel_interpret=True, **chunk), tokens)
   assert sum(core.FALLBACKS.values()) == fallbacks, core.FALLBACKS  # every call on the kernel
+  assert sum(backends.KERNEL_CALLS.values()) > kernel_calls  # the kernel ran: not xla against xla
   np.testing.assert_allclose(got_loss, want_loss, rtol=2e-5)
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(g, w, atol=2e-5, rtol=2e-4)
