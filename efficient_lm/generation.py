@@ -171,7 +171,8 @@ def _prefill_rows(params, context_BL, ids_BL, lengths_B, key, num_tokens, *, gra
   return cache, sample_B, _stopped(sample_B, count_B, num_tokens, stop_ids)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "settings"), donate_argnames=("cache",))
+@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "settings"),
+                   donate_argnames=("cache",))
 def _decode_rows(params, cache, last_B, id_B, done_B, context_BM, lengths_B, start, limit, key,
                  num_tokens, *, graphdef, steps: int, settings: tuple):
   """Up to `steps` decoding steps from position `start` (the input there: row b's context token
@@ -248,7 +249,8 @@ def generate_batch(model: nnx.Module, prompts_ids, *, num_tokens: int, eos_id: i
   lengths_B = jnp.asarray(lengths)
   clock = time.perf_counter()
   cache, last_B, done_B = _prefill_rows(
-      params, jnp.asarray(context_BM[:, :L]), None if ids_BM is None else jnp.asarray(ids_BM[:, :L]),
+      params, jnp.asarray(context_BM[:, :L]),
+      None if ids_BM is None else jnp.asarray(ids_BM[:, :L]),
       lengths_B, key, count, graphdef=graphdef, max_len=M + num_tokens,
       prefill_chunk=prefill_chunk, settings=settings)
   id_B = None if ids_BM is None else jnp.asarray(ids_BM[:, L - 1])
@@ -293,8 +295,8 @@ def generate(model: nnx.Module, prompt_ids, *, num_tokens: int, eos_id: int,
              temperature: float = 0.8, top_k: int = 40, top_p: float = 1.0, seed: int = 0,
              prefill_chunk: int | None = None, vocab_size: int | None = None,
              document_mask: bool = False, stop_ids=()) -> np.ndarray:
-  """`num_tokens` new token ids continuing the 1-D `prompt_ids` (a document's start): `generate_batch`
-  of one row, which by default never stops early (`stop_ids=()`)."""
+  """`num_tokens` new token ids continuing the 1-D `prompt_ids` (a document's start):
+  `generate_batch` of one row, which by default never stops early (`stop_ids=()`)."""
   if np.ndim(prompt_ids) != 1:
     raise ValueError(f"prompt_ids has shape {np.shape(prompt_ids)}: generate takes one 1-D prompt; "
                      "give several (of any lengths) to generate_batch as a list")
@@ -308,7 +310,8 @@ def generate(model: nnx.Module, prompt_ids, *, num_tokens: int, eos_id: int,
 class Generated:
   """One prompt's continuation: `text` is the prompt and its continuation (cut before a stop
   string), `tokens` the new ids, `seconds` the time from the call's start (compilation included)
-  until its row was done."""
+  until the host saw the row done: the host check that found its stop string, else the call's end
+  (rows ending at their count or end-of-document token end on the device, untimed)."""
   prompt: str
   text: str
   tokens: list[int]

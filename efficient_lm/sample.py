@@ -111,7 +111,8 @@ def _define_flags() -> None:
   flags.DEFINE_multi_string("stop", None, "A continuation ends before this text (repeatable); it "
                             "also ends at the end-of-document token.")
   flags.DEFINE_bool("json", False, "One JSON object a prompt on stdout: prompt, text (the prompt "
-                    "and its continuation), tokens (the new ids), seconds (until its row was done).")
+                    "and its continuation), tokens (the new ids), seconds (the whole call's, or until "
+                    "the check that found its --stop string).")
   flags.DEFINE_integer("top_k", 40, "Sample from the k most likely tokens; 0 = all.")
   flags.DEFINE_float("top_p", 1.0, "Sample from the smallest set with this much probability; 1 = all.")
   flags.DEFINE_integer("seed", 0, "Sampling seed.")

@@ -15,15 +15,18 @@ Untrained weights: speed and memory do not depend on them.
 
 With --batch_sizes, the batch sweep instead: for each model, context C and batch size B, B random
 prompts of C - 1 tokens continued by `generation.generate_batch` (greedy, --new_tokens each, no
-early stop: the library's whole path), timed after compilation (median of --repeats), side by side;
-reported: decoding tokens/s (B x the decoding steps / the seconds of the decoding calls, which
-`generate_batch` times with `timings=`: the batched prefill of the prompts is timed apart, as
-prefill_s, and the whole call as call_s), milliseconds per step, the speed-up over batch 1 and the cache bytes per row (the cache pytree's bytes / B), also for a context of
-16 C (shapes only): constant for the local models, growing with C for the dense baseline. With --out it is written under "batch_sweep" in the JSON file, whose other content
-(the context sweep's "args" and "rows") is kept, and the reverse.
+early stop: the library's whole path), timed after compilation (median of --repeats), side by
+side. Reported: decoding tokens/s (B x the decoding steps / the seconds of the decoding calls,
+which `generate_batch` times with `timings=`; the batched prefill of the prompts is timed apart,
+as prefill_s, and the whole call as call_s), milliseconds per step, the speed-up over batch 1 and
+the cache bytes per row (the cache pytree's bytes / B), also for a context of 16 C (shapes only):
+constant for the local models, growing with C for the dense baseline. With --out it is written
+under "batch_sweep" in the JSON file, whose other content (the context sweep's "args" and "rows")
+is kept, and the reverse.
 
     python -m experiments.bench_decode --batch_sizes=1,8,32 --contexts=256 --new_tokens=32 \
-        --configs=configs/dense.py,configs/sliding_window.py,configs/pi_attention.py,configs/bcmt.py
+        --configs=configs/dense.py,configs/sliding_window.py,configs/pi_attention.py,configs/bcmt.py,configs/ecp.py \
+        --d_model=256 --num_layers=2 --num_heads=4 --vocab_size=16384 --out=experiments/results/decode.json
 """
 
 import argparse
@@ -148,7 +151,8 @@ def write_section(path: str, section: dict) -> None:
 def main_batch(args) -> None:
   """The batch sweep (module docstring)."""
   rows = []
-  print(f"{'model':<28}{'context':>8}{'batch':>6}{'tok/s':>10}{'ms/step':>9}{'vs B=1':>8}{'prefill s':>10}"
+  print(f"{'model':<28}{'context':>8}{'batch':>6}{'tok/s':>10}{'ms/step':>9}{'vs B=1':>8}"
+        f"{'prefill s':>10}"
         f"{'cache KiB/row':>15}{'at 16 C':>10}{'1st call s':>11}", flush=True)
   for spec in args.configs.split(","):
     model, _ = model_for(spec, args)
@@ -163,7 +167,8 @@ def main_batch(args) -> None:
         single = single or row["tokens_per_sec"]
         row["speedup_vs_first_batch"] = row["tokens_per_sec"] / single
         print(f"{spec:<28}{context:>8}{batch_size:>6}{row['tokens_per_sec']:>10.1f}"
-              f"{row['ms_per_step']:>9.2f}{row['speedup_vs_first_batch']:>8.2f}{row['prefill_s']:>10.3f}"
+              f"{row['ms_per_step']:>9.2f}{row['speedup_vs_first_batch']:>8.2f}"
+              f"{row['prefill_s']:>10.3f}"
               f"{row['cache_bytes_per_row'] / 2 ** 10:>15.1f}"
               f"{row['cache_bytes_per_row_at_16x_context'] / 2 ** 10:>10.1f}"
               f"{row['first_call_s_with_compile']:>11.1f}",

@@ -46,7 +46,7 @@ def test_greedy_batch_equals_one_prompt_at_a_time(name, fields):
     np.testing.assert_array_equal(row, generation.generate(model, prompt, num_tokens=12, eos_id=1,
                                                            temperature=0.0))
   assert len({tuple(row) for row in batch}) == 3  # the rows really differ
-  # Another prompt in row 0 (same length: the same compiled programs) leaves rows 1 and 2 as they were.
+  # Another prompt in row 0 (same length: the same programs) leaves rows 1 and 2 as they were.
   other = greedy(model, [[11, 40]] + PROMPTS[1:], steps_per_call=16)
   assert not np.array_equal(other[0], batch[0])
   for a, b in zip(other[1:], batch[1:]):
