@@ -129,13 +129,25 @@ def _contexts(model: nnx.Module, prompts_ids, num_tokens: int, eos_id: int) -> l
   return contexts
 
 
+def greedy(logits_BV: jax.Array) -> jax.Array:
+  """`jnp.argmax(logits_BV, axis=-1)` as int32 (the first maximum; the first NaN if any), as two
+  plain reductions (the maximum, then the first index holding it): XLA:CPU's paired (value, index)
+  reduction of argmax took 0.6 ms a decoding step over a 16K vocabulary at B = 8 (0.05 at B = 1),
+  the two plain ones about half that."""
+  V = logits_BV.shape[-1]
+  max_B1 = jnp.max(logits_BV, axis=-1, keepdims=True)
+  index_BV = jax.lax.broadcasted_iota(jnp.int32, logits_BV.shape, logits_BV.ndim - 1)
+  hit_BV = (logits_BV == max_B1) | jnp.isnan(logits_BV)
+  return jnp.min(jnp.where(hit_BV, index_BV, V), axis=-1).astype(jnp.int32)
+
+
 def _sampler(temperature: float, top_k: int, top_p: float, vocab_size: int | None):
   """`sample(logits_BV, keys_B) -> ids_B`: each row drawn with its own key (greedy: no key)."""
   def sample(logits_BV, keys_B):
     if vocab_size is not None and vocab_size < logits_BV.shape[-1]:
       logits_BV = jnp.where(jnp.arange(logits_BV.shape[-1]) < vocab_size, logits_BV, -jnp.inf)
     if temperature == 0.0:
-      return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+      return greedy(logits_BV)
     one = lambda logits_V, key: sample_logits(logits_V[None], key, temperature=temperature,
                                               top_k=top_k, top_p=top_p)[0]
     return jax.vmap(one)(logits_BV, keys_B).astype(jnp.int32)

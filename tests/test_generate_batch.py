@@ -58,6 +58,20 @@ def pi_model():
   return tiny_model("pi_attention", seed=1)
 
 
+def test_greedy_picks_what_argmax_picks_ties_and_nans_included():
+  """`generation.greedy` (two plain reductions) against numpy's argmax: the first maximum, the
+  first NaN, a row of -inf (a masked vocabulary), random rows."""
+  rng = np.random.default_rng(0)
+  logits = rng.standard_normal((6, 300)).astype(np.float32)
+  logits[1, [7, 40, 299]] = 9.0                  # a tie: the first index wins
+  logits[2, [3, 50]] = np.nan                    # NaN: the first NaN, as argmax
+  logits[3] = -np.inf
+  logits[4, 299] = np.inf
+  got = np.asarray(generation.greedy(logits))
+  np.testing.assert_array_equal(got, [np.argmax(row) for row in logits])
+  assert list(got[1:5]) == [7, 3, 0, 299] and got.dtype == np.int32
+
+
 def test_sampled_rows_do_not_depend_on_the_other_rows(pi_model):
   sample = lambda prompts, seed=3: generation.generate_batch(
       pi_model, prompts, num_tokens=16, eos_id=1, temperature=1.0, top_k=0, seed=seed, stop_ids=())
