@@ -133,12 +133,15 @@ def greedy(logits_BV: jax.Array) -> jax.Array:
   """`jnp.argmax(logits_BV, axis=-1)` as int32 (the first maximum; the first NaN if any), as two
   plain reductions (the maximum, then the first index holding it): XLA:CPU's paired (value, index)
   reduction of argmax took 0.6 ms a decoding step over a 16K vocabulary at B = 8 (0.05 at B = 1),
-  the two plain ones about half that."""
-  V = logits_BV.shape[-1]
-  max_B1 = jnp.max(logits_BV, axis=-1, keepdims=True)
-  index_BV = jax.lax.broadcasted_iota(jnp.int32, logits_BV.shape, logits_BV.ndim - 1)
-  hit_BV = (logits_BV == max_B1) | jnp.isnan(logits_BV)
-  return jnp.min(jnp.where(hit_BV, index_BV, V), axis=-1).astype(jnp.int32)
+  the two plain ones about half that. They reduce over the leading axis of the `[V, B]` transpose,
+  the layout the tied head computes a few rows in (`LanguageModel.logits`), so the transpose is
+  never materialized (B = 8: 0.34 -> 0.22 ms; no slower at B = 32 from a `[B, V]` head)."""
+  logits_VB = logits_BV.T
+  V = logits_VB.shape[0]
+  max_1B = jnp.max(logits_VB, axis=0, keepdims=True)
+  index_VB = jax.lax.broadcasted_iota(jnp.int32, logits_VB.shape, 0)
+  hit_VB = (logits_VB == max_1B) | jnp.isnan(logits_VB)
+  return jnp.min(jnp.where(hit_VB, index_VB, V), axis=0).astype(jnp.int32)
 
 
 def _sampler(temperature: float, top_k: int, top_p: float, vocab_size: int | None):
