@@ -272,17 +272,25 @@ def registered_claims(results: dict[str, dict | None]) -> list[dict]:
           excluded.append(seed)
           for v in values.values():
             v.pop(seed, None)
+      # Lower is better; for the swap delta A is the full loss and B the ablated one, so a positive
+      # difference is a gain from the far context, as in `ablation_claims`.
       a, b = values[spec["a"]], values[spec.get("b")]
-      result = (stats.paired_t_test(b, a) if spec.get("b") is None else stats.paired_t_test(a, b))
+      result = stats.paired_t_test(a, b)
       claim = stats.Claim(spec["text"], spec["kind"], result, len(set(a) & set(b)), len(study["seeds"]))
       row = stats.decide_family([claim])[0]
       primary = spec in study["claims"]
+      per_seed = [{"seed": s, "a": a[s], "b": b[s]} for s in sorted(set(a) & set(b))]
+      if spec.get("b") is None:  # swap rows: each with its placebo bin and the gate's mark
+        gated = {r["seed"]: placebo(r, placebo_gate()) for r in rows if r["model"] == spec["a"]}
+        for entry in per_seed:
+          entry["placebo"] = gated[entry["seed"]]
       if not primary and not row["note"].startswith("pending"):
-        row.update(verdict="reported (secondary)", note="a secondary measure: never a verdict")
+        unvalidated = any(not e.get("placebo", {"validated": True})["validated"] for e in per_seed)
+        row.update(verdict="reported (secondary)", note="a secondary measure: never a verdict"
+                   + ("; the placebo gate does not validate every row" if unvalidated else ""))
       out.append({**row, "study": name, "id": spec["id"], "primary": primary,
                   "registered_in": commit[:7] if commit else None,
-                  "seeds_excluded": excluded, "per_seed": [
-                      {"seed": s, "a": a[s], "b": b[s]} for s in sorted(set(a) & set(b))]})
+                  "seeds_excluded": excluded, "per_seed": per_seed})
   return out
 
 

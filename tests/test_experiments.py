@@ -641,3 +641,26 @@ def test_bench_stop_agreement_times_steps_with_and_without(tmp_path):
   assert row["step_seconds_with"] > 0 and row["step_seconds_without"] > 0
   assert row["ratio_with_over_without"] == pytest.approx(
       row["step_seconds_with"] / row["step_seconds_without"])
+
+
+def test_registered_studies_decide_only_from_runs_after_their_registration():
+  """A confirmatory study's claim uses only its registered seeds run from a tree that held its
+  registration; the swap secondary is oriented as the family's (positive = the far context
+  helps) and carries each row's placebo mark."""
+  from experiments import registration, verdicts  # pylint: disable=import-outside-toplevel
+  commit = registration.study_commit(registration.studies()["pi_window_code"])
+  rows = []
+  for seed in (3, 4, 5, 6, 7):
+    rows.append(_swap_row("pi_attention_far", seed, 3.20 - 0.001 * seed, 3.21, code=commit))
+    rows.append(_swap_row("sliding_window", seed, 3.25, 3.25, code=commit, exact_null=True))
+  rows.append(_swap_row("pi_attention_far", 2, 3.0, 3.0, code=commit))  # not a registered seed
+  rows.append(_swap_row("sliding_window", 2, 3.5, 3.5, code=commit, exact_null=True))
+  early = [dict(r, code="010e34b (snapshot)") for r in rows if r["seed"] == 3]  # before it
+  found = verdicts.registered_claims({"pi_window_code": {"rows": [r for r in rows if r["seed"] != 3]
+                                                         + early}})
+  by = {r["id"]: r for r in found}
+  main = by["pi_window_code"]
+  assert main["seeds"] == 4 and main["seeds_excluded"] == [2, 3]
+  assert main["note"].startswith("pending") and main["difference"] > 0  # π's loss is lower
+  swap = by["pi_window_code_swap"]
+  assert swap["difference"] > 0 and all("placebo" in e for e in swap["per_seed"])
