@@ -1,8 +1,10 @@
-"""Every claim, decided over training seeds by the rules of `efficient_lm.stats`, fixed before the runs.
+"""Every claim, decided over training seeds by the rules of `efficient_lm.stats`, where its runs
+came after its registration (`experiments/registration.py`).
 
     python -m experiments.verdicts     # results/verdicts.json and the READMEs' tables, from the results
 
-The family (`family_size()` claims, listed here and in `paper_tables.specs.TABLES` before the runs):
+The family (`family_size()` claims, listed here and in `paper_tables.specs.TABLES`, fixed at commit
+fac81a2 after some of their runs: `experiments/registered/seed_level_family.json`):
 
   - recall (`RECALL_CLAIMS`, results/long_range.json): per seed, the run's accuracy over the
     queries at the claim's distances (for ECP, those its attention has a path to), 5 seeds;
@@ -16,7 +18,10 @@ B" within `stats.EQUIVALENCE_MARGIN`), runs paired by `train.seed`; its verdict 
 Benjamini-Hochberg adjusted p-value over the whole family (`stats.decide_family`). A claim with
 fewer seeds than planned is pending (listed under "pending", counted with p = 1), so a partial
 verdicts.json is never less strict than the final one. The query bootstrap is kept as a per-run
-description (`per_seed`), never a verdict.
+description (`per_seed`), never a verdict. A claim resting on a run from before its registration is
+exploratory, a swap claim with a row the placebo gate does not validate is not validated: neither
+gets a verdict. The confirmatory studies of `experiments/registered/` are decided apart
+(`registered_claims`), each a family of one, from their own results under results/registered/.
 
 Preconditions ("not comparable" whatever the numbers): recall claims need every run of both models
 to recall at least `TRAINED` of the queries its own attention reaches in one hop (a model that
