@@ -25,6 +25,7 @@ import numpy as np
 
 from efficient_lm.data import config as data_config_lib
 from efficient_lm.data import registry
+from efficient_lm.data import sequence_iterator
 from efficient_lm.data.config import DataError
 from efficient_lm.validation import ConfigError
 
@@ -339,40 +340,14 @@ def _batch(corpus: 'NeedleCorpus', split: str, indices, seed: int = 0) -> dict[s
   return out
 
 
-class NeedleIterator:
-  """Batches of `split` in order, forever: global batch b holds sequences b*G .. b*G+G-1
-  (G = batch_size * process_count), of which this process yields rows process_index*batch_size
-  onwards. get_state() is JSON-able; set_state() resumes at the next unseen sequence."""
+class NeedleIterator(sequence_iterator.SequenceIterator):
+  """`SequenceIterator` over a needle task's sequences."""
 
   def __init__(self, corpus: 'NeedleCorpus', batch_size: int, seed: int, split: str,
                process_index: int, process_count: int):
-    self._corpus, self._batch_size, self._seed, self._split = corpus, batch_size, seed, split
-    self._process_index, self._process_count = process_index, process_count
-    self._next = 0
-
-  def __iter__(self) -> 'NeedleIterator':
-    return self
-
-  def __next__(self) -> dict[str, np.ndarray]:
-    n = self._corpus.task.num_sequences(self._split)
-    first = self._next + self._process_index * self._batch_size
-    self._next += self._batch_size * self._process_count
-    return _batch(self._corpus, self._split, [(first + j) % n for j in range(self._batch_size)],
-                  self._seed)
-
-  def _identity(self) -> dict:
-    return {'dataset': self._corpus.task.spec, 'split': self._split, 'seed': self._seed}
-
-  def get_state(self) -> dict:
-    return {**self._identity(), 'next_sequence': self._next}
-
-  def set_state(self, state: dict) -> None:
-    mine = self._identity()
-    theirs = {k: state.get(k) for k in mine}
-    if theirs != mine:
-      raise ValueError(f'the saved data position is for {theirs}, this iterator draws {mine}; '
-                       'resume with the data.dataset and train.seed the run was started with')
-    self._next = int(state['next_sequence'])
+    super().__init__(corpus.task.spec, corpus.task.num_sequences(split),
+                     lambda rows: _batch(corpus, split, rows, seed), batch_size, seed, split,
+                     process_index, process_count)
 
 
 class NeedleCorpus:

@@ -12,6 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
+from efficient_lm.data import sequence_iterator
 from efficient_lm.data.mqar.sequences import batch, sequence
 from efficient_lm.data.mqar.task import (EOS_ID, PAD_ID, QUERY_ID, SPLITS, MqarTask, parse,
                                          require_int, validate)
@@ -107,43 +108,18 @@ class MqarTokenizer:
     return f'MqarTokenizer({self.task.spec!r}, vocab_size={self.vocab_size})'
 
 
-class MqarIterator:
-  """Batches of `split` in order, forever: global batch b holds sequences b*G .. b*G+G-1
-  (G = batch_size * process_count), of which this process yields rows process_index*batch_size
-  onwards. get_state() is JSON-able; set_state() resumes at the next unseen sequence (also
-  with another batch size or process count)."""
+class MqarIterator(sequence_iterator.SequenceIterator):
+  """`SequenceIterator` over a task's sequences (their distances dropped: the compiled train step
+  takes inputs, targets, weights)."""
 
   def __init__(self, task: MqarTask, batch_size: int, seed: int, split: str, process_index: int,
                process_count: int):
-    self._task, self._batch_size, self._seed, self._split = task, batch_size, seed, split
-    self._process_index, self._process_count = process_index, process_count
-    self._next = 0  # sequences of the split consumed by all processes together
-
-  def __iter__(self) -> 'MqarIterator':
-    return self
-
-  def __next__(self) -> dict[str, np.ndarray]:
-    n = self._task.num_sequences(self._split)
-    first = self._next + self._process_index * self._batch_size
-    rows = [(first + j) % n for j in range(self._batch_size)]
-    self._next += self._batch_size * self._process_count
-    out = batch(self._task, self._split, rows, self._seed)
-    del out['distances']  # the compiled train step takes inputs, targets, weights
-    return out
-
-  def _identity(self) -> dict:
-    return {'dataset': self._task.spec, 'split': self._split, 'seed': self._seed}
-
-  def get_state(self) -> dict:
-    return {**self._identity(), 'next_sequence': self._next}
-
-  def set_state(self, state: dict) -> None:
-    mine = self._identity()
-    theirs = {k: state.get(k) for k in mine}
-    if theirs != mine:
-      raise ValueError(f'the saved data position is for {theirs}, this iterator draws {mine}; '
-                       'resume with the data.dataset and train.seed the run was started with')
-    self._next = int(state['next_sequence'])
+    def batch_of(rows):
+      out = batch(task, split, rows, seed)
+      del out['distances']
+      return out
+    super().__init__(task.spec, task.num_sequences(split), batch_of, batch_size, seed, split,
+                     process_index, process_count)
 
 
 class MqarCorpus:
