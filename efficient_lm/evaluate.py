@@ -96,7 +96,7 @@ def main(argv) -> None:
           needles_per_cell=FLAGS.needles_per_cell, variant=FLAGS.variant,
           distractors=FLAGS.distractors, haystack=FLAGS.haystack, factors=FLAGS.factors,
           split=FLAGS.split, text_file=FLAGS.text_file, batch_size=FLAGS.batch_size,
-          out=FLAGS.out, max_tokens=FLAGS.max_tokens, seed=FLAGS.seed)
+          out=FLAGS.out, max_tokens=FLAGS.max_tokens, seed=FLAGS.seed, keys=FLAGS.keys)
     else:
       status = cli(workdir=FLAGS.workdir, split=FLAGS.split, text_file=FLAGS.text_file,
                    context=FLAGS.context, stride=FLAGS.stride, batch_size=FLAGS.batch_size,
@@ -148,6 +148,9 @@ def _define_flags() -> None:
   flags.DEFINE_list("factors", ["1", "2", "4", "8"], "--task=extrapolate: window lengths as "
                     "multiples of the trained seq_len, comma-separated.")
   flags.DEFINE_integer("seed", 0, "--task=needle: the seed of the needles, keys and haystacks.")
+  flags.DEFINE_enum("keys", "auto", ["auto", "pairs", "words"], "--task=needle: the needles' "
+                    "keys: two random words (pairs), the needle: training source's key words "
+                    "(words), or auto: words for a workdir trained on needle:, else pairs.")
   flags.mark_flags_as_required(["workdir"])
 
 

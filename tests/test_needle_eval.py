@@ -92,6 +92,21 @@ def test_needles_sit_at_their_depth_in_one_document_and_the_question_asks_their_
       assert len(set(prompts[0].answers)) == needle.EXTRA_NEEDLES + 1
 
 
+def test_keys_come_from_the_given_words(window_run):
+  lm, haystack, _ = window_run
+  words = ("apple", "river", "garden", "silver", "candle")
+  for variant in needle.VARIANTS:
+    prompts = needle.build(lm.tokenizer, haystack, length=400, depth=0.5, variant=variant,
+                           rng=np.random.default_rng(3), key_words=words)
+    for p in prompts:
+      assert p.key in words
+      for ids in p.needle_ids:
+        assert lm.tokenizer.decode(ids).split(" for ")[1].split(" is ")[0] in words
+  pairs = needle.build(lm.tokenizer, haystack, length=400, depth=0.5, variant="single",
+                       rng=np.random.default_rng(3))
+  assert "-" in pairs[0].key
+
+
 def test_exact_match_reads_the_leading_digits():
   assert needle.is_exact(" 4818263. And", ["4818263"])
   assert not needle.is_exact(" 48182634", ["4818263"])

@@ -214,6 +214,15 @@ def test_main_trains_on_needles(tmp_path, tiny_cli_args):
   assert final['step'] == 4 and math.isfinite(final['eval_loss']) and final['eval_bits_per_byte'] > 0
   assert json.load(open(workdir / 'data.json'))['dataset'] == needle.parse(spec).spec
   assert os.path.isfile(workdir / 'tokenizer.model')
+  # The evaluator on this workdir asks the keys it learned on, over its base corpus's held-out text
+  # (the needle split's own sequences would bring their own needles into the haystack).
+  from efficient_lm.long_eval import command  # pylint: disable=import-outside-toplevel
+  out = str(tmp_path / 'grid')
+  status = command.run('needle', workdir=str(workdir), lengths=['128'], depths=['0.5'],
+                       needles_per_cell=3, distractors=3, batch_size=3, out=out)
+  assert status == 0
+  record = json.load(open(os.path.join(out, 'needle.json')))
+  assert record['keys'] == 'words' and record['haystack'] == 'test split of shakespeare'
   bad = _main(tiny_cli_args(str(tmp_path / 'bad')) + ['--config.data.dataset=needle:needles=0'])
   assert bad.returncode == 2
   errors = [line for line in bad.stderr.splitlines() if line.startswith('error:')]

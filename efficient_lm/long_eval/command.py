@@ -45,14 +45,35 @@ def _held_out(lm, split: str | None, text_file: str | None, flag: str):
   if split == "train":
     raise UsageError("--split=train is the training text; use a held-out split (test or "
                      "validation)")
+  if flag == "--haystack" and lm.config.data.dataset.startswith("needle:"):
+    # A needle workdir's own sequences hold needles: the haystack is its base corpus's text.
+    return corpus.base.tokens(split), f"{split} split of {corpus.task.base}"
   return corpus.tokens(split), f"{split} split"
+
+
+KEYS = ("auto", "pairs", "words")
+
+
+def key_words(lm, keys: str):
+  """The needle keys `--keys` asks for: None (two random words) or a word list. 'auto': the
+  training source's key words for a workdir trained on `needle:` (the keys it learned), else
+  two random words."""
+  if keys not in KEYS:
+    raise UsageError(f"--keys={keys} is not one of {', '.join(KEYS)}")
+  from efficient_lm.data import needle as needle_source  # pylint: disable=import-outside-toplevel
+  dataset = lm.config.data.dataset
+  if keys == "pairs" or (keys == "auto" and not dataset.startswith("needle:")):
+    return None
+  if dataset.startswith("needle:"):
+    return needle_source.parse(dataset).key_words
+  return needle_source.KEY_WORDS
 
 
 def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int = 20,
         variant: str = "single", distractors: int = 9, haystack: str | None = None,
         factors=(), split: str | None = None, text_file: str | None = None,
         batch_size: int | None = None, out: str | None = None, max_tokens: int = 0,
-        seed: int = 0) -> int:
+        seed: int = 0, keys: str = "auto") -> int:
   """What the command does for `task`: lines on stderr, the one-line summary on stdout; returns
   the exit status (2 and one `error: ...` line for input it cannot use)."""
   from efficient_lm import api  # pylint: disable=import-outside-toplevel
@@ -81,7 +102,7 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
       record = needle_grid.run(lm, needle.haystack_stream(tokens, lm.eos_id), lengths=lengths,
                                depths=depths, needles_per_cell=needles_per_cell, variant=variant,
                                distractors=distractors, batch_size=batch_size, seed=seed,
-                               source=source, log=_stderr)
+                               source=source, key_words=key_words(lm, keys), log=_stderr)
       out = out or os.path.join(lm.path, "eval", f"needle_{variant}")
       json_path, png_path = needle_grid.write(record, out)
       line = needle_grid.summary(record, json_path)

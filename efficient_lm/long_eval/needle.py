@@ -63,9 +63,15 @@ class Prompt:
   group: int  # prompts of one haystack (multiquery) share it
 
 
-def random_key(rng: np.random.Generator, taken=()) -> str:
+def random_key(rng: np.random.Generator, taken=(), words=None) -> str:
+  """A key not in `taken`: two random words (`quiet-harbor`), or one of `words` (the key list of
+  the `needle:` training source, `data.needle.KEY_WORDS`, so a model is asked the keys it
+  learned on)."""
   while True:
-    key = f"{_ADJECTIVES[rng.integers(len(_ADJECTIVES))]}-{_NOUNS[rng.integers(len(_NOUNS))]}"
+    if words:
+      key = words[rng.integers(len(words))]
+    else:
+      key = f"{_ADJECTIVES[rng.integers(len(_ADJECTIVES))]}-{_NOUNS[rng.integers(len(_NOUNS))]}"
     if key not in taken:
       return key
 
@@ -94,13 +100,14 @@ def haystack_stream(tokens, eos_id: int) -> np.ndarray:
 
 
 def build(tokenizer, haystack: np.ndarray, *, length: int, depth: float, variant: str,
-          rng: np.random.Generator, group: int = 0) -> list[Prompt]:
-  """The prompt(s) of one needle of the grid (several for multiquery), each `length` tokens."""
+          rng: np.random.Generator, group: int = 0, key_words=None) -> list[Prompt]:
+  """The prompt(s) of one needle of the grid (several for multiquery), each `length` tokens; keys
+  from `key_words` when given (`random_key`)."""
   eos = int(tokenizer.eos_id)
   count = 1 if variant == "single" else EXTRA_NEEDLES + 1
   keys: list[str] = []
   for _ in range(1 if variant == "multivalue" else count):
-    keys.append(random_key(rng, keys))
+    keys.append(random_key(rng, keys, key_words))
   values: list[str] = []
   for _ in range(count):
     values.append(random_value(rng, values))

@@ -29,7 +29,7 @@ def _check(lengths, depths, needles_per_cell: int, variant: str, distractors: in
 
 
 def build_grid(tokenizer, haystack, *, lengths, depths, needles_per_cell: int, variant: str,
-               distractors: int, seed: int = 0) -> dict:
+               distractors: int, seed: int = 0, key_words=None) -> dict:
   """{(length, depth): [(prompt, candidates, candidate ids), ...]}: every needle's prompt(s) and
   its candidate answers (the true ones first, then `distractors` random 7-digit values)."""
   cells = {}
@@ -39,7 +39,8 @@ def build_grid(tokenizer, haystack, *, lengths, depths, needles_per_cell: int, v
       for i in range(needles_per_cell):
         rng = np.random.default_rng([seed, length, di, i])
         for prompt in needle_lib.build(tokenizer, haystack, length=length, depth=depth,
-                                       variant=variant, rng=rng, group=i):
+                                       variant=variant, rng=rng, group=i,
+                                       key_words=key_words):
           wrong = needle_lib.distractor_values(rng, prompt.answers, distractors)
           question = needle_lib.QUESTION.format(key=prompt.key)
           q_ids = np.asarray(tokenizer.encode(question), np.int32)
@@ -52,9 +53,10 @@ def build_grid(tokenizer, haystack, *, lengths, depths, needles_per_cell: int, v
 
 def run(lm, haystack, *, lengths, depths, needles_per_cell: int = 20, variant: str = "single",
         distractors: int = 9, batch_size: int = 8, seed: int = 0, source: str = "",
-        log=print) -> dict:
+        key_words=None, log=print) -> dict:
   """Scores the grid on `lm` (an `efficient_lm.load` model) with haystack tokens `haystack` (one
-  document: no end-of-document token). Returns the record needle.json holds."""
+  document: no end-of-document token); keys from `key_words` when given, else two random words.
+  Returns the record needle.json holds."""
   from efficient_lm import generation  # pylint: disable=import-outside-toplevel
   _check(lengths, depths, needles_per_cell, variant, distractors, batch_size)
   eos = int(lm.tokenizer.eos_id)
@@ -63,7 +65,7 @@ def run(lm, haystack, *, lengths, depths, needles_per_cell: int = 20, variant: s
                                  "with some text")
   cells = build_grid(lm.tokenizer, haystack, lengths=lengths, depths=depths,
                      needles_per_cell=needles_per_cell, variant=variant, distractors=distractors,
-                     seed=seed)
+                     seed=seed, key_words=key_words)
   width = max(len(a) for rows in cells.values() for _, _, ids in rows for a in ids)
   warning = reach.check(lm.config, lengths, extra=width + 1)
   if warning:
@@ -95,7 +97,7 @@ def run(lm, haystack, *, lengths, depths, needles_per_cell: int = 20, variant: s
     seconds[length] = time.time() - began
   return _record(lm, results, lengths=lengths, depths=depths, needles_per_cell=needles_per_cell,
                  variant=variant, distractors=distractors, source=source, seconds=seconds,
-                 warning=warning)
+                 warning=warning, keys="words" if key_words else "pairs")
 
 
 def _cell_figures(rows: list[dict]) -> dict:
@@ -112,7 +114,7 @@ def _cell_figures(rows: list[dict]) -> dict:
 
 
 def _record(lm, results, *, lengths, depths, needles_per_cell, variant, distractors, source,
-            seconds, warning) -> dict:
+            seconds, warning, keys) -> dict:
   num_true = needle_lib.EXTRA_NEEDLES + 1 if variant == "multivalue" else 1
   cells = [{"length": length, "depth": depth, **_cell_figures(results[(length, depth)]),
             "answers": [{k: r[k] for k in ("answer", "expected", "exact", "rank")}
@@ -122,7 +124,7 @@ def _record(lm, results, *, lengths, depths, needles_per_cell, variant, distract
   return {"task": "needle", "variant": variant, "model": lm.config.model.name, "step": lm.step,
           "seq_len": lm.seq_len, "path": lm.path, "haystack": source, "lengths": list(lengths),
           "depths": list(depths), "needles_per_cell": needles_per_cell, "distractors": distractors,
-          "chance": report.chance(num_true, distractors), "all": _cell_figures(every),
+          "keys": keys, "chance": report.chance(num_true, distractors), "all": _cell_figures(every),
           "cells": cells, "seconds_per_length": {str(k): round(v, 2) for k, v in seconds.items()},
           "warning": warning}
 
