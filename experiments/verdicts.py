@@ -239,51 +239,74 @@ def _relabel(row: dict, extra: dict, study: dict) -> dict:
   return row
 
 
+def _study_values(name: str, spec: dict, results: dict) -> tuple[dict, dict, list]:
+  """({model: {seed: value}} with None for B of a swap delta, {seed: [code, ...]}, the rows read)
+  of one claim of a registered study, from its results file."""
+  found = results.get(name) or {}
+  values, codes = {spec["a"]: {}, spec.get("b"): {}}, {}
+  if name == "bcmt_replication":
+    rows = [r for r in ((found.get("tables") or {}).get("bcmt", {}).get("rows", {})).values()
+            if "scores" in r]
+    metric = tuple(tuple(tuple(x) for x in m) if isinstance(m, list) else m for m in spec["metric"])
+    per_position = (results.get(name + "_per_position") or {}).get("bcmt", {})
+    for model in (spec["a"], spec["b"]):
+      mine = sorted((r for r in rows if r["config_key"] == model), key=lambda r: r["seed"])
+      v = metric_values(mine, metric, per_position) if mine else None
+      for r, x in zip(mine, v if v is not None else []):
+        values[model][r["seed"]] = x
+        codes.setdefault(r["seed"], []).append(r.get("code"))
+  elif name == "needle_reach":  # experiments/needle_study.py rows: one per model and seed
+    rows = found.get("rows", [])
+    for r in rows:
+      if r["model"] in (spec["a"], spec.get("b")) and r.get(spec["metric"]) is not None:
+        values[r["model"]][r["seed"]] = r[spec["metric"]]
+        codes.setdefault(r["seed"], []).append(r.get("code"))
+  else:  # pi_window_code: context_ablation rows
+    rows = [r for r in found.get("rows", []) if r.get("method") == "swap"]
+    for r in rows:
+      if spec.get("b") is None and r["model"] == spec["a"]:  # the swap delta: full vs ablated
+        values[spec["a"]][r["seed"]] = r["full_loss"]
+        values[None][r["seed"]] = r["ablated_loss"]
+      elif r["model"] in (spec["a"], spec.get("b")):
+        values[r["model"]][r["seed"]] = r["full_loss"]
+      else:
+        continue
+      codes.setdefault(r["seed"], []).append(r.get("code"))
+  return values, codes, rows
+
+
 def registered_claims(results: dict[str, dict | None]) -> list[dict]:
-  """The confirmatory studies' claims (experiments/registered/, `kind` confirmatory), each its own
-  family of one, decided only from runs after its registration (pending until its seeds ran)."""
+  """The confirmatory studies' claims (experiments/registered/, `kind` confirmatory), decided
+  only from runs after their registration (pending until their seeds ran); a study's primary
+  claims are one family (Benjamini-Hochberg over them), its secondary measures reported."""
   out = []
   for name, study in registration.studies().items():
     if study["kind"] != "confirmatory":
       continue
-    found = results.get(name) or {}
     commit = registration.study_commit(study)
-    for spec in study["claims"] + study.get("secondary", []):
-      values, codes, excluded = {spec["a"]: {}, spec.get("b"): {}}, {}, []
-      if name == "bcmt_replication":
-        rows = [r for r in ((found.get("tables") or {}).get("bcmt", {}).get("rows", {})).values()
-                if "scores" in r]
-        metric = tuple(tuple(tuple(x) for x in m) if isinstance(m, list) else m for m in spec["metric"])
-        per_position = (results.get(name + "_per_position") or {}).get("bcmt", {})
-        for model in (spec["a"], spec["b"]):
-          mine = sorted((r for r in rows if r["config_key"] == model), key=lambda r: r["seed"])
-          v = metric_values(mine, metric, per_position) if mine else None
-          for r, x in zip(mine, v if v is not None else []):
-            values[model][r["seed"]] = x
-            codes.setdefault(r["seed"], []).append(r.get("code"))
-      else:  # pi_window_code: context_ablation rows
-        rows = [r for r in found.get("rows", []) if r.get("method") == "swap"]
-        for r in rows:
-          if spec.get("b") is None and r["model"] == spec["a"]:  # the swap delta: full vs ablated
-            values[spec["a"]][r["seed"]] = r["full_loss"]
-            values[None][r["seed"]] = r["ablated_loss"]
-          elif r["model"] in (spec["a"], spec.get("b")):
-            values[r["model"]][r["seed"]] = r["full_loss"]
-          else:
-            continue
-          codes.setdefault(r["seed"], []).append(r.get("code"))
+    specs = study["claims"] + study.get("secondary", [])
+    tested = []
+    for spec in specs:
+      values, codes, rows = _study_values(name, spec, results)
+      excluded = []
       for seed in sorted(codes):  # only runs after the registration, only the registered seeds
         if seed not in study["seeds"] or not all(registration.ran_after(commit, c) for c in codes[seed]):
           excluded.append(seed)
           for v in values.values():
             v.pop(seed, None)
-      # Lower is better; for the swap delta A is the full loss and B the ablated one, so a positive
-      # difference is a gain from the far context, as in `ablation_claims`.
+      # Lower is better unless the claim says otherwise (accuracies); for the swap delta A is the
+      # full loss and B the ablated one, so a positive difference is a gain from the far context,
+      # as in `ablation_claims`.
       a, b = values[spec["a"]], values[spec.get("b")]
-      result = stats.paired_t_test(a, b)
+      result = stats.paired_t_test(a, b, higher_is_better=bool(spec.get("higher_is_better")))
       claim = stats.Claim(spec["text"], spec["kind"], result, len(set(a) & set(b)), len(study["seeds"]))
-      row = stats.decide_family([claim])[0]
+      tested.append((spec, claim, rows, excluded, a, b))
+    primaries = [t for t in tested if t[0] in study["claims"]]
+    decided = dict(zip((id(t[0]) for t in primaries),
+                       stats.decide_family([t[1] for t in primaries])))
+    for spec, claim, rows, excluded, a, b in tested:
       primary = spec in study["claims"]
+      row = decided[id(spec)] if primary else stats.decide_family([claim])[0]
       per_seed = [{"seed": s, "a": a[s], "b": b[s]} for s in sorted(set(a) & set(b))]
       if spec.get("b") is None:  # swap rows: each with its placebo bin and the gate's mark
         gated = {r["seed"]: placebo(r, placebo_gate()) for r in rows if r["model"] == spec["a"]}
@@ -296,6 +319,36 @@ def registered_claims(results: dict[str, dict | None]) -> list[dict]:
       out.append({**row, "study": name, "id": spec["id"], "primary": primary,
                   "registered_in": commit[:7] if commit else None,
                   "seeds_excluded": excluded, "per_seed": per_seed})
+  return out
+
+
+def registered_controls(results: dict[str, dict | None]) -> list[dict]:
+  """The registered studies' controls: a threshold each of the model's per-seed values must meet
+  (`at_least` or `at_most`, `chance` added where the control says so), decided at the study's
+  full seeds from runs after its registration: holds (every seed meets it), fails, or pending."""
+  out = []
+  for name, study in registration.studies().items():
+    commit = registration.study_commit(study)
+    for control in study.get("controls", []):
+      values, codes, _ = _study_values(name, {"a": control["model"], "metric": control["metric"]},
+                                       results)
+      rows = {r["seed"]: r for r in (results.get(name) or {}).get("rows", [])
+              if r["model"] == control["model"]}
+      seeds = [s for s in sorted(values[control["model"]]) if s in study["seeds"]
+               and all(registration.ran_after(commit, c) for c in codes[s])]
+      per_seed = []
+      for s in seeds:
+        bound = control["bound"] + (rows[s].get(control["plus"], 0.0) if control.get("plus") else 0.0)
+        value = values[control["model"]][s]
+        ok = value >= bound if control["direction"] == "at_least" else value <= bound
+        per_seed.append({"seed": s, "value": value, "bound": bound, "meets": ok})
+      if len(per_seed) < len(study["seeds"]):
+        verdict = f"pending ({len(per_seed)} of {len(study['seeds'])} seeds)"
+      else:
+        verdict = "holds" if all(e["meets"] for e in per_seed) else "fails"
+      out.append({"study": name, "id": control["id"], "claim": control["text"],
+                  "verdict": verdict, "per_seed": per_seed,
+                  "registered_in": commit[:7] if commit else None})
   return out
 
 
@@ -326,7 +379,8 @@ def decide_all(long_range_results: dict | None = None, paper_tables: dict | None
                    "(experiments/registered/) is exploratory, and a swap claim whose rows the "
                    "placebo gate does not validate is not validated: neither gets a verdict"),
           "exact_nulls": exact_nulls(ablation),
-          "registered": registered_claims(registered or {})}
+          "registered": registered_claims(registered or {}),
+          "registered_controls": registered_controls(registered or {})}
 
 
 def load_all(results_dir: str = RESULTS) -> dict:
@@ -394,6 +448,15 @@ def render_registered(verdicts: dict) -> str:
     kind = "" if row["primary"] else " (secondary)"
     lines.append(f"| `{row['study']}` | {row['claim']}{kind} | `{row['registered_in']}` | {row['seeds']} of "
                  f"{row['planned_seeds']} | {diff} | {ci} | {_p(row['p_value'])} | {verdict_cell(row)} |")
+  controls = verdicts.get("registered_controls") or []
+  if controls:
+    lines += ["", "Controls (a threshold every seed must meet):", "",
+              "| study | control | registered in | per seed: value (bound) | verdict |",
+              "| --- | --- | --- | --- | --- |"]
+    for c in controls:
+      seeds = ", ".join(f"{e['seed']}: {e['value']:.3f} ({e['bound']:.3f})" for e in c["per_seed"])
+      lines.append(f"| `{c['study']}` | {c['claim']} | `{c['registered_in']}` | {seeds or '-'} | "
+                   f"{c['verdict']} |")
   return "\n".join(lines)
 
 

@@ -253,6 +253,10 @@ def test_needle_grid_past_seq_len_writes_json_and_heatmap(window_run, tmp_path, 
     assert all(1 <= r <= 6 for r in ranks)
     assert cell["mrr"]["mean"] == pytest.approx(np.mean([1 / r for r in ranks]))
     assert cell["top1"]["count"] == sum(r == 1 for r in ranks)
+    for a in cell["answers"]:  # the needle's place: at its depth, ended before the question
+      assert 1 <= a["needle_start"] < a["needle_end"] < cell["length"]
+      if cell["depth"] == 0.0:  # right after the end-of-document token
+        assert a["needle_start"] == 1
   assert record["chance"]["top1"] == pytest.approx(1 / 6)
   assert os.path.getsize(os.path.join(out, "needle.png")) > 1000
 

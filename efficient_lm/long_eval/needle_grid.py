@@ -93,7 +93,9 @@ def run(lm, haystack, *, lengths, depths, needles_per_cell: int = 20, variant: s
         results[key].append({
             "exact": needle_lib.is_exact(text, prompt.answers),
             "rank": needle_lib.rank_of(scores[b], len(prompt.answers)),
-            "answer": text[:24], "expected": prompt.answers[0], "group": prompt.group})
+            "answer": text[:24], "expected": prompt.answers[0], "group": prompt.group,
+            "needle_start": int(prompt.needle_starts[0]),
+            "needle_end": int(prompt.needle_starts[0] + len(prompt.needle_ids[0]))})
     seconds[length] = time.time() - began
   return _record(lm, results, lengths=lengths, depths=depths, needles_per_cell=needles_per_cell,
                  variant=variant, distractors=distractors, source=source, seconds=seconds,
@@ -117,7 +119,8 @@ def _record(lm, results, *, lengths, depths, needles_per_cell, variant, distract
             seconds, warning, keys) -> dict:
   num_true = needle_lib.EXTRA_NEEDLES + 1 if variant == "multivalue" else 1
   cells = [{"length": length, "depth": depth, **_cell_figures(results[(length, depth)]),
-            "answers": [{k: r[k] for k in ("answer", "expected", "exact", "rank")}
+            "answers": [{k: r[k] for k in ("answer", "expected", "exact", "rank", "needle_start",
+                                           "needle_end")}
                         for r in results[(length, depth)]]}
            for length in lengths for depth in depths]
   every = [r for rows in results.values() for r in rows]
