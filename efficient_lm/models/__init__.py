@@ -223,7 +223,10 @@ def validate_context(cfg: ml_collections.ConfigDict, context: int) -> None:
           f"> 1 is not supported for model.name={cfg.name!r} ({entry.no_context_parallel})",
           f"set mesh.context=1 (and use mesh.data for more devices), or use "
           f"one of {', '.join(parallel)}")
-  chunk = cfg.seq_len // context  # a divisor: `sharding.validate` checks it (the ring, at trace)
+  require(cfg.seq_len % context == 0, "mesh.context", context,
+          f"must divide data.seq_len={cfg.seq_len} (each device holds seq_len / context tokens)",
+          f"set mesh.context to a divisor of {cfg.seq_len}")
+  chunk = cfg.seq_len // context
   block = context_block(cfg)
   require(chunk % block == 0, "mesh.context", context,
           f"leaves {chunk} tokens per device, not a multiple of {cfg.name}'s attention block of "
