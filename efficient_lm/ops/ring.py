@@ -156,8 +156,9 @@ def halo(pattern: Pattern, chunk: int, T: int | None = None) -> int:
   lowest key `pattern.key_range` lets the chunk see (its reach, for windows and π).
   """
   if pattern.reach is None:
-    raise ValueError(f"{pattern} has unbounded reach (dense attention): it has no halo, so it "
-                     "cannot be cut into chunks (set model.seq_chunk=0 for it)")
+    raise ValueError(f"{pattern} has unbounded reach (its queries see back to the sequence "
+                     "start): it has no halo, so it cannot be cut into chunks (set "
+                     "model.seq_chunk=0 for it)")
   first = chunk * (2 + pattern.reach // chunk)  # beyond the reach: nothing is clipped at 0
   lowest, _ = pattern.key_range(first, first + chunk - 1)
   return first - lowest if T is None else min(first - lowest, T - chunk)
