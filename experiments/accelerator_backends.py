@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from efficient_lm.ops import attention, core
+from efficient_lm.ops import attention, core, priors
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.step_memory import kernel_kinds
@@ -63,7 +63,7 @@ def _inputs(shape, dtype, skips: bool, seed: int):
   q, k, v = (jax.random.normal(kk, (B, T, H, K), jnp.float32).astype(dtype) for kk in keys[:3])
   lp = sp = None
   if skips:
-    lp, sp = attention.gate_priors(gate_logits_BTH=jax.random.normal(keys[3], (B, T, H)))
+    lp, sp = priors.gate_priors(gate_logits_BTH=jax.random.normal(keys[3], (B, T, H)))
   return (q, k, v, lp, sp), jax.random.normal(keys[4], (B, T, H, K)), jax.random.normal(keys[5], (B, T, H))
 
 

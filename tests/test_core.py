@@ -20,6 +20,7 @@ from conftest import fast_first
 from efficient_lm import jax_compat
 from efficient_lm.ops import attention
 from efficient_lm.ops import core
+from efficient_lm.ops import priors
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.pattern import Pattern
 
@@ -540,7 +541,7 @@ def test_attention_impl_field():
 def test_gate_logits_give_exact_priors_and_live_gradients(logit):
   z = np.full((2, 40, 2), logit, np.float32)
   z[0, ::3] += 0.5  # not every row the same
-  local, skip = attention.gate_priors(gate_logits_BTH=jnp.asarray(z))
+  local, skip = priors.gate_priors(gate_logits_BTH=jnp.asarray(z))
   z64 = z.astype(np.float64)
   np.testing.assert_allclose(local, -np.log1p(np.exp(-z64)), atol=1e-3, rtol=0)
   np.testing.assert_allclose(skip, -np.log1p(np.exp(z64)), atol=1e-3, rtol=0)
@@ -561,7 +562,7 @@ def test_gate_logits_give_exact_priors_and_live_gradients(logit):
   # Before the first skip the gate shifts every logit of a row equally: only rounding is left.
   assert np.median(np.abs(grad_z[:, 6:])) > 10 * np.abs(grad_z[:, :6]).max()
   if logit > 0:  # the sigmoid-then-log path is not exact here: g rounds towards 1
-    _, skip_from_gate = attention.gate_priors(gate_BTH=jax.nn.sigmoid(jnp.asarray(z)))
+    _, skip_from_gate = priors.gate_priors(gate_BTH=jax.nn.sigmoid(jnp.asarray(z)))
     assert np.abs(skip_from_gate - (-np.log1p(np.exp(z64)))).max() > 1e-3
 
 

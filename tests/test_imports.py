@@ -1,7 +1,10 @@
 """The package's import graph has no circles: every `import` statement in efficient_lm/, those
-inside functions included, read from the source."""
+inside functions included, read from the source (`from package import module` is an edge to the
+module). Under efficient_lm/ops no import hides from the graph: no module name is computed at
+run time, and a literal `importlib.import_module` counts as an import."""
 
 import ast
+import importlib
 import os
 import subprocess
 import sys
@@ -11,8 +14,9 @@ import efficient_lm
 ROOT = os.path.dirname(efficient_lm.__file__)
 
 
-def module_graph() -> dict[str, set[str]]:
-  """{module: the package modules it imports}, from the source of every file under efficient_lm/."""
+def module_graph(literal: bool = False) -> dict[str, set[str]]:
+  """{module: the package modules it imports}, from the source of every file under efficient_lm/
+  (with `literal`, also those `importlib.import_module` names literally)."""
   paths = {}
   for folder, _, files in os.walk(ROOT):
     for name in files:
@@ -26,7 +30,9 @@ def module_graph() -> dict[str, set[str]]:
     with open(path, encoding="utf-8") as f:
       tree = ast.parse(f.read())
     for node in ast.walk(tree):
-      if isinstance(node, ast.Import):
+      if literal and literal_import(node) in paths:
+        graph[module].add(literal_import(node))
+      elif isinstance(node, ast.Import):
         graph[module] |= {a.name for a in node.names if a.name in paths}
       elif isinstance(node, ast.ImportFrom):
         base = node.module or ""
@@ -38,6 +44,26 @@ def module_graph() -> dict[str, set[str]]:
           graph[module].add(target if target in paths else base) if (
               target in paths or base in paths) else None
   return graph
+
+
+def literal_import(node: ast.AST) -> str | None:
+  """The module `importlib.import_module("name")` / `__import__("name")` names, if `node` is such
+  a call with a literal name."""
+  if not (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)):
+    return None
+  func = node.func
+  name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+  return node.args[0].value if name in ("import_module", "__import__") else None
+
+
+def computed_imports(path: str) -> list[int]:
+  """Lines of `path` that import a module by a name computed at run time (invisible to the graph)."""
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+          and (getattr(node.func, "attr", None) == "import_module"
+               or getattr(node.func, "id", None) in ("import_module", "__import__"))
+          and literal_import(node) is None]
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -75,6 +101,37 @@ def test_the_import_graph_has_no_circles():
   graph = module_graph()
   assert len(graph) > 50 and graph["efficient_lm.models.layers"]  # the graph was read
   assert cycles(graph) == []
+
+
+def test_ops_imports_are_all_visible_and_acyclic():
+  """Every module under efficient_lm/ops imports, none by a computed name; none imports a module
+  that (transitively, function-level imports included) imports it back: the backend registry
+  loads the backends, and no backend reaches the registry."""
+  graph = module_graph(literal=True)
+  ops = sorted(m for m in graph if m.startswith("efficient_lm.ops"))
+  for module in ops:
+    importlib.import_module(module)
+    path = os.path.join(ROOT, *module.split(".")[1:])
+    path = os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py"
+    assert computed_imports(path) == [], (module, computed_imports(path))
+  registry = "efficient_lm.ops.core.backends"
+  assert {f"efficient_lm.ops.core.{name}" for name in ("xla", "splash", "gpu", "reference")} <= (
+      graph[registry])
+  for module in ops:
+    reached, todo = set(), [module]
+    while todo:
+      for target in graph[todo.pop()] - reached:
+        reached.add(target)
+        todo.append(target)
+    assert module not in reached, module
+
+
+def test_a_hidden_import_is_found():
+  """The checks can fail: a computed `import_module` is flagged, a literal one is an edge."""
+  tree = ast.parse("import importlib\nimportlib.import_module(NAMES[0])\n"
+                   "importlib.import_module('efficient_lm.ops.core.xla')\n")
+  calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+  assert [literal_import(n) for n in calls] == [None, "efficient_lm.ops.core.xla"]
 
 
 def test_a_circle_is_found():

@@ -11,7 +11,7 @@ from efficient_lm import models
 from efficient_lm import train
 from efficient_lm.models import perceiver_ar
 from efficient_lm.ops import attention
-from efficient_lm.ops.cross_attention import causal_cross_attention, segment_attention
+from efficient_lm.ops.attention import causal_cross_attention, segment_attention
 from efficient_lm.ops.route import Route
 from conftest import load_config, fast_first
 from efficient_lm.validation import ConfigError

@@ -21,9 +21,12 @@ from conftest import load_config, fast_first
 from efficient_lm import config_check
 from efficient_lm import models
 from efficient_lm import train
+from efficient_lm.models import chunking
 from efficient_lm.ops import attention
 from efficient_lm.ops import memory
 from efficient_lm.ops import ring
+from efficient_lm.ops import route
+from efficient_lm.ops.pattern import Pattern
 from efficient_lm.validation import ConfigError
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")
@@ -123,7 +126,7 @@ def test_shift_right_equals_single_device():
   x = jax.random.normal(jax.random.key(3), (2, T, 3), jnp.float32)
   for distance in (1, 4, 9):
     np.testing.assert_array_equal(ring.shift_right(x, distance, mesh=mesh_of(1, 8)),
-                                  attention.shift_right(x, distance))
+                                  route.shift_right(x, distance))
 
 
 def test_sharded_pi_attention_permutes_and_never_gathers():
@@ -143,6 +146,29 @@ def test_bad_shapes_are_named():
     attention.block_local_attention(q, k, v, block_size=8, mesh=mesh_of(1, 8))
   with pytest.raises(ValueError, match="zigzag layout needs T=32 divisible by 2 \\* devices = 64"):
     ring.layout_positions(32, 32, "zigzag")
+
+
+@pytest.mark.parametrize("pattern", [Pattern.sliding(5), Pattern.blocks(4, 1), Pattern.blocks(8),
+                                     Pattern.segments(8), Pattern.pi(4, 6, 3), Pattern.pi(3, 8, 2)],
+                         ids=repr)
+def test_halo_is_the_farthest_key_a_chunk_sees(pattern):
+  """`ring.halo` (the ring's halo and a chunked block's, `chunking.halo`) against a brute force:
+  over every chunk of a sequence, its first query's position minus the lowest key any of its
+  queries sees (`Pattern.visible`); the ring's is capped at T - chunk, a chunked block's is the
+  pattern's alone (far from the start, nothing clipped)."""
+  seen = np.asarray(pattern.visible(np.arange(T)[:, None], np.arange(T)[None]))
+  for chunk in (8, 16):
+    starts = range(0, T, chunk)
+    farthest = max(s - np.flatnonzero(seen[s:s + chunk].any(axis=0)).min() for s in starts)
+    assert ring.halo(pattern, chunk, T) == farthest, chunk
+    long = 4 * (pattern.reach + chunk)  # a sequence long enough that no chunk is clipped at 0
+    far = np.asarray(pattern.visible(np.arange(long)[:, None], np.arange(long)[None]))
+    unclipped = max(s - np.flatnonzero(far[s:s + chunk].any(axis=0)).min()
+                    for s in range(0, long, chunk))
+    assert ring.halo(pattern, chunk) == chunking.halo((pattern, Pattern.sliding(1)), chunk)
+    assert ring.halo(pattern, chunk) == unclipped, chunk
+  with pytest.raises(ValueError, match=r"unbounded reach .* \(set model.seq_chunk=0"):
+    chunking.halo(Pattern.dense(), 8)
 
 
 def test_route_is_chosen_by_the_mesh():

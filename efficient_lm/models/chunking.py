@@ -20,33 +20,27 @@ chunk after (halo / C extra projections). A pattern with unbounded reach
 import jax
 import jax.numpy as jnp
 
+from efficient_lm.ops import blockwise
+from efficient_lm.ops import ring
 from efficient_lm.ops.pattern import Pattern
 
 
 def halo(patterns: Pattern | tuple[Pattern, ...], chunk: int) -> int:
   """Keys before a chunk (of `chunk` queries, starting at a multiple of it) the queries of any of
-  `patterns` may see."""
+  `patterns` may see (`ops.ring.halo`, the ring's halo too)."""
   patterns = (patterns,) if isinstance(patterns, Pattern) else tuple(patterns)
-  if any(p.reach is None for p in patterns):
-    raise ValueError("a pattern of unbounded reach (dense attention) cannot be chunked; set "
-                     "model.seq_chunk=0 for it")
-  lowest = []
-  for pattern in patterns:
-    q_first = chunk * (2 + pattern.reach // chunk)  # far from the start: nothing is clipped at 0
-    lowest.append(q_first - pattern.key_range(q_first, q_first + chunk - 1)[0])
-  return max(lowest)
+  return max(ring.halo(pattern, chunk) for pattern in patterns)
 
 
 def split(x_BT: jax.Array, chunk: int) -> jax.Array:
-  """`[B, T, ...]` -> `[n, B, C, ...]` (T a multiple of C)."""
-  B, T = x_BT.shape[:2]
-  return jnp.moveaxis(x_BT.reshape(B, T // chunk, chunk, *x_BT.shape[2:]), 1, 0)
+  """`[B, T, ...]` -> `[n, B, C, ...]` (T a multiple of C): `blockwise.split_blocks`, chunks first."""
+  return jnp.moveaxis(blockwise.split_blocks(x_BT, chunk), 1, 0)
 
 
 def merge(x_nBC: jax.Array) -> jax.Array:
   """`[n, B, C, ...]` -> `[B, n * C, ...]` (the inverse of `split`)."""
-  n, B, C = x_nBC.shape[:3]
-  return jnp.moveaxis(x_nBC, 0, 1).reshape(B, n * C, *x_nBC.shape[3:])
+  n, _, C = x_nBC.shape[:3]
+  return blockwise.merge_blocks(jnp.moveaxis(x_nBC, 0, 1), n * C)
 
 
 def halos(chunks_nBC: jax.Array, halo_len: int) -> jax.Array:

@@ -31,8 +31,13 @@ def _min(a: Position, b: Position) -> Position:
   return min(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.minimum(a, b)
 
 
-def _is_int(x) -> bool:
+def is_int(x) -> bool:
+  """A Python int, not a bool: a static size or position, never a traced value (`ops.core.plan`
+  imports it as `is_static`)."""
   return isinstance(x, int) and not isinstance(x, bool)
+
+
+_is_int = is_int  # this module's checks
 
 
 @dataclasses.dataclass(frozen=True)

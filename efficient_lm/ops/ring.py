@@ -16,7 +16,7 @@ No device gathers the whole sequence.
   with the keys.
 - `exponential_memory`: the devices' (numerator, denominator) totals combined by a log-step
   prefix scan (restarting at documents).
-- `shift_right`: the sharded `attention.shift_right`.
+- `shift_right`: the sharded `route.shift_right`.
 """
 
 import jax
@@ -146,16 +146,22 @@ def _with_halo(x_BC: jax.Array, halo: int, axis_name: str, n: int) -> jax.Array:
   return jnp.concatenate(pieces + [x_BC], axis=1)
 
 
-def halo(pattern: Pattern, C: int, T: int) -> int:
-  """Keys from behind a chunk of C tokens that its queries can see (never more than T - C).
+def halo(pattern: Pattern, chunk: int, T: int | None = None) -> int:
+  """Keys from behind a chunk of `chunk` queries that its queries can see: the ring's halo, and a
+  sequence-chunked block's (`models/chunking.py`). Chunks start at multiples of `chunk`, itself
+  a multiple of the pattern's block size; with T, never more than the T - chunk keys before the
+  last chunk.
 
-  From the pattern: the distance from a chunk's first query to the lowest key
-  `pattern.key_range` lets the chunk see (its reach, for windows and π).
+  From the pattern: the distance from a chunk's first query, far from the sequence start, to the
+  lowest key `pattern.key_range` lets the chunk see (its reach, for windows and π).
   """
-  unit = C * (pattern.block_size or 1)
-  first = unit * (T // unit + 1)  # a chunk start far from the sequence start
-  lowest, _ = pattern.key_range(first, first + C - 1)
-  return min(first - lowest, T - C)
+  if pattern.reach is None:
+    raise ValueError(f"{pattern} has unbounded reach (its queries see back to the sequence "
+                     "start): it has no halo, so it cannot be cut into chunks (set "
+                     "model.seq_chunk=0 for it)")
+  first = chunk * (2 + pattern.reach // chunk)  # beyond the reach: nothing is clipped at 0
+  lowest, _ = pattern.key_range(first, first + chunk - 1)
+  return first - lowest if T is None else min(first - lowest, T - chunk)
 
 
 # Attention.

@@ -10,7 +10,7 @@ attentions over disjoint key sets (ring steps, pieces) into the one over
 their union.
 
     plan.py      the plan: the pattern cut into blocks (the XLA core's schedules)
-    call.py      what a backend is given (`Call`) and what it provides (`Backend`)
+    call.py      what a backend is given (`Call`), what it provides (`Backend`), the counters
     backends.py  the backends behind `attend` and how one is chosen (`impl=`)
     xla.py       the blockwise loop core, every platform (the default)
     splash.py    TPU: Pallas splash-attention kernels

@@ -14,42 +14,50 @@ compiles (`check_patterns`). A kernel backend needs its hardware, or Pallas
 interpret mode (`interpret=True`, for tests on CPU). A call a kernel cannot
 run (`Backend.unsupported`: a decoding cache's explicit key positions, say),
 and a kernel's backward of a call with π's skips or priors (`core.attend_backward`,
-ring steps), run on `xla`: `fallback` records each (`FALLBACKS`, what a compile
-and a generation report, `recorded` / `report_line`) and logs the reason once. The table below is static; a backend module is
-imported on first use and imports only the types (`call.py`).
+ring steps), run on `xla`: `fallback` records each (`FALLBACKS`, kept with
+`KERNEL_CALLS` in `call.py` and re-exported here: what a compile and a
+generation report, `recorded` / `report_line`) and logs the reason once.
+
+The table below is static. A backend module is imported on first use, by
+`get` (a plain import inside that one function: the kernel modules pull in
+Pallas only when asked for); a backend module imports the types and the
+counters (`call.py`), never this registry, so the import graph has no circle
+(tests/test_imports.py checks it).
 """
 
-import collections
 import contextlib
-import importlib
 import logging
 
 import jax
 
 from efficient_lm import jax_compat
-from efficient_lm.ops.core.call import Backend, Call
+from efficient_lm.ops.core.call import FALLBACKS, KERNEL_CALLS, Backend, Call
 from efficient_lm.ops.pattern import Pattern
 
 IMPLS = ("auto", "xla", "splash", "gpu", "reference")
 ALIASES = {"flash": "xla", "cudnn": "gpu"}  # earlier names of the dense model's impls
 AUTO = {"tpu": "splash", "gpu": "gpu"}      # per platform; anything else: xla
-_MODULES = {name: f"efficient_lm.ops.core.{name}" for name in ("xla", "splash", "gpu", "reference")}
+_NAMES = ("xla", "splash", "gpu", "reference")
 
 log = logging.getLogger(__name__)
-# Calls a kernel backend handed to xla, traced so far: {(backend, reason): count}; and the kernel
-# calls traced so far, {(backend, what: the kernel and its tiles): count}. A compile report reads
-# both (reset them before tracing).
-FALLBACKS: collections.Counter = collections.Counter()
-KERNEL_CALLS: collections.Counter = collections.Counter()
 _WARNED: set[str] = set()  # the problems `check_installed` has warned of
 
 
 def get(name: str) -> Backend:
   """The backend `name` (or an earlier alias), its module imported on first use."""
+  # pylint: disable=import-outside-toplevel
   name = ALIASES.get(name, name)
-  if name not in _MODULES:
+  if name == "xla":
+    from efficient_lm.ops.core import xla as module
+  elif name == "splash":
+    from efficient_lm.ops.core import splash as module
+  elif name == "gpu":
+    from efficient_lm.ops.core import gpu as module
+  elif name == "reference":
+    from efficient_lm.ops.core import reference as module
+  else:
     raise ValueError(f"attention impl {name!r} is not one of {', '.join(IMPLS)}")
-  return importlib.import_module(_MODULES[name]).BACKEND
+  return module.BACKEND
 
 
 def canonical(impl: str) -> str:
@@ -98,7 +106,7 @@ def check_patterns(impl: str, platform: str, patterns: list[Pattern]) -> str | N
   for pattern in patterns:
     reason = backend.pattern_unsupported(pattern)
     if reason is not None:
-      able = [name for name in _MODULES if get(name).pattern_unsupported(pattern) is None]
+      able = [name for name in _NAMES if get(name).pattern_unsupported(pattern) is None]
       return f"{reason}; use one of {', '.join(able)}"
   return None
 

@@ -1,12 +1,21 @@
 """What a backend is given and what it must do: `Call` (the static description of one attention
-call) and `Backend` (how to run calls). Types only: the backends import this module, the
-registry (`backends.py`) imports them, so nothing here imports either.
+call) and `Backend` (how to run calls), and the two counters of what the traced calls ran on
+(`KERNEL_CALLS`, bumped by the kernel backends; `FALLBACKS`, by `backends.fallback`). The
+backends import this module, the registry (`backends.py`) imports them, so nothing here imports
+either.
 """
 
+import collections
 import dataclasses
 from typing import Callable
 
 from efficient_lm.ops.pattern import Pattern
+
+# Calls a kernel backend handed to xla, traced so far: {(backend, reason): count}; and the kernel
+# calls traced so far, {(backend, what: the kernel and its tiles): count}. A compile report reads
+# both (reset them before tracing); `backends.recorded` reads their growth.
+FALLBACKS: collections.Counter = collections.Counter()
+KERNEL_CALLS: collections.Counter = collections.Counter()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -34,8 +34,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from efficient_lm import jax_compat
-from efficient_lm.ops.core import backends, kernel_mesh, skips
-from efficient_lm.ops.core.call import Backend, Call
+from efficient_lm.ops.core import kernel_mesh, skips
+from efficient_lm.ops.core.call import KERNEL_CALLS, Backend, Call
 from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE, cdiv
 from efficient_lm.ops.pattern import Pattern
 
@@ -105,7 +105,7 @@ def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior
   if _takes_cudnn(call, q, v, interpret):
     try:  # jax's own checks (cuDNN version, head width) run while the call traces
       o = _cudnn_attend(call, q, k, v)
-      backends.KERNEL_CALLS[("gpu", "cudnn")] += 1
+      KERNEL_CALLS[("gpu", "cudnn")] += 1
       return o, None
     except NotImplementedError as refusal:
       _log_once(f"attention on the Pallas kernel instead of cuDNN: {refusal}")
@@ -545,7 +545,7 @@ def _kernel_for(call: Call, q, v, pattern: Pattern, interpret: bool) -> _Kernel:
                  block_q=_block(min(BLOCK_Q, size), call.Tq, row_bytes),
                  block_k=_block(min(BLOCK_K, size), call.Tk, row_bytes), interpret=interpret,
                  segments=call.segments)
-  backends.KERNEL_CALLS[("gpu", f"triton {kern.block_q}x{kern.block_k} tiles")] += 1
+  KERNEL_CALLS[("gpu", f"triton {kern.block_q}x{kern.block_k} tiles")] += 1
   return kern
 
 

@@ -16,6 +16,7 @@ static and hashable (the custom VJP's static argument); `xla.py` runs it.
 import dataclasses
 
 from efficient_lm.ops.pattern import Pattern
+from efficient_lm.ops.pattern import is_int as is_static  # a static (Python int) start or size
 
 MASKED = -1e30       # the logit of a key a query does not see
 NO_KEY_LSE = -1e29   # lse of a row that sees no key: exp(MASKED - NO_KEY_LSE) == 0, merge weight 0
@@ -33,10 +34,6 @@ LAYOUTS = ("BTHK", "BHTK")
 
 def cdiv(a: int, b: int) -> int:
   return -(-a // b)
-
-
-def is_static(x) -> bool:
-  return isinstance(x, int) and not isinstance(x, bool)
 
 
 def window_block(window: int) -> int:

@@ -26,8 +26,8 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as sinfo
 
 from efficient_lm import jax_compat
-from efficient_lm.ops.core import backends, kernel_mesh, skips
-from efficient_lm.ops.core.call import Backend, Call
+from efficient_lm.ops.core import kernel_mesh, skips
+from efficient_lm.ops.core.call import KERNEL_CALLS, Backend, Call
 from efficient_lm.ops.core.merge import merge
 from efficient_lm.ops.core.plan import NO_KEY_LSE, cdiv
 from efficient_lm.ops.pattern import Pattern
@@ -394,7 +394,7 @@ def _piece_pairs(call: Call, pattern: Pattern, interpret: bool):
 
 
 def _record(spec: _Spec) -> None:
-  backends.KERNEL_CALLS[("splash", f"{spec.bq}x{spec.bkv} tiles")] += 1
+  KERNEL_CALLS[("splash", f"{spec.bq}x{spec.bkv} tiles")] += 1
 
 
 def _traced_start(call: Call, k_start):
