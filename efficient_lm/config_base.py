@@ -1,14 +1,16 @@
 """The fields every config shares; `configs/<family>.py` starts from `base_config()`.
 
 Field names are a public contract (docs, tests and users rely on them). Every
-field is commented here once; a family's file comments only what it adds or
-changes. `model.seq_len` and `model.vocab_size` are field references to the
-data's, so one override changes both.
+field is commented here once, but the model section's: its shared fields are declared (default,
+meaning, check) in `model_config.ModelConfig`, a family's in its config class. A family's file
+comments only what it adds or changes. `model.seq_len` and `model.vocab_size` are field
+references to the data's, so one override changes both.
 """
 
 import ml_collections
 
 from efficient_lm import axes
+from efficient_lm import model_config
 
 
 def base_config(model_name: str) -> ml_collections.ConfigDict:
@@ -44,33 +46,14 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
                                     # (an 'hf:' dataset without such a split: share of train's rows)
   data.hf_allow_download = False    # 'hf:<name>' may download from the hub (else offline: the cache only)
 
+  # The model section's shared fields, their defaults and meanings: model_config.ModelConfig
+  # (a family's own: its config class beside its mixer, e.g. models/pi_attention.py).
   config.model = model = ml_collections.ConfigDict()
-  model.name = model_name           # registry key in efficient_lm.models.REGISTRY
+  model.name = model_name
   model.vocab_size = data.get_ref("vocab_size")  # always the tokenizer's size
   model.seq_len = data.get_ref("seq_len")        # always the data's window
-  model.d_model = 256               # residual stream width
-  model.num_layers = 4              # decoder blocks
-  model.num_heads = 4               # attention heads; d_model / num_heads is the head width
-  model.mlp_ratio = 4               # MLP hidden width = mlp_ratio * d_model
-  model.dropout = 0.0               # dropout on embeddings and residual branches
-  model.position = "rope"           # 'rope' or 'learned' absolute positions
-  model.rope_base = 10000.0         # RoPE frequency base
-  model.tie_embeddings = True       # output head shares the token embedding
-  model.dtype = "float32"           # compute dtype: float32 on CPU, bfloat16 on accelerators
-                                    # (parameters, residual stream, softmax and loss stay float32)
-  model.remat = "none"              # rematerialize each block in the backward pass: 'none',
-                                    # 'block' (keep only block inputs), 'dots' (also matmul outputs)
-  model.seq_chunk = 0               # run each block's position-wise parts (norms, projections,
-                                    # queries, MLP) over chunks of this many tokens (0 = all at once);
-                                    # models of bounded reach only (not dense, not Perceiver-AR); a
-                                    # divisor of seq_len and a multiple of the block / segment
-  model.attention_impl = "auto"     # the attention backend, every model: 'auto' (per platform: splash
-                                    # on TPU, gpu on GPU, xla elsewhere), 'xla' (the blockwise core,
-                                    # O(T) memory; 'flash' is its earlier name), 'splash' (TPU Pallas
-                                    # kernels), 'gpu' (cuDNN + a Pallas kernel; 'cudnn' is its earlier
-                                    # name), 'reference' (dense [T, T] masked softmax: tests)
-  model.kernel_interpret = False    # run a kernel backend off its hardware in Pallas interpret mode
-                                    # (slow: tests); otherwise a kernel needs its TPU / GPU
+  for field, default in model_config.ModelConfig.defaults().items():
+    model[field] = default
 
   config.train = train = ml_collections.ConfigDict()
   train.num_steps = 700             # optimizer steps (a resumed run continues up to this)

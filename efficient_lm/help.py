@@ -2,10 +2,11 @@
 default and its meaning, generated from where each is defined so the listing cannot drift.
 
 The fields are the keys of the real ConfigDicts (`config_base.base_config` and each shipped
-`configs/<family>.py`'s `get_config()`); a field's meaning is the comment beside its definition in
-config_base.py or the family's file (read with `ast` and `tokenize`: the comment after the
-assignment with its continuation lines, indented further, joined; or, for an assignment with none,
-the comment lines just above it). A `mesh.rules` entry is described by its axis in `axes.py`. The
+`configs/<family>.py`'s `get_config()`); a field's meaning is the one-line doc a typed section
+declares (`model_config.ModelConfig`: the shared model fields), else the comment beside its
+definition in config_base.py or the family's file (read with `ast` and `tokenize`: the comment
+after the assignment with its continuation lines, indented further, joined; or, for an
+assignment with none, the comment lines just above it). A `mesh.rules` entry is described by its axis in `axes.py`. The
 model list (`MODELS`) is tested equal to `models.REGISTRY` (which imports jax: this module does
 not, so `--help` answers in a fraction of a second).
 """
@@ -26,6 +27,7 @@ from efficient_lm import axes
 from efficient_lm import config_base
 from efficient_lm import config_files
 from efficient_lm import exit_codes
+from efficient_lm import model_config
 
 SECTIONS = ("data", "model", "train", "mesh")
 HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "-helpshort", "-helpfull")
@@ -143,6 +145,19 @@ def _file_comments(path: str) -> dict[str, str]:
     return field_comments(f.read())
 
 
+@functools.lru_cache(maxsize=None)
+def _base_meanings() -> dict[str, str]:
+  """config_base.py's comments, the model section's shared fields' from `ModelConfig`'s
+  declarations (in their order, where the model section stands)."""
+  out = {}
+  for field, text in _file_comments(config_base.__file__).items():
+    if field.startswith("model."):
+      out.update({f"model.{k}": doc for k, doc in model_config.ModelConfig.docs().items()})
+    else:
+      out[field] = text
+  return out
+
+
 def _config_path(spec: str) -> str:
   return config_files.resolve(spec).partition(":")[0]
 
@@ -152,7 +167,7 @@ def meanings(spec: str | None = None,
   """Every field of `spec`'s config (a `--config=` form, or `config` if given, loaded from it;
   None: `base_config`) -> its one-line meaning ('' where its definition has no comment), in the
   order the files define them."""
-  base = _file_comments(config_base.__file__)
+  base = _base_meanings()
   if config is None:
     config = config_base.base_config("dense") if spec is None else config_files.load_config(spec)
   own = {} if spec is None else _file_comments(_config_path(spec))
