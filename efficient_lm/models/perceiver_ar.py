@@ -80,10 +80,11 @@ class PerceiverARConfig(ModelConfig):
     for used, field in ((self.variant.compress, "compression"),
                         (self.variant.split_history, "num_history_segments")):
       value = getattr(self, field)
-      require(not used or history % value == 0, f"model.{field}", value,
-              f"must divide the history length model.seq_len - model.num_latents = {history}",
-              f"set model.{field} to a divisor of {history}, e.g. "
-              f"{divisors_near(history, value, 1)[0]}")
+      if used and history % value:
+        require(False, f"model.{field}", value,
+                f"must divide the history length model.seq_len - model.num_latents = {history}",
+                f"set model.{field} to a divisor of {history}, e.g. "
+                f"{divisors_near(history, value, 1)[0]}")
 
   def patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
     """The latents' causal attention over the stream, and (variants that refine the history) the
