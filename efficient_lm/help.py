@@ -152,10 +152,84 @@ def _base_meanings() -> dict[str, str]:
   out = {}
   for field, text in _file_comments(config_base.__file__).items():
     if field.startswith("model."):
-      out.update({f"model.{k}": doc for k, doc in model_config.ModelConfig.docs().items()})
+      out.update({f"model.{k}": f"({t}) {doc}" for k, (t, doc) in _shared_docs().items()})
     else:
       out[field] = text
   return out
+
+
+def _setting_of(node: ast.stmt) -> tuple[str, str, str] | None:
+  """(field, type, doc) of a typed section's `field: type = tc.setting(default, "doc", ...)`."""
+  if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+          and isinstance(node.value, ast.Call)):
+    return None
+  func = node.value.func
+  if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) != "setting":
+    return None
+  args = {i: a for i, a in enumerate(node.value.args)}
+  args.update({{"default": 0, "doc": 1}.get(k.arg, -1): k.value for k in node.value.keywords})
+  doc = args.get(1)
+  text = doc.value if isinstance(doc, ast.Constant) and isinstance(doc.value, str) else ""
+  return node.target.id, ast.unparse(node.annotation), text
+
+
+@functools.lru_cache(maxsize=None)
+def family_docs() -> dict[str, dict[str, tuple[str, str]]]:
+  """model name -> {field: (type, doc)} of the config class its module registers, read from the
+  source of `efficient_lm/models/*.py` with `ast` (importing them would import jax): the class's
+  `setting(...)` declarations and its bases' within the package, the shared ones included."""
+  folder = os.path.join(os.path.dirname(__file__), "models")
+  classes, bases, registered = {}, {}, {}
+  for name in sorted(os.listdir(folder)):
+    if not name.endswith(".py"):
+      continue
+    with open(os.path.join(folder, name), encoding="utf-8") as f:
+      tree = ast.parse(f.read())
+    literals = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Name)}
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ClassDef):
+        classes[node.name] = dict(s[0:1] + ((s[1], s[2]),) for s in map(_setting_of, node.body)
+                                  if s)
+        bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
+      if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
+        keys = literals.get(getattr(node.iter, "id", None))  # `for name in VARIANTS: register(...)`
+        names = [k.value for k in getattr(keys, "keys", getattr(keys, "elts", []))
+                 if isinstance(k, ast.Constant)]
+        for call in ast.walk(node):
+          _registered(call, registered, {node.target.id: names})
+      else:
+        _registered(node, registered, {})
+  shared = {k: (t, d) for k, (t, d) in _shared_docs().items()}
+
+  def fields(cls: str) -> dict[str, tuple[str, str]]:
+    out = dict(shared) if cls == "ModelConfig" else {}
+    for base in bases.get(cls, []):
+      out.update(fields(base))
+    out.update(classes.get(cls, {}))
+    return out
+  return {model: fields(cls) for model, cls in registered.items()}
+
+
+def _registered(node: ast.AST, out: dict[str, str], loops: dict[str, list[str]]) -> None:
+  """`register("name", ModelEntry(config=Cls, ...))` -> out["name"] = "Cls"."""
+  if not (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", ""))
+          == "register" and len(node.args) == 2 and isinstance(node.args[1], ast.Call)):
+    return
+  cls = next((k.value.id for k in node.args[1].keywords
+              if k.arg == "config" and isinstance(k.value, ast.Name)), None)
+  first = node.args[0]
+  names = ([first.value] if isinstance(first, ast.Constant) else loops.get(getattr(first, "id", "")))
+  for name in names or []:
+    if cls:
+      out[name] = cls
+
+
+def _shared_docs() -> dict[str, tuple[str, str]]:
+  """The shared model fields: {field: (type, doc)} of `ModelConfig`."""
+  types = {f.name: getattr(f.type, "__name__", str(f.type))
+           for f in model_config.ModelConfig.declared().values()}
+  return {k: (types[k], doc) for k, doc in model_config.ModelConfig.docs().items()}
 
 
 def _config_path(spec: str) -> str:
@@ -172,6 +246,7 @@ def meanings(spec: str | None = None,
     config = config_base.base_config("dense") if spec is None else config_files.load_config(spec)
   own = {} if spec is None else _file_comments(_config_path(spec))
   shared = leaves(config_base.base_config(config.model.name))
+  declared = family_docs().get(config.model.name, {})  # its config class's declarations
   parameter_axes = axes.all_axes()
   order = {}
   for field in [*base, *own]:
@@ -185,6 +260,9 @@ def meanings(spec: str | None = None,
       out[field] = _MAPS[parent].format(key=key, size=size)
     elif field in shared:
       out[field] = base.get(field, "")
+    elif parent == "model" and key in declared:
+      kind, doc = declared[key]
+      out[field] = f"({kind}) {doc}"
     else:
       out[field] = own.get(field, "")
   return out

@@ -165,3 +165,16 @@ def test_the_families_register_themselves():
         if name.endswith(".py"):
           with open(os.path.join(root, name), encoding="utf-8") as f:
             assert not re.search(r"\bml_collections\b", f.read()), os.path.join(root, name)
+
+
+def test_help_reads_every_familys_declarations():
+  """`--help` reads the config classes from source (no jax): exactly each registered model's
+  fields, with the classes' docs and types."""
+  from efficient_lm import help as help_lib  # pylint: disable=import-outside-toplevel
+  docs = help_lib.family_docs()
+  assert sorted(docs) == sorted(models.REGISTRY)
+  for name, entry in models.REGISTRY.items():
+    declared = entry.config.declared()
+    assert {k: d for k, (_, d) in docs[name].items()} == entry.config.docs(), name
+    assert {k: t for k, (t, _) in docs[name].items()} == {
+        k: getattr(f.type, "__name__", str(f.type)) for k, f in declared.items()}, name
