@@ -1,8 +1,9 @@
 """The fields every config shares; `configs/<family>.py` starts from `base_config()`.
 
 Field names are a public contract (docs, tests and users rely on them). Every
-field is commented here once, but the model section's: its shared fields are declared (default,
-meaning, check) in `model_config.ModelConfig`, a family's in its config class. A family's file
+field is commented here once, but the typed sections': the train section's fields are declared
+(default, meaning, check) in `train_config.TrainConfig`, the model section's shared ones in
+`model_config.ModelConfig` and a family's in its config class. A family's file
 comments only what it adds or changes. `model.seq_len` and `model.vocab_size` are field
 references to the data's, so one override changes both.
 """
@@ -11,6 +12,7 @@ import ml_collections
 
 from efficient_lm import axes
 from efficient_lm import model_config
+from efficient_lm import train_config
 
 
 def base_config(model_name: str) -> ml_collections.ConfigDict:
@@ -55,41 +57,10 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   for field, default in model_config.ModelConfig.defaults().items():
     model[field] = default
 
+  # The train section's fields, their defaults, meanings and checks: train_config.TrainConfig.
   config.train = train = ml_collections.ConfigDict()
-  train.num_steps = 700             # optimizer steps (a resumed run continues up to this)
-  train.learning_rate = 2e-3        # peak AdamW learning rate
-  train.warmup_steps = 50           # linear warmup from 0 to the peak
-  train.schedule = "cosine"         # 'cosine': decay to 10% of the peak at num_steps; 'wsd': constant,
-                                    # then linear decay to 10% over the last decay_fraction (extendable)
-  train.decay_fraction = 0.2        # wsd: the fraction of num_steps spent decaying
-  train.weight_decay = 0.1          # AdamW decoupled decay of every kernel and embedding table;
-                                    # norm scales, biases and Perceiver-AR's compression map do not decay
-  train.grad_clip = 1.0             # global gradient-norm clip
-  train.grad_accum_steps = 1        # microbatches per step (summed in a scan: less memory, same
-                                    # loss and gradients); must divide the per-device batch
-  train.loss_chunk = 8192           # positions per chunk of the head + loss (0 = all at once); a
-                                    # chunk never holds more than [batch, loss_chunk, vocab] logits
-                                    # (windows of at most this many tokens are not chunked)
-  train.log_every = 50              # steps between train-metric lines
-  train.eval_every = 350            # steps between evaluations on train.eval_split
-  train.checkpoint_every = 350      # steps between checkpoints
-  train.keep_checkpoints = 3        # how many recent checkpoints to keep
-  train.seed = 0                    # parameter init, data order and dropout
-  train.eval_split = "validation"   # held-out split for periodic and final eval
-  train.eval_tokens = 0             # cap on the tokens a periodic evaluation scores (0 = the whole
-                                    # split); the final evaluation always scores all of it
-  train.profile_steps = ""          # 'START:END': a jax.profiler trace of those steps into
-                                    # <workdir>/profile (TensorBoard's profile tab, Perfetto)
-  train.compilation_cache_dir = "~/.cache/efficient_lm/jax_cache"  # persistent compilation cache
-                                    # (a rerun skips compiling the same step); '' = off
-  train.allow_new_data = False      # resume a workdir's checkpoints on another corpus or tokenizer
-                                    # (deliberate fine-tuning; the old tokenizer file is kept)
-  train.sample_prompt = "ROMEO:\n"  # prompt of the sample printed at the end ('' = none)
-  train.sample_tokens = 64          # tokens generated for that sample
-  train.wandb = False               # also log metrics.jsonl's figures and the config to W&B (wandb extra)
-  train.wandb_project = "efficient_lm"  # the W&B project of the run
-  train.wandb_run_name = ""         # the W&B run's display name ('' = W&B picks one)
-  train.wandb_tags = ""             # comma-separated W&B tags, e.g. 'pi,ablation'
+  for field, default in train_config.TrainConfig.defaults().items():
+    train[field] = default
 
   config.mesh = mesh = ml_collections.ConfigDict()
   # Devices along each mesh axis; exactly one may be -1 (every device the others leave).

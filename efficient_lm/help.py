@@ -3,7 +3,8 @@ default and its meaning, generated from where each is defined so the listing can
 
 The fields are the keys of the real ConfigDicts (`config_base.base_config` and each shipped
 `configs/<family>.py`'s `get_config()`); a field's meaning is the one-line doc a typed section
-declares (`model_config.ModelConfig`: the shared model fields), else the comment beside its
+declares (`model_config.ModelConfig`: the shared model fields, a family's config class in
+`models/`, read from its source; `train_config.TrainConfig`), else the comment beside its
 definition in config_base.py or the family's file (read with `ast` and `tokenize`: the comment
 after the assignment with its continuation lines, indented further, joined; or, for an
 assignment with none, the comment lines just above it). A `mesh.rules` entry is described by its axis in `axes.py`. The
@@ -28,6 +29,7 @@ from efficient_lm import config_base
 from efficient_lm import config_files
 from efficient_lm import exit_codes
 from efficient_lm import model_config
+from efficient_lm import train_config
 
 SECTIONS = ("data", "model", "train", "mesh")
 HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "-helpshort", "-helpfull")
@@ -145,16 +147,23 @@ def _file_comments(path: str) -> dict[str, str]:
     return field_comments(f.read())
 
 
+TYPED = {"model": model_config.ModelConfig, "train": train_config.TrainConfig}  # declared sections
+
+
 @functools.lru_cache(maxsize=None)
 def _base_meanings() -> dict[str, str]:
-  """config_base.py's comments, the model section's shared fields' from `ModelConfig`'s
-  declarations (in their order, where the model section stands)."""
+  """config_base.py's comments; a typed section's fields (`TYPED`) from its class's declarations
+  ('(type) doc'), in the sections' order."""
+  comments = _file_comments(config_base.__file__)
   out = {}
-  for field, text in _file_comments(config_base.__file__).items():
-    if field.startswith("model."):
-      out.update({f"model.{k}": f"({t}) {doc}" for k, (t, doc) in _shared_docs().items()})
+  for section in config_base.base_config("dense"):
+    if section in TYPED:
+      out.update({f"{section}.{k}": f"({t}) {doc}" for k, (t, doc) in
+                  _typed_docs(TYPED[section]).items()})
     else:
-      out[field] = text
+      out.update({k: v for k, v in comments.items() if k.split(".")[0] == section})
+  for field, text in comments.items():
+    out.setdefault(field, text)
   return out
 
 
@@ -200,7 +209,7 @@ def family_docs() -> dict[str, dict[str, tuple[str, str]]]:
           _registered(call, registered, {node.target.id: names})
       else:
         _registered(node, registered, {})
-  shared = {k: (t, d) for k, (t, d) in _shared_docs().items()}
+  shared = _typed_docs(model_config.ModelConfig)
 
   def fields(cls: str) -> dict[str, tuple[str, str]]:
     out = dict(shared) if cls == "ModelConfig" else {}
@@ -225,11 +234,10 @@ def _registered(node: ast.AST, out: dict[str, str], loops: dict[str, list[str]])
       out[name] = cls
 
 
-def _shared_docs() -> dict[str, tuple[str, str]]:
-  """The shared model fields: {field: (type, doc)} of `ModelConfig`."""
-  types = {f.name: getattr(f.type, "__name__", str(f.type))
-           for f in model_config.ModelConfig.declared().values()}
-  return {k: (types[k], doc) for k, doc in model_config.ModelConfig.docs().items()}
+def _typed_docs(cls) -> dict[str, tuple[str, str]]:
+  """{field: (type, doc)} of a typed section's class."""
+  types = {f.name: getattr(f.type, "__name__", str(f.type)) for f in cls.declared().values()}
+  return {k: (types[k], doc) for k, doc in cls.docs().items()}
 
 
 def _config_path(spec: str) -> str:

@@ -15,7 +15,7 @@ ConfigDict into the typed object at the edge. This module imports no jax (`--hel
 import dataclasses
 from typing import Any, Callable, ClassVar
 
-from efficient_lm.validation import ConfigError
+from efficient_lm.validation import ConfigError, require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +94,22 @@ class Section:
   @classmethod
   def name_of(cls, field: str) -> str:
     return f"{cls.SECTION}.{field}"
+
+  @classmethod
+  def from_mapping(cls, section: Any, owner: str = ""):
+    """The typed section of a mapping (a ConfigDict section, a dict): a field it lacks takes its
+    default; a key the class does not declare, or a field without a default it lacks, is a
+    ConfigError naming it (`owner`: whose fields, for the message, e.g. "model.name='dense'")."""
+    declared = cls.declared()
+    values = dict(section.items())
+    whose = f"of {owner}" if owner else f"of the {cls.SECTION} section"
+    for key, value in values.items():
+      require(key in declared, cls.name_of(key), value, f"is not a field {whose}",
+              f"remove it, or use one of its fields: {', '.join(declared)}")
+    for key, field in declared.items():
+      require(key in values or field.default is not dataclasses.MISSING, cls.name_of(key), None,
+              "is missing", f"set {cls.name_of(key)} (start from a file in configs/)")
+    return cls(**values)
 
   @classmethod
   def declared(cls) -> dict[str, dataclasses.Field]:

@@ -178,3 +178,24 @@ def test_help_reads_every_familys_declarations():
     assert {k: d for k, (_, d) in docs[name].items()} == entry.config.docs(), name
     assert {k: t for k, (t, _) in docs[name].items()} == {
         k: getattr(f.type, "__name__", str(f.type)) for k, f in declared.items()}, name
+
+
+def test_the_train_section_is_typed():
+  from efficient_lm import config_check  # pylint: disable=import-outside-toplevel
+  from efficient_lm import optimizer  # pylint: disable=import-outside-toplevel
+  from efficient_lm import train_config  # pylint: disable=import-outside-toplevel
+  assert train_config.SCHEDULES == optimizer.SCHEDULES
+  base = config_base.base_config("dense").train
+  assert base.to_dict() == train_config.TrainConfig.defaults()
+  typed = train_config.TrainConfig.from_mapping(load_config("dense").train)
+  assert typed.num_steps == 700 and typed.schedule == "cosine"
+  for field, value, message in (
+      ("profile_steps", "0:3", r"^train\.profile_steps='0:3' must be '' or 'START:END'"),
+      ("seed", 1.5, r"^train\.seed=1\.5 must be an integer; set train\.seed=0$"),
+      ("loss_chunk", -1, r"^train\.loss_chunk=-1 must be an integer >= 0 \(0 = the whole "),
+      ("num_stepz", 3, r"^train\.num_stepz=3 is not a field of the train section; remove it")):
+    config = load_config("dense")
+    with config.train.ignore_type():
+      config.train[field] = value
+    with pytest.raises(ConfigError, match=message):
+      config_check.validate(config)

@@ -89,16 +89,7 @@ def model_config(section: Any) -> ModelConfig:
   name = section["name"] if "name" in section else None
   require(name in REGISTRY, "model.name", name, "is not a known model",
           f"use one of {', '.join(sorted(REGISTRY))}")
-  cls = REGISTRY[name].config
-  declared = cls.declared()
-  values = dict(section.items())
-  for key, value in values.items():
-    require(key in declared, f"model.{key}", value, f"is not a field of model.name={name!r}",
-            f"remove it, or use one of {name}'s fields: {', '.join(declared)}")
-  for key, field in declared.items():
-    require(key in values or field.default is not dataclasses.MISSING, f"model.{key}", None,
-            "is missing", f"set model.{key} (start from a file in configs/)")
-  return cls(**values)
+  return REGISTRY[name].config.from_mapping(section, owner=f"model.name={name!r}")
 
 
 def logical_axes() -> dict[str, sharding.Axis]:
