@@ -29,7 +29,7 @@ from efficient_lm.models import registry
 from efficient_lm.ops import precision
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import Route
-from efficient_lm.validation import divisors_near, require
+from efficient_lm.validation import divisors_near, require, require_positive_int
 
 
 @dataclasses.dataclass(frozen=True)
