@@ -159,6 +159,11 @@ def test_the_families_register_themselves():
                 and issubclass(v, model_config.ModelConfig) and v is not model_config.ModelConfig
                 and v.__module__ == mod.__name__}
   assert classes == {e.config for e in models.REGISTRY.values()}
+  other = dataclasses.make_dataclass("Other", [], bases=(model_config.ModelConfig,), frozen=True,
+                                     kw_only=True)
+  with pytest.raises(ValueError, match="'dense' is registered twice"):
+    registry.register("dense", registry.ModelEntry(config=other))
+  assert models.REGISTRY["dense"].config.__name__ == "DenseConfig"
   for folder in ("models", "ops"):
     for root, _, files in os.walk(os.path.join(REPO, "efficient_lm", folder)):
       for name in files:

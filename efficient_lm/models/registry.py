@@ -69,10 +69,10 @@ def discover() -> dict[str, ModelEntry]:
   itself); returns the registry."""
   global _DISCOVERED
   if not _DISCOVERED:
-    _DISCOVERED = True
     package = importlib.import_module("efficient_lm.models")
     for module in pkgutil.iter_modules(package.__path__):
       importlib.import_module(f"efficient_lm.models.{module.name}")
+    _DISCOVERED = True
   return REGISTRY
 
 
