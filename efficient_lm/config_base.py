@@ -1,14 +1,18 @@
 """The fields every config shares; `configs/<family>.py` starts from `base_config()`.
 
 Field names are a public contract (docs, tests and users rely on them). Every
-field is commented here once; a family's file comments only what it adds or
-changes. `model.seq_len` and `model.vocab_size` are field references to the
-data's, so one override changes both.
+field is commented here once, but the typed sections': the train section's fields are declared
+(default, meaning, check) in `train_config.TrainConfig`, the model section's shared ones in
+`model_config.ModelConfig` and a family's in its config class. A family's file
+comments only what it adds or changes. `model.seq_len` and `model.vocab_size` are field
+references to the data's, so one override changes both.
 """
 
 import ml_collections
 
 from efficient_lm import axes
+from efficient_lm import model_config
+from efficient_lm import train_config
 
 
 def base_config(model_name: str) -> ml_collections.ConfigDict:
@@ -44,69 +48,19 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
                                     # (an 'hf:' dataset without such a split: share of train's rows)
   data.hf_allow_download = False    # 'hf:<name>' may download from the hub (else offline: the cache only)
 
+  # The model section's shared fields, their defaults and meanings: model_config.ModelConfig
+  # (a family's own: its config class beside its mixer, e.g. models/pi_attention.py).
   config.model = model = ml_collections.ConfigDict()
-  model.name = model_name           # registry key in efficient_lm.models.REGISTRY
+  model.name = model_name
   model.vocab_size = data.get_ref("vocab_size")  # always the tokenizer's size
   model.seq_len = data.get_ref("seq_len")        # always the data's window
-  model.d_model = 256               # residual stream width
-  model.num_layers = 4              # decoder blocks
-  model.num_heads = 4               # attention heads; d_model / num_heads is the head width
-  model.mlp_ratio = 4               # MLP hidden width = mlp_ratio * d_model
-  model.dropout = 0.0               # dropout on embeddings and residual branches
-  model.position = "rope"           # 'rope' or 'learned' absolute positions
-  model.rope_base = 10000.0         # RoPE frequency base
-  model.tie_embeddings = True       # output head shares the token embedding
-  model.dtype = "float32"           # compute dtype: float32 on CPU, bfloat16 on accelerators
-                                    # (parameters, residual stream, softmax and loss stay float32)
-  model.remat = "none"              # rematerialize each block in the backward pass: 'none',
-                                    # 'block' (keep only block inputs), 'dots' (also matmul outputs)
-  model.seq_chunk = 0               # run each block's position-wise parts (norms, projections,
-                                    # queries, MLP) over chunks of this many tokens (0 = all at once);
-                                    # models of bounded reach only (not dense, not Perceiver-AR); a
-                                    # divisor of seq_len and a multiple of the block / segment
-  model.attention_impl = "auto"     # the attention backend, every model: 'auto' (per platform: splash
-                                    # on TPU, gpu on GPU, xla elsewhere), 'xla' (the blockwise core,
-                                    # O(T) memory; 'flash' is its earlier name), 'splash' (TPU Pallas
-                                    # kernels), 'gpu' (cuDNN + a Pallas kernel; 'cudnn' is its earlier
-                                    # name), 'reference' (dense [T, T] masked softmax: tests)
-  model.kernel_interpret = False    # run a kernel backend off its hardware in Pallas interpret mode
-                                    # (slow: tests); otherwise a kernel needs its TPU / GPU
+  for field, default in model_config.ModelConfig.defaults().items():
+    model[field] = default
 
+  # The train section's fields, their defaults, meanings and checks: train_config.TrainConfig.
   config.train = train = ml_collections.ConfigDict()
-  train.num_steps = 700             # optimizer steps (a resumed run continues up to this)
-  train.learning_rate = 2e-3        # peak AdamW learning rate
-  train.warmup_steps = 50           # linear warmup from 0 to the peak
-  train.schedule = "cosine"         # 'cosine': decay to 10% of the peak at num_steps; 'wsd': constant,
-                                    # then linear decay to 10% over the last decay_fraction (extendable)
-  train.decay_fraction = 0.2        # wsd: the fraction of num_steps spent decaying
-  train.weight_decay = 0.1          # AdamW decoupled decay of every kernel and embedding table;
-                                    # norm scales, biases and Perceiver-AR's compression map do not decay
-  train.grad_clip = 1.0             # global gradient-norm clip
-  train.grad_accum_steps = 1        # microbatches per step (summed in a scan: less memory, same
-                                    # loss and gradients); must divide the per-device batch
-  train.loss_chunk = 8192           # positions per chunk of the head + loss (0 = all at once); a
-                                    # chunk never holds more than [batch, loss_chunk, vocab] logits
-                                    # (windows of at most this many tokens are not chunked)
-  train.log_every = 50              # steps between train-metric lines
-  train.eval_every = 350            # steps between evaluations on train.eval_split
-  train.checkpoint_every = 350      # steps between checkpoints
-  train.keep_checkpoints = 3        # how many recent checkpoints to keep
-  train.seed = 0                    # parameter init, data order and dropout
-  train.eval_split = "validation"   # held-out split for periodic and final eval
-  train.eval_tokens = 0             # cap on the tokens a periodic evaluation scores (0 = the whole
-                                    # split); the final evaluation always scores all of it
-  train.profile_steps = ""          # 'START:END': a jax.profiler trace of those steps into
-                                    # <workdir>/profile (TensorBoard's profile tab, Perfetto)
-  train.compilation_cache_dir = "~/.cache/efficient_lm/jax_cache"  # persistent compilation cache
-                                    # (a rerun skips compiling the same step); '' = off
-  train.allow_new_data = False      # resume a workdir's checkpoints on another corpus or tokenizer
-                                    # (deliberate fine-tuning; the old tokenizer file is kept)
-  train.sample_prompt = "ROMEO:\n"  # prompt of the sample printed at the end ('' = none)
-  train.sample_tokens = 64          # tokens generated for that sample
-  train.wandb = False               # also log metrics.jsonl's figures and the config to W&B (wandb extra)
-  train.wandb_project = "efficient_lm"  # the W&B project of the run
-  train.wandb_run_name = ""         # the W&B run's display name ('' = W&B picks one)
-  train.wandb_tags = ""             # comma-separated W&B tags, e.g. 'pi,ablation'
+  for field, default in train_config.TrainConfig.defaults().items():
+    train[field] = default
 
   config.mesh = mesh = ml_collections.ConfigDict()
   # Devices along each mesh axis; exactly one may be -1 (every device the others leave).

@@ -2,10 +2,12 @@
 default and its meaning, generated from where each is defined so the listing cannot drift.
 
 The fields are the keys of the real ConfigDicts (`config_base.base_config` and each shipped
-`configs/<family>.py`'s `get_config()`); a field's meaning is the comment beside its definition in
-config_base.py or the family's file (read with `ast` and `tokenize`: the comment after the
-assignment with its continuation lines, indented further, joined; or, for an assignment with none,
-the comment lines just above it). A `mesh.rules` entry is described by its axis in `axes.py`. The
+`configs/<family>.py`'s `get_config()`); a field's meaning is the one-line doc a typed section
+declares (`model_config.ModelConfig`: the shared model fields, a family's config class in
+`models/`, read from its source; `train_config.TrainConfig`), else the comment beside its
+definition in config_base.py or the family's file (read with `ast` and `tokenize`: the comment
+after the assignment with its continuation lines, indented further, joined; or, for an
+assignment with none, the comment lines just above it). A `mesh.rules` entry is described by its axis in `axes.py`. The
 model list (`MODELS`) is tested equal to `models.REGISTRY` (which imports jax: this module does
 not, so `--help` answers in a fraction of a second).
 """
@@ -26,6 +28,8 @@ from efficient_lm import axes
 from efficient_lm import config_base
 from efficient_lm import config_files
 from efficient_lm import exit_codes
+from efficient_lm import model_config
+from efficient_lm import train_config
 
 SECTIONS = ("data", "model", "train", "mesh")
 HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "-helpshort", "-helpfull")
@@ -143,6 +147,99 @@ def _file_comments(path: str) -> dict[str, str]:
     return field_comments(f.read())
 
 
+TYPED = {"model": model_config.ModelConfig, "train": train_config.TrainConfig}  # declared sections
+
+
+@functools.lru_cache(maxsize=None)
+def _base_meanings() -> dict[str, str]:
+  """config_base.py's comments; a typed section's fields (`TYPED`) from its class's declarations
+  ('(type) doc'), in the sections' order."""
+  comments = _file_comments(config_base.__file__)
+  out = {}
+  for section in config_base.base_config("dense"):
+    if section in TYPED:
+      out.update({f"{section}.{k}": f"({t}) {doc}" for k, (t, doc) in
+                  _typed_docs(TYPED[section]).items()})
+    else:
+      out.update({k: v for k, v in comments.items() if k.split(".")[0] == section})
+  for field, text in comments.items():
+    out.setdefault(field, text)
+  return out
+
+
+def _setting_of(node: ast.stmt) -> tuple[str, str, str] | None:
+  """(field, type, doc) of a typed section's `field: type = tc.setting(default, "doc", ...)`."""
+  if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+          and isinstance(node.value, ast.Call)):
+    return None
+  func = node.value.func
+  if (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)) != "setting":
+    return None
+  args = {i: a for i, a in enumerate(node.value.args)}
+  args.update({{"default": 0, "doc": 1}.get(k.arg, -1): k.value for k in node.value.keywords})
+  doc = args.get(1)
+  text = doc.value if isinstance(doc, ast.Constant) and isinstance(doc.value, str) else ""
+  return node.target.id, ast.unparse(node.annotation), text
+
+
+@functools.lru_cache(maxsize=None)
+def family_docs() -> dict[str, dict[str, tuple[str, str]]]:
+  """model name -> {field: (type, doc)} of the config class its module registers, read from the
+  source of `efficient_lm/models/*.py` with `ast` (importing them would import jax): the class's
+  `setting(...)` declarations and its bases' within the package, the shared ones included."""
+  folder = os.path.join(os.path.dirname(__file__), "models")
+  classes, bases, registered = {}, {}, {}
+  for name in sorted(os.listdir(folder)):
+    if not name.endswith(".py"):
+      continue
+    with open(os.path.join(folder, name), encoding="utf-8") as f:
+      tree = ast.parse(f.read())
+    literals = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Name)}
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ClassDef):
+        classes[node.name] = dict(s[0:1] + ((s[1], s[2]),) for s in map(_setting_of, node.body)
+                                  if s)
+        bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
+      if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
+        keys = literals.get(getattr(node.iter, "id", None))  # `for name in VARIANTS: register(...)`
+        names = [k.value for k in getattr(keys, "keys", getattr(keys, "elts", []))
+                 if isinstance(k, ast.Constant)]
+        for call in ast.walk(node):
+          _registered(call, registered, {node.target.id: names})
+      else:
+        _registered(node, registered, {})
+  shared = _typed_docs(model_config.ModelConfig)
+
+  def fields(cls: str) -> dict[str, tuple[str, str]]:
+    out = dict(shared) if cls == "ModelConfig" else {}
+    for base in bases.get(cls, []):
+      out.update(fields(base))
+    out.update(classes.get(cls, {}))
+    return out
+  return {model: fields(cls) for model, cls in registered.items()}
+
+
+def _registered(node: ast.AST, out: dict[str, str], loops: dict[str, list[str]]) -> None:
+  """`register("name", ModelEntry(config=Cls, ...))` -> out["name"] = "Cls"."""
+  if not (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", ""))
+          == "register" and len(node.args) == 2 and isinstance(node.args[1], ast.Call)):
+    return
+  cls = next((k.value.id for k in node.args[1].keywords
+              if k.arg == "config" and isinstance(k.value, ast.Name)), None)
+  first = node.args[0]
+  names = ([first.value] if isinstance(first, ast.Constant) else loops.get(getattr(first, "id", "")))
+  for name in names or []:
+    if cls:
+      out[name] = cls
+
+
+def _typed_docs(cls) -> dict[str, tuple[str, str]]:
+  """{field: (type, doc)} of a typed section's class."""
+  types = {f.name: getattr(f.type, "__name__", str(f.type)) for f in cls.declared().values()}
+  return {k: (types[k], doc) for k, doc in cls.docs().items()}
+
+
 def _config_path(spec: str) -> str:
   return config_files.resolve(spec).partition(":")[0]
 
@@ -152,11 +249,12 @@ def meanings(spec: str | None = None,
   """Every field of `spec`'s config (a `--config=` form, or `config` if given, loaded from it;
   None: `base_config`) -> its one-line meaning ('' where its definition has no comment), in the
   order the files define them."""
-  base = _file_comments(config_base.__file__)
+  base = _base_meanings()
   if config is None:
     config = config_base.base_config("dense") if spec is None else config_files.load_config(spec)
   own = {} if spec is None else _file_comments(_config_path(spec))
   shared = leaves(config_base.base_config(config.model.name))
+  declared = family_docs().get(config.model.name, {})  # its config class's declarations
   parameter_axes = axes.all_axes()
   order = {}
   for field in [*base, *own]:
@@ -170,6 +268,9 @@ def meanings(spec: str | None = None,
       out[field] = _MAPS[parent].format(key=key, size=size)
     elif field in shared:
       out[field] = base.get(field, "")
+    elif parent == "model" and key in declared:
+      kind, doc = declared[key]
+      out[field] = f"({kind}) {doc}"
     else:
       out[field] = own.get(field, "")
   return out

@@ -1,9 +1,10 @@
-"""docs/adding_a_model.md runs as written: its three files (a mixer, a registry entry, a config)
-make a family that passes the model tests, with documents, the kernels and context parallelism.
+"""docs/adding_a_model.md runs as written: its two files (the family's module, which registers
+itself, and a config) make a family that passes the model tests, with documents, the kernels and
+context parallelism.
 
-The code blocks are read from the page (`<!-- file: PATH -->` and `<!-- registry: ... -->`
-markers), the mixer imported from a scratch file, the entry added to `models.REGISTRY` for the
-test, and nothing else in the library is changed.
+The code blocks are read from the page (`<!-- file: PATH -->` markers), the module imported from
+a scratch file (registering the family for the test: the registry is restored after it), and
+nothing else in the library is changed.
 """
 
 import importlib.util
@@ -32,7 +33,7 @@ def blocks() -> dict[str, str]:
   """{marker: the python block after it} of the page."""
   with open(DOC, encoding="utf-8") as f:
     text = f.read()
-  found = re.findall(r"<!-- (file: [^ ]+|registry: \w+) -->\n```python\n(.*?)```", text, re.S)
+  found = re.findall(r"<!-- (file: [^ ]+) -->\n```python\n(.*?)```", text, re.S)
   return {marker: code for marker, code in found}
 
 
@@ -40,10 +41,10 @@ def blocks() -> dict[str, str]:
 def example(tmp_path, monkeypatch):
   """The page's family, registered: (its module, its config module)."""
   code = blocks()
-  files = {marker.removeprefix("file: ") for marker in code if marker.startswith("file: ")}
-  # Three library files: the mixer, the registry (the entry) and the config.
-  assert files | {"efficient_lm/models/__init__.py"} == {
-      f"efficient_lm/models/{NAME}.py", "efficient_lm/models/__init__.py", f"configs/{NAME}.py"}
+  files = {marker.removeprefix("file: ") for marker in code}
+  # Two files, no shared one: the family's module and the config.
+  assert files == {f"efficient_lm/models/{NAME}.py", f"configs/{NAME}.py"}
+  saved = dict(models.REGISTRY)
   modules = {}
   for path in files:
     local = tmp_path / os.path.basename(path)
@@ -54,12 +55,10 @@ def example(tmp_path, monkeypatch):
     spec.loader.exec_module(modules[path])
   mixer = modules[f"efficient_lm/models/{NAME}.py"]
   monkeypatch.setitem(sys.modules, f"efficient_lm.models.{NAME}", mixer)
-  namespace = {"ModelEntry": models.ModelEntry}
-  exec(code["registry: import"], namespace)  # pylint: disable=exec-used
-  namespace[NAME] = mixer
-  entry = eval("{" + code["registry: entry"] + "}", namespace)[NAME]  # pylint: disable=eval-used
-  monkeypatch.setitem(models.REGISTRY, NAME, entry)
-  return mixer, modules[f"configs/{NAME}.py"]
+  assert models.REGISTRY[NAME].config is mixer.DilatedWindowConfig  # it registered itself
+  yield mixer, modules[f"configs/{NAME}.py"]
+  models.REGISTRY.clear()
+  models.REGISTRY.update(saved)
 
 
 def tiny(config_module, **overrides):

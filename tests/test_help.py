@@ -73,10 +73,15 @@ def get_config():
 
 def test_config_base_aliases_and_shared_fields():
   """`config.data = data = ConfigDict()` makes `data.x` mean `data.x`; the shared meanings are
-  config_base.py's comments."""
+  config_base.py's comments, the model section's `ModelConfig`'s declarations (with their type),
+  a family's own fields its config class's (read from the source: no jax)."""
   meaning = help_lib.meanings()
   assert meaning["data.seq_len"] == "tokens per training window (the model's context)"
-  assert meaning["model.d_model"] == "residual stream width"
+  assert meaning["model.d_model"] == "(int) residual stream width"
+  assert help_lib.meanings("bcmt")["model.alpha"] == "(float) memory decay per block, in (0, 1)"
+  assert help_lib.meanings("bcmt:honly")["model.alpha"].endswith("unused by honly")
+  assert help_lib.meanings("perceiver_ar:ssplit")["model.num_history_segments"].startswith(
+      "(int) ssplit: history segments")
   assert meaning["mesh.rules.embed"] == "mesh axes of the parameter axis `embed` (size model.d_model)"
   # A family's comment on a shared field it changes does not replace the shared meaning.
   assert help_lib.meanings("pi_attention")["data.seq_len"] == meaning["data.seq_len"]

@@ -21,25 +21,55 @@ denominator): its size does not depend on how many tokens have been generated.
 `prefill` runs the parallel pass over a prompt and derives that state from it.
 """
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from flax import nnx
 
 from efficient_lm import axes
+from efficient_lm import typed_config as tc
+from efficient_lm.model_config import ModelConfig
 from efficient_lm.models import chunking
 from efficient_lm.models import layers
+from efficient_lm.models import registry
 from efficient_lm.ops import blockwise
 from efficient_lm.ops import memory
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
-from efficient_lm.validation import divisors_near, require, require_positive_int
+from efficient_lm.validation import divisors_near, require
 
 # Its parameters' own logical axes (the registry entry declares them): the pooling logit, the
 # memory projection (sharded over fsdp) and the gate (over tensor).
 LOGICAL_AXES = axes.FAMILY_AXES["bcmt"]  # (declared without jax: efficient_lm/axes.py)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HOnlyConfig(ModelConfig):
+  """HOnly, BCMT's ablation: block-local attention alone."""
+  block_size: int = tc.setting(256, "L: local attention and summaries per block; divides seq_len",
+                               tc.positive_int())
+  alpha: float = tc.setting(0.8, "memory decay per block, in (0, 1); unused by honly")
+
+  def check_own(self) -> None:
+    near = divisors_near(self.seq_len, self.block_size)
+    require(self.seq_len % self.block_size == 0, "model.block_size", self.block_size,
+            f"must divide data.seq_len={self.seq_len}",
+            f"use a divisor of {self.seq_len} such as {', '.join(map(str, near[:-1]))} or "
+            f"{near[-1]}, or change data.seq_len")
+
+  def patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
+    del seq_len
+    return (Pattern.blocks(self.block_size),)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BCMTConfig(HOnlyConfig):
+  """BCMT: HOnly's blocks plus the exponential memory of earlier blocks."""
+  alpha: float = tc.setting(0.8, "memory decay per block, in (0, 1)",
+                            tc.number_in(0.0, 1.0, low_open=True, high_open=True, floats_only=True,
+                                         fix="set model.alpha to e.g. 0.8 (the paper's value)"))
 
 
 class Bcmt(nnx.Module):
@@ -308,7 +338,7 @@ class Bcmt(nnx.Module):
     return y_BTD, cache
 
 
-def _mixer(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs, *, use_memory: bool,
+def _mixer(cfg: ModelConfig, rngs: nnx.Rngs, *, use_memory: bool,
            route: Route) -> Bcmt:
   return Bcmt(cfg.d_model, cfg.num_heads, block_size=cfg.block_size,
               alpha=cfg.alpha, use_memory=use_memory,
@@ -316,29 +346,18 @@ def _mixer(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs, *, use_memory: bool,
               dtype=layers.dtype_of(cfg.dtype), rngs=rngs, route=route)
 
 
-def make_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
+def make_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
                route: Route = DEFAULT_ROUTE) -> nnx.Module:
   del layer  # every layer is the same
   return _mixer(cfg, rngs, use_memory=True, route=route)
 
 
-def make_honly_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
+def make_honly_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
                      route: Route = DEFAULT_ROUTE) -> nnx.Module:
   del layer
   return _mixer(cfg, rngs, use_memory=False, route=route)
 
 
-def validate_honly(cfg: ml_collections.ConfigDict) -> None:
-  require_positive_int("model.block_size", cfg.get("block_size"))
-  near = divisors_near(cfg.seq_len, cfg.block_size)
-  require(cfg.seq_len % cfg.block_size == 0, "model.block_size", cfg.block_size,
-          f"must divide data.seq_len={cfg.seq_len}",
-          f"use a divisor of {cfg.seq_len} such as {', '.join(map(str, near[:-1]))} or {near[-1]}, "
-          "or change data.seq_len")
-
-
-def validate(cfg: ml_collections.ConfigDict) -> None:
-  validate_honly(cfg)
-  alpha = cfg.get("alpha")
-  require(isinstance(alpha, float) and 0.0 < alpha < 1.0, "model.alpha", alpha,
-          "must be a float in (0, 1)", "set model.alpha to e.g. 0.8 (the paper's value)")
+registry.register("bcmt", registry.ModelEntry(config=BCMTConfig, make_mixer=make_mixer,
+                                             logical_axes=LOGICAL_AXES))
+registry.register("honly", registry.ModelEntry(config=HOnlyConfig, make_mixer=make_honly_mixer))

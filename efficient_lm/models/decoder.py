@@ -14,10 +14,10 @@ from typing import Callable, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from flax import nnx
 
 from efficient_lm import sharding
+from efficient_lm.model_config import ModelConfig
 from efficient_lm.models import chunking
 from efficient_lm.models import layers
 from efficient_lm.ops import precision
@@ -115,7 +115,7 @@ class Block(nnx.Module):
   C tokens is one chunk: the block runs on it whole (said once, in the log).
   """
 
-  def __init__(self, cfg: ml_collections.ConfigDict, mixer: nnx.Module, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, mixer: nnx.Module, *, rngs: nnx.Rngs):
     dtype = layers.dtype_of(cfg.dtype)
     self.dropout_rate = cfg.dropout
     self.seq_chunk = cfg.seq_chunk
@@ -232,7 +232,7 @@ class LanguageModel(nnx.Module):
   # a fixed window (Perceiver-AR's history) sets this and gets prompts right-aligned in it.
   prompt_window: int | None = None
 
-  def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
     dtype = layers.dtype_of(cfg.dtype)
     self.compute_dtype = dtype
     self.num_layers = cfg.num_layers
@@ -369,7 +369,7 @@ class LanguageModel(nnx.Module):
 class Decoder(LanguageModel):
   """Token embedding -> blocks -> final norm -> logits over the vocabulary."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict, make_mixer: MixerFactory, *,
+  def __init__(self, cfg: ModelConfig, make_mixer: MixerFactory, *,
                identical_layers: bool, rngs: nnx.Rngs):
     super().__init__(cfg, rngs)
     self.scanned = identical_layers

@@ -9,17 +9,32 @@ Decoding keeps every key/value (a cache of `max_len` slots per layer): the
 baseline whose decode memory and per-token time grow with the context.
 """
 
-import ml_collections
+import dataclasses
+
 from flax import nnx
 
+from efficient_lm.model_config import ModelConfig
 from efficient_lm.models import layers
+from efficient_lm.models import registry
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
 
 
-def make_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DenseConfig(ModelConfig):
+  """The dense baseline has no fields of its own."""
+
+  def patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
+    del seq_len
+    return (Pattern.dense(),)
+
+
+def make_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
                route: Route = DEFAULT_ROUTE) -> nnx.Module:
   del layer  # every layer is the same
   return layers.SelfAttention(cfg.d_model, cfg.num_heads, Pattern.dense(), route=route,
                               use_rope=cfg.position == "rope", rope_base=cfg.rope_base,
                               dtype=layers.dtype_of(cfg.dtype), rngs=rngs)
+
+
+registry.register("dense", registry.ModelEntry(config=DenseConfig, make_mixer=make_mixer))

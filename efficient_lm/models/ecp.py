@@ -14,32 +14,51 @@ Options from the authors' code, default off: `shared_kv` (keys and values
 from one projection; RoPE rotates the keys only) and `rope_first_layer_only`.
 """
 
+import dataclasses
+
 import jax
-import ml_collections
 from flax import nnx
 
+from efficient_lm import typed_config as tc
+from efficient_lm.model_config import ModelConfig
 from efficient_lm.models import layers
+from efficient_lm.models import registry
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
-from efficient_lm.validation import divisors_near, require, require_positive_int
+from efficient_lm.validation import divisors_near, require
+
+_FLAG = tc.boolean("set {field}=False (the default) or True")
 
 
-def validate(cfg: ml_collections.ConfigDict) -> None:
-  require_positive_int("model.num_segments", cfg.num_segments)
-  require(cfg.seq_len % cfg.num_segments == 0, "model.num_segments", cfg.num_segments,
-          f"must divide model.seq_len={cfg.seq_len}",
-          f"set model.num_segments to a divisor of {cfg.seq_len}, e.g. "
-          f"{' or '.join(map(str, divisors_near(cfg.seq_len, cfg.num_segments, 2)))}")
-  for field in ("shared_kv", "rope_first_layer_only"):
-    require(isinstance(cfg[field], bool), f"model.{field}", cfg[field], "must be True or False",
-            f"set model.{field}=False (the default) or True")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ECPConfig(ModelConfig):
+  """ECP: the window in `num_segments` pieces, each attending to the previous one."""
+  num_segments: int = tc.setting(4, "pieces per window (must divide seq_len): 64 tokens at "
+                                 "seq_len 256", tc.positive_int())
+  shared_kv: bool = tc.setting(False, "keys and values from one projection (as the authors' "
+                               "code)", _FLAG)
+  rope_first_layer_only: bool = tc.setting(False, "RoPE in layer 1 only (as the authors' code); "
+                                           "else every layer", _FLAG)
+
+  def check_own(self) -> None:
+    require(self.seq_len % self.num_segments == 0, "model.num_segments", self.num_segments,
+            f"must divide model.seq_len={self.seq_len}",
+            f"set model.num_segments to a divisor of {self.seq_len}, e.g. "
+            f"{' or '.join(map(str, divisors_near(self.seq_len, self.num_segments, 2)))}")
+
+  def patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
+    return (Pattern.blocks((seq_len or self.seq_len) // self.num_segments, lookback=1),)
+
+  @property
+  def identical_layers(self) -> bool:
+    return identical_layers(self)
 
 
-def identical_layers(cfg: ml_collections.ConfigDict) -> bool:
+def identical_layers(cfg: ModelConfig) -> bool:
   return not (cfg.rope_first_layer_only and cfg.position == "rope")
 
 
-def pattern(cfg: ml_collections.ConfigDict) -> Pattern:
+def pattern(cfg: ModelConfig) -> Pattern:
   """Each piece attends to the previous piece and causally to itself."""
   return Pattern.blocks(cfg.seq_len // cfg.num_segments, lookback=1)
 
@@ -74,10 +93,13 @@ class SharedKVAttention(layers.SelfAttention):
     return k_BTHK, kv_BTHK
 
 
-def make_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
+def make_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
                route: Route = DEFAULT_ROUTE) -> nnx.Module:
   """ECP's attention for `layer`."""
   use_rope = cfg.position == "rope" and (layer == 0 or not cfg.rope_first_layer_only)
   module = SharedKVAttention if cfg.shared_kv else layers.SelfAttention
   return module(cfg.d_model, cfg.num_heads, pattern(cfg), route=route, use_rope=use_rope,
                 rope_base=cfg.rope_base, dtype=layers.dtype_of(cfg.dtype), rngs=rngs)
+
+
+registry.register("ecp", registry.ModelEntry(config=ECPConfig, make_mixer=make_mixer))

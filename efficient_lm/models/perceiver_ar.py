@@ -18,12 +18,14 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 from flax import nnx
 
 from efficient_lm import axes
+from efficient_lm import typed_config as tc
+from efficient_lm.model_config import ModelConfig
 from efficient_lm.models import decoder
 from efficient_lm.models import layers
+from efficient_lm.models import registry
 from efficient_lm.ops import precision
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import Route
@@ -49,24 +51,51 @@ LOGICAL_AXES = axes.FAMILY_AXES["perceiver_ar"]  # (declared without jax: effici
 COMPRESSION_OPS = ("learned", "strided")
 
 
-def validate(cfg: ml_collections.ConfigDict) -> None:
-  require_positive_int("model.num_latents", cfg.num_latents)
-  require(cfg.num_latents <= cfg.seq_len, "model.num_latents", cfg.num_latents,
-          f"must be at most model.seq_len={cfg.seq_len}",
-          f"set model.num_latents to at most {cfg.seq_len}, e.g. {max(1, cfg.seq_len // 2)}")
-  history = cfg.seq_len - cfg.num_latents
-  variant = VARIANTS[cfg.name]
-  if variant.compress:
-    op = cfg.compression_op
-    require(op in COMPRESSION_OPS, "model.compression_op", op, "is not a known compression",
-            "use 'learned' (the paper's map over the whole history, O(T^2) parameters) or "
-            "'strided' (one weight per position of each group, O(compression * d_model))")
-  for used, field in ((variant.compress, "compression"), (variant.split_history, "num_history_segments")):
-    if used:
-      require_positive_int(f"model.{field}", cfg[field])
-      require(history % cfg[field] == 0, f"model.{field}", cfg[field],
-              f"must divide the history length model.seq_len - model.num_latents = {history}",
-              f"set model.{field} to a divisor of {history}, e.g. {divisors_near(history, cfg[field], 1)[0]}")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PerceiverARConfig(ModelConfig):
+  """Every variant of the family (`VARIANTS`, by `model.name`); a variant reads only its fields."""
+  num_latents: int = tc.setting(128, "latents: the last num_latents positions, the only ones "
+                                "predicted", tc.positive_int())
+  compression: int = tc.setting(4, "compressed: history length / compression slots (must divide "
+                                "it)", tc.positive_int())
+  compression_op: str = tc.setting(
+      "learned", "compressed: 'learned' (the paper's map over the whole history: O(T^2) "
+      "parameters) or 'strided' (one weight per position of each group: O(compression * "
+      "d_model))", tc.one_of(COMPRESSION_OPS, "is not a known compression",
+                             "use 'learned' (the paper's map over the whole history, O(T^2) "
+                             "parameters) or 'strided' (one weight per position of each group, "
+                             "O(compression * d_model))"))
+  num_history_segments: int = tc.setting(4, "ssplit: history segments (must divide seq_len - "
+                                         "num_latents)", tc.positive_int())
+
+  @property
+  def variant(self) -> Variant:
+    return VARIANTS[self.name]
+
+  def check_own(self) -> None:
+    require(self.num_latents <= self.seq_len, "model.num_latents", self.num_latents,
+            f"must be at most model.seq_len={self.seq_len}",
+            f"set model.num_latents to at most {self.seq_len}, e.g. {max(1, self.seq_len // 2)}")
+    history = self.seq_len - self.num_latents
+    for used, field in ((self.variant.compress, "compression"),
+                        (self.variant.split_history, "num_history_segments")):
+      value = getattr(self, field)
+      if used and history % value:
+        require(False, f"model.{field}", value,
+                f"must divide the history length model.seq_len - model.num_latents = {history}",
+                f"set model.{field} to a divisor of {history}, e.g. "
+                f"{divisors_near(history, value, 1)[0]}")
+
+  def patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
+    """The latents' causal attention over the stream, and (variants that refine the history) the
+    history's segments at its length in the stream (compressed, if the variant compresses)."""
+    history = (seq_len or self.seq_len) - self.num_latents
+    history //= self.compression if self.variant.compress else 1
+    segments = self.num_history_segments if self.variant.split_history else 1
+    found = (Pattern.dense(),)
+    if self.variant.refine_history and history > 0:
+      found += (Pattern.segments(max(1, history // segments)),)
+    return found
 
 
 def mean_pool_matrix(history: int, compression: int) -> jax.Array:
@@ -89,7 +118,7 @@ class PerceiverBlock(nnx.Module):
   of the layer): a prompt shorter than `model.num_latents` is all latents.
   """
 
-  def __init__(self, cfg: ml_collections.ConfigDict, *, refine_history: bool,
+  def __init__(self, cfg: ModelConfig, *, refine_history: bool,
                history_segments: int, history: int, route: Route, rngs: nnx.Rngs):
     dtype = layers.dtype_of(cfg.dtype)
     self.route = route
@@ -159,7 +188,7 @@ class PerceiverBlock(nnx.Module):
 class PerceiverAR(decoder.LanguageModel):
   """Embedding -> (compression) -> layer 1 -> scanned layers 2.. -> norm -> logits of the latents."""
 
-  def __init__(self, cfg: ml_collections.ConfigDict, rngs: nnx.Rngs, *, route: Route):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, *, route: Route):
     super().__init__(cfg, rngs)
     variant = VARIANTS[cfg.name]
     self.variant = cfg.name
@@ -373,5 +402,12 @@ class PerceiverAR(decoder.LanguageModel):
     return self.logits(x_BCD), cache
 
 
-def build(cfg: ml_collections.ConfigDict, rngs: nnx.Rngs, *, route: Route) -> nnx.Module:
+def build(cfg: ModelConfig, rngs: nnx.Rngs, *, route: Route) -> nnx.Module:
   return PerceiverAR(cfg, rngs, route=route)
+
+
+for _name in VARIANTS:
+  registry.register(_name, registry.ModelEntry(
+      config=PerceiverARConfig, build=build, context_parallel=False,
+      no_context_parallel="no ring version of its latent cross-attention",
+      logical_axes=LOGICAL_AXES))

@@ -13,25 +13,71 @@ receptive field), `'constant'` the same period everywhere. Layers whose
 settings differ are unrolled; identical ones are scanned.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
-import ml_collections
 from flax import nnx
 
 from efficient_lm import axes
+from efficient_lm import typed_config as tc
+from efficient_lm.model_config import ModelConfig
 from efficient_lm.models import layers
+from efficient_lm.models import registry
 from efficient_lm.ops import precision
 from efficient_lm.ops.priors import gate_priors
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
-from efficient_lm.validation import require, require_positive_int
 
 PERIOD_SCHEDULES = ("constant", "doubling")
 GATES = ("learned", "fixed")  # model.gate: the gate MLP, or g = 0.5 everywhere (no parameters)
 LOGICAL_AXES = axes.FAMILY_AXES["pi_attention"]  # (declared without jax: efficient_lm/axes.py)
 
 
-def layer_period(cfg: ml_collections.ConfigDict, layer: int) -> int:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SlidingWindowConfig(ModelConfig):
+  """The sliding-window baseline: the local window alone."""
+  window: int = tc.setting(128, "local window: token i sees i - window < j <= i",
+                           tc.positive_int())
+
+  def patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
+    del seq_len  # the window is the same at any length
+    return (Pattern.sliding(self.window),)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PiAttentionConfig(SlidingWindowConfig):
+  """π-Attention: the window, periodic skips, and the gate between them."""
+  period: int = tc.setting(128, "skip distance: token i also sees i - m * period ...",
+                           tc.positive_int())
+  num_skips: int = tc.setting(3, "... for m = 1..num_skips (skips inside the window not repeated)",
+                              tc.non_negative_int(fix="set model.num_skips to e.g. 4 (0 = window "
+                                                  "only)"))
+  period_schedule: str = tc.setting("constant", "'constant', or 'doubling': layer l uses "
+                                    "period * 2**l", tc.one_of(PERIOD_SCHEDULES,
+                                                               "is not a known schedule"))
+  gate_hidden: int = tc.setting(32, "hidden width of the gate MLP (D -> gate_hidden -> heads)",
+                                tc.positive_int())
+  gate: str = tc.setting("learned", "'learned' (the gate MLP), or 'fixed': g = 0.5, no gate "
+                         "parameters", tc.one_of(GATES, "is not a known gate",
+                                                 "use 'learned' (the gate MLP) or 'fixed' (g = "
+                                                 "0.5: window and skips weighed equally)"))
+
+  def patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
+    del seq_len  # the window and the skips are the same at any length
+    found = []
+    for layer in range(self.num_layers):
+      pattern = layer_pattern(self, layer)
+      if pattern not in found:
+        found.append(pattern)
+    return tuple(found)
+
+  @property
+  def identical_layers(self) -> bool:
+    return self.period_schedule == "constant"
+
+
+def layer_period(cfg: ModelConfig, layer: int) -> int:
   return cfg.period * 2 ** layer if cfg.period_schedule == "doubling" else cfg.period
 
 
@@ -46,7 +92,7 @@ class LocalMixer(nnx.Module):
   period (with a doubling period deeper layers hold more).
   """
 
-  def __init__(self, cfg: ml_collections.ConfigDict, pattern: Pattern, *, gated: bool,
+  def __init__(self, cfg: ModelConfig, pattern: Pattern, *, gated: bool,
                route: Route, rngs: nnx.Rngs):
     dtype = layers.dtype_of(cfg.dtype)
     self.gated = gated
@@ -55,7 +101,7 @@ class LocalMixer(nnx.Module):
                                      dtype=dtype, rngs=rngs)
     self.gate_in = nnx.data(None)
     self.gate_out = nnx.data(None)
-    self.fixed_gate = gated and cfg.get("gate", "learned") == "fixed"
+    self.fixed_gate = gated and cfg.gate == "fixed"
     if gated and not self.fixed_gate:
       self.gate_in = nnx.Linear(cfg.d_model, cfg.gate_hidden, dtype=dtype, rngs=rngs,
                                 kernel_metadata=layers.axes("embed", "gate_hidden"),
@@ -135,38 +181,23 @@ class LocalMixer(nnx.Module):
     return self.attn.extend(x_BCD, start, cache, segment_ids_BC, **self.priors(x_BCD))
 
 
-def layer_pattern(cfg: ml_collections.ConfigDict, layer: int) -> Pattern:
+def layer_pattern(cfg: ModelConfig, layer: int) -> Pattern:
   """π's pattern of `layer`: the window and the layer's skips."""
   return Pattern.pi(cfg.window, layer_period(cfg, layer), cfg.num_skips)
 
 
-def make_pi_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
+def make_pi_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
                   route: Route = DEFAULT_ROUTE) -> nnx.Module:
   return LocalMixer(cfg, layer_pattern(cfg, layer), gated=True, route=route, rngs=rngs)
 
 
-def make_sliding_window_mixer(cfg: ml_collections.ConfigDict, layer: int, rngs: nnx.Rngs, *,
+def make_sliding_window_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
                               route: Route = DEFAULT_ROUTE) -> nnx.Module:
   del layer
   return LocalMixer(cfg, Pattern.sliding(cfg.window), gated=False, route=route, rngs=rngs)
 
 
-def validate_sliding_window(cfg: ml_collections.ConfigDict) -> None:
-  require("window" in cfg, "model.window", None, "is missing",
-          "add model.window (the local window, e.g. 128) to the config")
-  require_positive_int("model.window", cfg.window)
-
-
-def validate_pi(cfg: ml_collections.ConfigDict) -> None:
-  validate_sliding_window(cfg)
-  for field in ("period", "num_skips", "period_schedule", "gate_hidden"):
-    require(field in cfg, f"model.{field}", None, "is missing",
-            f"start from configs/pi_attention.py, which defines model.{field}")
-  require_positive_int("model.period", cfg.period)
-  require(isinstance(cfg.num_skips, int) and cfg.num_skips >= 0, "model.num_skips", cfg.num_skips,
-          "must be a non-negative integer", "set model.num_skips to e.g. 4 (0 = window only)")
-  require(cfg.period_schedule in PERIOD_SCHEDULES, "model.period_schedule", cfg.period_schedule,
-          "is not a known schedule", f"use one of {', '.join(PERIOD_SCHEDULES)}")
-  require_positive_int("model.gate_hidden", cfg.gate_hidden)
-  require(cfg.get("gate", "learned") in GATES, "model.gate", cfg.get("gate"), "is not a known gate",
-          "use 'learned' (the gate MLP) or 'fixed' (g = 0.5: window and skips weighed equally)")
+registry.register("pi_attention", registry.ModelEntry(
+    config=PiAttentionConfig, make_mixer=make_pi_mixer, logical_axes=LOGICAL_AXES))
+registry.register("sliding_window", registry.ModelEntry(
+    config=SlidingWindowConfig, make_mixer=make_sliding_window_mixer))

@@ -1,0 +1,134 @@
+"""`ModelConfig`: the fields every model shares, typed, each with its default, meaning and check.
+
+Each family subclasses it beside its mixer (`models/pi_attention.py`'s `PiAttentionConfig`, ...),
+declares its own fields and states `patterns(seq_len)`: the attention patterns the model trains
+with, without building it. What the library derives from those patterns (whether the blocks
+run over sequence chunks, the block a device's share of the sequence must be a multiple of, the
+ring's sequence layout) is a method here. `config_base.base_config` reads the model section's
+defaults from this class; `models.registry.model_config` builds the typed object from a config's
+model section. This module imports no jax (`--help` and `config_base` read it).
+"""
+
+import dataclasses
+import math
+
+from efficient_lm import typed_config as tc
+from efficient_lm.validation import require
+
+POSITIONS = ("rope", "learned")
+DTYPES = ("float32", "bfloat16")
+REMATS = ("none", "block", "dots")  # 'none' and `decoder.REMAT_POLICIES` (tested equal)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig(tc.Section):
+  """The model section's shared fields; a family's subclass adds its own."""
+  SECTION = "model"
+
+  name: str = tc.setting(doc="registry key in efficient_lm.models.REGISTRY (set by the config)")
+  vocab_size: int = tc.setting(doc="always the tokenizer's size (a reference to data.vocab_size)",
+                               check=tc.positive_int())
+  seq_len: int = tc.setting(doc="always the data's window (a reference to data.seq_len)",
+                            check=tc.positive_int())
+  d_model: int = tc.setting(256, "residual stream width", tc.positive_int())
+  num_layers: int = tc.setting(4, "decoder blocks", tc.positive_int())
+  num_heads: int = tc.setting(4, "attention heads; d_model / num_heads is the head width",
+                              tc.positive_int())
+  mlp_ratio: int = tc.setting(4, "MLP hidden width = mlp_ratio * d_model", tc.positive_int())
+  dropout: float = tc.setting(0.0, "dropout on embeddings and residual branches",
+                              tc.number_in(0.0, 1.0, high_open=True,
+                                           fix="set model.dropout to e.g. 0.0 or 0.1"))
+  position: str = tc.setting("rope", "'rope' or 'learned' absolute positions",
+                             tc.one_of(POSITIONS, "is not a known position encoding",
+                                       "use 'rope' or 'learned'"))
+  rope_base: float = tc.setting(10000.0, "RoPE frequency base",
+                                tc.number_in(0.0, math.inf, low_open=True, high_open=True,
+                                             requirement="must be a positive number",
+                                             fix="set model.rope_base to e.g. 10000.0"))
+  tie_embeddings: bool = tc.setting(True, "output head shares the token embedding", tc.boolean())
+  dtype: str = tc.setting("float32", "compute dtype: float32 on CPU, bfloat16 on accelerators "
+                          "(parameters, residual stream, softmax and loss stay float32)",
+                          tc.one_of(DTYPES, "is not a supported compute dtype",
+                                    "use 'float32' (CPU) or 'bfloat16' (accelerators)"))
+  remat: str = tc.setting("none", "rematerialize each block in the backward pass: 'none', "
+                          "'block' (keep only block inputs), 'dots' (also matmul outputs)",
+                          tc.one_of(REMATS, "is not a rematerialization policy",
+                                    "use 'none', 'block' (keep only block inputs) or 'dots' "
+                                    "(also keep matmul outputs)"))
+  seq_chunk: int = tc.setting(
+      0, "run each block's position-wise parts (norms, projections, queries, MLP) over chunks of "
+      "this many tokens (0 = all at once); models of bounded reach only (not dense, not "
+      "Perceiver-AR); a divisor of seq_len and a multiple of the block / segment",
+      tc.non_negative_int("must be an integer >= 0 (0 = the whole window at once)",
+                          "set model.seq_chunk to e.g. 8192, or 0"))
+  attention_impl: str = tc.setting(
+      "auto", "the attention backend, every model: 'auto' (per platform: splash on TPU, gpu on "
+      "GPU, xla elsewhere), 'xla' (the blockwise core, O(T) memory; 'flash' is its earlier "
+      "name), 'splash' (TPU Pallas kernels), 'gpu' (cuDNN + a Pallas kernel; 'cudnn' is its "
+      "earlier name), 'reference' (dense [T, T] masked softmax: tests)")  # checked per platform
+  kernel_interpret: bool = tc.setting(
+      False, "run a kernel backend off its hardware in Pallas interpret mode (slow: tests); "
+      "otherwise a kernel needs its TPU / GPU",
+      tc.boolean("set model.kernel_interpret=False (True runs a kernel in Pallas interpret mode: "
+                 "tests)"))
+
+  def check(self) -> None:
+    require(self.d_model % self.num_heads == 0, "model.d_model", self.d_model,
+            f"must be divisible by model.num_heads={self.num_heads}",
+            f"set model.d_model to a multiple of {self.num_heads} or change model.num_heads")
+    head_dim = self.d_model // self.num_heads
+    require(self.position != "rope" or head_dim % 2 == 0, "model.d_model", self.d_model,
+            f"gives an odd head width {head_dim}, which RoPE cannot rotate",
+            "make model.d_model / model.num_heads even")
+    self.check_own()
+    if self.seq_chunk and self.seq_chunk < self.seq_len:
+      self._check_seq_chunk()
+
+  def check_own(self) -> None:
+    """The family's cross-field rules (they run before anything reads its patterns)."""
+
+  def _check_seq_chunk(self) -> None:
+    seq_chunk = self.seq_chunk
+    require(self.chunkable, "model.seq_chunk", seq_chunk,
+            f"is not supported for model.name={self.name!r}: its queries see the whole window, "
+            "so its blocks cannot run over chunks of it",
+            "set model.seq_chunk=0 (model.remat and train.loss_chunk still cut its memory)")
+    require(self.seq_len % seq_chunk == 0, "model.seq_chunk", seq_chunk,
+            f"must divide data.seq_len={self.seq_len}",
+            f"set model.seq_chunk to a divisor of {self.seq_len}")
+    block = self.context_block
+    require(seq_chunk % block == 0, "model.seq_chunk", seq_chunk,
+            f"is not a multiple of {self.name}'s attention block of {block} tokens (a chunk "
+            "holds whole blocks)", f"set model.seq_chunk to a multiple of {block}")
+
+  # What the library derives from the patterns.
+
+  def patterns(self, seq_len: int | None = None) -> tuple:
+    """Every distinct attention pattern (`ops.pattern.Pattern`) the model trains with at
+    `seq_len` (default: `model.seq_len`), without building it; the family states it."""
+    raise NotImplementedError(f"{type(self).__name__} must state patterns(seq_len)")
+
+  @property
+  def chunkable(self) -> bool:
+    """Whether the blocks can run over sequence chunks: every pattern's reach is bounded."""
+    return all(p.reach is not None for p in self.patterns())
+
+  @property
+  def context_block(self) -> int:
+    """What each device's (or sequence chunk's) share of the sequence must be a multiple of: the
+    patterns' blocks (BCMT's block, ECP's piece), 1 without blocks."""
+    return math.lcm(1, *(p.block_size for p in self.patterns() if p.block_size))
+
+  @property
+  def ring_layout(self) -> str:
+    """The sequence order a sharded sequence arrives in: 'zigzag' when dense causal attention
+    runs as ring attention (its work balanced), else 'natural' (halos)."""
+    return "natural" if self.chunkable else "zigzag"
+
+  @property
+  def identical_layers(self) -> bool:
+    """Whether every layer is the same (then scanned); a family whose layers differ says so."""
+    return True
+
+
+__all__ = ["DTYPES", "ModelConfig", "POSITIONS", "REMATS"]

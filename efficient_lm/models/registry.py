@@ -1,0 +1,158 @@
+"""The model registry: each family's module registers itself; `model_config` is the typed edge.
+
+A family's module (any module of the `efficient_lm.models` package) calls `register(name,
+ModelEntry(...))` at import; `discover()` imports every module of the package once, so adding a
+family touches no shared file (docs/adding_a_model.md). `model_config(section)` turns a config's
+model section (a ConfigDict, or any mapping with `.items()`) into the family's typed
+`ModelConfig`: the one place a model section is read; everything under `models/` and `ops/`
+takes the typed object.
+"""
+
+import dataclasses
+import importlib
+import pkgutil
+from typing import Any, Callable, Mapping
+
+from efficient_lm import sharding
+from efficient_lm.model_config import ModelConfig
+from efficient_lm.ops.core import backends
+from efficient_lm.validation import ConfigError, require
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelEntry:
+  """How to build one model.
+
+  `config`: the family's `ModelConfig` subclass (its fields, their checks, and its
+  `patterns(seq_len)`). Most models are the shared decoder with their own mixer: `make_mixer(cfg,
+  layer, rngs, *, route)`, with `identical_layers(cfg)` saying whether the layers can be scanned
+  (default: the config's `identical_layers`). A model with another structure (Perceiver-AR)
+  gives `build(cfg, rngs, *, route)` instead. Either way the module has `__call__(tokens_BT, *,
+  positions_BT, segment_ids_BT)`, `hidden(...)`, `embed_tokens(tokens_BT)` and
+  `from_embeddings(x_BTD)` (tests differentiate through it), and reaches attention only through
+  `route` (`ops.route.Route`: the backend, and the ring when the sequence is sharded).
+
+  A model whose structure has no ring (Perceiver-AR's latents) has `context_parallel=False` and
+  says why in `no_context_parallel`. `logical_axes`: the logical axis names its own parameters
+  carry beyond the decoder's (`sharding.SHARED_AXES`), each with the config field that sets its
+  size and its default `mesh.rules` entry.
+  """
+  config: type[ModelConfig] = ModelConfig
+  make_mixer: Callable[..., Any] | None = None
+  identical_layers: Callable[[ModelConfig], bool] = lambda cfg: cfg.identical_layers
+  build: Callable[..., Any] | None = None
+  context_parallel: bool = True
+  no_context_parallel: str = "it has no ring version of its attention"  # why, if not supported
+  logical_axes: Mapping[str, sharding.Axis] = dataclasses.field(default_factory=dict)
+
+
+REGISTRY: dict[str, ModelEntry] = {}
+
+
+def register(name: str, entry: ModelEntry) -> ModelEntry:
+  """Adds the model `name` (a family module calls this at import); a name registered twice by
+  different entries is an error."""
+  old = REGISTRY.get(name)
+  same = lambda e: (e.config.__module__, e.config.__qualname__)  # (a module imported again)
+  if old is not None and old != entry and same(old) != same(entry):
+    raise ValueError(f"model {name!r} is registered twice ({REGISTRY[name]} and {entry}): "
+                     "give one of them another name")
+  REGISTRY[name] = entry
+  return entry
+
+
+_DISCOVERED = False
+
+
+def discover() -> dict[str, ModelEntry]:
+  """Imports every module of the `efficient_lm.models` package once (each family registers
+  itself); returns the registry."""
+  global _DISCOVERED
+  if not _DISCOVERED:
+    package = importlib.import_module("efficient_lm.models")
+    for module in pkgutil.iter_modules(package.__path__):
+      importlib.import_module(f"efficient_lm.models.{module.name}")
+    _DISCOVERED = True
+  return REGISTRY
+
+
+def model_config(section: Any) -> ModelConfig:
+  """The typed model config of a model section: a ConfigDict's `model` section (or the whole
+  config), after `config_base.fill_defaults` or not (a field it lacks takes the dataclass's
+  default); a `ModelConfig` is returned as it is. Raises ConfigError for an unknown
+  `model.name`, a field its family does not declare, or a value its checks refuse."""
+  if isinstance(section, ModelConfig):
+    return section
+  if "name" not in section and "model" in section:  # the whole config
+    section = section["model"]
+  discover()
+  name = section["name"] if "name" in section else None
+  require(name in REGISTRY, "model.name", name, "is not a known model",
+          f"use one of {', '.join(sorted(REGISTRY))}")
+  return REGISTRY[name].config.from_mapping(section, owner=f"model.name={name!r}")
+
+
+def logical_axes() -> dict[str, sharding.Axis]:
+  """Every logical parameter axis: the decoder's and each model's own (what `mesh.rules` may
+  name). Two models declaring one name must mean the same axis."""
+  axes = dict(sharding.SHARED_AXES)
+  for name, entry in discover().items():
+    for axis, spec in entry.logical_axes.items():
+      if axes.setdefault(axis, spec) != spec:
+        raise ValueError(f"models.REGISTRY[{name!r}] declares logical axis {axis!r} as {spec}, "
+                         f"already declared as {axes[axis]}: give it another name")
+  return axes
+
+
+def validate_attention_impl(cfg: Any, platform: str) -> None:
+  """`model.attention_impl` (and `kernel_interpret`) against the platform and the model's
+  patterns."""
+  cfg = model_config(cfg)
+  impl = cfg.attention_impl
+  require(impl in (*backends.IMPLS, *backends.ALIASES), "model.attention_impl", impl,
+          "is not a known attention backend", f"use one of {', '.join(backends.IMPLS)}")
+  reason = backends.check(impl, platform, cfg.kernel_interpret)
+  require(reason is None, "model.attention_impl", impl, f"cannot run here: {reason}", "see above")
+  reason = backends.check_installed(impl, platform)
+  require(reason is None, "model.attention_impl", impl, "cannot call its kernels on this jax, so "
+          f"every attention call would run on xla: {reason}",
+          "set model.attention_impl='xla' (or 'auto'), or install a jax in "
+          "jax_compat.JAX_REQUIREMENT")
+  reason = backends.check_patterns(impl, platform, list(cfg.patterns()))
+  require(reason is None, "model.attention_impl", impl,
+          f"cannot express {cfg.name}'s attention: {reason}", "set model.attention_impl accordingly")
+
+
+def validate_context(cfg: Any, context: int) -> None:
+  """The model against `context` devices along the sequence (`mesh.context`); raises
+  ConfigError."""
+  cfg = model_config(cfg)
+  if context == 1:
+    return
+  require(not cfg.seq_chunk or cfg.seq_chunk >= cfg.seq_len, "model.seq_chunk",
+          cfg.seq_chunk, f"is not combined with mesh.context={context} (the ring ops "
+          "already split the sequence over devices)", "set model.seq_chunk=0, or mesh.context=1")
+  entry = REGISTRY[cfg.name]
+  parallel = sorted(name for name, e in REGISTRY.items() if e.context_parallel)
+  require(entry.context_parallel, "mesh.context", context,
+          f"> 1 is not supported for model.name={cfg.name!r} ({entry.no_context_parallel})",
+          f"set mesh.context=1 (and use mesh.data for more devices), or use "
+          f"one of {', '.join(parallel)}")
+  require(cfg.seq_len % context == 0, "mesh.context", context,
+          f"must divide data.seq_len={cfg.seq_len} (each device holds seq_len / context tokens)",
+          f"set mesh.context to a divisor of {cfg.seq_len}")
+  chunk = cfg.seq_len // context
+  block = cfg.context_block
+  require(chunk % block == 0, "mesh.context", context,
+          f"leaves {chunk} tokens per device, not a multiple of {cfg.name}'s attention block of "
+          f"{block} tokens (blocks may not straddle devices)",
+          f"choose mesh.context so that data.seq_len / mesh.context is a multiple of {block}")
+  if cfg.ring_layout == "zigzag":
+    require(cfg.seq_len % (2 * context) == 0, "mesh.context", context,
+            f"needs data.seq_len={cfg.seq_len} divisible by 2 * mesh.context (the zig-zag "
+            "layout gives each device two half-chunks)",
+            f"set data.seq_len to a multiple of {2 * context}")
+
+
+__all__ = ["ConfigError", "ModelEntry", "REGISTRY", "discover", "logical_axes", "model_config",
+           "register", "validate_attention_impl", "validate_context"]

@@ -1,0 +1,131 @@
+"""Typed config sections: frozen dataclasses whose fields declare their default, meaning and check.
+
+A section is a frozen, keyword-only dataclass deriving from `Section`; each field is declared
+with `setting(default, doc, check)`. Constructing one runs every field's declared check, then
+the class's `check()` (its cross-field rules), and a failure is one `ConfigError` naming the
+field, the value and the fix::
+
+    model.d_model=250 must be divisible by model.num_heads=4; set model.d_model to a multiple of 4
+
+The ml-collections config files stay the user's interface: `config_base` builds the ConfigDict
+from these defaults, and one function per section (`models.registry.model_config`) turns the
+ConfigDict into the typed object at the edge. This module imports no jax (`--help` reads it).
+"""
+
+import dataclasses
+from typing import Any, Callable, ClassVar
+
+from efficient_lm.validation import ConfigError, require
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+  """`ok(value)`, else `{field}={value!r} {requirement}; {fix}` (`{field}` in `fix` is the
+  field's dotted name)."""
+  ok: Callable[[Any], bool]
+  requirement: str
+  fix: str
+
+  def __call__(self, field: str, value: Any) -> None:
+    if not self.ok(value):
+      raise ConfigError(f"{field}={value!r} {self.requirement}; {self.fix.format(field=field)}")
+
+  def describe(self) -> str:
+    """The requirement, for `--help`."""
+    return self.requirement
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def positive_int(fix: str = "set {field} to an integer >= 1") -> Check:
+  return Check(lambda v: _is_int(v) and v > 0, "must be a positive integer", fix)
+
+
+def non_negative_int(requirement: str = "must be a non-negative integer",
+                     fix: str = "set {field} to an integer >= 0") -> Check:
+  return Check(lambda v: _is_int(v) and v >= 0, requirement, fix)
+
+
+def boolean(fix: str = "set {field}=False or True") -> Check:
+  return Check(lambda v: isinstance(v, bool), "must be True or False", fix)
+
+
+def one_of(choices: tuple[Any, ...], requirement: str = "is not a known choice",
+           fix: str | None = None) -> Check:
+  fix = fix or "use one of " + ", ".join(map(str, choices))
+  return Check(lambda v: isinstance(v, type(choices[0])) and v in choices, requirement, fix)
+
+
+def number_in(low: float, high: float, *, low_open: bool = False, high_open: bool = False,
+              requirement: str | None = None, fix: str = "set {field} inside that range",
+              floats_only: bool = False) -> Check:
+  """A number in [low, high] (each end open if asked); `floats_only`: a float, never an int."""
+  def ok(v: Any) -> bool:
+    if isinstance(v, bool) or not isinstance(v, float if floats_only else (int, float)):
+      return False
+    return (low < v if low_open else low <= v) and (v < high if high_open else v <= high)
+  span = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+  return Check(ok, requirement or f"must be {'a float ' if floats_only else ''}in {span}", fix)
+
+
+def setting(default: Any = dataclasses.MISSING, doc: str = "", check: Check | None = None):
+  """A section field: its default (none: the edge must give it), one line saying what it is, and
+  its check."""
+  return dataclasses.field(default=default, metadata={"doc": doc, "check": check})
+
+
+class Section:
+  """Base of a typed section: `SECTION` names it in messages ('model'); `__post_init__` runs each
+  field's declared check in order, then `check()` (override it for cross-field rules)."""
+  SECTION: ClassVar[str] = ""
+
+  def __post_init__(self) -> None:
+    for field in dataclasses.fields(self):
+      check = field.metadata.get("check")
+      if check is not None:
+        check(self.name_of(field.name), getattr(self, field.name))
+    self.check()
+
+  def check(self) -> None:
+    """Cross-field rules of the section (each failure a `ConfigError`)."""
+
+  @classmethod
+  def name_of(cls, field: str) -> str:
+    return f"{cls.SECTION}.{field}"
+
+  @classmethod
+  def from_mapping(cls, section: Any, owner: str = ""):
+    """The typed section of a mapping (a ConfigDict section, a dict): a field it lacks takes its
+    default; a key the class does not declare, or a field without a default it lacks, is a
+    ConfigError naming it (`owner`: whose fields, for the message, e.g. "model.name='dense'")."""
+    declared = cls.declared()
+    values = dict(section.items())
+    whose = f"of {owner}" if owner else f"of the {cls.SECTION} section"
+    for key, value in values.items():
+      require(key in declared, cls.name_of(key), value, f"is not a field {whose}",
+              f"remove it, or use one of its fields: {', '.join(declared)}")
+    for key, field in declared.items():
+      require(key in values or field.default is not dataclasses.MISSING, cls.name_of(key), None,
+              "is missing", f"set {cls.name_of(key)} (start from a file in configs/)")
+    return cls(**values)
+
+  @classmethod
+  def declared(cls) -> dict[str, dataclasses.Field]:
+    """Every field the section declares, in order."""
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+  @classmethod
+  def defaults(cls) -> dict[str, Any]:
+    """The fields that have a default, with it."""
+    return {f.name: f.default for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING}
+
+  @classmethod
+  def docs(cls) -> dict[str, str]:
+    return {f.name: f.metadata.get("doc", "") for f in dataclasses.fields(cls)}
+
+
+__all__ = ["Check", "Section", "boolean", "non_negative_int", "number_in", "one_of",
+           "positive_int", "setting"]

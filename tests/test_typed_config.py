@@ -1,0 +1,206 @@
+"""The typed model config (issue 50): declared checks, the one edge, and patterns stated without
+building the model that equal the built model's."""
+
+import dataclasses
+import os
+import pkgutil
+import re
+
+import pytest
+from flax import nnx
+
+from conftest import load_config
+from efficient_lm import config_base
+from efficient_lm import model_config
+from efficient_lm import models
+from efficient_lm import typed_config as tc
+from efficient_lm.models import decoder
+from efficient_lm.models import registry
+from efficient_lm.ops import route as route_lib
+from efficient_lm.validation import ConfigError
+from tests.test_models import CONFIG_OF, tiny_model_config
+
+REPO = os.path.join(os.path.dirname(__file__), "..")
+
+
+def built_patterns(cfg) -> tuple:
+  """The patterns read from the built model's modules (shapes only): the old way."""
+  cfg = models.model_config(cfg)
+  model = nnx.eval_shape(lambda: models._build(cfg, nnx.Rngs(0), route_lib.DEFAULT))  # pylint: disable=protected-access
+  found = []
+  for _, module in model.iter_modules():
+    found += [p for p in getattr(module, "patterns", ()) if p not in found]
+  return tuple(found)
+
+
+SETTINGS = [(name, {}) for name in sorted(models.REGISTRY)] + [
+    ("pi_attention", dict(period_schedule="constant")),
+    ("pi_attention", dict(num_skips=0, num_layers=3)),
+    ("pi_attention", dict(window=16, period=4, num_skips=2, num_layers=3)),
+    ("bcmt", dict(block_size=4)), ("honly", dict(block_size=32)),
+    ("ecp", dict(num_segments=2)), ("ecp", dict(rope_first_layer_only=True)),
+    ("perceiver_ar", dict(num_latents=32)), ("double_attention", dict(num_latents=32)),
+    ("ssplit_double_attention", dict(num_latents=20, num_history_segments=6)),
+    ("compressed_double_attention", dict(num_latents=16, compression=8)),
+    ("sliding_window", dict(window=40)),
+]
+
+
+@pytest.mark.parametrize("name,fields", SETTINGS)
+def test_stated_patterns_equal_the_built_models(name, fields):
+  cfg = models.model_config(tiny_model_config(name, **fields))
+  assert cfg.patterns() == built_patterns(cfg)
+  assert cfg.patterns(cfg.seq_len) == cfg.patterns()
+
+
+def test_derived_facts_follow_the_patterns():
+  pi = models.model_config(tiny_model_config("pi_attention"))
+  assert (pi.chunkable, pi.context_block, pi.ring_layout, pi.identical_layers) == (
+      True, 1, "natural", False)  # FAMILY_FIELDS: the doubling schedule
+  bcmt = models.model_config(tiny_model_config("bcmt", block_size=4))
+  assert (bcmt.chunkable, bcmt.context_block, bcmt.ring_layout) == (True, 4, "natural")
+  dense = models.model_config(tiny_model_config("dense"))
+  assert (dense.chunkable, dense.context_block, dense.ring_layout) == (False, 1, "zigzag")
+  ssplit = models.model_config(tiny_model_config("ssplit_double_attention", num_latents=8,
+                                                 num_history_segments=3))
+  assert ssplit.context_block == 8  # the history of 24 in 3 segments
+
+
+def test_the_message_shape_is_kept():
+  with pytest.raises(ConfigError) as error:
+    models.model_config(tiny_model_config("dense", d_model=250))
+  assert str(error.value) == ("model.d_model=250 must be divisible by model.num_heads=4; set "
+                              "model.d_model to a multiple of 4 or change model.num_heads")
+  with pytest.raises(ConfigError) as error:
+    models.model_config(tiny_model_config("sliding_window", window=0))
+  assert str(error.value) == ("model.window=0 must be a positive integer; set model.window to an "
+                              "integer >= 1")
+  with pytest.raises(ConfigError, match=r"^model\.alpha=1 must be a float in \(0, 1\); set "):
+    models.model_config({**tiny_model_config("bcmt").to_dict(), "alpha": 1})  # a float only
+  with pytest.raises(ConfigError, match=r"^model\.shared_kv=1 must be True or False; set "
+                                        r"model\.shared_kv=False \(the default\) or True$"):
+    models.model_config({**tiny_model_config("ecp").to_dict(), "shared_kv": 1})
+
+
+@pytest.mark.parametrize("check,good,bad", [
+    (tc.positive_int(), [1, 7], [0, -1, 1.0, True, "2"]),
+    (tc.non_negative_int(), [0, 3], [-1, 0.0, False]),
+    (tc.boolean(), [True, False], [0, 1, "True"]),
+    (tc.one_of(("a", "b")), ["a", "b"], ["c", 0, None]),
+    (tc.number_in(0.0, 1.0, high_open=True), [0, 0.0, 0.5], [1.0, -0.1, True, "0.5"]),
+    (tc.number_in(0.0, 1.0, low_open=True, high_open=True, floats_only=True), [0.5], [0.0, 1, 0]),
+])
+def test_declared_checks(check, good, bad):
+  for value in good:
+    check("x.f", value)
+  for value in bad:
+    with pytest.raises(ConfigError, match=r"^x\.f="):
+      check("x.f", value)
+
+
+def test_a_field_the_family_does_not_declare_is_named():
+  cfg = tiny_model_config("dense")
+  cfg.window = 8  # a sliding-window field on the dense model
+  with pytest.raises(ConfigError, match=r"^model\.window=8 is not a field of "
+                                        r"model\.name='dense'; remove it"):
+    models.model_config(cfg)
+  with pytest.raises(ConfigError, match=r"^model\.name='gpt5' is not a known model"):
+    models.model_config({**tiny_model_config("dense").to_dict(), "name": "gpt5"})
+
+
+def test_old_sections_load():
+  """A section written before later fields (they take their defaults) and the earlier
+  spellings of the backends."""
+  cfg = tiny_model_config("pi_attention").to_dict()
+  for field in ("gate", "seq_chunk", "remat", "attention_impl", "kernel_interpret"):
+    del cfg[field]
+  typed = models.model_config(cfg | {"attention_impl": "flash"})
+  assert (typed.gate, typed.seq_chunk, typed.remat, typed.kernel_interpret) == (
+      "learned", 0, "none", False)
+  models.validate(typed, "cpu")
+  assert models.attention_backend_name(typed, "cpu") == "xla"
+  assert models.attention_backend_name(cfg | {"attention_impl": "cudnn"}, "gpu") == "gpu"
+  with pytest.raises(ConfigError, match=r"^model\.seq_len=None is missing"):
+    models.model_config({k: v for k, v in cfg.items() if k != "seq_len"})
+
+
+def test_frozen_and_hashable():
+  cfg = models.model_config(tiny_model_config("bcmt"))
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    cfg.block_size = 4  # type: ignore[misc]
+  assert models.model_config(cfg) is cfg
+  assert hash(cfg) == hash(models.model_config(tiny_model_config("bcmt")))
+
+
+def test_one_source_for_the_defaults():
+  """config_base reads the shared model defaults from ModelConfig; each shipped config's own
+  fields (no preset) are its family class's defaults; the remat choices are the decoder's."""
+  base = config_base.base_config("dense").model
+  assert {k: base[k] for k in model_config.ModelConfig.defaults()} == (
+      model_config.ModelConfig.defaults())
+  for name, entry in models.REGISTRY.items():
+    family, *_ = CONFIG_OF.get(name, (name,))
+    section = load_config(family).model
+    own = {k: v for k, v in entry.config.defaults().items()
+           if k not in model_config.ModelConfig.declared()}
+    assert {k: section[k] for k in own} == own, name
+  assert set(model_config.REMATS) == {"none", *decoder.REMAT_POLICIES}
+
+
+def test_the_families_register_themselves():
+  """Every module of the models package that defines a config class registered it, and
+  models.REGISTRY is the registry's table; no module there or in ops/ reads ml_collections."""
+  assert models.REGISTRY is registry.REGISTRY
+  package = os.path.join(REPO, "efficient_lm", "models")
+  classes = set()
+  for module in pkgutil.iter_modules([package]):
+    mod = __import__(f"efficient_lm.models.{module.name}", fromlist=["_"])
+    classes |= {v for v in vars(mod).values() if isinstance(v, type)
+                and issubclass(v, model_config.ModelConfig) and v is not model_config.ModelConfig
+                and v.__module__ == mod.__name__}
+  assert classes == {e.config for e in models.REGISTRY.values()}
+  other = dataclasses.make_dataclass("Other", [], bases=(model_config.ModelConfig,), frozen=True,
+                                     kw_only=True)
+  with pytest.raises(ValueError, match="'dense' is registered twice"):
+    registry.register("dense", registry.ModelEntry(config=other))
+  assert models.REGISTRY["dense"].config.__name__ == "DenseConfig"
+  for folder in ("models", "ops"):
+    for root, _, files in os.walk(os.path.join(REPO, "efficient_lm", folder)):
+      for name in files:
+        if name.endswith(".py"):
+          with open(os.path.join(root, name), encoding="utf-8") as f:
+            assert not re.search(r"\bml_collections\b", f.read()), os.path.join(root, name)
+
+
+def test_help_reads_every_familys_declarations():
+  """`--help` reads the config classes from source (no jax): exactly each registered model's
+  fields, with the classes' docs and types."""
+  from efficient_lm import help as help_lib  # pylint: disable=import-outside-toplevel
+  docs = help_lib.family_docs()
+  assert sorted(docs) == sorted(models.REGISTRY)
+  for name, entry in models.REGISTRY.items():
+    declared = entry.config.declared()
+    assert {k: d for k, (_, d) in docs[name].items()} == entry.config.docs(), name
+    assert {k: t for k, (t, _) in docs[name].items()} == {
+        k: getattr(f.type, "__name__", str(f.type)) for k, f in declared.items()}, name
+
+
+def test_the_train_section_is_typed():
+  from efficient_lm import config_check  # pylint: disable=import-outside-toplevel
+  from efficient_lm import optimizer  # pylint: disable=import-outside-toplevel
+  from efficient_lm import train_config  # pylint: disable=import-outside-toplevel
+  assert train_config.SCHEDULES == optimizer.SCHEDULES
+  base = config_base.base_config("dense").train
+  assert base.to_dict() == train_config.TrainConfig.defaults()
+  typed = train_config.TrainConfig.from_mapping(load_config("dense").train)
+  assert typed.num_steps == 700 and typed.schedule == "cosine"
+  for field, value, message in (
+      ("profile_steps", "0:3", r"^train\.profile_steps='0:3' must be '' or 'START:END'"),
+      ("seed", 1.5, r"^train\.seed=1\.5 must be an integer; set train\.seed=0$"),
+      ("loss_chunk", -1, r"^train\.loss_chunk=-1 must be an integer >= 0 \(0 = the whole "),
+      ("num_stepz", 3, r"^train\.num_stepz=3 is not a field of the train section; remove it")):
+    config = load_config("dense")
+    with config.train.ignore_type():
+      config.train[field] = value
+    with pytest.raises(ConfigError, match=message):
+      config_check.validate(config)
