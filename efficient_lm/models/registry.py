@@ -138,9 +138,6 @@ def validate_context(cfg: Any, context: int) -> None:
           f"> 1 is not supported for model.name={cfg.name!r} ({entry.no_context_parallel})",
           f"set mesh.context=1 (and use mesh.data for more devices), or use "
           f"one of {', '.join(parallel)}")
-  require(cfg.seq_len % context == 0, "mesh.context", context,
-          f"must divide data.seq_len={cfg.seq_len} (each device holds seq_len / context tokens)",
-          f"set mesh.context to a divisor of {cfg.seq_len}")
   chunk = cfg.seq_len // context
   block = cfg.context_block
   require(chunk % block == 0, "mesh.context", context,
