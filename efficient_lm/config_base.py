@@ -1,18 +1,17 @@
 """The fields every config shares; `configs/<family>.py` starts from `base_config()`.
 
 Field names are a public contract (docs, tests and users rely on them). Every
-field is commented here once, but the typed sections': the data and train sections' fields are
-declared (default, meaning, check) in `data_config.DataConfig` and `train_config.TrainConfig`,
-the model section's shared ones in
-`model_config.ModelConfig` and a family's in its config class. A family's file
+section is typed: its fields are declared (default, meaning, check) in `data_config.DataConfig`,
+`model_config.ModelConfig` (the shared model fields; a family's own in its config class),
+`train_config.TrainConfig` and `mesh_config.MeshConfig`, and read from there. A family's file
 comments only what it adds or changes. `model.seq_len` and `model.vocab_size` are field
 references to the data's, so one override changes both.
 """
 
 import ml_collections
 
-from efficient_lm import axes
 from efficient_lm import data_config
+from efficient_lm import mesh_config
 from efficient_lm import model_config
 from efficient_lm import train_config
 
@@ -39,26 +38,11 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   for field, default in train_config.TrainConfig.defaults().items():
     train[field] = default
 
+  # The mesh section's fields, their defaults, meanings and checks: mesh_config.MeshConfig (the
+  # rules: every model's logical axes at their defaults, efficient_lm/axes.py).
   config.mesh = mesh = ml_collections.ConfigDict()
-  # Devices along each mesh axis; exactly one may be -1 (every device the others leave).
-  mesh.data = 1                     # batch split, parameters replicated (plain data parallelism)
-  mesh.fsdp = -1                    # batch split and parameters / optimizer state sharded (FSDP)
-  mesh.tensor = 1                   # heads, MLP width and vocabulary split (tensor parallelism)
-  mesh.context = 1                  # the sequence split (context parallelism, ring ops)
-  # Over several TPU slices (the data-center network between them): each axis above is the
-  # devices inside a slice, times these slices; one may be -1 (the slices the other leaves).
-  mesh.dcn_data = -1                # slices along `data` (gradients all-reduced once a step)
-  mesh.dcn_fsdp = 1                 # slices along `fsdp` (weights gathered across slices: costly)
-  mesh.shard_optimizer_over_data = False  # also split the optimizer state over `data` (ZeRO-1)
-  mesh.max_replicated_fraction = 0.05  # most of the parameters every device may hold whole
-                                    # (fsdp or tensor > 1); above it (and over 1M of them)
-                                    # a config error names them
-  # Logical parameter axes -> mesh axes ('' = replicated; 'data,fsdp' = both): the decoder's and
-  # every model's own, at their defaults (efficient_lm/axes.py).
-  mesh.rules = axes.default_rules(axes.all_axes())
-  # Logical activation axes -> mesh axes (`embed`, `heads`, `kv`, `mlp`, `vocab`; the batch and
-  # sequence dimensions go where the batch is placed): see sharding.constrain.
-  mesh.activation_rules = axes.default_activation_rules()
+  for field, default in mesh_config.MeshConfig.defaults().items():
+    mesh[field] = default
   return config
 
 
