@@ -20,12 +20,14 @@ def _text(requirement: str, fix: str, *, empty: bool = True) -> tc.Check:
 
 
 def _fraction(default: float) -> tc.Check:
-  return tc.Check(lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 <= v < 1,
-                  "must be a number in [0, 1)", f"set {{field}} to e.g. {default} (0 = no such split)")
+  return tc.Check(
+      lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 <= v < 1,
+      "must be a number in [0, 1)", f"set {{field}} to e.g. {default} (0 = no such split)")
 
 
 def _sha256_ok(value) -> bool:
-  return isinstance(value, str) and (value == "" or re.fullmatch(r"[0-9a-fA-F]{64}", value) is not None)
+  return isinstance(value, str) and (value == ""
+                                     or re.fullmatch(r"[0-9a-fA-F]{64}", value) is not None)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -93,7 +95,8 @@ class DataConfig(tc.Section):
             "set data.separator_token to '' (the trained tokenizer's eos separates documents)")
     require(self.validation_fraction + self.test_fraction < 1, "data.validation_fraction",
             self.validation_fraction,
-            f"plus data.test_fraction={self.test_fraction!r} must be below 1 (train keeps the rest)",
+            f"plus data.test_fraction={self.test_fraction!r} must be below 1 (train keeps the "
+            "rest)",
             "lower data.validation_fraction or data.test_fraction")
 
 

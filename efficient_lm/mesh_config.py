@@ -97,7 +97,8 @@ class MeshConfig(tc.Section):
             f"is not the only axis at -1 ({', '.join('mesh.' + a for a in free)})",
             f"keep -1 on one axis, e.g. set mesh.{free[-1] if free else ''}=1")
     require(self.dcn_data != -1 or self.dcn_fsdp != -1, "mesh.dcn_fsdp", -1,
-            "and mesh.dcn_data=-1 cannot both take the rest", "set one of them to a number of slices")
+            "and mesh.dcn_data=-1 cannot both take the rest",
+            "set one of them to a number of slices")
     self.rule_axes  # pylint: disable=pointless-statement
     self.activation_axes  # pylint: disable=pointless-statement
 

@@ -218,13 +218,15 @@ def test_one_source_for_the_data_and_mesh_defaults():
   assert base.mesh.to_dict() == _dicts(mesh_config.MeshConfig.defaults())
   assert (base.mesh.fsdp, base.mesh.dcn_data, base.mesh.rules.embed) == (-1, -1, "fsdp")
   # Each factory makes its mapping anew: no section shares (or mutates) another's rules.
-  assert mesh_config.MeshConfig.defaults()["rules"] is not mesh_config.MeshConfig.defaults()["rules"]
+  defaults = mesh_config.MeshConfig.defaults
+  assert defaults()["rules"] is not defaults()["rules"]
 
 
 @pytest.mark.parametrize("section,field,value,message", [
     ("data", "seq_len", 0, r"^data\.seq_len=0 must be a positive integer; set data\.seq_len to an "
      r"integer >= 1$"),
-    ("data", "archive_sha256", "abc", r"^data\.archive_sha256='abc' must be 64 hex digits or empty; "),
+    ("data", "archive_sha256", "abc", r"^data\.archive_sha256='abc' must be 64 hex digits or "
+     r"empty; "),
     ("data", "test_fraction", 1.0, r"^data\.test_fraction=1\.0 must be a number in \[0, 1\); set "
      r"data\.test_fraction to e\.g\. 0\.05 \(0 = no such split\)$"),
     ("data", "validation_fraction", 0.96, r"^data\.validation_fraction=0\.96 plus "
