@@ -1,16 +1,17 @@
 """The fields every config shares; `configs/<family>.py` starts from `base_config()`.
 
 Field names are a public contract (docs, tests and users rely on them). Every
-field is commented here once, but the typed sections': the train section's fields are declared
-(default, meaning, check) in `train_config.TrainConfig`, the model section's shared ones in
-`model_config.ModelConfig` and a family's in its config class. A family's file
+section is typed: its fields are declared (default, meaning, check) in `data_config.DataConfig`,
+`model_config.ModelConfig` (the shared model fields; a family's own in its config class),
+`train_config.TrainConfig` and `mesh_config.MeshConfig`, and read from there. A family's file
 comments only what it adds or changes. `model.seq_len` and `model.vocab_size` are field
 references to the data's, so one override changes both.
 """
 
 import ml_collections
 
-from efficient_lm import axes
+from efficient_lm import data_config
+from efficient_lm import mesh_config
 from efficient_lm import model_config
 from efficient_lm import train_config
 
@@ -18,35 +19,10 @@ from efficient_lm import train_config
 def base_config(model_name: str) -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 
+  # The data section's fields, their defaults, meanings and checks: data_config.DataConfig.
   config.data = data = ml_collections.ConfigDict()
-  data.dataset = "shakespeare"      # 'shakespeare', 'wikitext103', 'python_code', 'tfds:<name>',
-                                    # 'text:<glob>', 'hf:<path>[:<config_name>]' (what
-                                    # datasets.load_dataset loads), or 'mqar:<options>' (data/registry.py)
-  data.seq_len = 256                # tokens per training window (the model's context)
-  data.batch_size = 8               # windows per step
-  data.vocab_size = 8192            # sentencepiece vocabulary size (trained on the train split);
-                                    # with data.tokenizer: that tokenizer's size, whatever is set
-  data.data_dir = "~/.cache/efficient_lm"  # prepared ArrayRecord files, tokenizer and token cache
-  data.archive = ""                 # local copy of the dataset archive; '' = download it
-  data.archive_sha256 = ""          # expected sha256 of the archive; '' = the official one
-  data.text_key = "text"            # text feature of a 'tfds:<name>' dataset, text column of an 'hf:' one
-  data.document_mask = True         # batches carry document ids: no position attends across an
-                                    # end-of-document token into another document (generated
-                                    # tasks such as mqar: one document a sequence, no ids)
-  data.tokenizer_train_bytes = 20_000_000  # the tokenizer trains on at most this much text: the
-                                    # same share of every train document (0 = all of it). Below
-                                    # the cap (the embedded corpus: 4.5 MB) nothing changes; above
-                                    # it training takes ~1 s per MB less, and rare strings split
-                                    # into more pieces (bits per byte barely move)
-  data.tokenizer = ""               # a tokenizer of one's own, used as it is (never retrained): a
-                                    # sentencepiece .model or a Hugging Face tokenizer.json; it sets
-                                    # data.vocab_size. '' = train one on the train split
-  data.separator_token = ""         # data.tokenizer's token that ends each document ('' = its eos /
-                                    # end-of-text token, e.g. <|endoftext|>, </s>, [SEP])
-  data.validation_fraction = 0.05   # 'text:<glob>': share of the files (or bytes) held out for validation
-  data.test_fraction = 0.05         # 'text:<glob>': share held out for test; 0 = no such split
-                                    # (an 'hf:' dataset without such a split: share of train's rows)
-  data.hf_allow_download = False    # 'hf:<name>' may download from the hub (else offline: the cache only)
+  for field, default in data_config.DataConfig.defaults().items():
+    data[field] = default
 
   # The model section's shared fields, their defaults and meanings: model_config.ModelConfig
   # (a family's own: its config class beside its mixer, e.g. models/pi_attention.py).
@@ -62,26 +38,11 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
   for field, default in train_config.TrainConfig.defaults().items():
     train[field] = default
 
+  # The mesh section's fields, their defaults, meanings and checks: mesh_config.MeshConfig (the
+  # rules: every model's logical axes at their defaults, efficient_lm/axes.py).
   config.mesh = mesh = ml_collections.ConfigDict()
-  # Devices along each mesh axis; exactly one may be -1 (every device the others leave).
-  mesh.data = 1                     # batch split, parameters replicated (plain data parallelism)
-  mesh.fsdp = -1                    # batch split and parameters / optimizer state sharded (FSDP)
-  mesh.tensor = 1                   # heads, MLP width and vocabulary split (tensor parallelism)
-  mesh.context = 1                  # the sequence split (context parallelism, ring ops)
-  # Over several TPU slices (the data-center network between them): each axis above is the
-  # devices inside a slice, times these slices; one may be -1 (the slices the other leaves).
-  mesh.dcn_data = -1                # slices along `data` (gradients all-reduced once a step)
-  mesh.dcn_fsdp = 1                 # slices along `fsdp` (weights gathered across slices: costly)
-  mesh.shard_optimizer_over_data = False  # also split the optimizer state over `data` (ZeRO-1)
-  mesh.max_replicated_fraction = 0.05  # most of the parameters every device may hold whole
-                                    # (fsdp or tensor > 1); above it (and over 1M of them)
-                                    # a config error names them
-  # Logical parameter axes -> mesh axes ('' = replicated; 'data,fsdp' = both): the decoder's and
-  # every model's own, at their defaults (efficient_lm/axes.py).
-  mesh.rules = axes.default_rules(axes.all_axes())
-  # Logical activation axes -> mesh axes (`embed`, `heads`, `kv`, `mlp`, `vocab`; the batch and
-  # sequence dimensions go where the batch is placed): see sharding.constrain.
-  mesh.activation_rules = axes.default_activation_rules()
+  for field, default in mesh_config.MeshConfig.defaults().items():
+    mesh[field] = default
   return config
 
 

@@ -23,18 +23,21 @@ def validate(config: ml_collections.ConfigDict, devices=None) -> None:
     require(section in config, f"config.{section}", None, "is missing",
             "start from a file in configs/, which defines every section")
   config_base.fill_defaults(config)
-  data.validate(config.data)
+  # The four typed sections, each built through its edge (`Section.from_mapping`: every declared
+  # check of the section alone), then the rules that involve the devices or other sections.
+  data_cfg = data.validate(config.data)  # `DataConfig`, then the registry's and the disk's checks
   platform = targets.platform_of(devices)
-  models.validate(config.model, platform)
-  train_config.TrainConfig.from_mapping(config.train)
+  model = models.validate(config.model, platform)  # `ModelConfig`, then the backend's checks
+  train = train_config.TrainConfig.from_mapping(config.train)
+  mesh = sharding.mesh_config(config.mesh)
   splits = data.known_splits(config.data)
-  require(splits is None or config.train.eval_split in splits, "train.eval_split",
-          config.train.eval_split, f"is not a split of {config.data.dataset}",
+  require(splits is None or train.eval_split in splits, "train.eval_split", train.eval_split,
+          f"is not a split of {data_cfg.dataset}",
           f"set train.eval_split to one of {', '.join(splits or ())}")
-  sharding.parse_rules(config.mesh, known=models.logical_axes())
-  sizes = sharding.validate(config.mesh, config.data, devices=devices,
-                            grad_accum_steps=config.train.grad_accum_steps)
-  models.validate_context(config.model, sizes["context"])  # ring ops: support, block alignment
-  params = models.abstract_params(config.model, platform)
-  sharding.check_divisible(params, config.mesh, sizes, models.logical_axes())
-  sharding.check_replicated(params, config.mesh, sizes)
+  sharding.parse_rules(mesh, known=models.logical_axes())
+  sizes = sharding.validate(mesh, data_cfg, devices=devices,
+                            grad_accum_steps=train.grad_accum_steps)
+  models.validate_context(model, sizes["context"])  # ring ops: support, block alignment
+  params = models.abstract_params(model, platform)
+  sharding.check_divisible(params, mesh, sizes, models.logical_axes())
+  sharding.check_replicated(params, mesh, sizes)

@@ -4,7 +4,8 @@ default and its meaning, generated from where each is defined so the listing can
 The fields are the keys of the real ConfigDicts (`config_base.base_config` and each shipped
 `configs/<family>.py`'s `get_config()`); a field's meaning is the one-line doc a typed section
 declares (`model_config.ModelConfig`: the shared model fields, a family's config class in
-`models/`, read from its source; `train_config.TrainConfig`), else the comment beside its
+`models/`, read from its source; `data_config.DataConfig`, `train_config.TrainConfig`,
+`mesh_config.MeshConfig`), else the comment beside its
 definition in config_base.py or the family's file (read with `ast` and `tokenize`: the comment
 after the assignment with its continuation lines, indented further, joined; or, for an
 assignment with none, the comment lines just above it). A `mesh.rules` entry is described by its axis in `axes.py`. The
@@ -27,6 +28,8 @@ from absl import flags
 from efficient_lm import axes
 from efficient_lm import config_base
 from efficient_lm import config_files
+from efficient_lm import data_config
+from efficient_lm import mesh_config
 from efficient_lm import exit_codes
 from efficient_lm import model_config
 from efficient_lm import train_config
@@ -147,7 +150,8 @@ def _file_comments(path: str) -> dict[str, str]:
     return field_comments(f.read())
 
 
-TYPED = {"model": model_config.ModelConfig, "train": train_config.TrainConfig}  # declared sections
+TYPED = {"data": data_config.DataConfig, "model": model_config.ModelConfig,
+         "train": train_config.TrainConfig, "mesh": mesh_config.MeshConfig}  # declared sections
 
 
 @functools.lru_cache(maxsize=None)

@@ -31,16 +31,16 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from efficient_lm.axes import Axis, SHARED_AXES, default_activation_rules, default_rules  # noqa: F401  (re-exported)
+from efficient_lm.mesh_config import ACTIVATION_AXES, AXES, DCN_AXES, MeshConfig
 from efficient_lm.validation import ConfigError, require
 
-AXES = ("data", "fsdp", "tensor", "context")
 BATCH_AXES = ("data", "fsdp")  # the axes the batch is split over
 
-def _cfg(mesh_cfg, name: str, default):
-  try:
-    return mesh_cfg[name]
-  except (KeyError, AttributeError):
-    return default
+
+def mesh_config(mesh_cfg) -> MeshConfig:
+  """The typed mesh section of a config's (a ConfigDict, a dict, a `MeshConfig`): a field it lacks
+  takes `MeshConfig`'s default; every check of the section alone runs."""
+  return mesh_cfg if isinstance(mesh_cfg, MeshConfig) else MeshConfig.from_mapping(mesh_cfg)
 
 
 def mesh_sizes(mesh_cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> dict[str, int]:
@@ -50,15 +50,8 @@ def mesh_sizes(mesh_cfg: ml_collections.ConfigDict, num_devices: int | None = No
   tests run 1-device meshes on 8 fake CPU devices); several processes use all.
   """
   devices = jax.device_count() if num_devices is None else num_devices
-  sizes = {axis: _cfg(mesh_cfg, axis, 1) for axis in AXES}
-  for axis, size in sizes.items():
-    require(isinstance(size, int) and not isinstance(size, bool) and (size >= 1 or size == -1),
-            f"mesh.{axis}", size, "must be a positive integer or -1 (the devices the other axes "
-            "leave)", f"set mesh.{axis}=1, or -1 on one axis")
+  sizes = mesh_config(mesh_cfg).sizes()  # at most one -1 (`MeshConfig.check`)
   free = [axis for axis, size in sizes.items() if size == -1]
-  require(len(free) <= 1, f"mesh.{free[-1] if free else ''}", -1,
-          f"is not the only axis at -1 ({', '.join('mesh.' + a for a in free)})",
-          f"keep -1 on one axis, e.g. set mesh.{free[-1] if free else ''}=1")
   fixed = math.prod(size for size in sizes.values() if size != -1)
   others = lambda axis: " x ".join(f"{a}={sizes[a]}" for a in AXES if a != axis)
   culprit = next((a for a in AXES if sizes[a] > 1 and devices % sizes[a]), None) or next(
@@ -84,34 +77,18 @@ def _product(sizes: dict) -> str:
   return " x ".join(f"{a}={s}" for a, s in sizes.items())
 
 
-def _axes_value(value, field: str) -> tuple[str, ...]:
-  value = "" if value is None else value
-  require(isinstance(value, str), field, value, "must be a string",
-          f"set {field} to a mesh axis ({', '.join(AXES)}) or '' (replicated)")
-  axes = tuple(a.strip() for a in value.split(",") if a.strip() and a.strip().lower() != "none")
-  for axis in axes:
-    require(axis in AXES, field, value, "names an axis the mesh does not have",
-            f"use one of {', '.join(AXES)} or '' (replicated)")
-  return axes
-
-
 def parse_rules(mesh_cfg: ml_collections.ConfigDict,
                 known: Mapping[str, Axis] | None = None) -> dict[str, tuple[str, ...]]:
   """`mesh.rules` as {logical name: mesh axes}; '' (or 'none') is replicated, 'data,fsdp' two axes.
   A name the rules lack is replicated. With `known` (every axis a model declares:
   `models.logical_axes()`) a name outside it is a ConfigError."""
-  rules = _cfg(mesh_cfg, "rules", None)
-  rules = default_rules() if rules is None else rules
-  out = {name: _axes_value(_cfg(rules, name, ""), f"mesh.rules.{name}") for name in rules}
-  require(not out.get("layers"), "mesh.rules.layers", _cfg(rules, "layers", ""),
-          "must be '': the stacked layers of nnx.scan are never sharded",
-          "set mesh.rules.layers=''")
+  typed = mesh_config(mesh_cfg)
   if known is not None:
-    unknown = sorted(set(rules.keys()) - set(known))
+    unknown = sorted(set(typed.rules.keys()) - set(known))
     require(not unknown, f"mesh.rules.{unknown[0] if unknown else ''}",
-            _cfg(rules, unknown[0], None) if unknown else None,
+            typed.rules[unknown[0]] if unknown else None,
             "is not a logical axis of any model's parameters", f"use one of {', '.join(known)}")
-  return out
+  return typed.rule_axes
 
 
 def logical_spec(names: tuple | None, rules: dict[str, tuple[str, ...]]) -> P:
@@ -187,30 +164,14 @@ def _add_axis(shape, spec: P, axis: str, sizes: dict[str, int]) -> P:
   return spec
 
 
-# Every logical axis name an activation may carry (`constrain`). `batch` and `length` are where
-# the input batch is placed (`batch_sharding`): the batch axes and `context`, not configurable;
-# `mesh.activation_rules` maps the others to mesh axes.
-ACTIVATION_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab")
-_FIXED_ACTIVATION_AXES = {"batch": BATCH_AXES, "length": ("context",)}
+# `mesh.activation_rules` maps the logical axes an activation may carry (`ACTIVATION_AXES`:
+# `constrain`) to mesh axes; `batch` and `length` are where the input batch is placed
+# (`batch_sharding`): the batch axes and `context`, not configurable.
 
 
 def parse_activation_rules(mesh_cfg: ml_collections.ConfigDict) -> dict[str, tuple[str, ...]]:
   """`mesh.activation_rules` as {activation axis: mesh axes}, `batch` and `length` included."""
-  rules = _cfg(mesh_cfg, "activation_rules", None)
-  rules = default_activation_rules() if rules is None else rules
-  unknown = sorted(set(rules.keys()) - set(ACTIVATION_AXES))
-  require(not unknown, f"mesh.activation_rules.{unknown[0] if unknown else ''}",
-          _cfg(rules, unknown[0], None) if unknown else None,
-          "is not an activation axis", f"use one of {', '.join(ACTIVATION_AXES[2:])}")
-  fixed = sorted(set(rules.keys()) & set(_FIXED_ACTIVATION_AXES))
-  require(not fixed, f"mesh.activation_rules.{fixed[0] if fixed else ''}",
-          _cfg(rules, fixed[0], None) if fixed else None,
-          "is where the input batch is placed (the batch axes, `context`), not a rule",
-          "remove it: set mesh.data / mesh.fsdp / mesh.context instead")
-  out = dict(_FIXED_ACTIVATION_AXES)
-  for name in ACTIVATION_AXES[2:]:
-    out[name] = _axes_value(_cfg(rules, name, ""), f"mesh.activation_rules.{name}")
-  return out
+  return mesh_config(mesh_cfg).activation_axes
 
 
 @functools.cache
@@ -272,20 +233,12 @@ def num_slices(devices) -> int:
   return len({getattr(d, "slice_index", 0) or 0 for d in devices})
 
 
-DCN_AXES = ("data", "fsdp")  # the axes that may also run across slices: `mesh.dcn_data`, `dcn_fsdp`
-
-
 def dcn_sizes(mesh_cfg: ml_collections.ConfigDict, slices: int) -> dict[str, int]:
   """{axis: slices along it} for the axes across slices; one of them may be -1 (the slices the
   other leaves; `mesh.dcn_data=-1` by default: plain data parallelism across slices)."""
-  sizes = {axis: _cfg(mesh_cfg, f"dcn_{axis}", -1 if axis == "data" else 1) for axis in DCN_AXES}
-  for axis, size in sizes.items():
-    require(isinstance(size, int) and not isinstance(size, bool) and (size >= 1 or size == -1),
-            f"mesh.dcn_{axis}", size, "must be a positive integer or -1 (the slices the other "
-            "axis leaves)", f"set mesh.dcn_{axis}=1, or -1 on one of mesh.dcn_data / dcn_fsdp")
+  typed = mesh_config(mesh_cfg)  # at most one -1 (`MeshConfig.check`)
+  sizes = {axis: getattr(typed, f"dcn_{axis}") for axis in DCN_AXES}
   free = [axis for axis, size in sizes.items() if size == -1]
-  require(len(free) <= 1, "mesh.dcn_fsdp", -1, "and mesh.dcn_data=-1 cannot both take the rest",
-          "set one of them to a number of slices")
   fixed = math.prod(size for size in sizes.values() if size != -1)
   if free:
     require(slices % fixed == 0, f"mesh.dcn_{'fsdp' if free[0] == 'data' else 'data'}", fixed,
@@ -443,7 +396,7 @@ def check_replicated(abstract_params, mesh_cfg: ml_collections.ConfigDict,
       replicated += size
       offenders.append((size, jax.tree_util.keystr(path), variable_names(x), shape))
   fraction = replicated / total if total else 0.0
-  limit = _cfg(mesh_cfg, "max_replicated_fraction", 0.05)
+  limit = mesh_config(mesh_cfg).max_replicated_fraction
   if fraction > limit and replicated > REPLICATED_FLOOR:
     offenders.sort(reverse=True)
     _, path, names, shape = offenders[0]
@@ -464,12 +417,11 @@ def validate(mesh_cfg: ml_collections.ConfigDict, data_cfg: ml_collections.Confi
              devices=None) -> dict[str, int]:
   """The mesh against the devices (`devices`, or `num_devices` of one slice, default the job's),
   `data.batch_size` and `data.seq_len`; raises ConfigError. Returns the size of every axis."""
+  mesh_cfg = mesh_config(mesh_cfg)  # the section alone: its declared checks, rules included
   if num_devices is not None:
     sizes = mesh_sizes(mesh_cfg, num_devices)
   else:
     sizes = mesh_shape(mesh_cfg, jax.devices() if devices is None else devices)
-  parse_rules(mesh_cfg)
-  parse_activation_rules(mesh_cfg)
   context = sizes["context"]
   require(data_cfg.seq_len % context == 0, "mesh.context", context,
           f"must divide data.seq_len={data_cfg.seq_len} (each device holds seq_len / context tokens)",
@@ -484,5 +436,6 @@ def validate(mesh_cfg: ml_collections.ConfigDict, data_cfg: ml_collections.Confi
   return sizes
 
 
-__all__ = ["AXES", "BATCH_AXES", "ConfigError", "batch_sharding", "make_mesh", "mesh_sizes",
+__all__ = ["AXES", "BATCH_AXES", "ConfigError", "batch_sharding", "make_mesh", "mesh_config",
+           "mesh_sizes",
            "per_device_bytes", "replicated", "shard_batch", "tree_shardings", "validate"]

@@ -70,10 +70,18 @@ def number_in(low: float, high: float, *, low_open: bool = False, high_open: boo
   return Check(ok, requirement or f"must be {'a float ' if floats_only else ''}in {span}", fix)
 
 
-def setting(default: Any = dataclasses.MISSING, doc: str = "", check: Check | None = None):
+def setting(default: Any = dataclasses.MISSING, doc: str = "", check: Check | None = None, *,
+            factory: Callable[[], Any] | None = None):
   """A section field: its default (none: the edge must give it), one line saying what it is, and
-  its check."""
+  its check. `factory`: makes the default instead (a mapping, which a dataclass cannot share)."""
+  if factory is not None:
+    return dataclasses.field(default_factory=factory, metadata={"doc": doc, "check": check})
   return dataclasses.field(default=default, metadata={"doc": doc, "check": check})
+
+
+def _has_default(field: dataclasses.Field) -> bool:
+  return (field.default is not dataclasses.MISSING
+          or field.default_factory is not dataclasses.MISSING)
 
 
 class Section:
@@ -107,7 +115,7 @@ class Section:
       require(key in declared, cls.name_of(key), value, f"is not a field {whose}",
               f"remove it, or use one of its fields: {', '.join(declared)}")
     for key, field in declared.items():
-      require(key in values or field.default is not dataclasses.MISSING, cls.name_of(key), None,
+      require(key in values or _has_default(field), cls.name_of(key), None,
               "is missing", f"set {cls.name_of(key)} (start from a file in configs/)")
     return cls(**values)
 
@@ -118,9 +126,9 @@ class Section:
 
   @classmethod
   def defaults(cls) -> dict[str, Any]:
-    """The fields that have a default, with it."""
-    return {f.name: f.default for f in dataclasses.fields(cls)
-            if f.default is not dataclasses.MISSING}
+    """The fields that have a default, with it (a factory's made anew)."""
+    return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(cls) if _has_default(f)}
 
   @classmethod
   def docs(cls) -> dict[str, str]:

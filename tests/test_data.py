@@ -357,16 +357,18 @@ def test_validate_names_the_field(tmp_path, field, value, match):
   assert not (tmp_path / 'never').exists()
 
 
-def test_validate_accepts_good_configs_and_reports_missing_fields(tmp_path, shakespeare_archive):
+def test_validate_accepts_good_configs_and_names_undeclared_fields(tmp_path, shakespeare_archive):
   for dataset in ('shakespeare', 'wikitext103', 'tfds:pg19', 'tfds:lm1b'):
     data.validate(_config(tmp_path, dataset=dataset))
   data.validate(_config(tmp_path, archive=shakespeare_archive[0]))
   with pytest.raises(ConfigError, match=r"^data\.archive=.* is only used by"):
     data.validate(_config(tmp_path, dataset='tfds:lm1b', archive=shakespeare_archive[0]))
-  cfg = _config(tmp_path)
-  del cfg['text_key']
-  with pytest.raises(ConfigError, match=r'^data\.text_key is missing'):
-    data.validate(cfg)
+  cfg = _config(tmp_path, text_key='body')
+  del cfg['text_key']  # a field the section lacks takes its default (DataConfig's)
+  assert data.validate(cfg).text_key == 'text'
+  with pytest.raises(ConfigError, match=r"^data\.text_kye='body' is not a field of the data "
+                                        r"section; remove it"):
+    data.validate(_config(tmp_path, text_kye='body'))
 
 
 def test_unknown_tfds_name_is_a_config_error(tmp_path):

@@ -73,10 +73,10 @@ def get_config():
 
 def test_config_base_aliases_and_shared_fields():
   """`config.data = data = ConfigDict()` makes `data.x` mean `data.x`; the shared meanings are
-  config_base.py's comments, the model section's `ModelConfig`'s declarations (with their type),
+  the typed sections' declarations (with their type: `DataConfig`, `ModelConfig`, ...),
   a family's own fields its config class's (read from the source: no jax)."""
   meaning = help_lib.meanings()
-  assert meaning["data.seq_len"] == "tokens per training window (the model's context)"
+  assert meaning["data.seq_len"] == "(int) tokens per training window (the model's context)"
   assert meaning["model.d_model"] == "(int) residual stream width"
   assert help_lib.meanings("bcmt")["model.alpha"] == "(float) memory decay per block, in (0, 1)"
   assert help_lib.meanings("bcmt:honly")["model.alpha"].endswith("unused by honly")

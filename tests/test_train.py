@@ -110,7 +110,7 @@ def test_bits_per_byte_by_hand():
   def uniform_eval_step(params, batch):
     return train.weighted_nll(jnp.zeros((2, T, V)), batch["targets"], batch["weights"])
 
-  mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(data=1, context=1)))
+  mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(data=1, fsdp=1, context=1)))  # one device
   result = train.evaluate(uniform_eval_step, None, Corpus(), "validation", 2, mesh)
   assert result["eval_loss"] == pytest.approx(math.log(V))
   assert result["eval_bits_per_byte"] == pytest.approx(13 * math.log2(V) / 39)

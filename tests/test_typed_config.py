@@ -204,3 +204,95 @@ def test_the_train_section_is_typed():
       config.train[field] = value
     with pytest.raises(ConfigError, match=message):
       config_check.validate(config)
+
+
+def _dicts(section) -> dict:
+  """A section's values with nested ConfigDicts (the mesh rules) as plain dicts."""
+  return {k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in dict(section).items()}
+
+
+def test_one_source_for_the_data_and_mesh_defaults():
+  from efficient_lm import data_config, mesh_config  # pylint: disable=import-outside-toplevel
+  base = config_base.base_config("dense")
+  assert base.data.to_dict() == data_config.DataConfig.defaults()
+  assert base.mesh.to_dict() == _dicts(mesh_config.MeshConfig.defaults())
+  assert (base.mesh.fsdp, base.mesh.dcn_data, base.mesh.rules.embed) == (-1, -1, "fsdp")
+  # Each factory makes its mapping anew: no section shares (or mutates) another's rules.
+  defaults = mesh_config.MeshConfig.defaults
+  assert defaults()["rules"] is not defaults()["rules"]
+
+
+@pytest.mark.parametrize("section,field,value,message", [
+    ("data", "seq_len", 0, r"^data\.seq_len=0 must be a positive integer; set data\.seq_len to an "
+     r"integer >= 1$"),
+    ("data", "archive_sha256", "abc", r"^data\.archive_sha256='abc' must be 64 hex digits or "
+     r"empty; "),
+    ("data", "test_fraction", 1.0, r"^data\.test_fraction=1\.0 must be a number in \[0, 1\); set "
+     r"data\.test_fraction to e\.g\. 0\.05 \(0 = no such split\)$"),
+    ("data", "validation_fraction", 0.96, r"^data\.validation_fraction=0\.96 plus "
+     r"data\.test_fraction=0\.05 must be below 1"),  # cross-field: DataConfig.check
+    ("data", "separator_token", "</s>", r"^data\.separator_token='</s>' only applies to a "
+     r"data\.tokenizer of one's own"),
+    ("data", "document_mask", 1, r"^data\.document_mask=1 must be True or False; "),
+    ("data", "seq_lenn", 64, r"^data\.seq_lenn=64 is not a field of the data section; remove it, "
+     r"or use one of its fields: dataset, seq_len, "),
+    ("mesh", "fsdp", 0, r"^mesh\.fsdp=0 must be a positive integer or -1 \(the devices the other "
+     r"axes leave\); set mesh\.fsdp=1, or -1 on one axis$"),
+    ("mesh", "tensor", -1, r"^mesh\.tensor=-1 is not the only axis at -1 \(mesh\.fsdp, "
+     r"mesh\.tensor\)"),  # cross-field: MeshConfig.check (the tests' configs pin fsdp=1)
+    ("mesh", "dcn_fsdp", -1, r"^mesh\.dcn_fsdp=-1 and mesh\.dcn_data=-1 cannot both take the rest"),
+    ("mesh", "max_replicated_fraction", 2.0, r"^mesh\.max_replicated_fraction=2\.0 must be in "
+     r"\[0, 1\]"),
+    ("mesh", "shard_optimizer_over_data", 1, r"^mesh\.shard_optimizer_over_data=1 must be True or "
+     r"False"),
+    ("mesh", "rules", {"embed": "fsd"}, r"^mesh\.rules\.embed='fsd' names an axis the mesh does "
+     r"not have"),
+    ("mesh", "activation_rules", {"batch": "data"}, r"^mesh\.activation_rules\.batch='data' is "
+     r"where the input batch is placed"),
+    ("mesh", "tensr", 2, r"^mesh\.tensr=2 is not a field of the mesh section; remove it"),
+])
+def test_the_data_and_mesh_checks_fire_before_anything_runs(section, field, value, message):
+  """Through the one edge: `config_check.validate` builds the typed sections and names the field
+  (the model is never built: these fail before the parameters' shapes are traced)."""
+  from efficient_lm import config_check  # pylint: disable=import-outside-toplevel
+  config = load_config("dense")
+  with config[section].ignore_type():
+    config[section][field] = value
+    if (section, field) == ("mesh", "tensor"):
+      config.mesh.fsdp = -1
+  with pytest.raises(ConfigError, match=message):
+    config_check.validate(config)
+
+
+def test_a_partial_mesh_section_takes_the_class_defaults():
+  """A mesh section that lacks a field (a hand-written one, an old config.json) reads
+  `MeshConfig`'s default: `fsdp=-1` takes every device the others leave (`sharding` used to
+  read 1 for a missing axis, unlike config_base's -1)."""
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  from efficient_lm import sharding  # pylint: disable=import-outside-toplevel
+  assert sharding.mesh_sizes(ml_collections.ConfigDict(dict(data=2)), num_devices=8) == dict(
+      data=2, fsdp=4, tensor=1, context=1)
+  assert sharding.dcn_sizes({}, slices=4) == {"data": 4, "fsdp": 1}
+  rules = sharding.parse_rules({})  # every model's axes at their defaults, BCMT's memory too
+  assert rules["embed"] == ("fsdp",) and rules["memory"] == ("fsdp",)
+  with pytest.raises(ConfigError, match=r"^mesh\.fsdp=-1 is not the only axis at -1 "
+                                        r"\(mesh\.data, mesh\.fsdp\)"):
+    sharding.mesh_sizes({"data": -1}, num_devices=8)  # the default fsdp=-1 counts
+
+
+def test_old_config_json_data_and_mesh_sections_load():
+  """A run's config.json written before later data / mesh fields: they are filled (a
+  `BEFORE_FIELD` one with the value the run trained with) and the typed sections build."""
+  from efficient_lm import data_config, mesh_config  # pylint: disable=import-outside-toplevel
+  config = load_config("dense")
+  with config.unlocked():
+    for section, field in (("data", "document_mask"), ("data", "tokenizer"),
+                           ("data", "hf_allow_download"), ("mesh", "activation_rules"),
+                           ("mesh", "max_replicated_fraction"), ("mesh", "dcn_fsdp")):
+      del config[section][field]
+  config_base.fill_defaults(config, saved=True)
+  data = data_config.DataConfig.from_mapping(config.data)
+  mesh = mesh_config.MeshConfig.from_mapping(config.mesh)
+  assert (data.document_mask, data.tokenizer, data.hf_allow_download) == (False, "", False)
+  assert (mesh.max_replicated_fraction, mesh.dcn_fsdp) == (0.05, 1)
+  assert mesh.activation_axes["mlp"] == ("tensor",)

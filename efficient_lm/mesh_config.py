@@ -1,0 +1,133 @@
+"""`MeshConfig`: the mesh section, typed: each field's default, meaning and check.
+
+`config_base.base_config` reads the section's defaults from here and `--help` its docs;
+`sharding` builds it from a config's mesh section (`MeshConfig.from_mapping`: a field the
+section lacks takes its default here), which runs every check of the section alone. What needs
+the devices or the other sections (the axes against the device count and the slices, the batch
+and the sequence against the axes, the rules against the models' parameters) is checked in one
+place, `sharding.validate` and the functions it calls. This module imports no jax.
+"""
+
+import dataclasses
+import functools
+from typing import Any
+
+from efficient_lm import axes
+from efficient_lm import typed_config as tc
+from efficient_lm.validation import require
+
+AXES = ("data", "fsdp", "tensor", "context")
+DCN_AXES = ("data", "fsdp")  # the axes that may also run across slices: `mesh.dcn_data`, `dcn_fsdp`
+# Every logical axis name an activation may carry (`sharding.constrain`). `batch` and `length`
+# are where the input batch is placed: the batch axes and `context`, not configurable.
+ACTIVATION_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab")
+FIXED_ACTIVATION_AXES = {"batch": ("data", "fsdp"), "length": ("context",)}
+
+
+def _size(leaves: str, fix: str) -> tc.Check:
+  return tc.Check(lambda v: isinstance(v, int) and not isinstance(v, bool) and (v >= 1 or v == -1),
+                  f"must be a positive integer or -1 (the {leaves})", fix)
+
+
+_DEVICES = _size("devices the other axes leave", "set {field}=1, or -1 on one axis")
+_SLICES = _size("slices the other axis leaves",
+                "set {field}=1, or -1 on one of mesh.dcn_data / dcn_fsdp")
+_VALUE = tc.Check(lambda v: isinstance(v, str), "must be a string",
+                  f"set {{field}} to a mesh axis ({', '.join(AXES)}) or '' (replicated)")
+_AXIS_NAMES = tc.Check(lambda v: all(a in AXES for a in _names(v)),
+                       "names an axis the mesh does not have",
+                       f"use one of {', '.join(AXES)} or '' (replicated)")
+
+
+def _mapping(what: str) -> tc.Check:
+  return tc.Check(lambda v: hasattr(v, "items"), f"must map {what} to mesh axes",
+                  "set {field} as in efficient_lm/config_base.py's defaults")
+
+
+def _names(value: str) -> tuple[str, ...]:
+  return tuple(a.strip() for a in value.split(",") if a.strip() and a.strip().lower() != "none")
+
+
+def axes_of(value: Any, field: str) -> tuple[str, ...]:
+  """A rule's value as mesh axes: '' (or 'none', None) replicated, 'data,fsdp' two axes."""
+  value = "" if value is None else value
+  _VALUE(field, value)
+  _AXIS_NAMES(field, value)
+  return _names(value)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshConfig(tc.Section):
+  """The mesh section: devices along each axis (exactly one may be -1: every device the others
+  leave), the slices along the axes that cross slices, and the logical axis rules."""
+  SECTION = "mesh"
+
+  data: int = tc.setting(1, "devices along `data` (exactly one axis may be -1: every device the "
+                         "others leave): batch split, parameters replicated (plain data "
+                         "parallelism)", _DEVICES)
+  fsdp: int = tc.setting(-1, "batch split and parameters / optimizer state sharded (FSDP)",
+                         _DEVICES)
+  tensor: int = tc.setting(1, "heads, MLP width and vocabulary split (tensor parallelism)",
+                           _DEVICES)
+  context: int = tc.setting(1, "the sequence split (context parallelism, ring ops)", _DEVICES)
+  dcn_data: int = tc.setting(-1, "over several TPU slices: slices along `data` (gradients "
+                             "all-reduced once a step); one of dcn_data / dcn_fsdp may be -1",
+                             _SLICES)
+  dcn_fsdp: int = tc.setting(1, "slices along `fsdp` (weights gathered across slices: costly)",
+                             _SLICES)
+  shard_optimizer_over_data: bool = tc.setting(
+      False, "also split the optimizer state over `data` (ZeRO-1)", tc.boolean())
+  max_replicated_fraction: float = tc.setting(
+      0.05, "most of the parameters every device may hold whole (fsdp or tensor > 1); above it "
+      "(and over 1M of them) a config error names them",
+      tc.number_in(0.0, 1.0, fix="set mesh.max_replicated_fraction to e.g. 0.05"))
+  rules: dict = tc.setting(
+      doc="logical parameter axes -> mesh axes ('' = replicated; 'data,fsdp' = both): the "
+      "decoder's and every model's own, at their defaults (efficient_lm/axes.py)",
+      check=_mapping("logical parameter axes"),
+      factory=lambda: axes.default_rules(axes.all_axes()))
+  activation_rules: dict = tc.setting(
+      doc="logical activation axes -> mesh axes (embed, heads, kv, mlp, vocab; the batch and "
+      "sequence dimensions go where the batch is placed): see sharding.constrain",
+      check=_mapping("logical activation axes"), factory=axes.default_activation_rules)
+
+  def check(self) -> None:
+    free = [axis for axis in AXES if getattr(self, axis) == -1]
+    require(len(free) <= 1, f"mesh.{free[-1] if free else ''}", -1,
+            f"is not the only axis at -1 ({', '.join('mesh.' + a for a in free)})",
+            f"keep -1 on one axis, e.g. set mesh.{free[-1] if free else ''}=1")
+    require(self.dcn_data != -1 or self.dcn_fsdp != -1, "mesh.dcn_fsdp", -1,
+            "and mesh.dcn_data=-1 cannot both take the rest",
+            "set one of them to a number of slices")
+    self.rule_axes  # pylint: disable=pointless-statement
+    self.activation_axes  # pylint: disable=pointless-statement
+
+  @functools.cached_property
+  def rule_axes(self) -> dict[str, tuple[str, ...]]:
+    """`rules` as {logical name: mesh axes}; a name the rules lack is replicated."""
+    out = {name: axes_of(value, f"mesh.rules.{name}") for name, value in self.rules.items()}
+    require(not out.get("layers"), "mesh.rules.layers", self.rules.get("layers"),
+            "must be '': the stacked layers of nnx.scan are never sharded",
+            "set mesh.rules.layers=''")
+    return out
+
+  @functools.cached_property
+  def activation_axes(self) -> dict[str, tuple[str, ...]]:
+    """`activation_rules` as {activation axis: mesh axes}, `batch` and `length` included."""
+    for name, value in self.activation_rules.items():
+      require(name in ACTIVATION_AXES, f"mesh.activation_rules.{name}", value,
+              "is not an activation axis", f"use one of {', '.join(ACTIVATION_AXES[2:])}")
+      require(name not in FIXED_ACTIVATION_AXES, f"mesh.activation_rules.{name}", value,
+              "is where the input batch is placed (the batch axes, `context`), not a rule",
+              "remove it: set mesh.data / mesh.fsdp / mesh.context instead")
+    out = dict(FIXED_ACTIVATION_AXES)
+    for name in ACTIVATION_AXES[2:]:
+      out[name] = axes_of(self.activation_rules.get(name, ""), f"mesh.activation_rules.{name}")
+    return out
+
+  def sizes(self) -> dict[str, int]:
+    """{axis: `mesh.<axis>`} for the four axes (-1 still to be resolved against the devices)."""
+    return {axis: getattr(self, axis) for axis in AXES}
+
+
+__all__ = ["ACTIVATION_AXES", "AXES", "DCN_AXES", "FIXED_ACTIVATION_AXES", "MeshConfig", "axes_of"]
