@@ -195,6 +195,8 @@ def _decode_rows(params, cache, last_B, id_B, done_B, context_BM, lengths_B, sta
   position `limit`: (cache, last samples, document ids, done, samples [steps, B], steps taken)."""
   eos_id, stop_ids, sample = settings[0], settings[1], _sampler(*settings[2:])
   B, M = context_BM.shape
+  # Per-layer weights sliced once per call, not at every step (`LanguageModel.decoding_view`).
+  graphdef, params = nnx.split(nnx.merge(graphdef, params).decoding_view())
 
   def cond(carry):
     i, done_B = carry[0], carry[5]

@@ -101,9 +101,11 @@ def test_pi_cache_span_follows_the_layer_period():
   cfg = tiny_model_config("pi_attention", window=4, period=8, num_skips=2,
                           period_schedule="doubling", num_layers=3)
   model = models.create(cfg, rngs=nnx.Rngs(0))
-  spans = [leaf.shape[1] for leaf in jax.tree.leaves(model.init_cache(1, 1000)) if leaf.ndim == 3]
+  cache = model.init_cache(1, 1000)
   # Layer periods 8, 16, 32: the farthest skip is 2 * period back; k and v per layer.
-  assert spans == [17, 17, 33, 33, 65, 65]
+  assert [(c["k"].shape[1], c["v"].shape[1]) for c in cache] == [(17, 17), (33, 33), (65, 65)]
+  # The slots a decoding step reads: the window's 4 and one per skip, whatever the period.
+  assert [(c["vis_k"].shape[1], c["vis_v"].shape[1]) for c in cache] == [(6, 6)] * 3
 
 
 # Sampling.

@@ -324,6 +324,11 @@ class LanguageModel(nnx.Module):
     logits_B1V, cache = self.extend(tokens_B[:, None], cache, position, ids)
     return logits_B1V[:, 0], cache
 
+  def decoding_view(self) -> "LanguageModel":
+    """The model as a loop of decoding steps should hold it: itself, or (`Decoder` with scanned
+    layers) a copy with the layers' parameters sliced once, outside the loop."""
+    return self
+
   def prepare_input(self, x_BTD: jax.Array, positions_BT: jax.Array | None,
                     dropout_key: jax.Array | None) -> tuple[jax.Array, jax.Array, list]:
     """(x with position embeddings and dropout, positions, one dropout key per layer or Nones)."""
@@ -417,6 +422,17 @@ class Decoder(LanguageModel):
   def layer_blocks(self) -> list:
     """The blocks one by one (a scanned stack sliced per layer)."""
     return unstacked(self.blocks, self.num_layers) if self.scanned else list(self.blocks)
+
+  def decoding_view(self) -> "Decoder":
+    """A scanned stack's layers sliced into a list of blocks (the same parameters), so a decoding
+    loop that carries the view's parameters does not slice every layer's weights at every step
+    (about 1 ms a step at d_model 256, 2 layers, on CPU)."""
+    if not self.scanned:
+      return self
+    view = nnx.merge(*nnx.split(self))
+    view.blocks = nnx.List(self.layer_blocks())
+    view.scanned = False
+    return view
 
   def _through_blocks(self, apply: Callable, x_BTD: jax.Array, cache: list):
     """`apply(block, x, layer_cache) -> (x, layer_cache)` through every layer, the caches updated.

@@ -1,6 +1,8 @@
 """Building blocks shared by every model: projections, RoPE, MLP, dropout, decoding caches, and
 `SelfAttention`, the one way a mixer reaches attention."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -101,25 +103,39 @@ def document_ids(segment_ids_BT: jax.Array | None, batch_size: int, length: int)
   return jnp.asarray(segment_ids_BT, jnp.int32)
 
 
-def kv_cache_init(batch_size: int, span: int, num_heads: int, head_dim: int, dtype) -> dict:
+def kv_cache_init(batch_size: int, span: int, num_heads: int, head_dim: int, dtype,
+                  visible: "Visible | None" = None) -> dict:
+  """An empty cache of `span` slots; with `visible` (a window and skips, `visible_slots`) also the
+  buffer of the slots a decoding step reads (`kv_cache_step`)."""
   shape = (batch_size * num_heads, span, head_dim)
-  return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
-          "pos": jnp.full((span,), -1, jnp.int32),
-          "seg": jnp.full((batch_size, span), -1, jnp.int32)}
+  cache = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+           "pos": jnp.full((span,), -1, jnp.int32),
+           "seg": jnp.full((batch_size, span), -1, jnp.int32)}
+  if visible is not None:
+    shape = (batch_size * num_heads, visible.size, head_dim)
+    cache.update(vis_k=jnp.zeros(shape, dtype), vis_v=jnp.zeros(shape, dtype),
+                 vis_pos=jnp.full((visible.size,), -1, jnp.int32),
+                 vis_seg=jnp.full((batch_size, visible.size), -1, jnp.int32))
+  return cache
 
 
 def kv_cache_extend(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: jax.Array,
-                    seg_BC: jax.Array) -> tuple[tuple[jax.Array, ...], dict]:
+                    seg_BC: jax.Array, visible: "Visible | None" = None
+                    ) -> tuple[tuple[jax.Array, ...], dict]:
   """((keys `[B * H, S, K]`, values, their positions `[S]`, their document ids `[B, S]`), the new
   cache) for C new tokens.
 
   One token (decoding) is written into its slot first and attends over the
   cache in place: the slot it overwrites (position - span) is out of every
-  pattern's reach. A chunk attends over the old cache followed by itself, then
-  is written.
+  pattern's reach; with `visible` it attends over the visible-slot buffer
+  instead (`kv_cache_step`). A chunk attends over the old cache (the ring)
+  followed by itself, then is written.
   """
-  new_cache = kv_cache_write(cache, k_BCHK, v_BCHK, pos_C, seg_BC)
+  new_cache = kv_cache_write(cache, k_BCHK, v_BCHK, pos_C, seg_BC, visible)
   if k_BCHK.shape[1] == 1:
+    if visible is not None:
+      new_cache = kv_cache_step(new_cache, k_BCHK, v_BCHK, pos_C[0], seg_BC, visible)
+      return tuple(new_cache[f"vis_{name}"] for name in ("k", "v", "pos", "seg")), new_cache
     return (new_cache["k"], new_cache["v"], new_cache["pos"], new_cache["seg"]), new_cache
   as_cached = lambda x_BCHK, a: heads_first(x_BCHK).astype(a.dtype)
   return ((jnp.concatenate([cache["k"], as_cached(k_BCHK, cache["k"])], axis=1),
@@ -129,22 +145,97 @@ def kv_cache_extend(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: ja
 
 
 def kv_cache_write(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: jax.Array,
-                   seg_BC: jax.Array) -> dict:
-  """The cache after storing the chunk (only its last `span` tokens when the chunk is longer)."""
+                   seg_BC: jax.Array, visible: "Visible | None" = None) -> dict:
+  """The cache after storing the chunk (only its last `span` tokens when the chunk is longer).
+  With `visible` (the cache has a visible-slot buffer) a chunk refills the buffer's window
+  slots; a decoding step's are kept by `kv_cache_step`."""
   span = cache["pos"].shape[0]
   k_NCK, v_NCK = heads_first(k_BCHK), heads_first(v_BCHK)
   if k_NCK.shape[1] == 1:  # a decoding step: an in-place slice update
     slot = pos_C[0] % span
     put = lambda a, x, axis: jax.lax.dynamic_update_slice_in_dim(a, x.astype(a.dtype), slot, axis)
-    return {"k": put(cache["k"], k_NCK, 1), "v": put(cache["v"], v_NCK, 1),
-            "pos": put(cache["pos"], pos_C, 0), "seg": put(cache["seg"], seg_BC, 1)}
+    return dict(cache, k=put(cache["k"], k_NCK, 1), v=put(cache["v"], v_NCK, 1),
+                pos=put(cache["pos"], pos_C, 0), seg=put(cache["seg"], seg_BC, 1))
+  last = pos_C[-1]
   if k_NCK.shape[1] > span:
     k_NCK, v_NCK, pos_C, seg_BC = k_NCK[:, -span:], v_NCK[:, -span:], pos_C[-span:], seg_BC[:, -span:]
   slots_C = pos_C % span
-  return {"k": cache["k"].at[:, slots_C].set(k_NCK.astype(cache["k"].dtype)),
-          "v": cache["v"].at[:, slots_C].set(v_NCK.astype(cache["v"].dtype)),
-          "pos": cache["pos"].at[slots_C].set(pos_C),
-          "seg": cache["seg"].at[:, slots_C].set(seg_BC.astype(jnp.int32))}
+  cache = dict(cache, k=cache["k"].at[:, slots_C].set(k_NCK.astype(cache["k"].dtype)),
+               v=cache["v"].at[:, slots_C].set(v_NCK.astype(cache["v"].dtype)),
+               pos=cache["pos"].at[slots_C].set(pos_C),
+               seg=cache["seg"].at[:, slots_C].set(seg_BC.astype(jnp.int32)))
+  return cache if visible is None else _refill_window(cache, last, visible.window)
+
+
+# The visible-slot buffer (π's decoding): a query at p sees at most its window's `window` keys and
+# one key per skip, fewer than the ring's `span` slots (131 of 385 at window 128, period 128, 3
+# skips), and XLA:CPU reads a buffer in a dot (or a gather) at about one element a cycle, so a
+# decoding step that scored the whole ring (or gathered the visible slots out of it) spent most of
+# a batch's attention time on slots it cannot see. The cache therefore keeps, next to the ring,
+# the `window + len(skips)` slots the next query reads: slots 0..window-1 a ring of the last
+# `window` tokens (position p in slot p % window), then one slot per skip, refilled from the ring
+# at every step. The core reads that buffer whole, with its slots' positions and document ids.
+
+@dataclasses.dataclass(frozen=True)
+class Visible:
+  """The visible-slot buffer's shape: `window` ring slots, then one slot per skip distance."""
+  window: int
+  skips: tuple[int, ...]
+
+  @property
+  def size(self) -> int:
+    return self.window + len(self.skips)
+
+
+def visible_slots(pattern: Pattern, span: int) -> Visible | None:
+  """The keys a decoding query of `pattern` can see in a ring of `span` slots, when a
+  visible-slot buffer is smaller than the ring; None otherwise (no window, blocks, a
+  bidirectional pattern, or a window that fills the ring: the step reads the ring itself).
+  Skips at or past `span` never land on a cached key and are left out."""
+  if pattern.window is None or pattern.block_size is not None or not pattern.causal:
+    return None
+  visible = Visible(pattern.window, tuple(d for d in pattern.skips if d < span))
+  return visible if visible.size < span else None
+
+
+def _refill_window(cache: dict, last: jax.Array, window: int) -> dict:
+  """The visible buffer's window slots refilled from the ring after a chunk whose last token is
+  at `last`: window slot w holds the latest position p <= last with p % window = w (-1 when the
+  ring does not hold it: before the sequence start)."""
+  span = cache["pos"].shape[0]
+  w_W = jnp.arange(window, dtype=jnp.int32)
+  p_W = last - (last - w_W) % window
+  slots_W = p_W % span
+  pos_W = jnp.where(cache["pos"][slots_W] == p_W, p_W, -1)
+  put = lambda a, x, axis: jax.lax.dynamic_update_slice_in_dim(a, x.astype(a.dtype), 0, axis)
+  return dict(cache, vis_k=put(cache["vis_k"], cache["k"][:, slots_W], 1),
+              vis_v=put(cache["vis_v"], cache["v"][:, slots_W], 1),
+              vis_pos=put(cache["vis_pos"], pos_W, 0),
+              vis_seg=put(cache["vis_seg"], cache["seg"][:, slots_W], 1))
+
+
+def kv_cache_step(cache: dict, k_B1HK: jax.Array, v_B1HK: jax.Array, position: jax.Array,
+                  seg_B1: jax.Array, visible: Visible) -> dict:
+  """The visible-slot buffer for the query at `position`, whose token the ring already holds: the
+  token into window slot position % window (in place), and each skip's key (position - d) copied
+  from the ring into the skip slots. O(B H (1 + skips) K) a step."""
+  span = cache["pos"].shape[0]
+  put = lambda name, x, slot, axis: jax.lax.dynamic_update_slice_in_dim(
+      cache[name], x.astype(cache[name].dtype), slot, axis)
+  slot = position % visible.window
+  cache = dict(cache, vis_k=put("vis_k", heads_first(k_B1HK), slot, 1),
+               vis_v=put("vis_v", heads_first(v_B1HK), slot, 1),
+               vis_pos=put("vis_pos", position[None], slot, 0),
+               vis_seg=put("vis_seg", seg_B1, slot, 1))
+  if not visible.skips:
+    return cache
+  sources = [(position - d) % span for d in visible.skips]
+  take = lambda name, axis: jnp.concatenate(
+      [jax.lax.dynamic_slice_in_dim(cache[name], a, 1, axis) for a in sources], axis=axis)
+  return dict(cache, vis_k=put("vis_k", take("k", 1), visible.window, 1),
+              vis_v=put("vis_v", take("v", 1), visible.window, 1),
+              vis_pos=put("vis_pos", take("pos", 0), visible.window, 0),
+              vis_seg=put("vis_seg", take("seg", 1), visible.window, 1))
 
 
 def chunk_positions(start: jax.Array, batch_size: int, length: int) -> tuple[jax.Array, jax.Array]:
@@ -250,8 +341,13 @@ class SelfAttention(nnx.Module):
 
   def init_cache(self, batch_size: int, max_len: int) -> dict:
     D = self.out.in_features
-    return kv_cache_init(batch_size, self.pattern.span(max_len), self.num_heads,
-                         D // self.num_heads, self.qkv.dtype or jnp.float32)
+    span = self.pattern.span(max_len)
+    return kv_cache_init(batch_size, span, self.num_heads, D // self.num_heads,
+                         self.qkv.dtype or jnp.float32, visible_slots(self.pattern, span))
+
+  def _visible(self, cache: dict) -> Visible | None:
+    """The cache's visible-slot buffer (`visible_slots`), or None when it has none."""
+    return visible_slots(self.pattern, cache["pos"].shape[0]) if "vis_k" in cache else None
 
   def prefill(self, x_BTD: jax.Array, positions_BT: jax.Array, cache: dict,
               segment_ids_BT: jax.Array | None = None, **priors) -> tuple[jax.Array, dict]:
@@ -261,7 +357,8 @@ class SelfAttention(nnx.Module):
     y_BTD = self.output(self.route.attend(q_BTHK, k_BTHK, v_BTHK, self.pattern,
                                           segment_ids=segment_ids_BT, **priors))
     seg_BT = document_ids(segment_ids_BT, B, T)
-    return y_BTD, kv_cache_write(cache, k_BTHK, v_BTHK, positions_BT[0], seg_BT)
+    return y_BTD, kv_cache_write(cache, k_BTHK, v_BTHK, positions_BT[0], seg_BT,
+                                 self._visible(cache))
 
   def extend(self, x_BCD: jax.Array, start: jax.Array, cache: dict,
              segment_ids_BC: jax.Array | None = None, **priors) -> tuple[jax.Array, dict]:
@@ -270,7 +367,8 @@ class SelfAttention(nnx.Module):
     pos_C, positions_BC = chunk_positions(start, B, C)
     q_BCHK, k_BCHK, v_BCHK = self.project(x_BCD, positions_BC)
     seg_BC = document_ids(segment_ids_BC, B, C)
-    (k_NSK, v_NSK, pos_S, seg_BS), cache = kv_cache_extend(cache, k_BCHK, v_BCHK, pos_C, seg_BC)
+    (k_NSK, v_NSK, pos_S, seg_BS), cache = kv_cache_extend(cache, k_BCHK, v_BCHK, pos_C, seg_BC,
+                                                           self._visible(cache))
     return self.output(self.cached(q_BCHK, k_NSK, v_NSK, pos_S, pos_C[0], seg_BC, seg_BS,
                                    **priors)), cache
 
