@@ -1,0 +1,165 @@
+"""Needles in text, every family: trained on `needle:`, scored by the needle-in-a-haystack grid.
+
+    nice -n 19 python -m experiments.needle_study --pause_file=/tmp/efficient_lm_quiet
+    python -m experiments.needle_study --models=dense,sliding_window --seeds=0
+
+Not registered yet: no setting this CPU affords has yet taught dense retrieval in text (the pilot
+in experiments/README.md, "Needles in text: the pilot"); the study is registered
+(experiments/registered/needle_reach.json, its claims, tests and power) once `SETTINGS` teach it,
+before its runs. Per (model, seed): a training run (`python -m efficient_lm.main` in a subprocess:
+`SETTINGS`, the model's `MODELS[...]`, `train.seed`) on the `needle:` source (`DATASET`: corpus
+text with needles planted, questions at the end, the loss on the answers' digits), then
+`python -m efficient_lm.evaluate --task=needle` over `GRID` (the base corpus's test text as
+haystack, the training source's key words, 20 needles a cell, the same prompts for every model:
+`--seed=0`). Its needle.json and heatmap (needle.png) go to
+experiments/results/needle_reach/<model>@<seed>/, and a row to
+experiments/results/registered/needle_reach.json: exact match and top-1 over all prompts, over
+the prompts whose needle lies past `REACH` tokens from the prompt's end (no token of it visible to
+a 2-layer window of 128, the sliding window's receptive field: `far`) and within it (every token
+of it visible: `near`), and each cell's exact match. Resumable and additive: a finished row is
+kept (`--force` reruns it); a training run resumes from its checkpoints.
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+
+from experiments.common import REPO
+from experiments.runner import run_monitored, tail
+
+DATASET = "needle:needles=1,distractors=2,eval_sequences=64"
+SETTINGS = {"data.dataset": DATASET, "data.seq_len": 1024, "data.batch_size": 8,
+            "model.d_model": 128, "model.num_layers": 2, "model.num_heads": 4,
+            "train.num_steps": 800, "train.learning_rate": 2e-3, "train.warmup_steps": 50,
+            "train.log_every": 50, "train.eval_every": 400, "train.checkpoint_every": 200,
+            "train.sample_prompt": "", "train.sample_tokens": 0,
+            "mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1, "mesh.context": 1}
+MODELS = {
+    "dense": ("configs/dense.py", {}),
+    "sliding_window": ("configs/sliding_window.py", {"model.window": 128}),
+    # Skips 128 .. 896 back: one hop reaches every needle of a 1,024-token prompt.
+    "pi_attention": ("configs/pi_attention.py", {"model.window": 128, "model.period": 128,
+                                                 "model.num_skips": 7}),
+    "bcmt": ("configs/bcmt.py", {"model.block_size": 128}),
+    "honly": ("configs/bcmt.py:honly", {"model.block_size": 128}),
+    # Pieces of 128: two hops over overlapping pairs reach 256-383 tokens back.
+    "ecp": ("configs/ecp.py", {"model.num_segments": 8}),
+    # Latents: the last 128 positions (the questions and answers sit there), reading every input.
+    "perceiver_ar": ("configs/perceiver_ar.py", {"model.num_latents": 128}),
+}
+GRID = {"lengths": "256,512,768,1024", "depths": "0,0.25,0.5,0.75,1", "needles_per_cell": 20,
+        "variant": "single", "distractors": 9, "seed": 0}
+REACH = 254  # the sliding window's receptive field: 2 layers x (window 128 - 1)
+SEEDS = (0, 1, 2)
+RESULTS = os.path.join(REPO, "experiments", "results", "registered", "needle_reach.json")
+FIGURES = os.path.join(REPO, "experiments", "results", "needle_reach")
+
+
+def train_command(model: str, seed: int, workdir: str) -> list[str]:
+  config, fields = MODELS[model]
+  settings = {**SETTINGS, **fields, "train.seed": seed}
+  return [sys.executable, "-m", "efficient_lm.main", f"--config={config}", f"--workdir={workdir}",
+          *[f"--config.{k}={v}" for k, v in settings.items()]]
+
+
+def eval_command(workdir: str, out: str) -> list[str]:
+  return [sys.executable, "-m", "efficient_lm.evaluate", f"--workdir={workdir}", "--task=needle",
+          "--keys=words", *[f"--{k}={v}" for k, v in GRID.items()], f"--out={out}"]
+
+
+def by_reach(record: dict, reach: int = REACH) -> dict:
+  """Exact match and top-1 over every prompt of a needle.json `record`, over the prompts whose
+  needle lies wholly past `reach` tokens before the prompt's last token (`far`: the needle ends at
+  or before index length - reach), and wholly within it (`near`: it starts at or after that)."""
+  groups = {"all": [], "far": [], "near": []}
+  for cell in record["cells"]:
+    edge = cell["length"] - reach
+    for a in cell["answers"]:
+      groups["all"].append(a)
+      if a["needle_end"] <= edge:
+        groups["far"].append(a)
+      elif a["needle_start"] >= edge:
+        groups["near"].append(a)
+  out = {}
+  for name, rows in groups.items():
+    n = len(rows)
+    out[f"prompts_{name}"] = n
+    out[f"exact_{name}"] = sum(a["exact"] for a in rows) / n if n else None
+    out[f"top1_{name}"] = sum(a["rank"] == 1 for a in rows) / n if n else None
+  out["min_cell_exact"] = min(c["exact"]["share"] for c in record["cells"])
+  return out
+
+
+def run_row(model: str, seed: int, args) -> dict:
+  key = f"{model}@{seed}"
+  workdir = os.path.join(args.workdir_root, key)
+  os.makedirs(workdir, exist_ok=True)
+  train = train_command(model, seed, workdir)
+  print(f"{key}: training", flush=True)
+  run = run_monitored(train, workdir + ".log", args.pause_file)
+  if run["returncode"] != 0:
+    raise RuntimeError(f"{key} training failed:\n{tail(workdir + '.log')}")
+  out = os.path.join(args.figures, key)
+  score = eval_command(workdir, out)
+  print(f"{key}: needle grid", flush=True)
+  scored = run_monitored(score, workdir + ".needle.log", args.pause_file)
+  if scored["returncode"] != 0:
+    raise RuntimeError(f"{key} needle grid failed:\n{tail(workdir + '.needle.log')}")
+  with open(os.path.join(out, "needle.json")) as f:
+    record = json.load(f)
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    final = [m for m in map(json.loads, f) if "eval_loss" in m][-1]
+  from experiments.long_range import code_version  # pylint: disable=import-outside-toplevel
+  return {"model": model, "seed": seed, **by_reach(record), "chance_top1": record["chance"]["top1"],
+          "cells": [{"length": c["length"], "depth": c["depth"], "exact": c["exact"]["share"],
+                     "top1": c["top1"]["share"]} for c in record["cells"]],
+          "answer_loss": final["eval_loss"], "step": record["step"],
+          "figures": os.path.relpath(out, REPO), "train_seconds": run["seconds"],
+          "cpu_seconds": run["cpu_seconds"] + scored["cpu_seconds"], "load_mean": run["load_mean"],
+          "command": " ".join(train), "eval_command": " ".join(score), "code": code_version()}
+
+
+def load(path: str) -> dict:
+  if os.path.isfile(path):
+    with open(path) as f:
+      return json.load(f)
+  return {"rows": []}
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--models", default=",".join(MODELS))
+  parser.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+  parser.add_argument("--force", action="store_true")
+  parser.add_argument("--results", default=RESULTS)
+  parser.add_argument("--figures", default=FIGURES)
+  parser.add_argument("--workdir_root", default=os.path.join(REPO, "runs", "registered", "needle_reach"))
+  parser.add_argument("--pause_file", default="")
+  args = parser.parse_args(argv)
+  unknown = sorted(set(args.models.split(",")) - set(MODELS))
+  if unknown:
+    sys.exit(f"error: --models: unknown {unknown}; use {', '.join(MODELS)}")
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the running row too
+  results = load(args.results)
+  done = {(r["model"], r["seed"]): r for r in results["rows"]}
+  for seed in map(int, args.seeds.split(",")):
+    for model in args.models.split(","):
+      if (model, seed) not in done or args.force:
+        done[(model, seed)] = run_row(model, seed, args)
+        results.update(rows=sorted(done.values(), key=lambda r: (r["model"], r["seed"])),
+                       settings=SETTINGS, models={k: v[1] for k, v in MODELS.items()},
+                       grid=GRID, reach=REACH)
+        os.makedirs(os.path.dirname(args.results), exist_ok=True)
+        with open(args.results + ".tmp", "w") as f:
+          json.dump(results, f, indent=1)
+        os.replace(args.results + ".tmp", args.results)
+      r = done[(model, seed)]
+      print(f"{model}@{seed}: exact {r['exact_all']:.3f} (far {r['exact_far']}, near "
+            f"{r['exact_near']}), top-1 {r['top1_all']:.3f}, answer loss {r['answer_loss']:.4f}",
+            flush=True)
+
+
+if __name__ == "__main__":
+  main()
