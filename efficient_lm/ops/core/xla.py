@@ -611,24 +611,36 @@ def _stride_of(call, q_start_static: int | None) -> _Stride | None:
   valid_lo = ko if q_start_static is None else max(ko, -q_start_static)
   masked = q_start_static is None or lowest < valid_lo or highest >= ko + call.Tk
   plan = plan_for(rows_pattern, rows, key_rows, q_start=front, k_start=first, scale=call.scale,
-                  layout=call.layout)
+                  layout="BHTK")
   return _Stride(period=P, rows=rows, front=front, key_rows=key_rows, pattern=rows_pattern,
                  masked=masked, plan=plan)
 
 
+def _column_perm(ndim: int, axis: int, heads: bool) -> tuple[int, ...]:
+  """The transpose from x reshaped to `[.., rows, P, ..]` (rows at `axis`) to `[B, P, H, rows, ..]`
+  (`heads`: x has a heads axis beside the sequence, "BTHK" or "BHTK") or `[B, P, rows]`."""
+  if not heads:
+    return (0, 2, 1)
+  if axis == 1:  # [B, rows, P, H, (K)]
+    return (0, 2, 3, 1, *range(4, ndim))
+  return (0, 3, 1, 2, *range(4, ndim))  # [B, H, rows, P, (K)]
+
+
 def _to_columns(x: jax.Array, start, rows: int, P: int, axis: int, value=0) -> jax.Array:
-  """x[start : start + rows P] along `axis` (`value` outside x) as `[B P, ..., rows, ...]`: the
-  period's columns batched, each a sequence of rows."""
+  """x[start : start + rows P] along `axis` (`value` outside x) as the period's columns batched,
+  heads-first: `[B P, H, rows, ...]` (`[B P, rows]` for document ids `[B, T]`)."""
   w = _window(x, start, rows * P, axis=axis, value=value)
   w = w.reshape(*w.shape[:axis], rows, P, *w.shape[axis + 1:])
-  w = jnp.moveaxis(w, axis + 1, 1)
+  w = jnp.transpose(w, _column_perm(w.ndim, axis, x.ndim > 2))
   return w.reshape(w.shape[0] * P, *w.shape[2:])
 
 
 def _from_columns(y: jax.Array, P: int, axis: int) -> jax.Array:
-  """The inverse of `_to_columns`' reshaping: `[B P, ..., rows, ...]` -> `[B, ..., rows P, ...]`."""
+  """The inverse of `_to_columns`' reshaping: `[B P, H, rows, ...]` -> x's layout, rows P long
+  (the sequence at `axis`)."""
   y = y.reshape(y.shape[0] // P, P, *y.shape[1:])
-  y = jnp.moveaxis(y, 1, axis + 1)
+  perm = _column_perm(y.ndim, axis, True)
+  y = jnp.transpose(y, [perm.index(a) for a in range(y.ndim)])
   return y.reshape(*y.shape[:axis], y.shape[axis] * P, *y.shape[axis + 2:])
 
 
