@@ -588,28 +588,29 @@ class _Stride:
   plan: Plan
 
 
-def _stride_of(call, q_start_static: int | None) -> _Stride | None:
-  """The stride piece's geometry (None when no query can see a skip key)."""
+def _stride_of(call) -> _Stride | None:
+  """The stride piece's geometry (None when no query can see a skip key). A traced key offset
+  needs a bounded stride (the grid then reaches skip_to rows back, the keys' place unknown)."""
   pattern, P = call.pattern, call.pattern.period
   first, last = pattern.skip_from, pattern.skip_to
   ko = call.k_offset
   rows = cdiv(call.Tq, P)
-  front = max(0, cdiv(-ko, P))
-  if last is not None:
-    front = min(front, last)
+  if ko is None:
+    front = last
+  else:
+    front = max(0, cdiv(-ko, P)) if last is None else min(max(0, cdiv(-ko, P)), last)
   key_rows = front + rows - first
   if key_rows <= 0:
     return None
   reach_rows = front + rows - 1  # the farthest a query row looks back, in rows
-  if last is None or last - first + 1 >= reach_rows + 1:
+  if last is None or last >= reach_rows:
     rows_pattern = Pattern.dense()
   else:
     rows_pattern = Pattern.sliding(last - first + 1)
-  # Keys the real queries can reach on the grid, against those that exist.
-  lowest = -front * P if last is None else max(-front * P, -last * P)
-  highest = call.Tq - 1 - first * P
-  valid_lo = ko if q_start_static is None else max(ko, -q_start_static)
-  masked = q_start_static is None or lowest < valid_lo or highest >= ko + call.Tk
+  # Keys the real queries can reach on the grid (from -front P), against those that exist.
+  masked = True
+  if call.q_start is not None and ko is not None:
+    masked = (-front * P < max(ko, -call.q_start) or call.Tq - 1 - first * P >= ko + call.Tk)
   plan = plan_for(rows_pattern, rows, key_rows, q_start=front, k_start=first, scale=call.scale,
                   layout="BHTK")
   return _Stride(period=P, rows=rows, front=front, key_rows=key_rows, pattern=rows_pattern,
@@ -644,11 +645,18 @@ def _from_columns(y: jax.Array, P: int, axis: int) -> jax.Array:
   return y.reshape(*y.shape[:axis], y.shape[axis] * P, *y.shape[axis + 2:])
 
 
-def _stride_inputs(call, geo: _Stride, q, k, v, q_start, skip_prior, q_segments, k_segments):
-  """The row call's q, k, v, prior and document ids (columns batched)."""
+def _key_offset(call, q_start, k_start):
+  """k_start - q_start: static when the call's is, else traced."""
+  if call.k_offset is not None:
+    return call.k_offset
+  return jnp.asarray(k_start, jnp.int32) - jnp.asarray(q_start, jnp.int32)
+
+
+def _stride_inputs(call, geo: _Stride, q, k, v, q_start, ko, skip_prior, q_segments, k_segments):
+  """The row call's q, k, v, prior and document ids (columns batched); ko = k_start - q_start."""
   t = 1 if call.layout == "BTHK" else 2
   P, rows, key_rows = geo.period, geo.rows, geo.key_rows
-  k_first = -geo.front * P - call.k_offset  # the key index of the grid's first slot
+  k_first = -geo.front * P - ko  # the key index of the grid's first slot
   cols = lambda x, start, n, axis=t, value=0: _to_columns(x, start, n, P, axis, value)
   q_c, k_c, v_c = cols(q, 0, rows), cols(k, k_first, key_rows), cols(v, k_first, key_rows)
   sp_c = None if skip_prior is None else cols(skip_prior.astype(F32), 0, rows)
@@ -656,7 +664,7 @@ def _stride_inputs(call, geo: _Stride, q, k, v, q_start, skip_prior, q_segments,
   if geo.masked or q_segments is not None:
     B, Tk = k.shape[0], call.Tk
     kseg = (jnp.zeros((B, Tk), jnp.int32) if k_segments is None else k_segments.astype(jnp.int32))
-    u = jnp.arange(Tk, dtype=jnp.int32) + call.k_offset
+    u = jnp.arange(Tk, dtype=jnp.int32) + ko
     kseg = jnp.where((jnp.asarray(q_start, jnp.int32) + u >= 0)[None], kseg, _NO_DOCUMENT)
     qseg = (jnp.zeros((B, call.Tq), jnp.int32) if q_segments is None
             else q_segments.astype(jnp.int32))
@@ -664,39 +672,44 @@ def _stride_inputs(call, geo: _Stride, q, k, v, q_start, skip_prior, q_segments,
   return q_c, k_c, v_c, sp_c, segs
 
 
-def stride_attend(call, q, k, v, q_start, skip_prior=None, q_segments=None, k_segments=None):
+def stride_attend(call, q, k, v, q_start, skip_prior=None, q_segments=None, k_segments=None, *,
+                  k_start=None):
   """(o, lse) of the call's skip keys alone, in `call.layout` (lse like the priors): one call of
   this core over the period's columns (`_Stride`), differentiable in q, k, v and the skip prior
-  (under cotangents on o and lse). Needs a static `call.k_offset`; no explicit key positions."""
-  geo = _stride_of(call, call.q_start)
+  (under cotangents on o and lse). No explicit key positions; a traced key offset (k_start given)
+  needs a bounded stride."""
+  geo = _stride_of(call)
   t = 1 if call.layout == "BTHK" else 2
   if geo is None:
     B, H = q.shape[0], q.shape[3 - t]
     lse = jnp.full((B, call.Tq, H) if t == 1 else (B, H, call.Tq), NO_KEY_LSE, F32)
     return jnp.zeros((*q.shape[:3], v.shape[-1]), q.dtype), lse
-  q_c, k_c, v_c, sp_c, segs = _stride_inputs(call, geo, q, k, v, q_start, skip_prior, q_segments,
-                                             k_segments)
+  ko = _key_offset(call, q_start, k_start)
+  q_c, k_c, v_c, sp_c, segs = _stride_inputs(call, geo, q, k, v, q_start, ko, skip_prior,
+                                             q_segments, k_segments)
   o_c, lse_c = attend(geo.plan, q_c, k_c, v_c, geo.front, call.pattern.skip_from, None, sp_c, None,
                       *segs)
   o = _window(_from_columns(o_c, geo.period, t), 0, call.Tq, axis=t)
   return o, _window(_from_columns(lse_c, geo.period, t), 0, call.Tq, axis=t)
 
 
-def _stride_backward(call, q, k, v, q_start, skip_prior, q_segments, k_segments, o, lse, do, dlse):
+def _stride_backward(call, q, k, v, q_start, k_start, skip_prior, q_segments, k_segments, o, lse,
+                     do, dlse):
   """(dq, dk, dv, d skip_prior) of the stride piece at the given o and lse (those of the union)."""
-  geo = _stride_of(call, call.q_start)
+  geo = _stride_of(call)
   if geo is None:
     return (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v),
             None if skip_prior is None else jnp.zeros_like(skip_prior))
   t = 1 if call.layout == "BTHK" else 2
   P, rows = geo.period, geo.rows
-  q_c, k_c, v_c, sp_c, segs = _stride_inputs(call, geo, q, k, v, q_start, skip_prior, q_segments,
-                                             k_segments)
+  ko = _key_offset(call, q_start, k_start)
+  q_c, k_c, v_c, sp_c, segs = _stride_inputs(call, geo, q, k, v, q_start, ko, skip_prior,
+                                             q_segments, k_segments)
   o_c, lse_c, do_c, dlse_c = (_to_columns(x, 0, rows, P, t) for x in (o, lse, do, dlse))
   dq_c, dk_c, dv_c, dsp_c, _ = attend_backward(geo.plan, q_c, k_c, v_c, geo.front,
                                                call.pattern.skip_from, None, sp_c, None, *segs,
                                                o_c, lse_c, do_c, dlse_c)
-  k_first = -geo.front * P - call.k_offset
+  k_first = -geo.front * P - ko
   back = lambda y, start, n: _window(_from_columns(y, P, t), start, n, axis=t)
   dq = back(dq_c, 0, call.Tq)
   dk, dv = back(dk_c, -k_first, call.Tk), back(dv_c, -k_first, call.Tk)
@@ -711,8 +724,8 @@ def _stride_apart(call) -> bool:
 
 
 def _explicit(call, k_start):
-  """A call with a traced key offset and skips, as explicit key positions (the stride piece needs
-  a static offset)."""
+  """A call with a traced key offset and skips back to the sequence start, as explicit key
+  positions (the stride piece cannot place such keys on a static grid)."""
   return dataclasses.replace(call, explicit=True), jnp.asarray(k_start, jnp.int32) + jnp.arange(
       call.Tk, dtype=jnp.int32)
 
@@ -725,20 +738,21 @@ def _plan(call, q_start, k_start) -> Plan:
 def _backend_attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
                     q_segments, k_segments, *, interpret: bool = False):
   del interpret  # XLA needs no kernel interpreter
-  if _stride_apart(call) and call.k_offset is None:
+  if _stride_apart(call) and call.k_offset is None and call.pattern.skip_to is None:
     call, k_positions = _explicit(call, k_start)
   if not _stride_apart(call):
     return attend(_plan(call, q_start, k_start), q, k, v, q_start, k_start, k_positions,
                   local_prior, skip_prior, q_segments, k_segments)
   local = attend(_plan(call, q_start, k_start), q, k, v, q_start, k_start, None, local_prior, None,
                  q_segments, k_segments)
-  return merge([local, stride_attend(call, q, k, v, q_start, skip_prior, q_segments, k_segments)])
+  return merge([local, stride_attend(call, q, k, v, q_start, skip_prior, q_segments, k_segments,
+                                     k_start=k_start)])
 
 
 def _backend_backward(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
                       q_segments, k_segments, o, lse, do, dlse, *, interpret: bool = False):
   del interpret
-  if _stride_apart(call) and call.k_offset is None:
+  if _stride_apart(call) and call.k_offset is None and call.pattern.skip_to is None:
     call, k_positions = _explicit(call, k_start)
   if not _stride_apart(call):
     return attend_backward(_plan(call, q_start, k_start), q, k, v, q_start, k_start, k_positions,
@@ -746,8 +760,8 @@ def _backend_backward(call, q, k, v, q_start, k_start, k_positions, local_prior,
   dq, dk, dv, dlp, _ = attend_backward(_plan(call, q_start, k_start), q, k, v, q_start, k_start,
                                        None, local_prior, None, q_segments, k_segments, o, lse, do,
                                        dlse)
-  sq, sk, sv, dsp = _stride_backward(call, q, k, v, q_start, skip_prior, q_segments, k_segments,
-                                     o, lse, do, dlse)
+  sq, sk, sv, dsp = _stride_backward(call, q, k, v, q_start, k_start, skip_prior, q_segments,
+                                     k_segments, o, lse, do, dlse)
   return dq + sq, dk + sk, dv + sv, dlp, dsp
 
 
