@@ -6,14 +6,15 @@ shifts lse_l. The skips are π's stride, one piece however many they are: the
 XLA core's `stride_attend` (keys viewed as `[T / period, period]`, a window
 along the row axis per column, the skip prior on its logits). The union's
 softmax is the log-sum-exp merge of the two parts, exactly the one-softmax
-definition. Autodiff carries the cotangents; the kernel sees one on o_l and
-one on lse_l.
+definition. Like the kernel, the stride piece runs per shard of the mesh
+(`kernel_mesh.per_shard`: each device's batch rows and heads). Autodiff
+carries the cotangents; the kernel sees one on o_l and one on lse_l.
 """
 
 import jax
 import jax.numpy as jnp
 
-from efficient_lm.ops.core import xla
+from efficient_lm.ops.core import kernel_mesh, xla
 from efficient_lm.ops.core.merge import merge
 from efficient_lm.ops.core.plan import NO_KEY_LSE
 
@@ -47,5 +48,18 @@ def attend_with_skips(local_attend, call, q, k, v, q_start, local_prior, skip_pr
   call's layout; document ids `[B, Tq]`, `[B, Tk]`."""
   o_l, lse_l = local_attend(q, k, v)
   local = (o_l, _with_prior(lse_l.astype(F32), local_prior))
-  stride = xla.stride_attend(call, q, k, v, q_start, skip_prior, q_segments, k_segments)
-  return merge([local, stride])
+  return merge([local, _stride(call, q, k, v, q_start, skip_prior, q_segments, k_segments)])
+
+
+def _stride(call, q, k, v, q_start, skip_prior, q_segments, k_segments):
+  """`xla.stride_attend` on each device's own batch rows and heads (attention mixes neither)."""
+  static = isinstance(q_start, int)
+  start = None if static else jnp.reshape(jnp.asarray(q_start, jnp.int32), (1,))
+
+  def stride(q, k, v, start, sp, qseg, kseg):
+    return xla.stride_attend(call, q, k, v, q_start if static else start[0], sp, qseg, kseg)
+
+  arrays = [q, k, v, start, skip_prior, q_segments, k_segments]
+  kinds = ["qkv", "qkv", "qkv", "replicated", "rows", "ids", "ids"]
+  kinds = [kind if x is not None else "none" for x, kind in zip(arrays, kinds)]
+  return kernel_mesh.per_shard(stride, arrays, kinds, ["qkv", "rows"], layout=call.layout)
