@@ -11,14 +11,21 @@ batch 1; `model.num_skips` 0 vs 63). Reported per program: compile seconds (`low
 the median of --repeats fresh compiles with `jax.clear_caches()` between), and the line counts
 of the lowered StableHLO and of the compiled (optimized) HLO text. `--runtime=1024,2048` also
 times the default π train step (window 128, period 128, 3 skips; batch 1) at those lengths: the
-median of --steps calls after compilation.
+median of --steps calls after compilation. `--against=/work/main` times that step side by side
+with the code of another checkout: one worker process per tree (PYTHONPATH), compiled once, then
+their steps called in turn, so the ratio holds on a loaded machine:
+
+    nice -n 5 python -m experiments.bench_compile_skips --repeats=0 --runtime=1024,2048 \
+        --steps=7 --against=/work/main
 """
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 
 import jax
@@ -95,12 +102,51 @@ def step_seconds(config, steps: int) -> float:
   return statistics.median(times)
 
 
+def worker(seq_len: int) -> None:
+  """Compiles the default π step at `seq_len`, says 'ready', then times one step per input line."""
+  step, state, batch = train_program(pi_config(seq_len))
+  compiled = step.lower(state, batch).compile()
+  state, metrics = compiled(state, batch)
+  jax.block_until_ready(metrics)
+  print("ready", flush=True)
+  for _ in sys.stdin:
+    start = time.perf_counter()
+    state, metrics = compiled(state, batch)
+    jax.block_until_ready(metrics)
+    print(time.perf_counter() - start, flush=True)
+
+
+def side_by_side(seq_len: int, trees: dict, steps: int) -> dict:
+  """Median step seconds of each tree's worker, their steps called in turn."""
+  procs = {}
+  for name, tree in trees.items():
+    env = dict(os.environ, PYTHONPATH=tree)
+    procs[name] = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker",
+                                    str(seq_len)], env=env, cwd=tree, stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+  for proc in procs.values():
+    assert proc.stdout.readline().strip() == "ready"
+  times = {name: [] for name in procs}
+  for _ in range(steps):
+    for name, proc in procs.items():
+      proc.stdin.write("step\n")
+      proc.stdin.flush()
+      times[name].append(float(proc.stdout.readline()))
+  for proc in procs.values():
+    proc.stdin.close()
+    proc.wait()
+  return {name: {"median_s": statistics.median(t), "all_s": t} for name, t in times.items()}
+
+
 def main():
+  if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+    return worker(int(sys.argv[2]))
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--train_step", type=int, default=1, help="1: also the π train step")
   parser.add_argument("--runtime", default="", help="e.g. 1024,2048: time the default π step")
   parser.add_argument("--steps", type=int, default=5)
+  parser.add_argument("--against", default="", help="another checkout: time its step beside")
   parser.add_argument("--json", default="")
   args = parser.parse_args()
   window = Pattern.sliding(WINDOW)
@@ -112,9 +158,10 @@ def main():
                                if WINDOW <= m * PERIOD < T)),
             "repeats": args.repeats, "git": rev, "jax": jax.__version__,
             "machine": platform.processor() or platform.machine()}
-  result["core"] = {"window": _compile(core_program(window, False), args.repeats),
-                    "window+skips": _compile(core_program(skips, True), args.repeats)}
-  if args.train_step:
+  if args.repeats:
+    result["core"] = {"window": _compile(core_program(window, False), args.repeats),
+                      "window+skips": _compile(core_program(skips, True), args.repeats)}
+  if args.train_step and args.repeats:
     small = dict(d_model=64, num_layers=2, num_heads=2, window=WINDOW, period=PERIOD)
     result["train_step"] = {}
     for name, num_skips in (("window", 0), ("window+skips", NUM_SKIPS)):
@@ -125,7 +172,14 @@ def main():
       w, s = result[part]["window"], result[part]["window+skips"]
       result[part]["ratio"] = {key: s[key] / w[key]
                                for key in ("compile_s", "stablehlo_lines", "hlo_lines")}
-  if args.runtime:
+  if args.runtime and args.against:
+    result["runtime_side_by_side"] = {}
+    for seq_len in (int(x) for x in args.runtime.split(",")):
+      times = side_by_side(seq_len, {"this": REPO, "against": os.path.abspath(args.against)},
+                           args.steps)
+      times["ratio"] = times["this"]["median_s"] / times["against"]["median_s"]
+      result["runtime_side_by_side"][str(seq_len)] = times
+  elif args.runtime:
     result["runtime_s"] = {}
     for seq_len in (int(x) for x in args.runtime.split(",")):
       result["runtime_s"][str(seq_len)] = step_seconds(pi_config(seq_len), args.steps)
