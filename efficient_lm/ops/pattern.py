@@ -43,6 +43,7 @@ def is_int(x) -> bool:
   return isinstance(x, int) and not isinstance(x, bool)
 
 
+_is_int = is_int  # this module's checks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,13 +62,13 @@ class Pattern:
       raise ValueError(f"Pattern.causal={self.causal!r} must be True or False")
     for name in ("window", "block_size", "period"):
       value = getattr(self, name)
-      if value is not None and (not is_int(value) or value < 1):
+      if value is not None and (not _is_int(value) or value < 1):
         raise ValueError(f"Pattern.{name}={value!r} must be a positive integer or None")
-    if not is_int(self.lookback) or self.lookback < 0:
+    if not _is_int(self.lookback) or self.lookback < 0:
       raise ValueError(f"Pattern.lookback={self.lookback!r} must be a non-negative integer")
-    if not is_int(self.skip_from) or self.skip_from < 1:
+    if not _is_int(self.skip_from) or self.skip_from < 1:
       raise ValueError(f"Pattern.skip_from={self.skip_from!r} must be a positive integer")
-    if self.skip_to is not None and (not is_int(self.skip_to) or self.skip_to < self.skip_from):
+    if self.skip_to is not None and (not _is_int(self.skip_to) or self.skip_to < self.skip_from):
       raise ValueError(f"Pattern.skip_to={self.skip_to!r} must be an integer >= skip_from="
                        f"{self.skip_from}, or None (back to the sequence start)")
     if self.period is None:
@@ -114,11 +115,11 @@ class Pattern:
     Skips inside the window (m * period < window) are local keys already; with
     `seq_len`, skips that never land (m * period >= seq_len) are dropped.
     """
-    if not is_int(period) or period < 1:
+    if not _is_int(period) or period < 1:
       raise ValueError(f"period={period!r} must be a positive integer")
-    if num_skips is not None and (not is_int(num_skips) or num_skips < 0):
+    if num_skips is not None and (not _is_int(num_skips) or num_skips < 0):
       raise ValueError(f"num_skips={num_skips!r} must be a non-negative integer or None")
-    if not is_int(window) or window < 1:
+    if not _is_int(window) or window < 1:
       raise ValueError(f"window={window!r} must be a positive integer")
     first = max(1, -(-window // period))
     last = num_skips
@@ -151,6 +152,11 @@ class Pattern:
     if last is None:
       raise ValueError(f"{self} skips back to the sequence start: pass seq_len to skip_offsets")
     return tuple(m * self.period for m in range(self.skip_from, last + 1))
+
+  @property
+  def skips(self) -> tuple[int, ...]:
+    """`skip_offsets()`: the skip distances of a bounded stride (readers of the former field)."""
+    return self.skip_offsets()
 
   # Visibility, on broadcasting integer arrays (traced values are fine).
 
