@@ -37,7 +37,6 @@ def is_int(x) -> bool:
   return isinstance(x, int) and not isinstance(x, bool)
 
 
-_is_int = is_int  # this module's checks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +53,11 @@ class Pattern:
       raise ValueError(f"Pattern.causal={self.causal!r} must be True or False")
     for name in ("window", "block_size"):
       value = getattr(self, name)
-      if value is not None and (not _is_int(value) or value < 1):
+      if value is not None and (not is_int(value) or value < 1):
         raise ValueError(f"Pattern.{name}={value!r} must be a positive integer or None")
-    if not _is_int(self.lookback) or self.lookback < 0:
+    if not is_int(self.lookback) or self.lookback < 0:
       raise ValueError(f"Pattern.lookback={self.lookback!r} must be a non-negative integer")
-    if not isinstance(self.skips, tuple) or not all(_is_int(d) and d > 0 for d in self.skips):
+    if not isinstance(self.skips, tuple) or not all(is_int(d) and d > 0 for d in self.skips):
       raise ValueError(f"Pattern.skips={self.skips!r} must be a tuple of positive integers")
     if self.skips:
       if self.window is None or self.block_size is not None or not self.causal:
@@ -97,11 +96,11 @@ class Pattern:
     Skips inside the window (m * period < window) are local keys already; with
     `seq_len`, skips that never land (m * period >= seq_len) are dropped.
     """
-    if not _is_int(period) or period < 1:
+    if not is_int(period) or period < 1:
       raise ValueError(f"period={period!r} must be a positive integer")
-    if not _is_int(num_skips) or num_skips < 0:
+    if not is_int(num_skips) or num_skips < 0:
       raise ValueError(f"num_skips={num_skips!r} must be a non-negative integer")
-    if not _is_int(window) or window < 1:
+    if not is_int(window) or window < 1:
       raise ValueError(f"window={window!r} must be a positive integer")
     skips = tuple(m * period for m in range(1, num_skips + 1)
                   if m * period >= window and (seq_len is None or m * period < seq_len))
