@@ -144,6 +144,11 @@ def kv_cache_extend(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: ja
            jnp.concatenate([cache["seg"], seg_BC], axis=1)), new_cache)
 
 
+def _put(a: jax.Array, x: jax.Array, slot, axis: int) -> jax.Array:
+  """`a` with `x` (cast to `a`'s dtype) written at `slot` along `axis`: an in-place slice update."""
+  return jax.lax.dynamic_update_slice_in_dim(a, x.astype(a.dtype), slot, axis)
+
+
 def kv_cache_write(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: jax.Array,
                    seg_BC: jax.Array, visible: "Visible | None" = None) -> dict:
   """The cache after storing the chunk (only its last `span` tokens when the chunk is longer).
@@ -153,9 +158,8 @@ def kv_cache_write(cache: dict, k_BCHK: jax.Array, v_BCHK: jax.Array, pos_C: jax
   k_NCK, v_NCK = heads_first(k_BCHK), heads_first(v_BCHK)
   if k_NCK.shape[1] == 1:  # a decoding step: an in-place slice update
     slot = pos_C[0] % span
-    put = lambda a, x, axis: jax.lax.dynamic_update_slice_in_dim(a, x.astype(a.dtype), slot, axis)
-    return dict(cache, k=put(cache["k"], k_NCK, 1), v=put(cache["v"], v_NCK, 1),
-                pos=put(cache["pos"], pos_C, 0), seg=put(cache["seg"], seg_BC, 1))
+    return dict(cache, k=_put(cache["k"], k_NCK, slot, 1), v=_put(cache["v"], v_NCK, slot, 1),
+                pos=_put(cache["pos"], pos_C, slot, 0), seg=_put(cache["seg"], seg_BC, slot, 1))
   last = pos_C[-1]
   if k_NCK.shape[1] > span:
     k_NCK, v_NCK, pos_C, seg_BC = k_NCK[:, -span:], v_NCK[:, -span:], pos_C[-span:], seg_BC[:, -span:]
@@ -207,11 +211,10 @@ def _refill_window(cache: dict, last: jax.Array, window: int) -> dict:
   p_W = last - (last - w_W) % window
   slots_W = p_W % span
   pos_W = jnp.where(cache["pos"][slots_W] == p_W, p_W, -1)
-  put = lambda a, x, axis: jax.lax.dynamic_update_slice_in_dim(a, x.astype(a.dtype), 0, axis)
-  return dict(cache, vis_k=put(cache["vis_k"], cache["k"][:, slots_W], 1),
-              vis_v=put(cache["vis_v"], cache["v"][:, slots_W], 1),
-              vis_pos=put(cache["vis_pos"], pos_W, 0),
-              vis_seg=put(cache["vis_seg"], cache["seg"][:, slots_W], 1))
+  return dict(cache, vis_k=_put(cache["vis_k"], cache["k"][:, slots_W], 0, 1),
+              vis_v=_put(cache["vis_v"], cache["v"][:, slots_W], 0, 1),
+              vis_pos=_put(cache["vis_pos"], pos_W, 0, 0),
+              vis_seg=_put(cache["vis_seg"], cache["seg"][:, slots_W], 0, 1))
 
 
 def kv_cache_step(cache: dict, k_B1HK: jax.Array, v_B1HK: jax.Array, position: jax.Array,
@@ -220,8 +223,7 @@ def kv_cache_step(cache: dict, k_B1HK: jax.Array, v_B1HK: jax.Array, position: j
   token into window slot position % window (in place), and each skip's key (position - d) copied
   from the ring into the skip slots. O(B H (1 + skips) K) a step."""
   span = cache["pos"].shape[0]
-  put = lambda name, x, slot, axis: jax.lax.dynamic_update_slice_in_dim(
-      cache[name], x.astype(cache[name].dtype), slot, axis)
+  put = lambda name, x, slot, axis: _put(cache[name], x, slot, axis)  # the current `cache`
   slot = position % visible.window
   cache = dict(cache, vis_k=put("vis_k", heads_first(k_B1HK), slot, 1),
                vis_v=put("vis_v", heads_first(v_B1HK), slot, 1),
