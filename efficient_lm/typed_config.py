@@ -15,7 +15,7 @@ ConfigDict into the typed object at the edge. This module imports no jax (`--hel
 import dataclasses
 from typing import Any, Callable, ClassVar
 
-from efficient_lm.validation import ConfigError, require
+from efficient_lm.validation import ConfigError, is_int, require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,17 +35,13 @@ class Check:
     return self.requirement
 
 
-def _is_int(value: Any) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
 def positive_int(fix: str = "set {field} to an integer >= 1") -> Check:
-  return Check(lambda v: _is_int(v) and v > 0, "must be a positive integer", fix)
+  return Check(lambda v: is_int(v) and v > 0, "must be a positive integer", fix)
 
 
 def non_negative_int(requirement: str = "must be a non-negative integer",
                      fix: str = "set {field} to an integer >= 0") -> Check:
-  return Check(lambda v: _is_int(v) and v >= 0, requirement, fix)
+  return Check(lambda v: is_int(v) and v >= 0, requirement, fix)
 
 
 def boolean(fix: str = "set {field}=False or True") -> Check:

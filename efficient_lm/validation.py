@@ -19,8 +19,13 @@ def require(ok: bool, field: str, value: Any, requirement: str, fix: str) -> Non
     raise ConfigError(f"{field}={value!r} {requirement}; {fix}")
 
 
+def is_int(value: Any) -> bool:
+  """An int and not a bool: the library's one integer check (configs, patterns, plans)."""
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
 def require_positive_int(field: str, value: Any) -> None:
-  require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
+  require(is_int(value) and value > 0,
           field, value, "must be a positive integer", f"set {field} to an integer >= 1")
 
 

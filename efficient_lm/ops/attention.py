@@ -21,7 +21,8 @@ hardware runs only with `interpret=True`); with `mesh=` (more than one device al
 import jax
 import jax.numpy as jnp
 
-from efficient_lm.ops.pattern import Pattern, is_int
+from efficient_lm.ops.pattern import Pattern
+from efficient_lm.validation import is_int
 from efficient_lm.ops.priors import gate_priors
 from efficient_lm.ops.route import Route
 

@@ -20,6 +20,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from efficient_lm.validation import is_int  # a Python int: static, never traced (plan.py too)
+
 Position = int | jax.Array
 
 
@@ -31,10 +33,6 @@ def _min(a: Position, b: Position) -> Position:
   return min(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.minimum(a, b)
 
 
-def is_int(x) -> bool:
-  """A Python int, not a bool: a static size or position, never a traced value (`ops.core.plan`
-  imports it as `is_static`)."""
-  return isinstance(x, int) and not isinstance(x, bool)
 
 
 
