@@ -3,12 +3,14 @@
     nice -n 19 python -m experiments.needle_study --pause_file=/tmp/efficient_lm_quiet
     python -m experiments.needle_study --models=dense,sliding_window --seeds=0
 
-Not registered yet: no setting this CPU affords has yet taught dense retrieval in text (the pilot
-in experiments/README.md, "Needles in text: the pilot"); the study is registered
-(experiments/registered/needle_reach.json, its claims, tests and power) once `SETTINGS` teach it,
-before its runs. Per (model, seed): a training run (`python -m efficient_lm.main` in a subprocess:
-`SETTINGS`, the model's `MODELS[...]`, `train.seed`) on the `needle:` source (`DATASET`: corpus
-text with needles planted, questions at the end, the loss on the answers' digits), then
+Registered (experiments/registered/needle_reach.json: its claims, controls, tests and power) before
+its runs, with the setting the pilot found (experiments/README.md, "Needles in text: the pilot"):
+packed examples of 128 tokens and more (`min_length=128`), so that short haystacks teach the lookup
+and long ones ask for reach, and a 1,024-piece tokenizer.
+
+Per (model, seed): a training run (`python -m efficient_lm.main` in a subprocess: `SETTINGS`, the
+model's `MODELS[...]`, `train.seed`) on the `needle:` source (`DATASET`: corpus text with a needle
+planted, its question at the end, the loss on the answer's digits), then
 `python -m efficient_lm.evaluate --task=needle` over `GRID` (the base corpus's test text as
 haystack, the training source's key words, 20 needles a cell, the same prompts for every model:
 `--seed=0`). Its needle.json and heatmap (needle.png) go to
@@ -16,7 +18,7 @@ experiments/results/needle_reach/<model>@<seed>/, and a row to
 experiments/results/registered/needle_reach.json: exact match and top-1 over all prompts, over
 the prompts whose needle lies past `REACH` tokens from the prompt's end (no token of it visible to
 a 2-layer window of 128, the sliding window's receptive field: `far`) and within it (every token
-of it visible: `near`), and each cell's exact match. Resumable and additive: a finished row is
+of it visible: `near`), each cell's exact match and top-1, and the lowest of each. Resumable and additive: a finished row is
 kept (`--force` reruns it); a training run resumes from its checkpoints.
 """
 
@@ -29,11 +31,12 @@ import sys
 from experiments.common import REPO
 from experiments.runner import run_monitored, tail
 
-DATASET = "needle:needles=1,distractors=2,eval_sequences=64"
-SETTINGS = {"data.dataset": DATASET, "data.seq_len": 1024, "data.batch_size": 8,
-            "model.d_model": 128, "model.num_layers": 2, "model.num_heads": 4,
-            "train.num_steps": 800, "train.learning_rate": 2e-3, "train.warmup_steps": 50,
-            "train.log_every": 50, "train.eval_every": 400, "train.checkpoint_every": 200,
+DATASET = "needle:needles=1,distractors=0,min_length=128,eval_sequences=64"
+SETTINGS = {"data.dataset": DATASET, "data.seq_len": 1024, "data.vocab_size": 1024,
+            "data.batch_size": 8, "model.d_model": 128, "model.num_layers": 2, "model.num_heads": 4,
+            "train.num_steps": 1500, "train.learning_rate": 3e-3, "train.warmup_steps": 50,
+            "train.weight_decay": 0.0,
+            "train.log_every": 50, "train.eval_every": 500, "train.checkpoint_every": 250,
             "train.sample_prompt": "", "train.sample_tokens": 0,
             "mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1, "mesh.context": 1}
 MODELS = {
@@ -89,6 +92,7 @@ def by_reach(record: dict, reach: int = REACH) -> dict:
     out[f"exact_{name}"] = sum(a["exact"] for a in rows) / n if n else None
     out[f"top1_{name}"] = sum(a["rank"] == 1 for a in rows) / n if n else None
   out["min_cell_exact"] = min(c["exact"]["share"] for c in record["cells"])
+  out["min_cell_top1"] = min(c["top1"]["share"] for c in record["cells"])
   return out
 
 

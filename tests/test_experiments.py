@@ -664,3 +664,67 @@ def test_registered_studies_decide_only_from_runs_after_their_registration():
   assert main["note"].startswith("pending") and main["difference"] > 0  # π's loss is lower
   swap = by["pi_window_code_swap"]
   assert swap["difference"] > 0 and all("placebo" in e for e in swap["per_seed"])
+
+
+def _needle_record(cells):
+  """A needle.json record: `cells` of (length, depth, [(needle_start, needle_end, exact, rank)])."""
+  out = []
+  for length, depth, answers in cells:
+    rows = [dict(needle_start=s, needle_end=e, exact=x, rank=r) for s, e, x, r in answers]
+    out.append(dict(length=length, depth=depth, answers=rows,
+                    exact={"share": sum(a["exact"] for a in rows) / len(rows)},
+                    top1={"share": sum(a["rank"] == 1 for a in rows) / len(rows)}))
+  return {"cells": out}
+
+
+def test_needle_rows_split_prompts_by_the_windows_reach():
+  """A needle counts as far when it ends at or before length - reach, near when it starts at or
+  after it, neither when it straddles the edge; the lowest cell's exact and top-1 are kept."""
+  from experiments import needle_study  # pylint: disable=import-outside-toplevel
+  record = _needle_record([
+      (512, 0.0, [(10, 40, True, 1), (250, 258, False, 1)]),  # far; far (ends at 512 - 254)
+      (512, 1.0, [(300, 330, False, 3), (258, 290, True, 1)]),  # near; near (starts there)
+      (1024, 0.5, [(500, 530, False, 2), (769, 790, True, 1)])])  # far; straddles 770
+  row = needle_study.by_reach(record)
+  assert (row["prompts_all"], row["prompts_far"], row["prompts_near"]) == (6, 3, 2)
+  assert row["exact_far"] == pytest.approx(1 / 3) and row["top1_far"] == pytest.approx(2 / 3)
+  assert row["exact_near"] == 0.5 and row["top1_near"] == 0.5
+  assert row["min_cell_exact"] == 0.5 and row["min_cell_top1"] == 0.5
+  assert needle_study.by_reach(record, reach=10)["prompts_far"] == 6  # every needle ends early
+
+
+def test_needle_study_claims_and_controls_are_decided_from_its_registered_rows():
+  """The needle study's primary claims (top-1 past the window's reach) are one family decided from
+  rows run after its registration at its seeds; its controls hold or fail per seed, the window's
+  far bound read against each row's chance; seeds short of the plan are pending."""
+  from experiments import registration, verdicts  # pylint: disable=import-outside-toplevel
+  study = registration.studies()["needle_reach"]
+  commit = registration.study_commit(study)
+  assert commit is not None  # committed: the registration is the commit that added the file
+  near = {"dense": 1.0, "sliding_window": 0.95, "pi_attention": 0.97, "bcmt": 0.9, "honly": 0.9,
+          "ecp": 0.9, "perceiver_ar": 0.95}
+  far = {"dense": 0.95, "sliding_window": 0.12, "pi_attention": 0.8, "bcmt": 0.3, "honly": 0.1,
+         "ecp": 0.2, "perceiver_ar": 0.9}
+  rows = [dict(model=m, seed=s, top1_far=far[m] - 0.02 * s, top1_near=near[m],
+               top1_all=(far[m] + near[m]) / 2 - 0.01 * s, exact_far=far[m] / 2, exact_near=near[m],
+               exact_all=near[m] / 2, min_cell_top1=0.92 if m == "dense" else 0.1,
+               min_cell_exact=0.5, chance_top1=0.1, code=commit)
+          for m in near for s in study["seeds"]]
+  found = {r["id"]: r for r in verdicts.registered_claims({"needle_reach": {"rows": rows}})
+           if r["study"] == "needle_reach"}
+  pi = found["needle_pi_past_window"]
+  assert pi["primary"] and pi["seeds"] == 3 and pi["difference"] == pytest.approx(0.68)
+  assert pi["verdict"] != "pending" and found["needle_ecp_vs_perceiver"]["difference"] < 0
+  assert not found["needle_pi_past_window_exact"]["primary"]
+  controls = {c["id"]: c for c in verdicts.registered_controls({"needle_reach": {"rows": rows}})
+              if c["study"] == "needle_reach"}
+  assert controls["needle_dense_everywhere"]["verdict"] == "holds"
+  assert controls["needle_dense_exact_everywhere"]["verdict"] == "fails"  # 0.5 < 0.9
+  window = controls["needle_window_chance_far"]
+  assert window["verdict"] == "holds" and {e["bound"] for e in window["per_seed"]} == {0.2}
+  two = [r for r in rows if r["seed"] != study["seeds"][-1]]
+  assert all(c["verdict"] == "pending (2 of 3 seeds)" for c in verdicts.registered_controls(
+      {"needle_reach": {"rows": two}}) if c["study"] == "needle_reach")
+  early = [dict(r, code="010e34b (snapshot)") for r in rows]  # run before the registration
+  before = {r["id"]: r for r in verdicts.registered_claims({"needle_reach": {"rows": early}})}
+  assert before["needle_pi_past_window"]["seeds"] == 0
