@@ -41,7 +41,9 @@ def reference_masks(pattern: Pattern, q_pos, k_pos) -> tuple[np.ndarray, np.ndar
       if pattern.block_size is not None:
         ok &= p // pattern.block_size - pattern.lookback <= j // pattern.block_size <= p // pattern.block_size
       local[a, b] = ok
-      skip[a, b] = not ok and (p - j) in pattern.skips
+      d, P = p - j, pattern.period  # π's stride: every P-th key, skip_from..skip_to periods back
+      skip[a, b] = (not ok and P is not None and d > 0 and d % P == 0 and d // P >= pattern.skip_from
+                    and (pattern.skip_to is None or d // P <= pattern.skip_to))
   return local, skip
 
 
@@ -118,7 +120,7 @@ def check(pattern, Tq, Tk, *, q_start=0, k_start=0, traced=False, k_positions=No
           seed=0, scale=None, layout="BTHK", atol=2e-5):
   """The core against the reference for one call: values, and gradients of q, k, v and the priors
   under an o and an lse cotangent. `traced`: the starts are arguments of the jitted function."""
-  priors = priors or (bool(pattern.skips), bool(pattern.skips))
+  priors = priors or (pattern.has_skips, pattern.has_skips)
   args, cotangents = random_inputs(Tq, Tk, seed=seed, priors=priors)
   q_pos = q_start + np.arange(Tq)
   k_pos = k_start + np.arange(Tk) if k_positions is None else np.asarray(k_positions)
@@ -204,7 +206,7 @@ def test_offsets_match_reference(pattern, Tq, Tk, q_start, k_start, traced, bloc
 
 # π's wide windows: a window too wide for the band (here block 8 and a band cap of 16 keys, as a
 # window of 8192 is at the tuned sizes) takes the looped schedule, whose key-block loop covers the
-# window alone, each skip one slice of keys beside it (`Plan.skip_slices`).
+# window alone; the skips are the stride piece beside it (`xla.stride_attend`).
 
 WIDE_CASES = [
     # (pattern, Tq, Tk, q_start, k_start)
@@ -227,12 +229,13 @@ def wide_windows(monkeypatch):
                          ids=lambda x: repr(x))
 def test_wide_window_skips_match_reference(pattern, Tq, Tk, q_start, k_start, traced,
                                            wide_windows):
-  assert core.plan_for(pattern, Tq, Tk, q_start=q_start, k_start=k_start).skip_slices
+  plan = core.plan_for(pattern, Tq, Tk, q_start=q_start, k_start=k_start)
+  assert plan.schedule == "loop" and plan.pattern == pattern.local
   check(pattern, Tq, Tk, q_start=q_start, k_start=k_start, traced=traced, seed=Tq)
 
 
 def test_wide_window_skips_keep_documents(wide_windows):
-  """Skip slices drop a key of another document (values and gradients against the reference)."""
+  """The stride drops a key of another document (values and gradients against the reference)."""
   pattern, T = Pattern.pi(12, 16, 3), 64
   args, cotangents = random_inputs(T, T, seed=5, priors=(True, True))
   ids = jnp.asarray(np.repeat(np.array([[0, 1, 2, 3], [0, 0, 1, 1]]), 16, axis=1), jnp.int32)
@@ -244,14 +247,78 @@ def test_wide_window_skips_keep_documents(wide_windows):
   assert_matches(fast, slow, args, cotangents, atol=2e-5)
 
 
+# π's stride: the skips as one piece (`xla.stride_attend`): keys viewed as `[T / period, period]`,
+# a window of rows per column. Periods not dividing T, more skips than T / period, back to the
+# sequence start (num_skips None), offsets (static and traced), keys before the sequence start.
+
+STRIDE_CASES = [
+    # (pattern, Tq, Tk, q_start, k_start)
+    (Pattern.pi(3, 7, None), 45, 45, 0, 0),     # every 7th key back to the start; 7 does not divide 45
+    (Pattern.pi(4, 5, 40), 37, 37, 0, 0),       # 40 skips, at most 7 land
+    (Pattern.pi(5, 2, 6), 40, 40, 0, 0),        # period < window: the skips from 3 periods back
+    (Pattern.pi(3, 4, None), 13, 30, 20, 3),    # a chunk: skips before the keys' start are absent
+    (Pattern.pi(2, 3, 9), 16, 40, 20, -6),      # keys before the sequence start (a ring halo)
+]
+
+
+@pytest.mark.parametrize("traced,layout", [(False, "BTHK"), (True, "BHTK")], ids=["static", "traced"])
+@pytest.mark.parametrize("pattern,Tq,Tk,q_start,k_start", STRIDE_CASES, ids=lambda x: repr(x))
+def test_stride_matches_reference(pattern, Tq, Tk, q_start, k_start, traced, layout):
+  check(pattern, Tq, Tk, q_start=q_start, k_start=k_start, traced=traced, layout=layout, seed=Tq)
+
+
+def test_stride_keeps_documents():
+  """A skip key of another document is dropped, back to the sequence start (values, gradients)."""
+  pattern, T = Pattern.pi(2, 3, None), 50
+  args, cotangents = random_inputs(T, T, seed=6, priors=(True, True))
+  ids = jnp.asarray(np.stack([np.arange(T) // 13, np.arange(T) // 30]), jnp.int32)
+  local, skip = reference_masks(pattern, np.arange(T), np.arange(T))
+  same = np.asarray(ids)[:, None, :, None] == np.asarray(ids)[:, None, None, :]
+  fast = lambda q, k, v, lp, sp: core.attend(q, k, v, pattern, local_prior=lp, skip_prior=sp,
+                                             q_segments=ids, k_segments=ids)
+  slow = lambda q, k, v, lp, sp: reference_attend(q, k, v, local & same, skip & same, lp, sp)
+  assert_matches(fast, slow, args, cotangents, atol=2e-5)
+
+
+def test_stride_in_a_decoding_cache():
+  """Explicit key positions (a ring buffer with an empty slot) mask the stride in the loop."""
+  check(Pattern.pi(2, 3, None), 2, 8, q_start=9, k_positions=[8, 1, 2, 3, -1, 5, 6, 7], seed=3)
+
+
+def _stride_program(pattern, T):
+  """The lowered StableHLO of the core's forward + backward with both priors at length T."""
+  args, _ = random_inputs(T, T, B=1, H=1, priors=(True, True))
+  loss = lambda *a: sum(jnp.sum(x) for x in core.attend(*a[:3], pattern, local_prior=a[3],
+                                                         skip_prior=a[4]))
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4))).lower(*args).as_text()
+
+
+def test_stride_program_does_not_grow_with_skips():
+  """60 skips compile to about the program of 3 (one stride piece, not one piece per skip)."""
+  few = _stride_program(Pattern.pi(4, 2, 4), 128).count("\n")
+  many = _stride_program(Pattern.pi(4, 2, 60), 128).count("\n")
+  assert many < 1.2 * few, (few, many)
+
+
+def test_stride_builds_no_quadratic_array():
+  """No array of the stride's program holds T^2 / 8 elements (T = 1024, period 4, 8 skips)."""
+  import re
+  T = 1024
+  text = _stride_program(Pattern.pi(8, 4, 8), T)
+  sizes = [int(np.prod([int(d) for d in m.split("x")])) for m in
+           re.findall(r"tensor<((?:\d+x)+)(?:f32|i32|i1|bf16)>", text)
+           for m in [m.rstrip("x")]]
+  assert max(sizes) < T * T // 8, max(sizes)
+
+
 @pytest.mark.parametrize("q_start", [0, 37])
 def test_looped_schedule_visits_only_seen_key_blocks(q_start, wide_windows):
   """Each query block's key-block loop covers only blocks holding a key one of its queries sees
-  locally (π's skips come as slices), and every such block: O(T (W + S)), not O(T S P)."""
+  locally (π's skips come as the stride piece), and every such block: O(T (W + S)), not O(T S P)."""
   from efficient_lm.ops.core import xla
   pattern, Tq, Tk = Pattern.pi(40, 64, 3), 96, 96 + q_start
   plan = core.plan_for(pattern, Tq, Tk, q_start=q_start, k_start=0)
-  assert plan.schedule == "loop" and plan.skip_slices
+  assert plan.schedule == "loop" and not plan.pattern.has_skips
   NK = -(-Tk // plan.k_block)
   local, _ = reference_masks(pattern, q_start + np.arange(Tq), np.arange(Tk))
   for i in range(-(-Tq // plan.q_block)):
@@ -606,14 +673,23 @@ def test_pattern_visibility_extents_and_span(pattern):
 
 def test_pattern_constructors_and_errors():
   assert Pattern.pi(4, 2, 5).skips == (4, 6, 8, 10)  # skips inside the window are local keys
-  assert Pattern.pi(4, 8, 5, seq_len=20).skips == (8, 16)
+  assert Pattern.pi(4, 2, 5) == Pattern(window=4, period=2, skip_from=2, skip_to=5)  # one stride
+  assert Pattern.pi(4, 8, 5, seq_len=20).skip_offsets() == (8, 16)
+  assert Pattern.pi(4, 8, 2, seq_len=8) == Pattern.sliding(4)  # no skip lands
+  back = Pattern.pi(3, 7, None)  # every 7th key back to the sequence start
+  assert back.skip_offsets(seq_len=30) == (7, 14, 21, 28) and back.reach is None
+  assert back.key_range(100, 107) == (0, 107) and Pattern.pi(3, 7, 2).key_range(100, 107) == (86, 107)
+  assert Pattern.pi(32, 16, 63, seq_len=1024).skip_offsets() == tuple(range(32, 1024, 16))
   assert Pattern.dense().span(77) == 77 and Pattern.sliding(8).reach == 7
   assert Pattern.blocks(4, 1).reach == 7 and Pattern.pi(4, 8, 3).reach == 24
   assert hash(Pattern.pi(4, 8, 3)) == hash(Pattern.pi(4, 8, 3))
   for make, match in [(lambda: Pattern.sliding(0), "window"),
                       (lambda: Pattern.blocks(4, -1), "lookback"),
-                      (lambda: Pattern(window=4, skips=(2,)), "skips"),
-                      (lambda: Pattern(skips=(8,)), "skips"),
+                      (lambda: Pattern(window=4, period=2), "skip_from"),  # a skip in the window
+                      (lambda: Pattern(period=8), "period"),  # skips need a causal window
+                      (lambda: Pattern(window=4, period=4, skip_from=2, skip_to=1), "skip_to"),
+                      (lambda: Pattern(window=4, skip_to=3), "period"),
+                      (lambda: back.skip_offsets(), "seq_len"),
                       (lambda: Pattern.pi(4, 0, 2), "period"),
                       (lambda: Pattern.pi(4, 2, -1), "num_skips")]:
     with pytest.raises(ValueError, match=match):
