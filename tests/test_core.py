@@ -357,7 +357,7 @@ def test_explicit_positions_match_reference(pattern, Tq, positions, q_start, lay
 def test_query_chunks_in_a_scan_equal_one_call(pattern, block_sizes):
   """Sequence chunking: chunks of 8 queries at a traced q_start (a lax.scan under remat), each
   against the whole sequence's keys, equal one call, in values and in every gradient."""
-  args, cotangents = random_inputs(32, 32, seed=13, priors=(bool(pattern.skips),) * 2)
+  args, cotangents = random_inputs(32, 32, seed=13, priors=(pattern.has_skips,) * 2)
 
   def chunked(q, k, v, lp, sp):
     split = lambda x: None if x is None else jnp.swapaxes(x.reshape(x.shape[0], 4, 8, *x.shape[2:]), 0, 1)
@@ -437,7 +437,7 @@ def test_rows_without_keys_are_zero_and_finite(block_sizes):
 def test_merge_of_two_pieces_equals_one_call(pattern, block_sizes):
   """Keys split in two ranges (as a ring step does): merge of the two calls = one call, in values
   and in gradients."""
-  args, cotangents = random_inputs(20, 32, seed=8, priors=(bool(pattern.skips),) * 2)
+  args, cotangents = random_inputs(20, 32, seed=8, priors=(pattern.has_skips,) * 2)
 
   def pieces(q, k, v, lp, sp):
     kw = dict(q_start=12, local_prior=lp, skip_prior=sp)
@@ -455,7 +455,7 @@ def test_merge_of_two_pieces_equals_one_call(pattern, block_sizes):
                          ids=lambda x: repr(x))
 def test_bfloat16_inputs(pattern, T, block_sizes):
   """bf16 q, k, v: o in bf16, lse in float32, close to the float32 reference on the same values."""
-  args, cotangents = random_inputs(T, T, seed=9, dtype=jnp.bfloat16, priors=(bool(pattern.skips),) * 2)
+  args, cotangents = random_inputs(T, T, seed=9, dtype=jnp.bfloat16, priors=(pattern.has_skips,) * 2)
   local, skip = reference_masks(pattern, np.arange(T), np.arange(T))
   fast = lambda *a: core.attend(*a[:3], pattern, local_prior=a[3], skip_prior=a[4])
   o, lse = fast(*args)
@@ -488,7 +488,7 @@ def test_backward_keeps_only_inputs_outputs_and_lse(pattern):
   at most the size of q (q, k, v, o), or of a [B, T, H] row (priors, lse)."""
   B, T, H, K = 1, 512, 2, 8
   (q, k, v, lp, sp), _ = random_inputs(T, T, B=B, H=H, K=K, priors=(True, True))
-  if not pattern.skips:
+  if not pattern.has_skips:
     sp = None
   saved = residuals(lambda q, k, v, lp: core.attend(q, k, v, pattern, local_prior=lp,
                                                     skip_prior=sp), q, k, v, lp)
@@ -672,7 +672,7 @@ def test_pattern_visibility_extents_and_span(pattern):
 
 
 def test_pattern_constructors_and_errors():
-  assert Pattern.pi(4, 2, 5).skips == (4, 6, 8, 10)  # skips inside the window are local keys
+  assert Pattern.pi(4, 2, 5).skip_offsets() == (4, 6, 8, 10)  # skips inside the window are local keys
   assert Pattern.pi(4, 2, 5) == Pattern(window=4, period=2, skip_from=2, skip_to=5)  # one stride
   assert Pattern.pi(4, 8, 5, seq_len=20).skip_offsets() == (8, 16)
   assert Pattern.pi(4, 8, 2, seq_len=8) == Pattern.sliding(4)  # no skip lands

@@ -150,11 +150,6 @@ class Pattern:
       raise ValueError(f"{self} skips back to the sequence start: pass seq_len to skip_offsets")
     return tuple(m * self.period for m in range(self.skip_from, last + 1))
 
-  @property
-  def skips(self) -> tuple[int, ...]:
-    """`skip_offsets()`: the skip distances of a bounded stride (readers of the former field)."""
-    return self.skip_offsets()
-
   # Visibility, on broadcasting integer arrays (traced values are fine).
 
   def local_visible(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
