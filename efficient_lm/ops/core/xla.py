@@ -743,10 +743,51 @@ def _backend_attend(call, q, k, v, q_start, k_start, k_positions, local_prior, s
   if not _stride_apart(call):
     return attend(_plan(call, q_start, k_start), q, k, v, q_start, k_start, k_positions,
                   local_prior, skip_prior, q_segments, k_segments)
-  local = attend(_plan(call, q_start, k_start), q, k, v, q_start, k_start, None, local_prior, None,
-                 q_segments, k_segments)
-  return merge([local, stride_attend(call, q, k, v, q_start, skip_prior, q_segments, k_segments,
-                                     k_start=k_start)])
+  return _union(call, q, k, v, *_traced_starts(call, q_start, k_start), local_prior, skip_prior,
+                q_segments, k_segments)
+
+
+# The local part and the stride as one custom VJP: residuals q, k, v, (starts), priors, document
+# ids, and the union's o and lse (never the stride's column views, nor either part's o); the
+# backward is `_backend_backward`, each part's flash backward at the union's o and lse.
+
+def _traced_starts(call, q_start, k_start):
+  """The starts `_union` takes: int32 scalars where the call's are traced, None where static."""
+  return (None if call.q_start is not None else jnp.asarray(q_start, jnp.int32),
+          None if call.k_start is not None else jnp.asarray(k_start, jnp.int32))
+
+
+def _starts(call, q_start, k_start):
+  return (call.q_start if q_start is None else q_start,
+          call.k_start if k_start is None else k_start)
+
+
+def _union_forward(call, q, k, v, q_start, k_start, lp, sp, qseg, kseg):
+  q_start, k_start = _starts(call, q_start, k_start)
+  local = attend(_plan(call, q_start, k_start), q, k, v, q_start, k_start, None, lp, None, qseg,
+                 kseg)
+  return merge([local, stride_attend(call, q, k, v, q_start, sp, qseg, kseg, k_start=k_start)])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _union(call, q, k, v, q_start, k_start, lp, sp, qseg, kseg):
+  return _union_forward(call, q, k, v, q_start, k_start, lp, sp, qseg, kseg)
+
+
+def _union_fwd(call, q, k, v, q_start, k_start, lp, sp, qseg, kseg):
+  o, lse = _union_forward(call, q, k, v, q_start, k_start, lp, sp, qseg, kseg)
+  return (o, lse), (q, k, v, q_start, k_start, lp, sp, qseg, kseg, o, lse)
+
+
+def _union_bwd(call, residuals, cotangents):
+  q, k, v, q_start, k_start, lp, sp, qseg, kseg, o, lse = residuals
+  do, dlse = cotangents
+  dq, dk, dv, dlp, dsp = _backend_backward(call, q, k, v, *_starts(call, q_start, k_start), None,
+                                           lp, sp, qseg, kseg, o, lse, do, dlse.astype(F32))
+  return dq, dk, dv, None, None, dlp, dsp, None, None
+
+
+_union.defvjp(_union_fwd, _union_bwd)
 
 
 def _backend_backward(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
