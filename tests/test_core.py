@@ -247,9 +247,19 @@ def test_wide_window_skips_keep_documents(wide_windows):
   assert_matches(fast, slow, args, cotangents, atol=2e-5)
 
 
-# π's stride: the skips as one piece (`xla.stride_attend`): keys viewed as `[T / period, period]`,
-# a window of rows per column. Periods not dividing T, more skips than T / period, back to the
-# sequence start (num_skips None), offsets (static and traced), keys before the sequence start.
+# π's stride: the skips as one piece (`xla.stride_attend`), run either way: as one shifted view of
+# the keys per skip distance (a static key offset and at most `xla.SHIFT_SKIPS` skips that land), or
+# as the row call (keys viewed as `[T / period, period]`, a window of rows per column). Periods not
+# dividing T, more skips than T / period, back to the sequence start (num_skips None), offsets
+# (static and traced), keys before the sequence start.
+
+
+@pytest.fixture(params=["shifts", "rows"])
+def stride_way(request, monkeypatch):
+  """Every stride as shifts (any skip count), or every one as the row call."""
+  from efficient_lm.ops.core import xla
+  monkeypatch.setattr(xla, "SHIFT_SKIPS", 10 ** 6 if request.param == "shifts" else 0)
+  return request.param
 
 STRIDE_CASES = [
     # (pattern, Tq, Tk, q_start, k_start)
@@ -263,11 +273,11 @@ STRIDE_CASES = [
 
 @pytest.mark.parametrize("traced,layout", [(False, "BTHK"), (True, "BHTK")], ids=["static", "traced"])
 @pytest.mark.parametrize("pattern,Tq,Tk,q_start,k_start", STRIDE_CASES, ids=lambda x: repr(x))
-def test_stride_matches_reference(pattern, Tq, Tk, q_start, k_start, traced, layout):
+def test_stride_matches_reference(pattern, Tq, Tk, q_start, k_start, traced, layout, stride_way):
   check(pattern, Tq, Tk, q_start=q_start, k_start=k_start, traced=traced, layout=layout, seed=Tq)
 
 
-def test_stride_keeps_documents():
+def test_stride_keeps_documents(stride_way):
   """A skip key of another document is dropped, back to the sequence start (values, gradients)."""
   pattern, T = Pattern.pi(2, 3, None), 50
   args, cotangents = random_inputs(T, T, seed=6, priors=(True, True))
@@ -294,10 +304,42 @@ def _stride_program(pattern, T):
 
 
 def test_stride_program_does_not_grow_with_skips():
-  """60 skips compile to about the program of 3 (one stride piece, not one piece per skip)."""
-  few = _stride_program(Pattern.pi(4, 2, 4), 128).count("\n")
+  """Past `xla.SHIFT_SKIPS`, 60 skips compile to about the program of SHIFT_SKIPS + 1 (one row
+  call, not one piece per skip)."""
+  from efficient_lm.ops.core import xla
+  few = _stride_program(Pattern.pi(4, 2, xla.SHIFT_SKIPS + 2), 128).count("\n")
   many = _stride_program(Pattern.pi(4, 2, 60), 128).count("\n")
   assert many < 1.2 * few, (few, many)
+
+
+def test_stride_way_per_call():
+  """A few skips (π's default: 3) run as shifts, many as the row call; a traced key offset too."""
+  from efficient_lm.ops.core import xla
+  call = lambda pattern, T, **kw: core._call(jnp.zeros((1, T, 1, 8)), jnp.zeros((1, T, 1, 8)),
+                                             pattern, None, kw.get("q_start", 0), 0, None, 1,
+                                             None, None, None, None, "BTHK")[0]
+  assert xla._shift_skips(call(Pattern.pi(128, 128, 3), 1024)) == (1, 2, 3)
+  assert xla._shift_skips(call(Pattern.pi(128, 128, 3), 200)) == (1,)  # the skips that land
+  assert xla._shift_skips(call(Pattern.pi(32, 16, 63), 1024)) is None
+  assert xla._shift_skips(call(Pattern.pi(4, 2, 3), 64, q_start=jnp.int32(5))) is None
+
+
+def test_stride_piece_keeps_only_inputs_outputs_and_lse(stride_way):
+  """The stride piece alone (what a kernel's π call differentiates through `xla.stride_attend`)
+  keeps q, k, v, its o, lse and the prior: never the shifted keys nor padded column copies."""
+  from efficient_lm.ops.core import xla
+  B, T, H, K = 1, 512, 2, 8
+  (q, k, v, _, sp), cotangents = random_inputs(T, T, B=B, H=H, K=K, priors=(False, True))
+  pattern = Pattern.pi(32, 48, 4)
+  c = core._call(q, k, pattern, None, 0, 0, None, 1, None, None, sp, None, "BTHK")[0]
+  fast = lambda q, k, v, lp, sp: xla.stride_attend(c, q, k, v, 0, sp)
+  saved = residuals(lambda q, k, v, sp: fast(q, k, v, None, sp), q, k, v, sp)
+  assert max(x.size for x in saved) <= B * T * H * K
+  assert len([x for x in saved if x.size == B * T * H * K]) == 4  # q, k, v, o
+  assert sum(x.size for x in saved) <= 4 * B * T * H * K + 2 * B * T * H
+  _, skip = reference_masks(pattern, np.arange(T), np.arange(T))
+  slow = lambda q, k, v, lp, sp: reference_attend(q, k, v, np.zeros_like(skip), skip, lp, sp)
+  assert_matches(fast, slow, (q, k, v, None, sp), cotangents)
 
 
 def test_stride_builds_no_quadratic_array():

@@ -672,18 +672,15 @@ def _stride_inputs(call, geo: _Stride, q, k, v, q_start, ko, skip_prior, q_segme
   return q_c, k_c, v_c, sp_c, segs
 
 
-def stride_attend(call, q, k, v, q_start, skip_prior=None, q_segments=None, k_segments=None, *,
-                  k_start=None):
-  """(o, lse) of the call's skip keys alone, in `call.layout` (lse like the priors): one call of
-  this core over the period's columns (`_Stride`), differentiable in q, k, v and the skip prior
-  (under cotangents on o and lse). No explicit key positions; a traced key offset (k_start given)
-  needs a bounded stride."""
-  geo = _stride_of(call)
+def _no_keys(call, q, v):
+  """(o, lse) of rows that see no key."""
+  return (jnp.zeros((*q.shape[:3], v.shape[-1]), q.dtype), jnp.full(q.shape[:3], NO_KEY_LSE, F32))
+
+
+def _rows_forward(call, geo: _Stride, q, k, v, q_start, k_start, skip_prior, q_segments,
+                  k_segments):
+  """(o, lse) of the stride as the row call: one call of this core over the period's columns."""
   t = 1 if call.layout == "BTHK" else 2
-  if geo is None:
-    B, H = q.shape[0], q.shape[3 - t]
-    lse = jnp.full((B, call.Tq, H) if t == 1 else (B, H, call.Tq), NO_KEY_LSE, F32)
-    return jnp.zeros((*q.shape[:3], v.shape[-1]), q.dtype), lse
   ko = _key_offset(call, q_start, k_start)
   q_c, k_c, v_c, sp_c, segs = _stride_inputs(call, geo, q, k, v, q_start, ko, skip_prior,
                                              q_segments, k_segments)
@@ -693,13 +690,9 @@ def stride_attend(call, q, k, v, q_start, skip_prior=None, q_segments=None, k_se
   return o, _window(_from_columns(lse_c, geo.period, t), 0, call.Tq, axis=t)
 
 
-def _stride_backward(call, q, k, v, q_start, k_start, skip_prior, q_segments, k_segments, o, lse,
-                     do, dlse):
-  """(dq, dk, dv, d skip_prior) of the stride piece at the given o and lse (those of the union)."""
-  geo = _stride_of(call)
-  if geo is None:
-    return (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v),
-            None if skip_prior is None else jnp.zeros_like(skip_prior))
+def _rows_backward(call, geo: _Stride, q, k, v, q_start, k_start, skip_prior, q_segments,
+                   k_segments, o, lse, do, dlse):
+  """(dq, dk, dv, d skip_prior) of the row call at the given o and lse."""
   t = 1 if call.layout == "BTHK" else 2
   P, rows = geo.period, geo.rows
   ko = _key_offset(call, q_start, k_start)
@@ -715,6 +708,146 @@ def _stride_backward(call, q, k, v, q_start, k_start, skip_prior, q_segments, k_
   dk, dv = back(dk_c, -k_first, call.Tk), back(dv_c, -k_first, call.Tk)
   dsp = None if skip_prior is None else back(dsp_c, 0, call.Tq)
   return dq, dk, dv, dsp
+
+
+# A few skips: one shifted view of the keys per skip distance, in the call's layout.
+
+SHIFT_SKIPS = 8  # a stride whose skips landing in the call are at most this many runs as shifts
+
+
+def _shift_skips(call) -> tuple[int, ...] | None:
+  """The multiples m whose skip keys (m periods back) some query of the call can reach, when the
+  stride runs as shifts: with a static key offset and at most SHIFT_SKIPS of them (the program
+  then grows with their count, bounded by SHIFT_SKIPS); None: the row call (`_Stride`)."""
+  ko, pattern = call.k_offset, call.pattern
+  if ko is None:
+    return None
+  P = pattern.period
+  hi = (call.Tq - 1 - ko) // P  # some query's key index i - m P - ko is >= 0 ...
+  if pattern.skip_to is not None:
+    hi = min(hi, pattern.skip_to)
+  if call.q_start is not None:
+    hi = min(hi, (call.q_start + call.Tq - 1) // P)  # a key position >= 0
+  lo = max(pattern.skip_from, (-ko - call.Tk) // P + 1)  # ... and below Tk
+  if hi - lo + 1 > SHIFT_SKIPS:
+    return None
+  return tuple(range(lo, hi + 1))
+
+
+def _shift_logits(call, ms, q, k, q_start, skip_prior, q_segments, k_segments) -> list:
+  """For each m of `ms`: the logits `q.shape[:3]` of every query against its key m periods back
+  (a shifted view of k), the skip prior added, MASKED where that key is absent."""
+  t = 1 if call.layout == "BTHK" else 2
+  on_rows = (lambda x: x[:, :, None]) if t == 1 else (lambda x: x[:, None, :])  # [B, Tq] -> rows
+  i = jnp.arange(call.Tq, dtype=jnp.int32)
+  logits = []
+  for m in ms:
+    offset = -(m * call.pattern.period + call.k_offset)  # query i's key sits at index i + offset
+    s = precision.einsum_f32("bthk,bthk->bth", q, _window(k, offset, call.Tq, axis=t)) * call.scale
+    if skip_prior is not None:
+      s = s + skip_prior.astype(F32)
+    seen = ((i + offset >= 0) & (i + offset < call.Tk)
+            & (jnp.asarray(q_start, jnp.int32) + i - m * call.pattern.period >= 0))[None]
+    if q_segments is not None:
+      seen = seen & (q_segments == _window(k_segments, offset, call.Tq, axis=1,
+                                           value=_NO_DOCUMENT))
+    logits.append(jnp.where(on_rows(seen), s, MASKED))
+  return logits
+
+
+def _shift_forward(call, ms, q, k, v, q_start, skip_prior, q_segments, k_segments):
+  """(o, lse) of the stride's keys at the shifts `ms` (one softmax over them)."""
+  t = 1 if call.layout == "BTHK" else 2
+  logits = _shift_logits(call, ms, q, k, q_start, skip_prior, q_segments, k_segments)
+  peak = jnp.maximum(functools.reduce(jnp.maximum, logits), NO_KEY_LSE)
+  p = [jnp.exp(s - peak) for s in logits]
+  l = functools.reduce(jnp.add, p)
+  acc = functools.reduce(jnp.add, [
+      p_m[..., None] * _window(v, -(m * call.pattern.period + call.k_offset), call.Tq,
+                               axis=t).astype(F32) for m, p_m in zip(ms, p)])
+  safe = jnp.where(l > 0, l, 1.0)
+  return ((acc / safe[..., None]).astype(q.dtype),
+          jnp.where(l > 0, peak + jnp.log(safe), NO_KEY_LSE))
+
+
+def _shift_backward(call, ms, q, k, v, q_start, skip_prior, q_segments, k_segments, o, lse, do,
+                    dlse):
+  """(dq, dk, dv, d skip_prior) of the shifts at the given o and lse (the flash backward)."""
+  t = 1 if call.layout == "BTHK" else 2
+  logits = _shift_logits(call, ms, q, k, q_start, skip_prior, q_segments, k_segments)
+  delta = jnp.sum(do.astype(F32) * o.astype(F32), axis=-1) - dlse
+  dq = dk = dv = dsp = 0.0
+  for m, s in zip(ms, logits):
+    offset = -(m * call.pattern.period + call.k_offset)
+    k_m, v_m = (_window(x, offset, call.Tq, axis=t) for x in (k, v))
+    p = jnp.exp(s - lse)
+    ds = p * (precision.einsum_f32("bthk,bthk->bth", do, v_m) - delta)
+    dq = dq + ds[..., None] * k_m.astype(F32)
+    dk = dk + _window(ds[..., None] * q.astype(F32), -offset, call.Tk, axis=t)
+    dv = dv + _window(p[..., None] * do.astype(F32), -offset, call.Tk, axis=t)
+    dsp = dsp + ds
+  return ((dq * call.scale).astype(q.dtype), (dk * call.scale).astype(k.dtype), dv.astype(v.dtype),
+          None if skip_prior is None else dsp)
+
+
+# The stride piece: the shifts for a few skips (`_shift_skips`), else the row call.
+
+def _stride_forward(call, q, k, v, q_start, k_start, skip_prior, q_segments, k_segments):
+  ms = _shift_skips(call)
+  if ms is not None:
+    if not ms:
+      return _no_keys(call, q, v)
+    return _shift_forward(call, ms, q, k, v, q_start, skip_prior, q_segments, k_segments)
+  geo = _stride_of(call)
+  if geo is None:
+    return _no_keys(call, q, v)
+  return _rows_forward(call, geo, q, k, v, q_start, k_start, skip_prior, q_segments, k_segments)
+
+
+def _stride_backward(call, q, k, v, q_start, k_start, skip_prior, q_segments, k_segments, o, lse,
+                     do, dlse):
+  """(dq, dk, dv, d skip_prior) of the stride piece at the given o and lse (those of the union)."""
+  ms = _shift_skips(call)
+  geo = None if ms is not None else _stride_of(call)
+  if not ms and geo is None:
+    return (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v),
+            None if skip_prior is None else jnp.zeros_like(skip_prior))
+  if ms:
+    return _shift_backward(call, ms, q, k, v, q_start, skip_prior, q_segments, k_segments, o, lse,
+                           do, dlse)
+  return _rows_backward(call, geo, q, k, v, q_start, k_start, skip_prior, q_segments, k_segments,
+                        o, lse, do, dlse)
+
+
+def stride_attend(call, q, k, v, q_start, skip_prior=None, q_segments=None, k_segments=None, *,
+                  k_start=None):
+  """(o, lse) of the call's skip keys alone, in `call.layout` (lse like the priors),
+  differentiable in q, k, v and the skip prior (under cotangents on o and lse): its own custom VJP,
+  whose residuals are the inputs, o and lse (the backward recomputes the shifts or the column
+  views). No explicit key positions; a traced key offset (k_start given) needs a bounded stride."""
+  q_start, k_start = _traced_starts(call, q_start, k_start)
+  return _stride_piece(call, q, k, v, q_start, k_start, skip_prior, q_segments, k_segments)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _stride_piece(call, q, k, v, q_start, k_start, sp, qseg, kseg):
+  return _stride_forward(call, q, k, v, *_starts(call, q_start, k_start), sp, qseg, kseg)
+
+
+def _stride_piece_fwd(call, q, k, v, q_start, k_start, sp, qseg, kseg):
+  o, lse = _stride_forward(call, q, k, v, *_starts(call, q_start, k_start), sp, qseg, kseg)
+  return (o, lse), (q, k, v, q_start, k_start, sp, qseg, kseg, o, lse)
+
+
+def _stride_piece_bwd(call, residuals, cotangents):
+  q, k, v, q_start, k_start, sp, qseg, kseg, o, lse = residuals
+  do, dlse = cotangents
+  dq, dk, dv, dsp = _stride_backward(call, q, k, v, *_starts(call, q_start, k_start), sp, qseg,
+                                     kseg, o, lse, do, dlse.astype(F32))
+  return dq, dk, dv, None, None, dsp, None, None
+
+
+_stride_piece.defvjp(_stride_piece_fwd, _stride_piece_bwd)
 
 
 def _stride_apart(call) -> bool:
@@ -752,9 +885,11 @@ def _backend_attend(call, q, k, v, q_start, k_start, k_positions, local_prior, s
 # backward is `_backend_backward`, each part's flash backward at the union's o and lse.
 
 def _traced_starts(call, q_start, k_start):
-  """The starts `_union` takes: int32 scalars where the call's are traced, None where static."""
-  return (None if call.q_start is not None else jnp.asarray(q_start, jnp.int32),
-          None if call.k_start is not None else jnp.asarray(k_start, jnp.int32))
+  """The starts the custom VJPs take: int32 scalars where the call's are traced, None where static
+  (or not given: a static key offset places the keys)."""
+  traced = lambda static, start: None if static is not None or start is None else jnp.asarray(
+      start, jnp.int32)
+  return traced(call.q_start, q_start), traced(call.k_start, k_start)
 
 
 def _starts(call, q_start, k_start):
@@ -766,7 +901,7 @@ def _union_forward(call, q, k, v, q_start, k_start, lp, sp, qseg, kseg):
   q_start, k_start = _starts(call, q_start, k_start)
   local = attend(_plan(call, q_start, k_start), q, k, v, q_start, k_start, None, lp, None, qseg,
                  kseg)
-  return merge([local, stride_attend(call, q, k, v, q_start, sp, qseg, kseg, k_start=k_start)])
+  return merge([local, _stride_forward(call, q, k, v, q_start, k_start, sp, qseg, kseg)])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
