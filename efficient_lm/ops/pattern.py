@@ -11,13 +11,14 @@ all that apply (the *local* keys), or when j is one of π's periodic skip keys
 (the *stride*): j = p - m * period for m = skip_from..skip_to (skip_to None:
 back to the sequence start), each at least `window` back, so never a local key
 too. The stride is one term whatever its count: the backends run it as one
-piece (keys `[T / period, period]`: a band along the row axis per column,
-`core/xla.py`'s `stride_attend`), and ask the pattern for what they need
-through its methods (`has_skips`, `skip_offsets`, `key_range`, `reach`,
-`local`) rather than reading its fields. Positions are absolute: the core
-places queries at `q_start + arange(Tq)` and keys at `k_start + arange(Tk)` or
-at explicit slot positions, so the cross-attention offset, the ring steps and
-the decoding caches are all this one rule. `Pattern` is frozen and hashable:
+piece (`core/xla.py`'s `stride_attend`: a shifted view of the keys per skip for
+a few, else keys `[T / period, period]`, a band along the row axis per column),
+and ask the pattern for what they need through its methods (`has_skips`,
+`skip_offsets`, `key_range`, `reach`, `local`) rather than reading its fields.
+Positions are absolute: the core places queries at `q_start + arange(Tq)` and
+keys at `k_start + arange(Tk)` or at explicit slot positions, so the
+cross-attention offset, the ring steps and the decoding caches are all this one
+rule. `Pattern` is frozen and hashable:
 static under `jax.jit`.
 """
 
@@ -37,10 +38,6 @@ def _max(a: Position, b: Position) -> Position:
 
 def _min(a: Position, b: Position) -> Position:
   return min(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.minimum(a, b)
-
-
-
-
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,11 +7,12 @@ a fixed band of key blocks, vectorized over a group of about `GROUP_TOKENS`
 query tokens) or *looped* for unbounded reach (dense causal, cross-attention,
 ring steps, explicit key positions: each query block loops over the key
 blocks `Pattern.key_range` allows). A plan covers the local part of π's
-pattern only: its skips (one stride term) run beside it as one more call of
-the core over the keys viewed as `[T / period, period]` (`xla.stride_attend`),
-except with explicit key positions, where the loop masks them
-(`Pattern.skip_visible`). The plan is static and hashable (the custom VJP's
-static argument); `xla.py` runs it.
+pattern only: its skips (one stride term) run beside it as one more piece
+(`xla.stride_attend`: a shifted view of the keys per skip for a few, else one
+call of the core over the keys viewed as `[T / period, period]`), except with
+explicit key positions, where the loop masks them (`Pattern.skip_visible`).
+The plan is static and hashable (the custom VJP's static argument); `xla.py`
+runs it.
 """
 
 import dataclasses

@@ -3,8 +3,9 @@
 A kernel computes the local part (the window, no priors) as `(o_l, lse_l)`.
 The local prior adds a constant to every local logit of a row, so it only
 shifts lse_l. The skips are π's stride, one piece however many they are: the
-XLA core's `stride_attend` (keys viewed as `[T / period, period]`, a window
-along the row axis per column, the skip prior on its logits). The union's
+XLA core's `stride_attend` (a shifted view of the keys per skip for a few, else
+keys viewed as `[T / period, period]`, a window along the row axis per column;
+the skip prior on its logits; its own custom VJP). The union's
 softmax is the log-sum-exp merge of the two parts, exactly the one-softmax
 definition. Like the kernel, the stride piece runs per shard of the mesh
 (`kernel_mesh.per_shard`: each device's batch rows and heads). Autodiff

@@ -4,13 +4,17 @@ Runs a `plan.Plan`: the banded schedule (each group of query blocks against
 its band of key blocks, gathered by shifting whole blocks) or the looped
 schedule (each query block over the key blocks its local pattern allows,
 traced bounds, an online softmax). π's skips (one stride term, however many)
-are one more call beside the local part, merged by log-sum-exp
-(`stride_attend`): with the keys viewed as `[T / period, period]`, query
-a * period + b sees rows a - skip_to .. a - skip_from of column b, a window
-along the row axis, run by this core batched over the columns; explicit key
-positions (decoding caches) mask them in the loop instead. Both work heads-first
-(`[B, H, T, K]`; "BTHK" calls are transposed once). The custom VJP keeps only
-q, k, v, the priors, the document ids, o and lse; the backward recomputes the
+are one more piece beside the local part, merged by log-sum-exp
+(`stride_attend`): a few skips (at most `SHIFT_SKIPS` landing in the call, a
+static key offset) as one shifted view of the keys per skip distance, in the
+call's layout; more as the row call: with the keys viewed as
+`[T / period, period]`, query a * period + b sees rows a - skip_to ..
+a - skip_from of column b, a window along the row axis, run by this core
+batched over the columns. Explicit key positions (decoding caches) mask the
+skips in the loop instead. Both schedules work heads-first (`[B, H, T, K]`;
+"BTHK" calls are transposed once). The custom VJPs (one call, the local part
+and its stride together, the stride piece alone) keep only q, k, v, the
+priors, the document ids, o and lse; the backward recomputes the
 probabilities block by block (the flash-attention backward) and handles a
 cotangent on lse. Document ids add one comparison per block of logits,
 broadcast over the heads.
