@@ -17,6 +17,13 @@ their steps called in turn, so the ratio holds on a loaded machine:
 
     nice -n 5 python -m experiments.bench_compile_skips --repeats=0 --runtime=1024,2048 \
         --steps=7 --against=/work/main
+
+`--ways=3,4,5,8` times the stride's two ways (`xla.SHIFT_SKIPS`: shifts or the row call) against
+each other on the XLA core's forward + backward of π (window 128, period 128, that many skips, both
+priors; `[1, 2048, 4, 64]` float32), their calls alternated, the median of --steps each:
+
+    nice -n 5 python -m experiments.bench_compile_skips --repeats=0 --train_step=0 --ways=3,4,5,8 \
+        --steps=31 --json=experiments/results/stride_ways.json
 """
 
 import argparse
@@ -116,6 +123,40 @@ def worker(seq_len: int) -> None:
     print(time.perf_counter() - start, flush=True)
 
 
+def ways_seconds(num_skips: int, steps: int, seq_len: int = 2048) -> dict:
+  """Median seconds of π's core forward + backward with the stride as shifts and as the row call,
+  their calls alternated (`xla.SHIFT_SKIPS` is read when a call is traced)."""
+  from efficient_lm.ops.core import xla
+  rng = np.random.default_rng(0)
+  q, k, v, do = (jnp.asarray(rng.normal(size=(1, seq_len, 4, 64)), jnp.float32) for _ in range(4))
+  prior = jnp.asarray(rng.normal(size=(1, seq_len, 4)), jnp.float32)
+  pattern = Pattern.pi(128, 128, num_skips, seq_len=seq_len)
+
+  def loss(q, k, v, lp, sp):
+    o, lse = core.attend(q, k, v, pattern, local_prior=lp, skip_prior=sp, impl="xla")
+    return jnp.sum(o * do) + jnp.sum(lse)
+
+  compiled = {}
+  saved = xla.SHIFT_SKIPS
+  for way, limit in (("shifts", num_skips), ("rows", 0)):
+    xla.SHIFT_SKIPS = limit
+    try:
+      step = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))
+      compiled[way] = step.lower(q, k, v, prior, -prior).compile()
+    finally:
+      xla.SHIFT_SKIPS = saved
+    jax.block_until_ready(compiled[way](q, k, v, prior, -prior))
+  times = {way: [] for way in compiled}
+  for _ in range(steps):
+    for way, fn in compiled.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn(q, k, v, prior, -prior))
+      times[way].append(time.perf_counter() - start)
+  result = {way: {"median_s": statistics.median(t), "all_s": t} for way, t in times.items()}
+  result["ratio"] = result["shifts"]["median_s"] / result["rows"]["median_s"]
+  return result
+
+
 def side_by_side(seq_len: int, trees: dict, steps: int) -> dict:
   """Median step seconds of each tree's worker, their steps called in turn."""
   procs = {}
@@ -147,6 +188,7 @@ def main():
   parser.add_argument("--runtime", default="", help="e.g. 1024,2048: time the default π step")
   parser.add_argument("--steps", type=int, default=5)
   parser.add_argument("--against", default="", help="another checkout: time its step beside")
+  parser.add_argument("--ways", default="", help="e.g. 3,4,5,8: shifts vs the row call")
   parser.add_argument("--json", default="")
   args = parser.parse_args()
   window = Pattern.sliding(WINDOW)
@@ -183,6 +225,8 @@ def main():
     result["runtime_s"] = {}
     for seq_len in (int(x) for x in args.runtime.split(",")):
       result["runtime_s"][str(seq_len)] = step_seconds(pi_config(seq_len), args.steps)
+  if args.ways:
+    result["ways_T2048"] = {n: ways_seconds(int(n), args.steps) for n in args.ways.split(",")}
   print(json.dumps(result, indent=2))
   if args.json:
     with open(args.json, "w") as f:

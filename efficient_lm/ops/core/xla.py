@@ -716,9 +716,10 @@ def _rows_backward(call, geo: _Stride, q, k, v, q_start, k_start, skip_prior, q_
 
 # A few skips: one shifted view of the keys per skip distance, in the call's layout.
 
-# A stride with at most this many skips landing in the call runs as shifts. Measured on a 2-core CPU
-# (π at T = 2,048, window 128, period 128, forward + backward, side by side): shifts took 0.92x the
-# row call's time with 3 skips, 1.02x with 4, 1.19x with 5, 2.0x with 8.
+# A stride with at most this many skips landing in the call runs as shifts. Measured on a loaded
+# 2-core CPU (experiments/results/stride_ways.json: π at T = 2,048, window 128, period 128, forward +
+# backward, side by side): shifts took 0.94x the row call's time with 3 skips, 0.97x with 4 (1.02x
+# in an earlier run), 1.06x with 5, 1.33x with 8.
 SHIFT_SKIPS = 3
 
 
