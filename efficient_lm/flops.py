@@ -33,7 +33,7 @@ def visible_pairs(pattern: Pattern, T: int) -> int:
     lo = np.maximum(lo, p - pattern.window + 1)
   if pattern.block_size is not None:
     lo = np.maximum(lo, (p // pattern.block_size - pattern.lookback) * pattern.block_size)
-  return int(np.sum(p - lo + 1)) + sum(max(0, T - d) for d in pattern.skips)
+  return int(np.sum(p - lo + 1)) + sum(T - d for d in pattern.skip_offsets(T))
 
 
 def step_flops(config, num_params: int, patterns: list[Pattern]) -> float:

@@ -101,7 +101,7 @@ def backend_rows(platform: str, quick: bool, emit) -> None:
       tol = TOLERANCE[name_of_dtype]
       for name, pattern in patterns_for(quick).items():
         for shape in shapes_for(quick):
-          args, cot_o, cot_lse = _inputs(shape, dtype, bool(pattern.skips), seed=shape[1] + shape[2])
+          args, cot_o, cot_lse = _inputs(shape, dtype, pattern.has_skips, seed=shape[1] + shape[2])
           loss_of = lambda out, cot_o=cot_o, cot_lse=cot_lse: (
               jnp.sum(out[0].astype(jnp.float32) * cot_o) + jnp.sum(out[1] * cot_lse), out)
           want = {}

@@ -41,7 +41,9 @@ def reference_masks(pattern: Pattern, q_pos, k_pos) -> tuple[np.ndarray, np.ndar
       if pattern.block_size is not None:
         ok &= p // pattern.block_size - pattern.lookback <= j // pattern.block_size <= p // pattern.block_size
       local[a, b] = ok
-      skip[a, b] = not ok and (p - j) in pattern.skips
+      d, P = p - j, pattern.period  # π's stride: every P-th key, skip_from..skip_to periods back
+      skip[a, b] = (not ok and P is not None and d > 0 and d % P == 0 and d // P >= pattern.skip_from
+                    and (pattern.skip_to is None or d // P <= pattern.skip_to))
   return local, skip
 
 
@@ -118,7 +120,7 @@ def check(pattern, Tq, Tk, *, q_start=0, k_start=0, traced=False, k_positions=No
           seed=0, scale=None, layout="BTHK", atol=2e-5):
   """The core against the reference for one call: values, and gradients of q, k, v and the priors
   under an o and an lse cotangent. `traced`: the starts are arguments of the jitted function."""
-  priors = priors or (bool(pattern.skips), bool(pattern.skips))
+  priors = priors or (pattern.has_skips, pattern.has_skips)
   args, cotangents = random_inputs(Tq, Tk, seed=seed, priors=priors)
   q_pos = q_start + np.arange(Tq)
   k_pos = k_start + np.arange(Tk) if k_positions is None else np.asarray(k_positions)
@@ -204,7 +206,7 @@ def test_offsets_match_reference(pattern, Tq, Tk, q_start, k_start, traced, bloc
 
 # π's wide windows: a window too wide for the band (here block 8 and a band cap of 16 keys, as a
 # window of 8192 is at the tuned sizes) takes the looped schedule, whose key-block loop covers the
-# window alone, each skip one slice of keys beside it (`Plan.skip_slices`).
+# window alone; the skips are the stride piece beside it (`xla.stride_attend`).
 
 WIDE_CASES = [
     # (pattern, Tq, Tk, q_start, k_start)
@@ -227,12 +229,13 @@ def wide_windows(monkeypatch):
                          ids=lambda x: repr(x))
 def test_wide_window_skips_match_reference(pattern, Tq, Tk, q_start, k_start, traced,
                                            wide_windows):
-  assert core.plan_for(pattern, Tq, Tk, q_start=q_start, k_start=k_start).skip_slices
+  plan = core.plan_for(pattern, Tq, Tk, q_start=q_start, k_start=k_start)
+  assert plan.schedule == "loop" and plan.pattern == pattern.local
   check(pattern, Tq, Tk, q_start=q_start, k_start=k_start, traced=traced, seed=Tq)
 
 
 def test_wide_window_skips_keep_documents(wide_windows):
-  """Skip slices drop a key of another document (values and gradients against the reference)."""
+  """The stride drops a key of another document (values and gradients against the reference)."""
   pattern, T = Pattern.pi(12, 16, 3), 64
   args, cotangents = random_inputs(T, T, seed=5, priors=(True, True))
   ids = jnp.asarray(np.repeat(np.array([[0, 1, 2, 3], [0, 0, 1, 1]]), 16, axis=1), jnp.int32)
@@ -244,14 +247,120 @@ def test_wide_window_skips_keep_documents(wide_windows):
   assert_matches(fast, slow, args, cotangents, atol=2e-5)
 
 
+# π's stride: the skips as one piece (`xla.stride_attend`), run either way: as one shifted view of
+# the keys per skip distance (a static key offset and at most `xla.SHIFT_SKIPS` skips that land), or
+# as the row call (keys viewed as `[T / period, period]`, a window of rows per column). Periods not
+# dividing T, more skips than T / period, back to the sequence start (num_skips None), offsets
+# (static and traced), keys before the sequence start.
+
+
+@pytest.fixture(params=["shifts", "rows"])
+def stride_way(request, monkeypatch):
+  """Every stride as shifts (any skip count), or every one as the row call."""
+  from efficient_lm.ops.core import xla
+  monkeypatch.setattr(xla, "SHIFT_SKIPS", 10 ** 6 if request.param == "shifts" else 0)
+  return request.param
+
+STRIDE_CASES = [
+    # (pattern, Tq, Tk, q_start, k_start)
+    (Pattern.pi(3, 7, None), 45, 45, 0, 0),     # every 7th key back to the start; 7 does not divide 45
+    (Pattern.pi(4, 5, 40), 37, 37, 0, 0),       # 40 skips, at most 7 land
+    (Pattern.pi(5, 2, 6), 40, 40, 0, 0),        # period < window: the skips from 3 periods back
+    (Pattern.pi(3, 4, None), 13, 30, 20, 3),    # a chunk: skips before the keys' start are absent
+    (Pattern.pi(2, 3, 9), 16, 40, 20, -6),      # keys before the sequence start (a ring halo)
+]
+
+
+@pytest.mark.parametrize("traced,layout", [(False, "BTHK"), (True, "BHTK")], ids=["static", "traced"])
+@pytest.mark.parametrize("pattern,Tq,Tk,q_start,k_start", STRIDE_CASES, ids=lambda x: repr(x))
+def test_stride_matches_reference(pattern, Tq, Tk, q_start, k_start, traced, layout, stride_way):
+  check(pattern, Tq, Tk, q_start=q_start, k_start=k_start, traced=traced, layout=layout, seed=Tq)
+
+
+def test_stride_keeps_documents(stride_way):
+  """A skip key of another document is dropped, back to the sequence start (values, gradients)."""
+  pattern, T = Pattern.pi(2, 3, None), 50
+  args, cotangents = random_inputs(T, T, seed=6, priors=(True, True))
+  ids = jnp.asarray(np.stack([np.arange(T) // 13, np.arange(T) // 30]), jnp.int32)
+  local, skip = reference_masks(pattern, np.arange(T), np.arange(T))
+  same = np.asarray(ids)[:, None, :, None] == np.asarray(ids)[:, None, None, :]
+  fast = lambda q, k, v, lp, sp: core.attend(q, k, v, pattern, local_prior=lp, skip_prior=sp,
+                                             q_segments=ids, k_segments=ids)
+  slow = lambda q, k, v, lp, sp: reference_attend(q, k, v, local & same, skip & same, lp, sp)
+  assert_matches(fast, slow, args, cotangents, atol=2e-5)
+
+
+def test_stride_in_a_decoding_cache():
+  """Explicit key positions (a ring buffer with an empty slot) mask the stride in the loop."""
+  check(Pattern.pi(2, 3, None), 2, 8, q_start=9, k_positions=[8, 1, 2, 3, -1, 5, 6, 7], seed=3)
+
+
+def _stride_program(pattern, T):
+  """The lowered StableHLO of the core's forward + backward with both priors at length T."""
+  args, _ = random_inputs(T, T, B=1, H=1, priors=(True, True))
+  loss = lambda *a: sum(jnp.sum(x) for x in core.attend(*a[:3], pattern, local_prior=a[3],
+                                                         skip_prior=a[4]))
+  return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4))).lower(*args).as_text()
+
+
+def test_stride_program_does_not_grow_with_skips():
+  """Past `xla.SHIFT_SKIPS`, 60 skips compile to about the program of SHIFT_SKIPS + 1 (one row
+  call, not one piece per skip)."""
+  from efficient_lm.ops.core import xla
+  few = _stride_program(Pattern.pi(4, 2, xla.SHIFT_SKIPS + 2), 128).count("\n")
+  many = _stride_program(Pattern.pi(4, 2, 60), 128).count("\n")
+  assert many < 1.2 * few, (few, many)
+
+
+def test_stride_way_per_call():
+  """A few skips (π's default: 3) run as shifts, many as the row call; a traced key offset too."""
+  from efficient_lm.ops.core import xla
+  call = lambda pattern, T, **kw: core._call(jnp.zeros((1, T, 1, 8)), jnp.zeros((1, T, 1, 8)),
+                                             pattern, None, kw.get("q_start", 0), 0, None, 1,
+                                             None, None, None, None, "BTHK")[0]
+  assert xla._shift_skips(call(Pattern.pi(128, 128, 3), 1024)) == (1, 2, 3)
+  assert xla._shift_skips(call(Pattern.pi(128, 128, 3), 200)) == (1,)  # the skips that land
+  assert xla._shift_skips(call(Pattern.pi(32, 16, 63), 1024)) is None
+  assert xla._shift_skips(call(Pattern.pi(4, 2, 3), 64, q_start=jnp.int32(5))) is None
+
+
+def test_stride_piece_keeps_only_inputs_outputs_and_lse(stride_way):
+  """The stride piece alone (what a kernel's π call differentiates through `xla.stride_attend`)
+  keeps q, k, v, its o, lse and the prior: never the shifted keys nor padded column copies."""
+  from efficient_lm.ops.core import xla
+  B, T, H, K = 1, 512, 2, 8
+  (q, k, v, _, sp), cotangents = random_inputs(T, T, B=B, H=H, K=K, priors=(False, True))
+  pattern = Pattern.pi(32, 48, 4)
+  c = core._call(q, k, pattern, None, 0, 0, None, 1, None, None, sp, None, "BTHK")[0]
+  fast = lambda q, k, v, lp, sp: xla.stride_attend(c, q, k, v, 0, sp)
+  saved = residuals(lambda q, k, v, sp: fast(q, k, v, None, sp), q, k, v, sp)
+  assert max(x.size for x in saved) <= B * T * H * K
+  assert len([x for x in saved if x.size == B * T * H * K]) == 4  # q, k, v, o
+  assert sum(x.size for x in saved) <= 4 * B * T * H * K + 2 * B * T * H
+  _, skip = reference_masks(pattern, np.arange(T), np.arange(T))
+  slow = lambda q, k, v, lp, sp: reference_attend(q, k, v, np.zeros_like(skip), skip, lp, sp)
+  assert_matches(fast, slow, (q, k, v, None, sp), cotangents)
+
+
+def test_stride_builds_no_quadratic_array():
+  """No array of the stride's program holds T^2 / 8 elements (T = 1024, period 4, 8 skips)."""
+  import re
+  T = 1024
+  text = _stride_program(Pattern.pi(8, 4, 8), T)
+  sizes = [int(np.prod([int(d) for d in m.split("x")])) for m in
+           re.findall(r"tensor<((?:\d+x)+)(?:f32|i32|i1|bf16)>", text)
+           for m in [m.rstrip("x")]]
+  assert max(sizes) < T * T // 8, max(sizes)
+
+
 @pytest.mark.parametrize("q_start", [0, 37])
 def test_looped_schedule_visits_only_seen_key_blocks(q_start, wide_windows):
   """Each query block's key-block loop covers only blocks holding a key one of its queries sees
-  locally (π's skips come as slices), and every such block: O(T (W + S)), not O(T S P)."""
+  locally (π's skips come as the stride piece), and every such block: O(T (W + S)), not O(T S P)."""
   from efficient_lm.ops.core import xla
   pattern, Tq, Tk = Pattern.pi(40, 64, 3), 96, 96 + q_start
   plan = core.plan_for(pattern, Tq, Tk, q_start=q_start, k_start=0)
-  assert plan.schedule == "loop" and plan.skip_slices
+  assert plan.schedule == "loop" and not plan.pattern.has_skips
   NK = -(-Tk // plan.k_block)
   local, _ = reference_masks(pattern, q_start + np.arange(Tq), np.arange(Tk))
   for i in range(-(-Tq // plan.q_block)):
@@ -290,7 +399,7 @@ def test_explicit_positions_match_reference(pattern, Tq, positions, q_start, lay
 def test_query_chunks_in_a_scan_equal_one_call(pattern, block_sizes):
   """Sequence chunking: chunks of 8 queries at a traced q_start (a lax.scan under remat), each
   against the whole sequence's keys, equal one call, in values and in every gradient."""
-  args, cotangents = random_inputs(32, 32, seed=13, priors=(bool(pattern.skips),) * 2)
+  args, cotangents = random_inputs(32, 32, seed=13, priors=(pattern.has_skips,) * 2)
 
   def chunked(q, k, v, lp, sp):
     split = lambda x: None if x is None else jnp.swapaxes(x.reshape(x.shape[0], 4, 8, *x.shape[2:]), 0, 1)
@@ -370,7 +479,7 @@ def test_rows_without_keys_are_zero_and_finite(block_sizes):
 def test_merge_of_two_pieces_equals_one_call(pattern, block_sizes):
   """Keys split in two ranges (as a ring step does): merge of the two calls = one call, in values
   and in gradients."""
-  args, cotangents = random_inputs(20, 32, seed=8, priors=(bool(pattern.skips),) * 2)
+  args, cotangents = random_inputs(20, 32, seed=8, priors=(pattern.has_skips,) * 2)
 
   def pieces(q, k, v, lp, sp):
     kw = dict(q_start=12, local_prior=lp, skip_prior=sp)
@@ -388,7 +497,7 @@ def test_merge_of_two_pieces_equals_one_call(pattern, block_sizes):
                          ids=lambda x: repr(x))
 def test_bfloat16_inputs(pattern, T, block_sizes):
   """bf16 q, k, v: o in bf16, lse in float32, close to the float32 reference on the same values."""
-  args, cotangents = random_inputs(T, T, seed=9, dtype=jnp.bfloat16, priors=(bool(pattern.skips),) * 2)
+  args, cotangents = random_inputs(T, T, seed=9, dtype=jnp.bfloat16, priors=(pattern.has_skips,) * 2)
   local, skip = reference_masks(pattern, np.arange(T), np.arange(T))
   fast = lambda *a: core.attend(*a[:3], pattern, local_prior=a[3], skip_prior=a[4])
   o, lse = fast(*args)
@@ -421,7 +530,7 @@ def test_backward_keeps_only_inputs_outputs_and_lse(pattern):
   at most the size of q (q, k, v, o), or of a [B, T, H] row (priors, lse)."""
   B, T, H, K = 1, 512, 2, 8
   (q, k, v, lp, sp), _ = random_inputs(T, T, B=B, H=H, K=K, priors=(True, True))
-  if not pattern.skips:
+  if not pattern.has_skips:
     sp = None
   saved = residuals(lambda q, k, v, lp: core.attend(q, k, v, pattern, local_prior=lp,
                                                     skip_prior=sp), q, k, v, lp)
@@ -605,15 +714,24 @@ def test_pattern_visibility_extents_and_span(pattern):
 
 
 def test_pattern_constructors_and_errors():
-  assert Pattern.pi(4, 2, 5).skips == (4, 6, 8, 10)  # skips inside the window are local keys
-  assert Pattern.pi(4, 8, 5, seq_len=20).skips == (8, 16)
+  assert Pattern.pi(4, 2, 5).skip_offsets() == (4, 6, 8, 10)  # skips inside the window are local keys
+  assert Pattern.pi(4, 2, 5) == Pattern(window=4, period=2, skip_from=2, skip_to=5)  # one stride
+  assert Pattern.pi(4, 8, 5, seq_len=20).skip_offsets() == (8, 16)
+  assert Pattern.pi(4, 8, 2, seq_len=8) == Pattern.sliding(4)  # no skip lands
+  back = Pattern.pi(3, 7, None)  # every 7th key back to the sequence start
+  assert back.skip_offsets(seq_len=30) == (7, 14, 21, 28) and back.reach is None
+  assert back.key_range(100, 107) == (0, 107) and Pattern.pi(3, 7, 2).key_range(100, 107) == (86, 107)
+  assert Pattern.pi(32, 16, 63, seq_len=1024).skip_offsets() == tuple(range(32, 1024, 16))
   assert Pattern.dense().span(77) == 77 and Pattern.sliding(8).reach == 7
   assert Pattern.blocks(4, 1).reach == 7 and Pattern.pi(4, 8, 3).reach == 24
   assert hash(Pattern.pi(4, 8, 3)) == hash(Pattern.pi(4, 8, 3))
   for make, match in [(lambda: Pattern.sliding(0), "window"),
                       (lambda: Pattern.blocks(4, -1), "lookback"),
-                      (lambda: Pattern(window=4, skips=(2,)), "skips"),
-                      (lambda: Pattern(skips=(8,)), "skips"),
+                      (lambda: Pattern(window=4, period=2), "skip_from"),  # a skip in the window
+                      (lambda: Pattern(period=8), "period"),  # skips need a causal window
+                      (lambda: Pattern(window=4, period=4, skip_from=2, skip_to=1), "skip_to"),
+                      (lambda: Pattern(window=4, skip_to=3), "period"),
+                      (lambda: back.skip_offsets(), "seq_len"),
                       (lambda: Pattern.pi(4, 0, 2), "period"),
                       (lambda: Pattern.pi(4, 2, -1), "num_skips")]:
     with pytest.raises(ValueError, match=match):

@@ -52,7 +52,7 @@ def test_core_keeps_queries_in_their_documents(impl, pattern):
   """Values and every gradient (q, k, v, priors, under o and lse cotangents) equal the dense
   masked reference whose masks also require equal document ids."""
   T = 24
-  priors = (bool(pattern.skips),) * 2
+  priors = (pattern.has_skips,) * 2
   args, cotangents = random_inputs(T, T, seed=3, priors=priors)
   ids = jnp.asarray(random_documents(2, T, seed=4))
   local, skip = reference_masks(pattern, np.arange(T), np.arange(T))

@@ -58,7 +58,7 @@ def run_mode(mode: str, impl: str, pattern: Pattern):
   """Traces one call of `mode` (abstractly) asking for `impl`."""
   shape = jax.ShapeDtypeStruct((1, T, 2, 8), jnp.float32)
   rows = jax.ShapeDtypeStruct((1, T, 2), jnp.float32)
-  priors = bool(pattern.skips)
+  priors = pattern.has_skips
   kw = dict(impl=impl, interpret=True)
 
   def attend(q, k, v, lp, sp, **extra):
@@ -100,7 +100,7 @@ def test_every_route_to_xla_is_a_counted_fallback(impl, mode, xla_calls, caplog)
     assert routed == counted, (pattern, dict(xla_calls), dict(backends.FALLBACKS))
     if mode in ALWAYS_XLA:
       assert routed > 0, pattern
-    if mode == "ring_backward" and pattern.skips:  # the kernel's backward takes no skips
+    if mode == "ring_backward" and pattern.has_skips:  # the kernel's backward takes no skips
       assert xla_calls["backward"] > 0
   for (name, reason), n in backends.FALLBACKS.items():
     assert name == impl and reason and "\n" not in reason and n > 0

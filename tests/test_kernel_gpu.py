@@ -72,7 +72,7 @@ def check(pattern, Tq, Tk=None, *, q_start=0, k_offset=0, traced=False, q_align=
   """The gpu backend (interpreted) against `reference` on one call: o, lse and every gradient.
   `traced`: q_start is an argument of the jitted function (k_offset stays static)."""
   Tk = Tq if Tk is None else Tk
-  priors = priors or (bool(pattern.skips),) * 2
+  priors = priors or (pattern.has_skips,) * 2
   args, cotangents = inputs(Tq, Tk, K=K, seed=seed, dtype=dtype, priors=priors, layout=layout)
 
   def run(impl, start):

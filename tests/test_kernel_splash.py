@@ -64,7 +64,7 @@ def check(pattern, Tq, Tk, *, q_start=0, k_start=0, priors=None, layout="BTHK", 
           dtype=jnp.float32, atol=2e-5, seed=0):
   """splash against reference for one call: (o, lse) and the gradients of q, k, v and the priors
   under an o and an lse cotangent."""
-  priors = priors or (True, bool(pattern.skips))
+  priors = priors or (True, pattern.has_skips)
   args, cotangents = random_inputs(Tq, Tk, B=B, H=H, K=K, seed=seed, dtype=dtype, priors=priors)
   kw = dict(q_start=q_start, k_start=k_start, layout=layout)
   run = lambda impl: jax.jit(lambda *a: value_and_grads(attend(impl, pattern, **kw), a,
@@ -127,7 +127,7 @@ def test_traced_chunks_with_a_halo(pattern):
   args, (cot_o, cot_lse) = random_inputs(T + halo, T + halo, H=1, seed=4, priors=(True, True))
   q, k, v, lp, sp = args  # k, v: [halo zeros..., the sequence]
   k, v = (jnp.pad(x[:, :T], [(0, 0), (halo, 0), (0, 0), (0, 0)]) for x in (k, v))
-  sp = sp if pattern.skips else None
+  sp = sp if pattern.has_skips else None
 
   def run(impl):
     def one(q_c, k_c, v_c, lp_c, sp_c, start, cot_o, cot_lse):

@@ -198,7 +198,7 @@ def visible_slots(pattern: Pattern, span: int) -> Visible | None:
   Skips at or past `span` never land on a cached key and are left out."""
   if pattern.window is None or pattern.block_size is not None or not pattern.causal:
     return None
-  visible = Visible(pattern.window, tuple(d for d in pattern.skips if d < span))
+  visible = Visible(pattern.window, pattern.skip_offsets(span))
   return visible if visible.size < span else None
 
 

@@ -137,7 +137,7 @@ class LocalMixer(nnx.Module):
   def priors(self, x_BTD: jax.Array) -> dict:
     """{local_prior, skip_prior} `[B, T, H]`, float32: log g and log(1 - g); {} without a gate or
     with no skip (then log g shifts every logit of a row equally)."""
-    if not self.gated or not self.pattern.skips:
+    if not self.gated or not self.pattern.has_skips:
       return {}
     local_BTH, skip_BTH = gate_priors(gate_logits_BTH=self.gate_logits(x_BTD))
     return {"local_prior": local_BTH, "skip_prior": skip_BTH}
@@ -160,7 +160,7 @@ class LocalMixer(nnx.Module):
 
   @property
   def skip_offsets(self) -> list[int]:
-    return list(self.pattern.skips)
+    return list(self.pattern.skip_offsets())
 
   @property
   def cache_span(self) -> int:

@@ -90,7 +90,7 @@ def pi_attention(q_BTHK: jax.Array, k_BTHK: jax.Array, v_BTHK: jax.Array,
   pattern = Pattern.pi(window, period, num_skips, seq_len=q_BTHK.shape[1])
   local_BTH, skip_BTH = gate_priors(gate_BTH, gate_logits_BTH)
   priors = {}
-  if pattern.skips:  # with no skip, log(g) shifts every logit of a row equally: no prior
+  if pattern.has_skips:  # with no skip, log(g) shifts every logit of a row equally: no prior
     priors = dict(local_prior=local_BTH, skip_prior=skip_BTH)
   route = Route(impl=impl, interpret=interpret, mesh=mesh, axis_name=axis_name)
   return route.attend(q_BTHK, k_BTHK, v_BTHK, pattern, scale=scale, segment_ids=segment_ids,

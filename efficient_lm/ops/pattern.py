@@ -7,12 +7,19 @@ cache slots or keys before the sequence start: never visible) when
 - `window`: p - window < j;
 - `block_size` (+ `lookback`): p // block_size - lookback <= j // block_size <= p // block_size;
 
-all that apply (the *local* keys), or when p - j is one of `skips` (π's
-periodic skip keys, each at least `window` back, so never a local key too).
-Positions are absolute: the core places queries at `q_start + arange(Tq)`
-and keys at `k_start + arange(Tk)` or at explicit slot positions, so the
-cross-attention offset, the ring steps and the decoding caches are all this
-one rule. `Pattern` is frozen and hashable: static under `jax.jit`.
+all that apply (the *local* keys), or when j is one of π's periodic skip keys
+(the *stride*): j = p - m * period for m = skip_from..skip_to (skip_to None:
+back to the sequence start), each at least `window` back, so never a local key
+too. The stride is one term whatever its count: the backends run it as one
+piece (`core/xla.py`'s `stride_attend`: a shifted view of the keys per skip for
+a few, else keys `[T / period, period]`, a band along the row axis per column),
+and ask the pattern for what they need through its methods (`has_skips`,
+`skip_offsets`, `key_range`, `reach`, `local`) rather than reading its fields.
+Positions are absolute: the core places queries at `q_start + arange(Tq)` and
+keys at `k_start + arange(Tk)` or at explicit slot positions, so the
+cross-attention offset, the ring steps and the decoding caches are all this one
+rule. `Pattern` is frozen and hashable:
+static under `jax.jit`.
 """
 
 import dataclasses
@@ -33,10 +40,6 @@ def _min(a: Position, b: Position) -> Position:
   return min(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.minimum(a, b)
 
 
-
-
-
-
 @dataclasses.dataclass(frozen=True)
 class Pattern:
   """Which keys each query sees (see the module docstring); build one with the constructors."""
@@ -44,26 +47,36 @@ class Pattern:
   window: int | None = None
   block_size: int | None = None
   lookback: int = 0
-  skips: tuple[int, ...] = ()
+  period: int | None = None    # the stride: skip keys at p - m * period ...
+  skip_from: int = 1           # ... for m = skip_from ..
+  skip_to: int | None = None   # .. skip_to (None: back to the sequence start)
 
   def __post_init__(self):
     if not isinstance(self.causal, bool):
       raise ValueError(f"Pattern.causal={self.causal!r} must be True or False")
-    for name in ("window", "block_size"):
+    for name in ("window", "block_size", "period"):
       value = getattr(self, name)
       if value is not None and (not is_int(value) or value < 1):
         raise ValueError(f"Pattern.{name}={value!r} must be a positive integer or None")
     if not is_int(self.lookback) or self.lookback < 0:
       raise ValueError(f"Pattern.lookback={self.lookback!r} must be a non-negative integer")
-    if not isinstance(self.skips, tuple) or not all(is_int(d) and d > 0 for d in self.skips):
-      raise ValueError(f"Pattern.skips={self.skips!r} must be a tuple of positive integers")
-    if self.skips:
-      if self.window is None or self.block_size is not None or not self.causal:
-        raise ValueError(f"Pattern.skips={self.skips!r} need a causal window pattern (no blocks); "
-                         "build it with Pattern.pi(window, period, num_skips)")
-      if list(self.skips) != sorted(set(self.skips)) or self.skips[0] < self.window:
-        raise ValueError(f"Pattern.skips={self.skips!r} must be increasing and at least "
-                         f"window={self.window} (a skip inside the window is a local key)")
+    if not is_int(self.skip_from) or self.skip_from < 1:
+      raise ValueError(f"Pattern.skip_from={self.skip_from!r} must be a positive integer")
+    if self.skip_to is not None and (not is_int(self.skip_to) or self.skip_to < self.skip_from):
+      raise ValueError(f"Pattern.skip_to={self.skip_to!r} must be an integer >= skip_from="
+                       f"{self.skip_from}, or None (back to the sequence start)")
+    if self.period is None:
+      if self.skip_from != 1 or self.skip_to is not None:
+        raise ValueError(f"Pattern.skip_from / skip_to need a period; set Pattern.period or "
+                         "build the pattern with Pattern.pi(window, period, num_skips)")
+      return
+    if self.window is None or self.block_size is not None or not self.causal:
+      raise ValueError(f"Pattern.period={self.period!r} (skips) needs a causal window pattern "
+                       "(no blocks); build it with Pattern.pi(window, period, num_skips)")
+    if self.skip_from * self.period < self.window:
+      raise ValueError(f"Pattern.skip_from={self.skip_from} puts a skip ({self.skip_from} * "
+                       f"{self.period}) inside window={self.window}, where it is a local key; "
+                       "build the pattern with Pattern.pi(window, period, num_skips)")
 
   # Constructors.
 
@@ -88,28 +101,53 @@ class Pattern:
     return cls(causal=False, block_size=length)
 
   @classmethod
-  def pi(cls, window: int, period: int, num_skips: int, seq_len: int | None = None) -> "Pattern":
-    """π-Attention: the causal window plus the skips m * period, m = 1..num_skips.
+  def pi(cls, window: int, period: int, num_skips: int | None,
+         seq_len: int | None = None) -> "Pattern":
+    """π-Attention: the causal window plus the skips m * period, m = 1..num_skips, as one stride
+    (num_skips None: every period-th token back to the sequence start).
 
     Skips inside the window (m * period < window) are local keys already; with
     `seq_len`, skips that never land (m * period >= seq_len) are dropped.
     """
     if not is_int(period) or period < 1:
       raise ValueError(f"period={period!r} must be a positive integer")
-    if not is_int(num_skips) or num_skips < 0:
-      raise ValueError(f"num_skips={num_skips!r} must be a non-negative integer")
+    if num_skips is not None and (not is_int(num_skips) or num_skips < 0):
+      raise ValueError(f"num_skips={num_skips!r} must be a non-negative integer or None")
     if not is_int(window) or window < 1:
       raise ValueError(f"window={window!r} must be a positive integer")
-    skips = tuple(m * period for m in range(1, num_skips + 1)
-                  if m * period >= window and (seq_len is None or m * period < seq_len))
-    return cls(window=window, skips=skips)
+    first = max(1, -(-window // period))
+    last = num_skips
+    if seq_len is not None:
+      last = (seq_len - 1) // period if last is None else min(last, (seq_len - 1) // period)
+    if last is not None and last < first:
+      return cls(window=window)
+    return cls(window=window, period=period, skip_from=first, skip_to=last)
 
-  # Visibility, on broadcasting integer arrays (traced values are fine).
+  # What the backends ask.
+
+  @property
+  def has_skips(self) -> bool:
+    """Whether the pattern has skip keys (a stride)."""
+    return self.period is not None
 
   @property
   def local(self) -> "Pattern":
     """The same pattern without its skips."""
-    return dataclasses.replace(self, skips=())
+    return dataclasses.replace(self, period=None, skip_from=1, skip_to=None)
+
+  def skip_offsets(self, seq_len: int | None = None) -> tuple[int, ...]:
+    """The skip distances p - j, increasing (those below `seq_len` when given: the ones that can
+    land). An unbounded stride needs `seq_len`."""
+    if self.period is None:
+      return ()
+    last = self.skip_to
+    if seq_len is not None:
+      last = (seq_len - 1) // self.period if last is None else min(last, (seq_len - 1) // self.period)
+    if last is None:
+      raise ValueError(f"{self} skips back to the sequence start: pass seq_len to skip_offsets")
+    return tuple(m * self.period for m in range(self.skip_from, last + 1))
+
+  # Visibility, on broadcasting integer arrays (traced values are fine).
 
   def local_visible(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
     q_pos, k_pos = jnp.asarray(q_pos), jnp.asarray(k_pos)
@@ -124,29 +162,34 @@ class Pattern:
     return seen
 
   def skip_visible(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
+    """The skip keys: p - j a multiple m * period with skip_from <= m <= skip_to (O(1) ops)."""
     q_pos, k_pos = jnp.asarray(q_pos), jnp.asarray(k_pos)
-    seen = jnp.zeros(jnp.broadcast_shapes(q_pos.shape, k_pos.shape), bool)
-    for d in self.skips:
-      seen |= q_pos - k_pos == d
-    return seen & (k_pos >= 0)
+    if self.period is None:
+      return jnp.zeros(jnp.broadcast_shapes(q_pos.shape, k_pos.shape), bool)
+    d = q_pos - k_pos
+    seen = (k_pos >= 0) & (d >= self.skip_from * self.period) & (d % self.period == 0)
+    if self.skip_to is not None:
+      seen &= d <= self.skip_to * self.period
+    return seen
 
   def visible(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
     seen = self.local_visible(q_pos, k_pos)
-    return seen | self.skip_visible(q_pos, k_pos) if self.skips else seen
+    return seen | self.skip_visible(q_pos, k_pos) if self.has_skips else seen
 
   # Extents.
 
   @property
   def reach(self) -> int | None:
-    """The farthest p - j any query sees (None: unbounded, dense attention)."""
+    """The farthest p - j any query sees (None: unbounded: dense attention, or skips back to the
+    sequence start)."""
     local = None
     if self.window is not None:
       local = self.window - 1
     if self.block_size is not None:
       blocks = (self.lookback + 1) * self.block_size - 1
       local = blocks if local is None else min(local, blocks)
-    if self.skips:
-      return max(local, self.skips[-1])
+    if self.has_skips:
+      return None if self.skip_to is None else max(local, self.skip_to * self.period)
     return local
 
   def span(self, max_len: int) -> int:
@@ -161,8 +204,8 @@ class Pattern:
       lo = _max(lo, q_first - self.window + 1)
     if self.block_size is not None:
       lo = _max(lo, (q_first // self.block_size - self.lookback) * self.block_size)
-    if self.skips:
-      lo = _max(0, q_first - self.skips[-1])
+    if self.has_skips:
+      lo = 0 if self.skip_to is None else _max(0, q_first - self.skip_to * self.period)
     hi = None
     if self.causal:
       hi = q_last

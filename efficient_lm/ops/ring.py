@@ -171,6 +171,9 @@ def check_pattern(pattern: Pattern, T: int, n: int, layout: str) -> None:
   C = _check_length(T, n)
   if layout not in LAYOUTS:
     raise ValueError(f"layout={layout!r} must be one of {LAYOUTS}")
+  if pattern.has_skips and pattern.reach is None:
+    raise ValueError(f"{pattern} skips back to the sequence start: it has no ring version (its "
+                     "halo would be the whole sequence); bound it (num_skips / Pattern.skip_to)")
   if pattern.reach is None and not (pattern.causal and pattern.block_size is None):
     raise ValueError(f"{pattern} sees the whole sequence both ways: it has no ring version")
   if pattern.reach is not None and layout != "natural":

@@ -183,7 +183,7 @@ def attend_backward(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, 
   backend = _backend(impl, interpret, call)
   if backend.backward is None:
     backend = backends.fallback(backend.name, "no backward at a given o and lse")
-  elif backend.kernel and (call.pattern.skips or call.local_prior or call.skip_prior):
+  elif backend.kernel and (call.pattern.has_skips or call.local_prior or call.skip_prior):
     # A kernel's backward runs the local part alone: no priors, no skips.
     backend = backends.fallback(backend.name, "a backward with π's skips or priors (ring steps): "
                                 "the kernel's backward takes the local part alone")

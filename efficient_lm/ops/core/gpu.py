@@ -78,7 +78,7 @@ def pattern_unsupported(pattern: Pattern) -> str | None:
 
 def _takes_cudnn(call: Call, q, v, interpret: bool) -> bool:
   pattern = call.pattern
-  if interpret or pattern.skips or pattern.block_size is not None or not pattern.causal:
+  if interpret or pattern.has_skips or pattern.block_size is not None or not pattern.causal:
     return False
   if call.segments:
     _log_once("attention on the Pallas kernel instead of cuDNN: document ids (cuDNN's packed "

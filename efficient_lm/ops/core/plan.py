@@ -6,11 +6,13 @@ for a call (module `ops.core`): *banded* for a pattern of bounded reach
 a fixed band of key blocks, vectorized over a group of about `GROUP_TOKENS`
 query tokens) or *looped* for unbounded reach (dense causal, cross-attention,
 ring steps, explicit key positions: each query block loops over the key
-blocks `Pattern.key_range` allows). On both schedules π's skips are one
-shifted slice of keys per skip distance beside the local blocks: a query
-block visits its window's key blocks and S slices, never the key blocks
-between its window and its farthest skip (`Plan.skip_slices`). The plan is
-static and hashable (the custom VJP's static argument); `xla.py` runs it.
+blocks `Pattern.key_range` allows). A plan covers the local part of π's
+pattern only: its skips (one stride term) run beside it as one more piece
+(`xla.stride_attend`: a shifted view of the keys per skip for a few, else one
+call of the core over the keys viewed as `[T / period, period]`), except with
+explicit key positions, where the loop masks them (`Pattern.skip_visible`).
+The plan is static and hashable (the custom VJP's static argument); `xla.py`
+runs it.
 """
 
 import dataclasses
@@ -60,18 +62,10 @@ class Plan:
   groups: int = 1      # groups
   back: int = 0        # key blocks before a query block's own
   fwd: int = 0         # key blocks after it
-  front: int = 0       # key rows before the grid origin (band and skips)
-  skips: tuple[int, ...] = ()
+  front: int = 0       # key rows before the grid origin
   # Looped schedule.
   q_block: int = 0
   k_block: int = 0
-
-  @property
-  def skip_slices(self) -> bool:
-    """Looped schedule: the key-block loop covers the local part only and each skip distance is
-    one slice of Lq keys per query block (explicit key positions: the skips are masked in the
-    loop over every slot instead)."""
-    return self.schedule == "loop" and not self.explicit and bool(self.pattern.skips)
 
   @property
   def key_rows(self) -> int:
@@ -115,18 +109,14 @@ def _band_plan(pattern: Pattern, scale: float, Tq: int, Tk: int, q_start, k_star
   band = (nb_back + nb_fwd + 1) * L
   if band > MAX_BAND or L * band > MAX_BAND_TILE:
     return None
-  skips = pattern.skips
-  if static_q:
-    skips = tuple(d for d in skips if q_start + Tq - 1 - d >= 0)
   G = max(1, GROUP_TOKENS // L)
   groups = cdiv(N, G)
   G = cdiv(N, groups)
-  front = max([nb_back * L, *skips])
-  return Plan(pattern=pattern, scale=scale, Tq=Tq, Tk=Tk,
+  return Plan(pattern=local, scale=scale, Tq=Tq, Tk=Tk,
                q_start=q_start if static_q else None,
                k_start=k_start if is_static(k_start) else None, explicit=False, schedule="band",
                layout=layout, block=L, align=align, group=G, groups=groups, back=nb_back, fwd=nb_fwd,
-               front=front, skips=skips)
+               front=nb_back * L)
 
 
 def _loop_plan(pattern: Pattern, scale: float, Tq: int, Tk: int, q_start, k_start,
@@ -143,8 +133,10 @@ def _loop_plan(pattern: Pattern, scale: float, Tq: int, Tk: int, q_start, k_star
 
 def plan_for(pattern: Pattern, Tq: int, Tk: int, *, q_start=0, k_start=0, explicit: bool = False,
              scale: float = 1.0, layout: str = "BTHK") -> Plan:
-  """The schedule `attend` would use (exposed for tests and benchmarks)."""
+  """The schedule `attend` would use (exposed for tests and benchmarks): of the local part of a
+  pattern with skips (the stride runs beside it), unless the key positions are explicit."""
   if not explicit:
+    pattern = pattern.local
     band = _band_plan(pattern, scale, Tq, Tk, q_start, k_start, layout)
     if band is not None:
       return band

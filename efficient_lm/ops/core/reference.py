@@ -28,7 +28,7 @@ def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior
   else:
     k_pos = jnp.asarray(k_positions, jnp.int32)
   local = call.pattern.local_visible(q_pos[:, None], k_pos[None, :])
-  skip = call.pattern.skip_visible(q_pos[:, None], k_pos[None, :]) if call.pattern.skips else None
+  skip = call.pattern.skip_visible(q_pos[:, None], k_pos[None, :]) if call.pattern.has_skips else None
   if q_segments is not None:  # [B, 1, Tq, Tk]: keys of the query's own document only
     same = (q_segments[:, :, None] == k_segments[:, None, :])[:, None]
     local = local & same

@@ -1,12 +1,20 @@
 """The blockwise online-softmax core on XLA: the `xla` backend, every platform.
 
 Runs a `plan.Plan`: the banded schedule (each group of query blocks against
-its band of key blocks, gathered by shifting whole blocks; π's skip keys as
-shifted slices) or the looped schedule (each query block over the key blocks
-its local pattern allows, traced bounds, an online softmax; π's skip keys as
-one shifted slice per skip distance, `Plan.skip_slices`). Both work heads-first
-(`[B, H, T, K]`; "BTHK" calls are transposed once). The custom VJP keeps only
-q, k, v, the priors, the document ids, o and lse; the backward recomputes the
+its band of key blocks, gathered by shifting whole blocks) or the looped
+schedule (each query block over the key blocks its local pattern allows,
+traced bounds, an online softmax). π's skips (one stride term, however many)
+are one more piece beside the local part, merged by log-sum-exp
+(`stride_attend`): a few skips (at most `SHIFT_SKIPS` landing in the call, a
+static key offset) as one shifted view of the keys per skip distance, in the
+call's layout; more as the row call: with the keys viewed as
+`[T / period, period]`, query a * period + b sees rows a - skip_to ..
+a - skip_from of column b, a window along the row axis, run by this core
+batched over the columns. Explicit key positions (decoding caches) mask the
+skips in the loop instead. Both schedules work heads-first (`[B, H, T, K]`;
+"BTHK" calls are transposed once). The custom VJPs (one call, the local part
+and its stride together, the stride piece alone) keep only q, k, v, the
+priors, the document ids, o and lse; the backward recomputes the
 probabilities block by block (the flash-attention backward) and handles a
 cotangent on lse. Document ids add one comparison per block of logits,
 broadcast over the heads.
@@ -22,7 +30,9 @@ import jax.numpy as jnp
 
 from efficient_lm.ops import precision
 from efficient_lm.ops.core.call import Backend
+from efficient_lm.ops.core.merge import merge
 from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE, Plan, cdiv, is_static, plan_for
+from efficient_lm.ops.pattern import Pattern
 
 F32 = jnp.float32
 
@@ -86,11 +96,10 @@ def _vma_zero(*xs) -> jax.Array:
 
 # The banded schedule, heads-first (`_forward` transposes "BTHK" calls): q, k, v are `[B, H, T, K]`
 # (the sequence on axis T_AXIS), row quantities (lse, priors, delta) `[B, H, rows]`. Einsum letters:
-# g groups' blocks, q queries, m band keys, s skips.
+# g groups' blocks, q queries, m band keys.
 
 T_AXIS = 2
 QK, PV, DKV = "bhgqk,bhgmk->bhgqm", "bhgqm,bhgmk->bhgqk", "bhgqm,bhgqk->bhgmk"
-SKIP_QK, SKIP_PV, SKIP_DKV = "bhtk,bhtsk->bhts", "bhts,bhtsk->bhtk", "bhts,bhtk->bhtsk"
 
 
 def _blocks(x: jax.Array, count: int, L: int) -> jax.Array:
@@ -125,10 +134,9 @@ def _with_previous(x: jax.Array, count: int, extra: int, axis: int) -> jax.Array
   return jnp.concatenate(parts, axis=axis + 1)
 
 
-def _band_group(plan: Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, sp_grid,
-                qseg_grid=None, kseg_buf=None):
-  """One group's q slab, masked local logits `[B, H, G, L, M]` with the band's keys and values,
-  and (π) skip logits `[B, H, GL, S]` with the skip keys and values (stacked after the t axis).
+def _band_group(plan: Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, qseg_grid=None,
+                kseg_buf=None):
+  """One group's q slab, masked local logits `[B, H, G, L, M]` with the band's keys and values.
   With document ids (`qseg_grid` `[B, rows]`, `kseg_buf` `[B, key_rows]`) a key of another
   document is masked too."""
   t = T_AXIS
@@ -142,7 +150,7 @@ def _band_group(plan: Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, 
   band = lambda buf: _with_previous(_blocks(_slice(buf, band_start, size, t), G + nb, L), G, nb, t)
   k_band, v_band = band(k_buf), band(v_buf)
   kpos_band = _with_previous(_slice(kpos_buf, band_start, size, 0).reshape(G + nb, L), G, nb, 0)
-  local_GLM = plan.pattern.local.local_visible(qpos.reshape(G, L)[:, :, None], kpos_band[:, None, :])
+  local_GLM = plan.pattern.local_visible(qpos.reshape(G, L)[:, :, None], kpos_band[:, None, :])
   if qseg_grid is not None:
     qseg_BGL = _slice(qseg_grid, start, G * L, 1).reshape(B, G, L)
     kseg_BGM = _with_previous(_slice(kseg_buf, band_start, size, 1).reshape(B, G + nb, L), G, nb, 1)
@@ -151,23 +159,10 @@ def _band_group(plan: Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, 
   if lp_grid is not None:
     s = s + _slice(lp_grid, start, G * L, 2).reshape(B, H, G, L)[..., None]
   s = jnp.where(local_GLM, s, MASKED)
-  if not plan.skips:
-    return q_g, s, k_band, v_band, None, None, None
-  at = [start + plan.front - d for d in plan.skips]
-  k_skip = jnp.stack([_slice(k_buf, a, G * L, t) for a in at], axis=t + 1)
-  v_skip = jnp.stack([_slice(v_buf, a, G * L, t) for a in at], axis=t + 1)
-  present = jnp.stack([_slice(kpos_buf, a, G * L, 0) >= 0 for a in at], axis=1)  # [GL, S]
-  if qseg_grid is not None:  # [B, 1, GL, S]: the skip key in the query's document
-    kseg_BLS = jnp.stack([_slice(kseg_buf, a, G * L, 1) for a in at], axis=2)
-    present = (present & (_slice(qseg_grid, start, G * L, 1)[..., None] == kseg_BLS))[:, None]
-  s_skip = precision.einsum_f32(SKIP_QK, q_g, k_skip) * plan.scale
-  if sp_grid is not None:
-    s_skip = s_skip + _slice(sp_grid, start, G * L, 2)[..., None]
-  s_skip = jnp.where(present, s_skip, MASKED)
-  return q_g, s, k_band, v_band, s_skip, k_skip, v_skip
+  return q_g, s, k_band, v_band
 
 
-def _band_inputs(plan: Plan, q, k, v, q_start, k_start, lp, sp, qseg, kseg):
+def _band_inputs(plan: Plan, q, k, v, q_start, k_start, lp, qseg, kseg):
   origin, phase, key_offset = _band_grid(plan, q_start, k_start)
   rows = plan.groups * plan.group * plan.block
   q_grid = _window(q, -phase, rows)
@@ -175,12 +170,11 @@ def _band_inputs(plan: Plan, q, k, v, q_start, k_start, lp, sp, qseg, kseg):
   v_buf = _window(v, key_offset, plan.key_rows)
   kpos_buf = _band_key_positions(plan, origin, key_offset)
   lp_grid = None if lp is None else _window(lp, -phase, rows)
-  sp_grid = None if sp is None else _window(sp, -phase, rows)
   segs = (None, None)
   if qseg is not None:
     segs = (_window(qseg, -phase, rows, axis=1),
             _window(kseg, key_offset, plan.key_rows, axis=1, value=-1))
-  return origin, phase, key_offset, q_grid, k_buf, v_buf, kpos_buf, lp_grid, sp_grid, segs
+  return origin, phase, key_offset, q_grid, k_buf, v_buf, kpos_buf, lp_grid, segs
 
 
 def _groups_loop(plan: Plan, body, carry):
@@ -191,26 +185,18 @@ def _groups_loop(plan: Plan, body, carry):
 
 
 def _band_forward(plan: Plan, q, k, v, q_start, k_start, lp, sp, qseg, kseg):
-  origin, phase, _, q_grid, k_buf, v_buf, kpos_buf, lp_grid, sp_grid, segs = _band_inputs(
-      plan, q, k, v, q_start, k_start, lp, sp, qseg, kseg)
+  origin, phase, _, q_grid, k_buf, v_buf, kpos_buf, lp_grid, segs = _band_inputs(
+      plan, q, k, v, q_start, k_start, lp, qseg, kseg)
   B, H, rows, Kv = *q_grid.shape[:3], v.shape[-1]
   L, G = plan.block, plan.group
 
   def body(g, carry):
     o_grid, lse_grid = carry
-    _, s, _, v_band, s_skip, _, v_skip = _band_group(plan, g, q_grid, k_buf, v_buf, kpos_buf,
-                                                     origin, lp_grid, sp_grid, *segs)
-    m = jnp.max(s, axis=-1).reshape(B, H, G * L)
-    if s_skip is not None:
-      m = jnp.maximum(m, jnp.max(s_skip, axis=-1))
-    m = jnp.maximum(m, NO_KEY_LSE)
+    _, s, _, v_band = _band_group(plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, *segs)
+    m = jnp.maximum(jnp.max(s, axis=-1).reshape(B, H, G * L), NO_KEY_LSE)
     p = jnp.exp(s - m.reshape(B, H, G, L)[..., None])
     l = jnp.sum(p, axis=-1).reshape(B, H, G * L)
     acc = _unblocks(precision.einsum_f32(PV, p.astype(v.dtype), v_band))
-    if s_skip is not None:
-      p_skip = jnp.exp(s_skip - m[..., None])
-      l = l + jnp.sum(p_skip, axis=-1)
-      acc = acc + precision.einsum_f32(SKIP_PV, p_skip.astype(v.dtype), v_skip)
     safe_l = jnp.where(l > 0, l, 1.0)
     o = (acc / safe_l[..., None]).astype(q.dtype)
     lse = jnp.where(l > 0, m + jnp.log(safe_l), NO_KEY_LSE)
@@ -236,8 +222,8 @@ def _scatter_band(x: jax.Array, G: int, nb: int, L: int) -> jax.Array:
 
 
 def _band_backward(plan: Plan, q, k, v, q_start, k_start, lp, sp, qseg, kseg, o, lse, do, dlse):
-  origin, phase, key_offset, q_grid, k_buf, v_buf, kpos_buf, lp_grid, sp_grid, segs = _band_inputs(
-      plan, q, k, v, q_start, k_start, lp, sp, qseg, kseg)
+  origin, phase, key_offset, q_grid, k_buf, v_buf, kpos_buf, lp_grid, segs = _band_inputs(
+      plan, q, k, v, q_start, k_start, lp, qseg, kseg)
   t = T_AXIS
   B, H, rows = q_grid.shape[:3]
   L, G, nb = plan.block, plan.group, plan.back + plan.fwd
@@ -247,9 +233,9 @@ def _band_backward(plan: Plan, q, k, v, q_start, k_start, lp, sp, qseg, kseg, o,
   delta_grid = _window(delta, -phase, rows)
 
   def body(g, carry):
-    dq_grid, dlp_grid, dsp_grid, dk_buf, dv_buf = carry
-    q_g, s, k_band, v_band, s_skip, k_skip, v_skip = _band_group(
-        plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, sp_grid, *segs)
+    dq_grid, dlp_grid, dk_buf, dv_buf = carry
+    q_g, s, k_band, v_band = _band_group(plan, g, q_grid, k_buf, v_buf, kpos_buf, origin,
+                                         lp_grid, *segs)
     start = g * G * L
     lse_g = _slice(lse_grid, start, G * L, 2)
     delta_g = _slice(delta_grid, start, G * L, 2)
@@ -267,37 +253,21 @@ def _band_backward(plan: Plan, q, k, v, q_start, k_start, lp, sp, qseg, kseg, o,
     if lp_grid is not None:
       dlp_grid = jax.lax.dynamic_update_slice_in_dim(
           dlp_grid, jnp.sum(ds, axis=-1).reshape(B, H, G * L), start, axis=2)
-    if s_skip is not None:
-      p_skip = jnp.exp(s_skip - lse_g[..., None])
-      dp_skip = precision.einsum_f32(SKIP_QK, do_g, v_skip)
-      ds_skip = p_skip * (dp_skip - delta_g[..., None])
-      dq = dq + precision.einsum_f32(SKIP_PV, ds_skip.astype(k.dtype), k_skip)
-      dk_skip = precision.einsum_f32(SKIP_DKV, ds_skip.astype(q.dtype), q_g) * plan.scale
-      dv_skip = precision.einsum_f32(SKIP_DKV, p_skip.astype(do.dtype), do_g)
-      for i, d in enumerate(plan.skips):
-        at = start + plan.front - d
-        take = lambda x: jax.lax.index_in_dim(x, i, axis=t + 1, keepdims=False)
-        dk_buf = _add_at(dk_buf, at, take(dk_skip), t)
-        dv_buf = _add_at(dv_buf, at, take(dv_skip), t)
-      if sp_grid is not None:
-        dsp_grid = jax.lax.dynamic_update_slice_in_dim(dsp_grid, jnp.sum(ds_skip, axis=-1),
-                                                       start, axis=2)
     dq_grid = jax.lax.dynamic_update_slice_in_dim(dq_grid, dq * plan.scale, start, axis=t)
-    return dq_grid, dlp_grid, dsp_grid, dk_buf, dv_buf
+    return dq_grid, dlp_grid, dk_buf, dv_buf
 
   zero = _vma_zero(q, k, v, q_start, k_start, lp, sp, qseg, kseg, do, dlse)
   zeros_rows = jnp.zeros((B, H, rows), F32) + zero
   buf_shape = lambda x, n: tuple(n if a == t else d for a, d in enumerate(x.shape))
   init = (jnp.zeros(buf_shape(q, rows), F32) + zero, zeros_rows if lp is not None else None,
-          zeros_rows if sp is not None else None,
           jnp.zeros(buf_shape(k, plan.key_rows), F32) + zero,
           jnp.zeros(buf_shape(v, plan.key_rows), F32) + zero)
-  dq_grid, dlp_grid, dsp_grid, dk_buf, dv_buf = _groups_loop(plan, body, init)
+  dq_grid, dlp_grid, dk_buf, dv_buf = _groups_loop(plan, body, init)
   dq = _window(dq_grid, phase, plan.Tq).astype(q.dtype)
   dk = _window_transpose(dk_buf, key_offset, plan.Tk).astype(k.dtype)
   dv = _window_transpose(dv_buf, key_offset, plan.Tk).astype(v.dtype)
   dlp = None if lp is None else _window(dlp_grid, phase, plan.Tq)
-  dsp = None if sp is None else _window(dsp_grid, phase, plan.Tq)
+  dsp = None if sp is None else jnp.zeros_like(sp)  # a band plan has no skip keys
   return dq, dk, dv, dlp, dsp
 
 
@@ -325,51 +295,6 @@ def _loop_inputs(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kse
   return qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf, segs
 
 
-# π's skips on the looped schedule (`Plan.skip_slices`): for query block i and skip distance d the
-# keys are one slice of k, Lq long, at index qs + i Lq - d - ks. The slices are cut from k with Lq
-# rows of margin on both sides: a slice that does not fit them lies wholly outside k, is wholly
-# masked, and reads (and adds zero gradients to) wherever the clamped start puts it.
-
-def _skip_buffers(plan: Plan, k, v, kseg):
-  """(k, v, key document ids) with the skip slices' margins: `[B, H, Lq + NK Lk + Lq, ...]`."""
-  if not plan.skip_slices:
-    return None
-  Lq, rows = plan.q_block, cdiv(plan.Tk, plan.k_block) * plan.k_block + 2 * plan.q_block
-  kseg_pad = None if kseg is None else _window(kseg, -Lq, rows, axis=1, value=-1)
-  return _window(k, -Lq, rows), _window(v, -Lq, rows), kseg_pad
-
-
-def _clamped(x: jax.Array, start, size: int, axis: int):
-  """x[start:start + size] along `axis` with start clamped into x (as dynamic slices clamp)."""
-  if is_static(start):
-    start = min(max(start, 0), x.shape[axis] - size)
-  return _slice(x, start, size, axis)
-
-
-def _skip_starts(plan: Plan, qs, ks, i) -> list:
-  """Per skip distance: the margin-buffer index of query block i's first skip key."""
-  return [qs + i * plan.q_block - d - ks + plan.q_block for d in plan.pattern.skips]
-
-
-def _skip_slices(plan: Plan, bufs, qs, ks, i, q_i, qpos_i, sp_i, qseg_i):
-  """Query block i's skip logits `[B, H, Lq, S]` (masked), keys and values `[B, H, Lq, S, K]`."""
-  k_pad, v_pad, kseg_pad = bufs
-  Lq, t = plan.q_block, T_AXIS
-  starts = _skip_starts(plan, qs, ks, i)
-  k_s = jnp.stack([_clamped(k_pad, a, Lq, t) for a in starts], axis=t + 1)
-  v_s = jnp.stack([_clamped(v_pad, a, Lq, t) for a in starts], axis=t + 1)
-  rows = jnp.arange(Lq, dtype=jnp.int32)
-  present = jnp.stack([(qpos_i - d >= 0) & (a - Lq + rows >= 0) & (a - Lq + rows < plan.Tk)
-                       for d, a in zip(plan.pattern.skips, starts)], axis=1)  # [Lq, S]
-  if kseg_pad is not None:  # [B, 1, Lq, S]: the skip key in the query's document
-    kseg_BLS = jnp.stack([_clamped(kseg_pad, a, Lq, 1) for a in starts], axis=2)
-    present = (present & (qseg_i[..., None] == kseg_BLS))[:, None]
-  s = precision.einsum_f32(SKIP_QK, q_i, k_s) * plan.scale
-  if sp_i is not None:
-    s = s + sp_i[..., None]
-  return jnp.where(present, s, MASKED), k_s, v_s
-
-
 def _key_blocks(plan: Plan, qs, ks, i, NK: int):
   """[first, last) key blocks query block i may see: from `pattern.key_range` (all for explicit).
 
@@ -377,7 +302,7 @@ def _key_blocks(plan: Plan, qs, ks, i, NK: int):
   time), traced scalars otherwise."""
   if plan.explicit:
     return 0, NK
-  pattern = plan.pattern.local if plan.skip_slices else plan.pattern
+  pattern = plan.pattern
   Lq, Lk = plan.q_block, plan.k_block
   first = qs + i * Lq
   static = all(is_static(x) for x in (first, ks))
@@ -403,7 +328,7 @@ def _block_logits(plan: Plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i, qseg_i=None,
   if same is not None:
     local = local & same
   s_local = s if lp_i is None else s + lp_i[..., None]
-  if not plan.pattern.skips or plan.skip_slices:  # skip slices: the skips come separately
+  if not plan.pattern.has_skips:
     return jnp.where(local, s_local, MASKED), local, None
   skip = plan.pattern.skip_visible(qpos_i[:, None], kpos_j[None, :])
   if same is not None:
@@ -431,7 +356,6 @@ def _loop_forward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, ks
   qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf, segs = _loop_inputs(
       plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg)
   qseg_buf, kseg_buf = segs
-  skip_bufs = _skip_buffers(plan, k, v, kseg)
   B, H, _, _ = q_buf.shape
   Kv = v.shape[-1]
   Lq, Lk = plan.q_block, plan.k_block
@@ -464,14 +388,6 @@ def _loop_forward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, ks
     state = (jnp.full((B, H, Lq), NO_KEY_LSE, F32) + zero, jnp.zeros((B, H, Lq), F32) + zero,
              jnp.zeros((B, H, Lq, Kv), F32) + zero)
     m, l, acc = _loop_over(lo, hi, NK, k_body, state)
-    if skip_bufs is not None:
-      s, _, v_s = _skip_slices(plan, skip_bufs, qs, ks, i, q_i, qpos_i, sp_i, qseg_i)
-      m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-      correction = jnp.exp(m - m_new)
-      p = jnp.exp(s - m_new[..., None])
-      l = l * correction + jnp.sum(p, axis=-1)
-      acc = acc * correction[..., None] + precision.einsum_f32(SKIP_PV, p.astype(v.dtype), v_s)
-      m = m_new
     o = (acc / jnp.where(l > 0, l, 1.0)[..., None]).astype(q.dtype)
     lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), NO_KEY_LSE)
     if NQ == 1:
@@ -492,7 +408,6 @@ def _loop_backward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, k
   qs, ks, NQ, NK, q_buf, k_buf, v_buf, kpos_buf, qpos_buf, lp_buf, sp_buf, segs = _loop_inputs(
       plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg)
   qseg_buf, kseg_buf = segs
-  skip_bufs = _skip_buffers(plan, k, v, kseg)
   B, H, _, K = q_buf.shape
   Lq, Lk = plan.q_block, plan.k_block
   rows = NQ * Lq
@@ -502,7 +417,7 @@ def _loop_backward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, k
   delta_buf = _window(jnp.sum(do.astype(F32) * o.astype(F32), axis=-1) - dlse, 0, rows)
 
   def q_body(i, carry):
-    dq_buf, dlp_buf, dsp_buf, dk_buf, dv_buf, dks_buf, dvs_buf = carry
+    dq_buf, dlp_buf, dsp_buf, dk_buf, dv_buf = carry
     q_i = _slice(q_buf, i * Lq, Lq, 2)
     qpos_i = _slice(qpos_buf, i * Lq, Lq, 0)
     do_i = _slice(do_buf, i * Lq, Lq, 2)
@@ -536,53 +451,28 @@ def _loop_backward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, k
     lo, hi = _key_blocks(plan, qs, ks, i, NK)
     zero_rows = jnp.zeros((B, H, Lq), F32) + zero
     state = (jnp.zeros((B, H, Lq, K), F32) + zero, None if lp is None else zero_rows,
-             None if sp is None or _skip_free(plan) or plan.skip_slices else zero_rows, dk_buf,
-             dv_buf)
+             None if sp is None or _skip_free(plan) else zero_rows, dk_buf, dv_buf)
     dq_i, dlp_i, dsp_i, dk_buf, dv_buf = _loop_over(lo, hi, NK, k_body, state)
-    if skip_bufs is not None:
-      s, k_s, v_s = _skip_slices(plan, skip_bufs, qs, ks, i, q_i, qpos_i, sp_i, qseg_i)
-      p = jnp.exp(s - lse_i[..., None])
-      ds = p * (precision.einsum_f32(SKIP_QK, do_i, v_s) - delta_i[..., None])
-      dq_i = dq_i + precision.einsum_f32(SKIP_PV, ds.astype(k.dtype), k_s)
-      dk_s = precision.einsum_f32(SKIP_DKV, ds.astype(q.dtype), q_i) * plan.scale
-      dv_s = precision.einsum_f32(SKIP_DKV, p.astype(do.dtype), do_i)
-      for n, a in enumerate(_skip_starts(plan, qs, ks, i)):
-        take = lambda x: jax.lax.index_in_dim(x, n, axis=T_AXIS + 1, keepdims=False)
-        dks_buf = _add_at(dks_buf, _clamp_start(a, dks_buf.shape[T_AXIS], Lq), take(dk_s))
-        dvs_buf = _add_at(dvs_buf, _clamp_start(a, dvs_buf.shape[T_AXIS], Lq), take(dv_s))
-      if sp is not None:
-        dsp_i = jnp.sum(ds, axis=-1)
     put = lambda buf, x: None if buf is None else jax.lax.dynamic_update_slice_in_dim(
         buf, x, i * Lq, axis=2)
-    return (put(dq_buf, dq_i), put(dlp_buf, dlp_i), put(dsp_buf, dsp_i), dk_buf, dv_buf, dks_buf,
-            dvs_buf)
+    return put(dq_buf, dq_i), put(dlp_buf, dlp_i), put(dsp_buf, dsp_i), dk_buf, dv_buf
 
   zero_rows = jnp.zeros((B, H, rows), F32) + zero
-  margin = (None, None) if skip_bufs is None else tuple(
-      jnp.zeros(x.shape, F32) + zero for x in skip_bufs[:2])
   init = (jnp.zeros((B, H, rows, K), F32) + zero, None if lp is None else zero_rows,
           None if sp is None or _skip_free(plan) else zero_rows,
           jnp.zeros((B, H, NK * Lk, K), F32) + zero,
-          jnp.zeros((B, H, NK * Lk, v.shape[-1]), F32) + zero, *margin)
-  dq_buf, dlp_buf, dsp_buf, dk_buf, dv_buf, dks_buf, dvs_buf = _q_loop(NQ, q_body, init)
+          jnp.zeros((B, H, NK * Lk, v.shape[-1]), F32) + zero)
+  dq_buf, dlp_buf, dsp_buf, dk_buf, dv_buf = _q_loop(NQ, q_body, init)
   dq = (dq_buf[:, :, :plan.Tq] * plan.scale).astype(q.dtype)
   dk, dv = dk_buf[:, :, :plan.Tk], dv_buf[:, :, :plan.Tk]
-  if skip_bufs is not None:  # the skip keys' gradients, from the margin buffers
-    dk = dk + dks_buf[:, :, Lq:Lq + plan.Tk]
-    dv = dv + dvs_buf[:, :, Lq:Lq + plan.Tk]
   dk, dv = dk.astype(k.dtype), dv.astype(v.dtype)
   dlp = None if lp is None else dlp_buf[:, :, :plan.Tq]
   dsp = None if sp is None else (jnp.zeros_like(sp) if dsp_buf is None else dsp_buf[:, :, :plan.Tq])
   return dq, dk, dv, dlp, dsp
 
 
-def _clamp_start(start, length: int, size: int):
-  """A static start clamped into [0, length - size] (a traced one is clamped by the update)."""
-  return min(max(start, 0), length - size) if is_static(start) else start
-
-
 def _skip_free(plan: Plan) -> bool:
-  return not plan.pattern.skips
+  return not plan.pattern.has_skips
 
 
 def _key_segments(kseg_buf, j, Lk: int, NK: int):
@@ -680,6 +570,307 @@ def attend_backward(plan: Plan, q, k, v, q_start, k_start, k_positions, local_pr
   return dq, dk, dv, dlp, dsp
 
 
+# π's stride: the skip keys of every query as one call of the core over the period's columns.
+
+_NO_DOCUMENT = jnp.iinfo(jnp.int32).min  # the document id of a key the stride must not see
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stride:
+  """The static geometry of a call's stride piece. Positions u are relative to the first query
+  (a key at index j sits at u = j + k_offset); query u = a * period + b is row a, column b of
+  `[rows, period]`, and the key grid's row r holds u = (r - front) * period + b. Query row a sees
+  key rows r with a - r + front in [skip_from, skip_to]: in the row call, query row a sits at
+  position a + front and key row r at r + skip_from, under `pattern` (a window of
+  skip_to - skip_from + 1 rows, or causal for skips back to the start)."""
+  period: int
+  rows: int          # query rows: cdiv(Tq, period)
+  front: int         # key rows before query row 0
+  key_rows: int
+  pattern: Pattern
+  masked: bool       # some row sees a grid key that is not a key (or before the sequence start)
+  plan: Plan
+
+
+def _stride_of(call) -> _Stride | None:
+  """The stride piece's geometry (None when no query can see a skip key). A traced key offset
+  needs a bounded stride (the grid then reaches skip_to rows back, the keys' place unknown)."""
+  pattern, P = call.pattern, call.pattern.period
+  first, last = pattern.skip_from, pattern.skip_to
+  ko = call.k_offset
+  rows = cdiv(call.Tq, P)
+  if ko is None:
+    front = last
+  else:
+    front = max(0, cdiv(-ko, P)) if last is None else min(max(0, cdiv(-ko, P)), last)
+  key_rows = front + rows - first
+  if key_rows <= 0:
+    return None
+  reach_rows = front + rows - 1  # the farthest a query row looks back, in rows
+  if last is None or last >= reach_rows:
+    rows_pattern = Pattern.dense()
+  else:
+    rows_pattern = Pattern.sliding(last - first + 1)
+  # Keys the real queries can reach on the grid (from -front P), against those that exist.
+  masked = True
+  if call.q_start is not None and ko is not None:
+    masked = (-front * P < max(ko, -call.q_start) or call.Tq - 1 - first * P >= ko + call.Tk)
+  plan = plan_for(rows_pattern, rows, key_rows, q_start=front, k_start=first, scale=call.scale,
+                  layout="BHTK")
+  return _Stride(period=P, rows=rows, front=front, key_rows=key_rows, pattern=rows_pattern,
+                 masked=masked, plan=plan)
+
+
+def _column_perm(ndim: int, axis: int, heads: bool) -> tuple[int, ...]:
+  """The transpose from x reshaped to `[.., rows, P, ..]` (rows at `axis`) to `[B, P, H, rows, ..]`
+  (`heads`: x has a heads axis beside the sequence, "BTHK" or "BHTK") or `[B, P, rows]`."""
+  if not heads:
+    return (0, 2, 1)
+  if axis == 1:  # [B, rows, P, H, (K)]
+    return (0, 2, 3, 1, *range(4, ndim))
+  return (0, 3, 1, 2, *range(4, ndim))  # [B, H, rows, P, (K)]
+
+
+def _to_columns(x: jax.Array, start, rows: int, P: int, axis: int, value=0) -> jax.Array:
+  """x[start : start + rows P] along `axis` (`value` outside x) as the period's columns batched,
+  heads-first: `[B P, H, rows, ...]` (`[B P, rows]` for document ids `[B, T]`)."""
+  w = _window(x, start, rows * P, axis=axis, value=value)
+  w = w.reshape(*w.shape[:axis], rows, P, *w.shape[axis + 1:])
+  w = jnp.transpose(w, _column_perm(w.ndim, axis, x.ndim > 2))
+  return w.reshape(w.shape[0] * P, *w.shape[2:])
+
+
+def _from_columns(y: jax.Array, P: int, axis: int) -> jax.Array:
+  """The inverse of `_to_columns`' reshaping: `[B P, H, rows, ...]` -> x's layout, rows P long
+  (the sequence at `axis`)."""
+  y = y.reshape(y.shape[0] // P, P, *y.shape[1:])
+  perm = _column_perm(y.ndim, axis, True)
+  y = jnp.transpose(y, [perm.index(a) for a in range(y.ndim)])
+  return y.reshape(*y.shape[:axis], y.shape[axis] * P, *y.shape[axis + 2:])
+
+
+def _key_offset(call, q_start, k_start):
+  """k_start - q_start: static when the call's is, else traced."""
+  if call.k_offset is not None:
+    return call.k_offset
+  return jnp.asarray(k_start, jnp.int32) - jnp.asarray(q_start, jnp.int32)
+
+
+def _stride_inputs(call, geo: _Stride, q, k, v, q_start, ko, skip_prior, q_segments, k_segments):
+  """The row call's q, k, v, prior and document ids (columns batched); ko = k_start - q_start."""
+  t = 1 if call.layout == "BTHK" else 2
+  P, rows, key_rows = geo.period, geo.rows, geo.key_rows
+  k_first = -geo.front * P - ko  # the key index of the grid's first slot
+  cols = lambda x, start, n, axis=t, value=0: _to_columns(x, start, n, P, axis, value)
+  q_c, k_c, v_c = cols(q, 0, rows), cols(k, k_first, key_rows), cols(v, k_first, key_rows)
+  sp_c = None if skip_prior is None else cols(skip_prior.astype(F32), 0, rows)
+  segs = (None, None)
+  if geo.masked or q_segments is not None:
+    B, Tk = k.shape[0], call.Tk
+    kseg = (jnp.zeros((B, Tk), jnp.int32) if k_segments is None else k_segments.astype(jnp.int32))
+    u = jnp.arange(Tk, dtype=jnp.int32) + ko
+    kseg = jnp.where((jnp.asarray(q_start, jnp.int32) + u >= 0)[None], kseg, _NO_DOCUMENT)
+    qseg = (jnp.zeros((B, call.Tq), jnp.int32) if q_segments is None
+            else q_segments.astype(jnp.int32))
+    segs = (cols(qseg, 0, rows, 1), cols(kseg, k_first, key_rows, 1, _NO_DOCUMENT))
+  return q_c, k_c, v_c, sp_c, segs
+
+
+def _no_keys(call, q, v):
+  """(o, lse) of rows that see no key."""
+  return (jnp.zeros((*q.shape[:3], v.shape[-1]), q.dtype), jnp.full(q.shape[:3], NO_KEY_LSE, F32))
+
+
+def _rows_forward(call, geo: _Stride, q, k, v, q_start, k_start, skip_prior, q_segments,
+                  k_segments):
+  """(o, lse) of the stride as the row call: one call of this core over the period's columns."""
+  t = 1 if call.layout == "BTHK" else 2
+  ko = _key_offset(call, q_start, k_start)
+  q_c, k_c, v_c, sp_c, segs = _stride_inputs(call, geo, q, k, v, q_start, ko, skip_prior,
+                                             q_segments, k_segments)
+  o_c, lse_c = attend(geo.plan, q_c, k_c, v_c, geo.front, call.pattern.skip_from, None, sp_c, None,
+                      *segs)
+  o = _window(_from_columns(o_c, geo.period, t), 0, call.Tq, axis=t)
+  return o, _window(_from_columns(lse_c, geo.period, t), 0, call.Tq, axis=t)
+
+
+def _rows_backward(call, geo: _Stride, q, k, v, q_start, k_start, skip_prior, q_segments,
+                   k_segments, o, lse, do, dlse):
+  """(dq, dk, dv, d skip_prior) of the row call at the given o and lse."""
+  t = 1 if call.layout == "BTHK" else 2
+  P, rows = geo.period, geo.rows
+  ko = _key_offset(call, q_start, k_start)
+  q_c, k_c, v_c, sp_c, segs = _stride_inputs(call, geo, q, k, v, q_start, ko, skip_prior,
+                                             q_segments, k_segments)
+  o_c, lse_c, do_c, dlse_c = (_to_columns(x, 0, rows, P, t) for x in (o, lse, do, dlse))
+  dq_c, dk_c, dv_c, dsp_c, _ = attend_backward(geo.plan, q_c, k_c, v_c, geo.front,
+                                               call.pattern.skip_from, None, sp_c, None, *segs,
+                                               o_c, lse_c, do_c, dlse_c)
+  k_first = -geo.front * P - ko
+  back = lambda y, start, n: _window(_from_columns(y, P, t), start, n, axis=t)
+  dq = back(dq_c, 0, call.Tq)
+  dk, dv = back(dk_c, -k_first, call.Tk), back(dv_c, -k_first, call.Tk)
+  dsp = None if skip_prior is None else back(dsp_c, 0, call.Tq)
+  return dq, dk, dv, dsp
+
+
+# A few skips: one shifted view of the keys per skip distance, in the call's layout.
+
+# A stride with at most this many skips landing in the call runs as shifts. Measured on a loaded
+# 2-core CPU (experiments/results/stride_ways.json: π at T = 2,048, window 128, period 128, forward +
+# backward, side by side): shifts took 0.94x the row call's time with 3 skips, 0.97x with 4 (1.02x
+# in an earlier run), 1.06x with 5, 1.33x with 8.
+SHIFT_SKIPS = 3
+
+
+def _shift_skips(call) -> tuple[int, ...] | None:
+  """The multiples m whose skip keys (m periods back) some query of the call can reach, when the
+  stride runs as shifts: with a static key offset and at most SHIFT_SKIPS of them (the program
+  then grows with their count, bounded by SHIFT_SKIPS); None: the row call (`_Stride`)."""
+  ko, pattern = call.k_offset, call.pattern
+  if ko is None:
+    return None
+  P = pattern.period
+  hi = (call.Tq - 1 - ko) // P  # some query's key index i - m P - ko is >= 0 ...
+  if pattern.skip_to is not None:
+    hi = min(hi, pattern.skip_to)
+  if call.q_start is not None:
+    hi = min(hi, (call.q_start + call.Tq - 1) // P)  # a key position >= 0
+  lo = max(pattern.skip_from, (-ko - call.Tk) // P + 1)  # ... and below Tk
+  if hi - lo + 1 > SHIFT_SKIPS:
+    return None
+  return tuple(range(lo, hi + 1))
+
+
+def _shift_logits(call, ms, q, k, q_start, skip_prior, q_segments, k_segments) -> list:
+  """For each m of `ms`: the logits `q.shape[:3]` of every query against its key m periods back
+  (a shifted view of k), the skip prior added, MASKED where that key is absent."""
+  t = 1 if call.layout == "BTHK" else 2
+  on_rows = (lambda x: x[:, :, None]) if t == 1 else (lambda x: x[:, None, :])  # [B, Tq] -> rows
+  i = jnp.arange(call.Tq, dtype=jnp.int32)
+  logits = []
+  for m in ms:
+    offset = -(m * call.pattern.period + call.k_offset)  # query i's key sits at index i + offset
+    s = precision.einsum_f32("bthk,bthk->bth", q, _window(k, offset, call.Tq, axis=t)) * call.scale
+    if skip_prior is not None:
+      s = s + skip_prior.astype(F32)
+    seen = ((i + offset >= 0) & (i + offset < call.Tk)
+            & (jnp.asarray(q_start, jnp.int32) + i - m * call.pattern.period >= 0))[None]
+    if q_segments is not None:
+      seen = seen & (q_segments == _window(k_segments, offset, call.Tq, axis=1,
+                                           value=_NO_DOCUMENT))
+    logits.append(jnp.where(on_rows(seen), s, MASKED))
+  return logits
+
+
+def _shift_forward(call, ms, q, k, v, q_start, skip_prior, q_segments, k_segments):
+  """(o, lse) of the stride's keys at the shifts `ms` (one softmax over them)."""
+  t = 1 if call.layout == "BTHK" else 2
+  logits = _shift_logits(call, ms, q, k, q_start, skip_prior, q_segments, k_segments)
+  peak = jnp.maximum(functools.reduce(jnp.maximum, logits), NO_KEY_LSE)
+  p = [jnp.exp(s - peak) for s in logits]
+  l = functools.reduce(jnp.add, p)
+  acc = functools.reduce(jnp.add, [
+      p_m[..., None] * _window(v, -(m * call.pattern.period + call.k_offset), call.Tq,
+                               axis=t).astype(F32) for m, p_m in zip(ms, p)])
+  safe = jnp.where(l > 0, l, 1.0)
+  return ((acc / safe[..., None]).astype(q.dtype),
+          jnp.where(l > 0, peak + jnp.log(safe), NO_KEY_LSE))
+
+
+def _shift_backward(call, ms, q, k, v, q_start, skip_prior, q_segments, k_segments, o, lse, do,
+                    dlse):
+  """(dq, dk, dv, d skip_prior) of the shifts at the given o and lse (the flash backward)."""
+  t = 1 if call.layout == "BTHK" else 2
+  logits = _shift_logits(call, ms, q, k, q_start, skip_prior, q_segments, k_segments)
+  delta = jnp.sum(do.astype(F32) * o.astype(F32), axis=-1) - dlse
+  dq = dk = dv = dsp = 0.0
+  for m, s in zip(ms, logits):
+    offset = -(m * call.pattern.period + call.k_offset)
+    k_m, v_m = (_window(x, offset, call.Tq, axis=t) for x in (k, v))
+    p = jnp.exp(s - lse)
+    ds = p * (precision.einsum_f32("bthk,bthk->bth", do, v_m) - delta)
+    dq = dq + ds[..., None] * k_m.astype(F32)
+    dk = dk + _window(ds[..., None] * q.astype(F32), -offset, call.Tk, axis=t)
+    dv = dv + _window(p[..., None] * do.astype(F32), -offset, call.Tk, axis=t)
+    dsp = dsp + ds
+  return ((dq * call.scale).astype(q.dtype), (dk * call.scale).astype(k.dtype), dv.astype(v.dtype),
+          None if skip_prior is None else dsp)
+
+
+# The stride piece: the shifts for a few skips (`_shift_skips`), else the row call.
+
+def _stride_forward(call, q, k, v, q_start, k_start, skip_prior, q_segments, k_segments):
+  ms = _shift_skips(call)
+  if ms is not None:
+    if not ms:
+      return _no_keys(call, q, v)
+    return _shift_forward(call, ms, q, k, v, q_start, skip_prior, q_segments, k_segments)
+  geo = _stride_of(call)
+  if geo is None:
+    return _no_keys(call, q, v)
+  return _rows_forward(call, geo, q, k, v, q_start, k_start, skip_prior, q_segments, k_segments)
+
+
+def _stride_backward(call, q, k, v, q_start, k_start, skip_prior, q_segments, k_segments, o, lse,
+                     do, dlse):
+  """(dq, dk, dv, d skip_prior) of the stride piece at the given o and lse (those of the union)."""
+  ms = _shift_skips(call)
+  geo = None if ms is not None else _stride_of(call)
+  if not ms and geo is None:
+    return (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v),
+            None if skip_prior is None else jnp.zeros_like(skip_prior))
+  if ms:
+    return _shift_backward(call, ms, q, k, v, q_start, skip_prior, q_segments, k_segments, o, lse,
+                           do, dlse)
+  return _rows_backward(call, geo, q, k, v, q_start, k_start, skip_prior, q_segments, k_segments,
+                        o, lse, do, dlse)
+
+
+def stride_attend(call, q, k, v, q_start, skip_prior=None, q_segments=None, k_segments=None, *,
+                  k_start=None):
+  """(o, lse) of the call's skip keys alone, in `call.layout` (lse like the priors),
+  differentiable in q, k, v and the skip prior (under cotangents on o and lse): its own custom VJP,
+  whose residuals are the inputs, o and lse (the backward recomputes the shifts or the column
+  views). No explicit key positions; a traced key offset (k_start given) needs a bounded stride."""
+  q_start, k_start = _traced_starts(call, q_start, k_start)
+  return _stride_piece(call, q, k, v, q_start, k_start, skip_prior, q_segments, k_segments)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _stride_piece(call, q, k, v, q_start, k_start, sp, qseg, kseg):
+  return _stride_forward(call, q, k, v, *_starts(call, q_start, k_start), sp, qseg, kseg)
+
+
+def _stride_piece_fwd(call, q, k, v, q_start, k_start, sp, qseg, kseg):
+  o, lse = _stride_forward(call, q, k, v, *_starts(call, q_start, k_start), sp, qseg, kseg)
+  return (o, lse), (q, k, v, q_start, k_start, sp, qseg, kseg, o, lse)
+
+
+def _stride_piece_bwd(call, residuals, cotangents):
+  q, k, v, q_start, k_start, sp, qseg, kseg, o, lse = residuals
+  do, dlse = cotangents
+  dq, dk, dv, dsp = _stride_backward(call, q, k, v, *_starts(call, q_start, k_start), sp, qseg,
+                                     kseg, o, lse, do, dlse.astype(F32))
+  return dq, dk, dv, None, None, dsp, None, None
+
+
+_stride_piece.defvjp(_stride_piece_fwd, _stride_piece_bwd)
+
+
+def _stride_apart(call) -> bool:
+  """The call's skips run as the stride piece beside the local part (else they are masked in the
+  loop over explicit key positions)."""
+  return call.pattern.has_skips and not call.explicit
+
+
+def _explicit(call, k_start):
+  """A call with a traced key offset and skips back to the sequence start, as explicit key
+  positions (the stride piece cannot place such keys on a static grid)."""
+  return dataclasses.replace(call, explicit=True), jnp.asarray(k_start, jnp.int32) + jnp.arange(
+      call.Tk, dtype=jnp.int32)
+
+
 def _plan(call, q_start, k_start) -> Plan:
   return plan_for(call.pattern, call.Tq, call.Tk, q_start=q_start, k_start=k_start,
                   explicit=call.explicit, scale=call.scale, layout=call.layout)
@@ -688,15 +879,74 @@ def _plan(call, q_start, k_start) -> Plan:
 def _backend_attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
                     q_segments, k_segments, *, interpret: bool = False):
   del interpret  # XLA needs no kernel interpreter
-  return attend(_plan(call, q_start, k_start), q, k, v, q_start, k_start, k_positions,
-                local_prior, skip_prior, q_segments, k_segments)
+  if _stride_apart(call) and call.k_offset is None and call.pattern.skip_to is None:
+    call, k_positions = _explicit(call, k_start)
+  if not _stride_apart(call):
+    return attend(_plan(call, q_start, k_start), q, k, v, q_start, k_start, k_positions,
+                  local_prior, skip_prior, q_segments, k_segments)
+  return _union(call, q, k, v, *_traced_starts(call, q_start, k_start), local_prior, skip_prior,
+                q_segments, k_segments)
+
+
+# The local part and the stride as one custom VJP: residuals q, k, v, (starts), priors, document
+# ids, and the union's o and lse (never the stride's column views, nor either part's o); the
+# backward is `_backend_backward`, each part's flash backward at the union's o and lse.
+
+def _traced_starts(call, q_start, k_start):
+  """The starts the custom VJPs take: int32 scalars where the call's are traced, None where static
+  (or not given: a static key offset places the keys)."""
+  traced = lambda static, start: None if static is not None or start is None else jnp.asarray(
+      start, jnp.int32)
+  return traced(call.q_start, q_start), traced(call.k_start, k_start)
+
+
+def _starts(call, q_start, k_start):
+  return (call.q_start if q_start is None else q_start,
+          call.k_start if k_start is None else k_start)
+
+
+def _union_forward(call, q, k, v, q_start, k_start, lp, sp, qseg, kseg):
+  q_start, k_start = _starts(call, q_start, k_start)
+  local = attend(_plan(call, q_start, k_start), q, k, v, q_start, k_start, None, lp, None, qseg,
+                 kseg)
+  return merge([local, _stride_forward(call, q, k, v, q_start, k_start, sp, qseg, kseg)])
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _union(call, q, k, v, q_start, k_start, lp, sp, qseg, kseg):
+  return _union_forward(call, q, k, v, q_start, k_start, lp, sp, qseg, kseg)
+
+
+def _union_fwd(call, q, k, v, q_start, k_start, lp, sp, qseg, kseg):
+  o, lse = _union_forward(call, q, k, v, q_start, k_start, lp, sp, qseg, kseg)
+  return (o, lse), (q, k, v, q_start, k_start, lp, sp, qseg, kseg, o, lse)
+
+
+def _union_bwd(call, residuals, cotangents):
+  q, k, v, q_start, k_start, lp, sp, qseg, kseg, o, lse = residuals
+  do, dlse = cotangents
+  dq, dk, dv, dlp, dsp = _backend_backward(call, q, k, v, *_starts(call, q_start, k_start), None,
+                                           lp, sp, qseg, kseg, o, lse, do, dlse.astype(F32))
+  return dq, dk, dv, None, None, dlp, dsp, None, None
+
+
+_union.defvjp(_union_fwd, _union_bwd)
 
 
 def _backend_backward(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior,
                       q_segments, k_segments, o, lse, do, dlse, *, interpret: bool = False):
   del interpret
-  return attend_backward(_plan(call, q_start, k_start), q, k, v, q_start, k_start, k_positions,
-                         local_prior, skip_prior, q_segments, k_segments, o, lse, do, dlse)
+  if _stride_apart(call) and call.k_offset is None and call.pattern.skip_to is None:
+    call, k_positions = _explicit(call, k_start)
+  if not _stride_apart(call):
+    return attend_backward(_plan(call, q_start, k_start), q, k, v, q_start, k_start, k_positions,
+                           local_prior, skip_prior, q_segments, k_segments, o, lse, do, dlse)
+  dq, dk, dv, dlp, _ = attend_backward(_plan(call, q_start, k_start), q, k, v, q_start, k_start,
+                                       None, local_prior, None, q_segments, k_segments, o, lse, do,
+                                       dlse)
+  sq, sk, sv, dsp = _stride_backward(call, q, k, v, q_start, k_start, skip_prior, q_segments,
+                                     k_segments, o, lse, do, dlse)
+  return dq + sq, dk + sk, dv + sv, dlp, dsp
 
 
 BACKEND = Backend(name="xla", attend=_backend_attend, backward=_backend_backward,
