@@ -17,6 +17,9 @@ from efficient_lm import typed_config as tc
 POSITIONS = ("rope", "learned")
 DTYPES = ("float32", "bfloat16")
 REMATS = ("none", "block", "dots")  # 'none' and `decoder.REMAT_POLICIES` (tested equal)
+# `ops.core.backends.IMPLS` and its earlier names (`ALIASES`), tested equal (ops imports jax).
+ATTENTION_IMPLS = ("auto", "xla", "splash", "gpu", "reference")
+ATTENTION_ALIASES = ("flash", "cudnn")
 
 
 def _head_dim(cfg) -> dict:
@@ -93,7 +96,9 @@ class ModelConfig(tc.Section):
       "auto", "the attention backend, every model: 'auto' (per platform: splash on TPU, gpu on "
       "GPU, xla elsewhere), 'xla' (the blockwise core, O(T) memory; 'flash' is its earlier "
       "name), 'splash' (TPU Pallas kernels), 'gpu' (cuDNN + a Pallas kernel; 'cudnn' is its "
-      "earlier name), 'reference' (dense [T, T] masked softmax: tests)")  # checked per platform
+      "earlier name), 'reference' (dense [T, T] masked softmax: tests)",
+      tc.one_of((*ATTENTION_IMPLS, *ATTENTION_ALIASES), "is not a known attention backend",
+                f"use one of {', '.join(ATTENTION_IMPLS)}"))  # and per platform: the registry
   kernel_interpret: bool = tc.setting(
       False, "run a kernel backend off its hardware in Pallas interpret mode (slow: tests); "
       "otherwise a kernel needs its TPU / GPU",
@@ -136,4 +141,4 @@ class ModelConfig(tc.Section):
     return True
 
 
-__all__ = ["DTYPES", "ModelConfig", "POSITIONS", "REMATS", "SEQ_CHUNK_RULES", "SHARED_RULES"]
+__all__ = ["ATTENTION_ALIASES", "ATTENTION_IMPLS", "DTYPES", "ModelConfig", "POSITIONS", "REMATS", "SEQ_CHUNK_RULES", "SHARED_RULES"]

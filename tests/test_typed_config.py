@@ -301,6 +301,8 @@ def test_old_config_json_data_and_mesh_sections_load():
 @pytest.mark.parametrize("name,overrides,message", [
     ("dense", dict(d_model=30, num_heads=6), r"^model\.d_model=30 gives an odd head width 5, "
      r"which RoPE cannot rotate; make model\.d_model / model\.num_heads even$"),
+    ("dense", dict(attention_impl="pallas"), r"^model\.attention_impl='pallas' is not a known "
+     r"attention backend; use one of auto, xla, splash, gpu, reference$"),
     ("dense", dict(seq_chunk=8), r"^model\.seq_chunk=8 is not supported for model\.name='dense': "
      r"its queries see the whole window"),
     ("sliding_window", dict(seq_chunk=12), r"^model\.seq_chunk=12 must divide data\.seq_len=32; "
@@ -362,3 +364,9 @@ def test_rules_are_stated_for_help():
   assert "model.block_size must divide data.seq_len={seq_len}" in stated
   assert len(data_config.DataConfig.all_rules()) == 2
   assert len(mesh_config.MeshConfig.all_rules()) == 2
+
+
+def test_the_declared_attention_backends_are_the_cores():
+  from efficient_lm.ops.core import backends  # pylint: disable=import-outside-toplevel
+  assert model_config.ATTENTION_IMPLS == backends.IMPLS
+  assert model_config.ATTENTION_ALIASES == tuple(backends.ALIASES)
