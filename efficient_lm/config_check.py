@@ -3,11 +3,16 @@
 Each failure is one `ConfigError` naming the field, the value and the fix.
 """
 
+from typing import NamedTuple
+
 import jax
 import ml_collections
 
 from efficient_lm import config_base
 from efficient_lm import data
+from efficient_lm import data_config
+from efficient_lm import mesh_config
+from efficient_lm import model_config
 from efficient_lm import models
 from efficient_lm import sharding
 from efficient_lm import targets
@@ -15,9 +20,29 @@ from efficient_lm import train_config
 from efficient_lm.validation import require
 
 
-def validate(config: ml_collections.ConfigDict, devices=None) -> None:
+class Typed(NamedTuple):
+  """The four typed sections of a config, built once at the edge: what runs below it reads
+  `typed.model.d_model`, `typed.mesh.rule_axes`, ... and never the ConfigDict again."""
+  data: data_config.DataConfig
+  model: model_config.ModelConfig
+  train: train_config.TrainConfig
+  mesh: mesh_config.MeshConfig
+
+
+def typed(config: "ml_collections.ConfigDict | Typed") -> Typed:
+  """The typed sections of `config` (each section's own checks; `validate` also checks the
+  sections against each other, the registry and the devices); a `Typed` as it is."""
+  if isinstance(config, Typed):
+    return config
+  return Typed(data_config.DataConfig.from_mapping(config.data), models.model_config(config.model),
+               train_config.TrainConfig.from_mapping(config.train),
+               sharding.mesh_config(config.mesh))
+
+
+def validate(config: ml_collections.ConfigDict, devices=None) -> Typed:
   """The whole config against `devices` (default: the job's; a `--target`'s compile-only ones),
-  its missing fields filled with their defaults first (`config_base.fill_defaults`)."""
+  its missing fields filled with their defaults first (`config_base.fill_defaults`). Returns the
+  typed sections (what runs below the edge takes them, not the ConfigDict)."""
   devices = list(jax.devices() if devices is None else devices)
   for section in ("data", "model", "train", "mesh"):
     require(section in config, f"config.{section}", None, "is missing",
@@ -41,3 +66,4 @@ def validate(config: ml_collections.ConfigDict, devices=None) -> None:
   params = models.abstract_params(model, platform)
   sharding.check_divisible(params, mesh, sizes, models.logical_axes())
   sharding.check_replicated(params, mesh, sizes)
+  return Typed(data_cfg, model, train, mesh)

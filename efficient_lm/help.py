@@ -9,7 +9,8 @@ declares (`model_config.ModelConfig`: the shared model fields, a family's config
 definition in config_base.py or the family's file (read with `ast` and `tokenize`: the comment
 after the assignment with its continuation lines, indented further, joined; or, for an
 assignment with none, the comment lines just above it). A `mesh.rules` entry is described by its axis in `axes.py`. The
-model list (`MODELS`) is tested equal to `models.REGISTRY` (which imports jax: this module does
+model list (`MODELS`) is each family's own `listing`, read from its `register(...)` call in
+`models/` with `ast`, and tested equal to `models.REGISTRY`'s (which imports jax: this module does
 not, so `--help` answers in a fraction of a second).
 """
 
@@ -36,23 +37,6 @@ from efficient_lm import train_config
 
 SECTIONS = ("data", "model", "train", "mesh")
 HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "-helpshort", "-helpfull")
-
-# Every key of `models.REGISTRY` (tests/test_help.py checks the two agree): the shipped config that
-# trains it (`--config=` form) and one line.
-MODELS = {
-    "dense": ("dense", "causal softmax attention over the whole window (the baseline)"),
-    "sliding_window": ("sliding_window", "attention over the last model.window tokens"),
-    "pi_attention": ("pi_attention", "π-Attention: a local window + periodic skips, gated"),
-    "bcmt": ("bcmt", "BCMT: blockwise local attention + a decaying memory of earlier blocks"),
-    "honly": ("bcmt:honly", "BCMT without its memory (the paper's ablation)"),
-    "ecp": ("ecp", "ECP: each piece attends to the previous piece and causally to itself"),
-    "perceiver_ar": ("perceiver_ar", "Perceiver AR: the last model.num_latents tokens are queries"),
-    "double_attention": ("perceiver_ar:double", "Perceiver-AR, its history refined in every layer"),
-    "compressed_double_attention": ("perceiver_ar:compressed",
-                                    "double attention over a history compressed by a learned map"),
-    "ssplit_double_attention": ("perceiver_ar:ssplit",
-                                "double attention, the history's inside model.num_history_segments"),
-}
 
 # Maps whose entries are set from axes.py rather than one by one: their entries' meaning.
 _MAPS = {"mesh.rules": "mesh axes of the parameter axis `{key}` (size {size})",
@@ -187,12 +171,12 @@ def _setting_of(node: ast.stmt) -> tuple[str, str, str] | None:
 
 
 @functools.lru_cache(maxsize=None)
-def family_docs() -> dict[str, dict[str, tuple[str, str]]]:
-  """model name -> {field: (type, doc)} of the config class its module registers, read from the
-  source of `efficient_lm/models/*.py` with `ast` (importing them would import jax): the class's
-  `setting(...)` declarations and its bases' within the package, the shared ones included."""
+def _family_sources() -> tuple[dict, dict, dict, dict]:
+  """What `efficient_lm/models/*.py` declare, read with `ast` (importing them would import jax):
+  {class: {field: (type, doc)}}, {class: base names}, {model name: its config class}, {model
+  name: (config, line)} (its `register(...)` call's `listing`)."""
   folder = os.path.join(os.path.dirname(__file__), "models")
-  classes, bases, registered = {}, {}, {}
+  classes, bases, registered, listed = {}, {}, {}, {}
   for name in sorted(os.listdir(folder)):
     if not name.endswith(".py"):
       continue
@@ -210,9 +194,25 @@ def family_docs() -> dict[str, dict[str, tuple[str, str]]]:
         names = [k.value for k in getattr(keys, "keys", getattr(keys, "elts", []))
                  if isinstance(k, ast.Constant)]
         for call in ast.walk(node):
-          _registered(call, registered, {node.target.id: names})
+          _registered(call, registered, listed, {node.target.id: names}, literals)
       else:
-        _registered(node, registered, {})
+        _registered(node, registered, listed, {}, literals)
+  return classes, bases, registered, listed
+
+
+def listed_models() -> dict[str, tuple[str, str]]:
+  """model name -> (the `--config=` that trains it, one line): each family's own declaration
+  (`ModelEntry.listing` in its `register` call; tests/test_help.py checks it equals
+  `models.REGISTRY`'s), in the order of the family modules."""
+  return dict(_family_sources()[3])
+
+
+@functools.lru_cache(maxsize=None)
+def family_docs() -> dict[str, dict[str, tuple[str, str]]]:
+  """model name -> {field: (type, doc)} of the config class its module registers, read from the
+  source of `efficient_lm/models/*.py` with `ast` (importing them would import jax): the class's
+  `setting(...)` declarations and its bases' within the package, the shared ones included."""
+  classes, bases, registered, _ = _family_sources()
   shared = _typed_docs(model_config.ModelConfig)
 
   def fields(cls: str) -> dict[str, tuple[str, str]]:
@@ -224,18 +224,26 @@ def family_docs() -> dict[str, dict[str, tuple[str, str]]]:
   return {model: fields(cls) for model, cls in registered.items()}
 
 
-def _registered(node: ast.AST, out: dict[str, str], loops: dict[str, list[str]]) -> None:
-  """`register("name", ModelEntry(config=Cls, ...))` -> out["name"] = "Cls"."""
+def _registered(node: ast.AST, out: dict[str, str], listed: dict[str, tuple[str, str]],
+                loops: dict[str, list[str]], literals: dict[str, ast.AST]) -> None:
+  """`register("name", ModelEntry(config=Cls, listing=("config", "line"), ...))` -> out["name"] =
+  "Cls", listed["name"] = ("config", "line"); in a loop over a literal's keys, `listing` may be
+  `LISTINGS[name]` of a module-level dict literal."""
   if not (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", ""))
           == "register" and len(node.args) == 2 and isinstance(node.args[1], ast.Call)):
     return
-  cls = next((k.value.id for k in node.args[1].keywords
-              if k.arg == "config" and isinstance(k.value, ast.Name)), None)
+  keywords = {k.arg: k.value for k in node.args[1].keywords}
+  cls = getattr(keywords.get("config"), "id", None)
   first = node.args[0]
   names = ([first.value] if isinstance(first, ast.Constant) else loops.get(getattr(first, "id", "")))
+  listing = keywords.get("listing")
   for name in names or []:
     if cls:
       out[name] = cls
+    if isinstance(listing, ast.Subscript) and getattr(listing.value, "id", None) in literals:
+      listed[name] = tuple(ast.literal_eval(literals[listing.value.id])[name])
+    elif listing is not None:
+      listed[name] = tuple(ast.literal_eval(listing))
 
 
 def _typed_docs(cls) -> dict[str, tuple[str, str]]:
@@ -320,6 +328,9 @@ def _command_line() -> str:
       example = [line for line in lines[1:] if line.strip().startswith("python -m")][:1]
       return "\n".join([lines[0], *example])
   return ""
+
+
+MODELS = listed_models()
 
 
 def listing(width: int | None = None) -> str:

@@ -255,6 +255,7 @@ def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices=None) -> jax.sharding
   compile-only devices). Over several slices it is a hybrid mesh: each axis is `mesh.<axis>`
   devices inside a slice (ICI) times `mesh.dcn_<axis>` slices (the data-center network)."""
   devices = list(jax.devices() if devices is None else devices)
+  mesh_cfg = mesh_config(mesh_cfg)  # typed once
   slices = num_slices(devices)
   dcn = dcn_sizes(mesh_cfg, slices)
   sizes = mesh_sizes(mesh_cfg, len(devices) // slices)
@@ -272,6 +273,7 @@ def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices=None) -> jax.sharding
 def mesh_shape(mesh_cfg: ml_collections.ConfigDict, devices) -> dict[str, int]:
   """{axis: devices along it} of `make_mesh(mesh_cfg, devices)` (ICI x DCN), without building it."""
   devices = list(devices)
+  mesh_cfg = mesh_config(mesh_cfg)  # typed once
   slices = num_slices(devices)
   dcn = dcn_sizes(mesh_cfg, slices)
   sizes = mesh_sizes(mesh_cfg, len(devices) // slices)

@@ -157,7 +157,9 @@ class Section:
     default; a key the class does not declare, or a field without a default it lacks, is a
     ConfigError naming it (`owner`: whose fields, for the message, e.g. "model.name='dense'")."""
     declared = cls.declared()
-    values = dict(section.items())
+    # A sub-section (a ConfigDict's `mesh.rules`) is held as a plain dict: the typed section
+    # never hands the ConfigDict on.
+    values = {k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in section.items()}
     whose = f"of {owner}" if owner else f"of the {cls.SECTION} section"
     for key, value in values.items():
       require(key in declared, cls.name_of(key), value, f"is not a field {whose}",

@@ -162,7 +162,10 @@ def test_the_families_register_themselves():
   other = dataclasses.make_dataclass("Other", [], bases=(model_config.ModelConfig,), frozen=True,
                                      kw_only=True)
   with pytest.raises(ValueError, match="'dense' is registered twice"):
-    registry.register("dense", registry.ModelEntry(config=other))
+    registry.register("dense", registry.ModelEntry(config=other, listing=("dense", "another")))
+  with pytest.raises(ValueError, match=r"'other': its ModelEntry needs listing=\("):
+    registry.register("other", registry.ModelEntry(config=other))
+  assert "other" not in models.REGISTRY
   assert models.REGISTRY["dense"].config.__name__ == "DenseConfig"
   for folder in ("models", "ops"):
     for root, _, files in os.walk(os.path.join(REPO, "efficient_lm", folder)):

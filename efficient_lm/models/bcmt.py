@@ -360,6 +360,9 @@ def make_honly_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
   return _mixer(cfg, rngs, use_memory=False, route=route)
 
 
-registry.register("bcmt", registry.ModelEntry(config=BCMTConfig, make_mixer=make_mixer,
-                                             logical_axes=LOGICAL_AXES))
-registry.register("honly", registry.ModelEntry(config=HOnlyConfig, make_mixer=make_honly_mixer))
+registry.register("bcmt", registry.ModelEntry(
+    config=BCMTConfig, make_mixer=make_mixer, logical_axes=LOGICAL_AXES,
+    listing=("bcmt", "BCMT: blockwise local attention + a decaying memory of earlier blocks")))
+registry.register("honly", registry.ModelEntry(
+    config=HOnlyConfig, make_mixer=make_honly_mixer,
+    listing=("bcmt:honly", "BCMT without its memory (the paper's ablation)")))

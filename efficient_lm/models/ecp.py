@@ -102,4 +102,6 @@ def make_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
                 rope_base=cfg.rope_base, dtype=layers.dtype_of(cfg.dtype), rngs=rngs)
 
 
-registry.register("ecp", registry.ModelEntry(config=ECPConfig, make_mixer=make_mixer))
+registry.register("ecp", registry.ModelEntry(
+    config=ECPConfig, make_mixer=make_mixer,
+    listing=("ecp", "ECP: each piece attends to the previous piece and causally to itself")))

@@ -411,8 +411,17 @@ def build(cfg: ModelConfig, rngs: nnx.Rngs, *, route: Route) -> nnx.Module:
   return PerceiverAR(cfg, rngs, route=route)
 
 
+# `--help`'s line of each variant: the config that trains it and what it is.
+LISTINGS = {
+    "perceiver_ar": ("perceiver_ar", "Perceiver AR: the last model.num_latents tokens are queries"),
+    "double_attention": ("perceiver_ar:double", "Perceiver-AR, its history refined in every layer"),
+    "compressed_double_attention": ("perceiver_ar:compressed",
+                                    "double attention over a history compressed by a learned map"),
+    "ssplit_double_attention": ("perceiver_ar:ssplit",
+                                "double attention, the history's inside model.num_history_segments"),
+}
 for _name in VARIANTS:
   registry.register(_name, registry.ModelEntry(
       config=PerceiverARConfig, build=build, context_parallel=False,
       no_context_parallel="no ring version of its latent cross-attention",
-      logical_axes=LOGICAL_AXES))
+      logical_axes=LOGICAL_AXES, listing=LISTINGS[_name]))
