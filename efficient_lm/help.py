@@ -170,12 +170,14 @@ def _setting_of(node: ast.stmt) -> tuple[str, str, str] | None:
   return node.target.id, ast.unparse(node.annotation), text
 
 
+MODELS_DIR = os.path.join(os.path.dirname(__file__), "models")
+
+
 @functools.lru_cache(maxsize=None)
-def _family_sources() -> tuple[dict, dict, dict, dict]:
-  """What `efficient_lm/models/*.py` declare, read with `ast` (importing them would import jax):
-  {class: {field: (type, doc)}}, {class: base names}, {model name: its config class}, {model
-  name: (config, line)} (its `register(...)` call's `listing`)."""
-  folder = os.path.join(os.path.dirname(__file__), "models")
+def _family_sources(folder: str = MODELS_DIR) -> tuple[dict, dict, dict, dict]:
+  """What `efficient_lm/models/*.py` (or `folder`'s modules) declare, read with `ast` (importing
+  them would import jax): {class: {field: (type, doc)}}, {class: base names}, {model name: its
+  config class}, {model name: (config, line)} (its `register(...)` call's `listing`)."""
   classes, bases, registered, listed = {}, {}, {}, {}
   for name in sorted(os.listdir(folder)):
     if not name.endswith(".py"):
@@ -200,11 +202,11 @@ def _family_sources() -> tuple[dict, dict, dict, dict]:
   return classes, bases, registered, listed
 
 
-def listed_models() -> dict[str, tuple[str, str]]:
+def listed_models(folder: str = MODELS_DIR) -> dict[str, tuple[str, str]]:
   """model name -> (the `--config=` that trains it, one line): each family's own declaration
   (`ModelEntry.listing` in its `register` call; tests/test_help.py checks it equals
-  `models.REGISTRY`'s), in the order of the family modules."""
-  return dict(_family_sources()[3])
+  `models.REGISTRY`'s), in the order of the family modules (of `folder`)."""
+  return dict(_family_sources(folder)[3])
 
 
 @functools.lru_cache(maxsize=None)

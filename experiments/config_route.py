@@ -181,8 +181,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
   with tempfile.TemporaryDirectory() as workdir:
     trace = route(args.config, args.steps, args.overrides, os.path.join(workdir, "run"))
   counted = count(trace)
-  counted.update(calls=len(trace), trace=[f"{m}.{f}" for m, f in trace], config=args.config, steps=args.steps,
-                 overrides=args.overrides, layers=LAYERS, layer_names=LAYER_NAMES)
+  counted.update(calls=len(trace), config=args.config, steps=args.steps,
+                 overrides=args.overrides, layers=LAYERS, layer_names=LAYER_NAMES,
+                 trace=[f"{module}:{function}" for module, function in trace])
   print(report(counted), file=sys.stderr)
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:
