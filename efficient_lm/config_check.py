@@ -3,40 +3,21 @@
 Each failure is one `ConfigError` naming the field, the value and the fix.
 """
 
-from typing import NamedTuple
-
 import jax
 import ml_collections
 
 from efficient_lm import config_base
 from efficient_lm import data
-from efficient_lm import data_config
-from efficient_lm import mesh_config
-from efficient_lm import model_config
 from efficient_lm import models
+from efficient_lm import sections
 from efficient_lm import sharding
 from efficient_lm import targets
 from efficient_lm import train_config
 from efficient_lm.validation import require
 
 
-class Typed(NamedTuple):
-  """The four typed sections of a config, built once at the edge: what runs below it reads
-  `typed.model.d_model`, `typed.mesh.rule_axes`, ... and never the ConfigDict again."""
-  data: data_config.DataConfig
-  model: model_config.ModelConfig
-  train: train_config.TrainConfig
-  mesh: mesh_config.MeshConfig
-
-
-def typed(config: "ml_collections.ConfigDict | Typed") -> Typed:
-  """The typed sections of `config` (each section's own checks; `validate` also checks the
-  sections against each other, the registry and the devices); a `Typed` as it is."""
-  if isinstance(config, Typed):
-    return config
-  return Typed(data_config.DataConfig.from_mapping(config.data), models.model_config(config.model),
-               train_config.TrainConfig.from_mapping(config.train),
-               sharding.mesh_config(config.mesh))
+Typed = sections.Typed  # (re-exported: what `validate` returns)
+typed = sections.typed
 
 
 def validate(config: ml_collections.ConfigDict, devices=None) -> Typed:

@@ -18,6 +18,7 @@ import ast
 import functools
 import io
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -178,7 +179,7 @@ def _family_sources(folder: str = MODELS_DIR) -> tuple[dict, dict, dict, dict]:
   """What `efficient_lm/models/*.py` (or `folder`'s modules) declare, read with `ast` (importing
   them would import jax): {class: {field: (type, doc)}}, {class: base names}, {model name: its
   config class}, {model name: (config, line)} (its `register(...)` call's `listing`)."""
-  classes, bases, registered, listed = {}, {}, {}, {}
+  classes, bases, registered, listed, rules = {}, {}, {}, {}, {}
   for name in sorted(os.listdir(folder)):
     if not name.endswith(".py"):
       continue
@@ -191,6 +192,9 @@ def _family_sources(folder: str = MODELS_DIR) -> tuple[dict, dict, dict, dict]:
         classes[node.name] = dict(s[0:1] + ((s[1], s[2]),) for s in map(_setting_of, node.body)
                                   if s)
         bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
+        rules[node.name] = [_rule_of(call) for stmt in node.body if isinstance(stmt, ast.Assign)
+                            and any(getattr(t, "id", "") == "RULES" for t in stmt.targets)
+                            for call in ast.walk(stmt.value) if _rule_of(call)]
       if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
         keys = literals.get(getattr(node.iter, "id", None))  # `for name in VARIANTS: register(...)`
         names = [k.value for k in getattr(keys, "keys", getattr(keys, "elts", []))
@@ -199,7 +203,29 @@ def _family_sources(folder: str = MODELS_DIR) -> tuple[dict, dict, dict, dict]:
           _registered(call, registered, listed, {node.target.id: names}, literals)
       else:
         _registered(node, registered, listed, {}, literals)
-  return classes, bases, registered, listed
+  return classes, bases, registered, listed, rules
+
+
+def _rule_of(node: ast.AST) -> str | None:
+  """'field requirement' of a `tc.Rule("field", ok, "requirement", ...)` call (an f-string's
+  parts in braces), as `Rule.describe` states it."""
+  if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "Rule"
+          and len(node.args) >= 3):
+    return None
+  text = lambda n: (n.value if isinstance(n, ast.Constant) else "".join(
+      v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
+      for v in getattr(n, "values", [])))
+  return re.sub(r"![rs]}", "}", f"{text(node.args[0])} {text(node.args[2])}")
+
+
+def family_rules(model: str) -> list[str]:
+  """The cross-field rules of `model`'s config class (its `RULES`, its bases' within the
+  package), read from the source like its fields."""
+  _, bases, registered, _, rules = _family_sources()
+
+  def of(cls: str) -> list[str]:
+    return [r for base in bases.get(cls, []) for r in of(base)] + rules.get(cls, [])
+  return of(registered[model])
 
 
 def listed_models(folder: str = MODELS_DIR) -> dict[str, tuple[str, str]]:
@@ -214,7 +240,7 @@ def family_docs() -> dict[str, dict[str, tuple[str, str]]]:
   """model name -> {field: (type, doc)} of the config class its module registers, read from the
   source of `efficient_lm/models/*.py` with `ast` (importing them would import jax): the class's
   `setting(...)` declarations and its bases' within the package, the shared ones included."""
-  classes, bases, registered, _ = _family_sources()
+  classes, bases, registered, _, _ = _family_sources()
   shared = _typed_docs(model_config.ModelConfig)
 
   def fields(cls: str) -> dict[str, tuple[str, str]]:
@@ -356,6 +382,12 @@ def listing(width: int | None = None) -> str:
   for section in SECTIONS:
     out += ["", f"{section}. ({'shared by every model' if section == 'model' else 'every model'})"]
     out += _rows({k: v for k, v in fields.items() if k.split(".")[0] == section}, meaning, width)
+  rules = [r.describe() for cls in (data_config.DataConfig, model_config.ModelConfig,
+                                    mesh_config.MeshConfig) for r in cls.all_rules()]
+  out += ["", "Rules across fields (checked before anything runs; {field} is its value; a family's "
+          "own: --help=<model>):"]
+  out += textwrap.wrap("; ".join(rules), width=max(width, 70), initial_indent="  ",
+                       subsequent_indent="  ")
   extra = sorted(set(k.split(".")[0] for k in fields) - set(SECTIONS))
   for section in extra:  # a section added to config_base later is listed too
     out += ["", f"{section}."]
@@ -410,6 +442,11 @@ def model_listing(model: str, width: int | None = None) -> str:
       out += _rows(rows, meaning, width)
   out += ["", f"{model}'s own (configs/{spec.partition(':')[0]}.py):"]
   out += _rows(own, meaning, width) if own else ["  none"]
+  stated = [r.describe() for r in model_config.SHARED_RULES] + family_rules(model) + [
+      r.describe() for r in model_config.SEQ_CHUNK_RULES]
+  out += ["", "Rules across its fields (checked before anything runs; {field} is its value):"]
+  out += textwrap.wrap("; ".join(stated), width=max(width, 70), initial_indent="  ",
+                       subsequent_indent="  ")
   if changed:
     out += ["", textwrap.fill("Set for it by its config (the shared default otherwise): "
                               + ", ".join(changed), width=max(width, 70))]

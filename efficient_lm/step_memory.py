@@ -26,8 +26,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from efficient_lm import config_check
 from efficient_lm import models
+from efficient_lm import sections
 from efficient_lm import sharding
 from efficient_lm import targets
 from efficient_lm import train_step as train_step_lib
@@ -54,7 +54,7 @@ def abstract_batch(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -
 
 def make_train_step(config: ml_collections.ConfigDict, built):
   """The jitted train step of `config` for `built` (`train_state.build`)."""
-  config = config if isinstance(config, config_check.Typed) else config_check.typed(config)
+  config = config if isinstance(config, sections.Typed) else sections.typed(config)
   return train_step_lib.make_train_step(
       built.graphdef, built.tx, built.schedule, config.train.seed,
       state_shardings=built.shardings, batch_sharding=sharding.batch_sharding(built.mesh),
@@ -70,7 +70,7 @@ def compile_train_step(config: ml_collections.ConfigDict, built):
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), built.state)
   backends.FALLBACKS.clear()  # what this step's trace records (the compile report reads them)
   backends.KERNEL_CALLS.clear()
-  config = config if isinstance(config, config_check.Typed) else config_check.typed(config)  # once
+  config = config if isinstance(config, sections.Typed) else sections.typed(config)  # once
   lowered = make_train_step(config, built).lower(abstract_state, abstract_batch(config, built.mesh))
   try:
     return lowered.compile()

@@ -33,6 +33,7 @@ from efficient_lm import models
 from efficient_lm import generation
 from efficient_lm import output
 from efficient_lm import progress as progress_lib
+from efficient_lm import sections
 from efficient_lm import sharding
 from efficient_lm import signals
 from efficient_lm import step_memory
@@ -125,10 +126,10 @@ def _targets_in_batch(corpus, split: str, index: int, global_batch: int) -> floa
   return float(np.clip(last - starts, 0, seq_len).sum())
 
 
-def make_sharded_eval_step(config: "ml_collections.ConfigDict | config_check.Typed",
+def make_sharded_eval_step(config: "ml_collections.ConfigDict | sections.Typed",
                            built: train_state.Built):
   """The eval step with the train state's parameter shardings and the batch's."""
-  config = config if isinstance(config, config_check.Typed) else config_check.typed(config)
+  config = config if isinstance(config, sections.Typed) else sections.typed(config)
   return train_step_lib.make_eval_step(built.graphdef, params_shardings=built.shardings.params,
                                        batch_sharding=sharding.batch_sharding(built.mesh),
                                        loss_chunk=config.train.loss_chunk,
@@ -171,7 +172,7 @@ def check_eval_split(config: ml_collections.ConfigDict, splits) -> None:
 class Run:
   """What the step loop works with; built by `setup`."""
   config: ml_collections.ConfigDict  # (written to the workdir; everything else reads `typed`)
-  typed: config_check.Typed
+  typed: sections.Typed
   workdir: str
   corpus: Any
   mesh: jax.sharding.Mesh
@@ -188,7 +189,7 @@ class Run:
 
 
 def setup(config: ml_collections.ConfigDict, workdir: str,
-          typed: config_check.Typed | None = None) -> Run:
+          typed: sections.Typed | None = None) -> Run:
   """Data, mesh and train state; the state and data position restored from the workdir if it has
   checkpoints. Every check runs before the workdir is touched (`workdir.Workdir`): a run of
   another model or corpus is refused with the workdir byte-identical, and whatever config.json,
@@ -571,7 +572,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   signal; `preempted_line`); during the final sample (the checkpoint committed) it raises
   `signals.Interrupted`."""
   typed = config_check.validate(config)
-  wandb_writer.check(typed.train)  # (the extra installed, before anything compiles)
+  if typed.train.wandb:  # (its fields are TrainConfig's checks)
+    wandb_writer.check_installed()  # the extra, before anything compiles
   use_compilation_cache(config)
   run = setup(config, workdir, typed)
   try:

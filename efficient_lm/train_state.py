@@ -19,8 +19,8 @@ import optax
 from flax import nnx
 from flax import struct
 
-from efficient_lm import config_check
 from efficient_lm import models
+from efficient_lm import sections
 from efficient_lm import optimizer
 from efficient_lm import sharding
 
@@ -67,7 +67,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
   ring ops. `abstract=True` gives shapes, dtypes and shardings only (nothing is
   computed): what a checkpoint restores onto, or what `--compile_only` compiles.
   """
-  config = config if isinstance(config, config_check.Typed) else config_check.typed(config)  # once
+  config = config if isinstance(config, sections.Typed) else sections.typed(config)  # once
   seed = config.train.seed if seed is None else seed
   mesh = sharding.single_device_mesh() if mesh is None else mesh
   rules = config.mesh.rule_axes

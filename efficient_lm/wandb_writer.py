@@ -26,11 +26,16 @@ def check(t: TrainConfig | ml_collections.ConfigDict) -> None:
   ConfigError naming the field and the fix."""
   t = t if isinstance(t, TrainConfig) else TrainConfig.from_mapping(t)
   if t.wandb:
-    try:
-      import wandb  # pylint: disable=import-outside-toplevel,unused-import
-    except ImportError as e:
-      raise ConfigError(f"train.wandb=True needs the wandb package ({e}); install the extra with "
-                        f"{EXTRA}, or set train.wandb=False") from None
+    check_installed()
+
+
+def check_installed() -> None:
+  """The wandb package, which `train.wandb=True` needs: a ConfigError naming the field and the fix."""
+  try:
+    import wandb  # pylint: disable=import-outside-toplevel,unused-import
+  except ImportError as e:
+    raise ConfigError(f"train.wandb=True needs the wandb package ({e}); install the extra with "
+                      f"{EXTRA}, or set train.wandb=False") from None
 
 
 def tags(spec: str) -> list[str]:
