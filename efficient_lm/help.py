@@ -175,10 +175,11 @@ MODELS_DIR = os.path.join(os.path.dirname(__file__), "models")
 
 
 @functools.lru_cache(maxsize=None)
-def _family_sources(folder: str = MODELS_DIR) -> tuple[dict, dict, dict, dict]:
+def _family_sources(folder: str = MODELS_DIR) -> tuple[dict, dict, dict, dict, dict]:
   """What `efficient_lm/models/*.py` (or `folder`'s modules) declare, read with `ast` (importing
   them would import jax): {class: {field: (type, doc)}}, {class: base names}, {model name: its
-  config class}, {model name: (config, line)} (its `register(...)` call's `listing`)."""
+  config class}, {model name: (config, line)} (its `register(...)` call's `listing`), {class:
+  its `RULES` as `Rule.describe` states them}."""
   classes, bases, registered, listed, rules = {}, {}, {}, {}, {}
   for name in sorted(os.listdir(folder)):
     if not name.endswith(".py"):
@@ -187,6 +188,9 @@ def _family_sources(folder: str = MODELS_DIR) -> tuple[dict, dict, dict, dict]:
       tree = ast.parse(f.read())
     literals = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
                 for t in node.targets if isinstance(t, ast.Name)}
+    for node in tree.body:
+      if isinstance(node, ast.For):
+        _scan_registrations(node, literals, registered, listed)
     for node in ast.walk(tree):
       if isinstance(node, ast.ClassDef):
         classes[node.name] = dict(s[0:1] + ((s[1], s[2]),) for s in map(_setting_of, node.body)
@@ -195,14 +199,7 @@ def _family_sources(folder: str = MODELS_DIR) -> tuple[dict, dict, dict, dict]:
         rules[node.name] = [_rule_of(call) for stmt in node.body if isinstance(stmt, ast.Assign)
                             and any(getattr(t, "id", "") == "RULES" for t in stmt.targets)
                             for call in ast.walk(stmt.value) if _rule_of(call)]
-      if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
-        keys = literals.get(getattr(node.iter, "id", None))  # `for name in VARIANTS: register(...)`
-        names = [k.value for k in getattr(keys, "keys", getattr(keys, "elts", []))
-                 if isinstance(k, ast.Constant)]
-        for call in ast.walk(node):
-          _registered(call, registered, listed, {node.target.id: names}, literals)
-      else:
-        _registered(node, registered, listed, {}, literals)
+      _registered(node, registered, listed, {}, literals)
   return classes, bases, registered, listed, rules
 
 
@@ -228,11 +225,50 @@ def family_rules(model: str) -> list[str]:
   return of(registered[model])
 
 
+_TOP = re.compile(r"^(?=[^\s#)\]}])", re.M)  # where a top-level statement starts
+_LISTED = re.compile(r"(?:registry\.)?register\(|for \w+ in |[A-Z_]+ = ")
+
+
+@functools.lru_cache(maxsize=None)
 def listed_models(folder: str = MODELS_DIR) -> dict[str, tuple[str, str]]:
   """model name -> (the `--config=` that trains it, one line): each family's own declaration
   (`ModelEntry.listing` in its `register` call; tests/test_help.py checks it equals
-  `models.REGISTRY`'s), in the order of the family modules (of `folder`)."""
-  return dict(_family_sources(folder)[3])
+  `models.REGISTRY`'s), in the order of the family modules (of `folder`). Only the top-level
+  statements that can hold it are parsed (the module-level literals, `register` calls and the
+  loops around them): `--help` stays fast."""
+  listed = {}
+  for name in sorted(os.listdir(folder)):
+    if not name.endswith(".py"):
+      continue
+    with open(os.path.join(folder, name), encoding="utf-8") as f:
+      source = f.read()
+    starts = [m.start() for m in _TOP.finditer(source)] + [len(source)]
+    body = []
+    for a, b in zip(starts, starts[1:]):
+      if _LISTED.match(source, a):
+        try:
+          body += ast.parse(source[a:b]).body
+        except SyntaxError:  # (a line of a docstring that happens to start like one)
+          continue
+    literals = {t.id: node.value for node in body if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Name)}
+    for node in body:
+      _scan_registrations(node, literals, {}, listed)
+  return listed
+
+
+def _scan_registrations(node: ast.AST, literals: dict, registered: dict, listed: dict) -> None:
+  """The `register(...)` calls of a top-level statement (in a loop over a literal's keys, once
+  per key)."""
+  if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
+    keys = literals.get(getattr(node.iter, "id", None))  # `for name in VARIANTS: register(...)`
+    names = [k.value for k in getattr(keys, "keys", getattr(keys, "elts", []))
+             if isinstance(k, ast.Constant)]
+    for call in ast.walk(node):
+      _registered(call, registered, listed, {node.target.id: names}, literals)
+  else:
+    for call in ast.walk(node):
+      _registered(call, registered, listed, {}, literals)
 
 
 @functools.lru_cache(maxsize=None)
@@ -358,7 +394,10 @@ def _command_line() -> str:
   return ""
 
 
-MODELS = listed_models()
+def __getattr__(name: str):
+  if name == "MODELS":  # read on first use: importing this module parses nothing
+    return listed_models()
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def listing(width: int | None = None) -> str:
@@ -369,9 +408,10 @@ def listing(width: int | None = None) -> str:
          "  --help[=<model>]".ljust(26) + "this listing; with a model's name, the fields it reads",
          *_flag_lines(width), "",
          "Models (model.name; `--help=<model>` lists the fields it reads):"]
-  name_width = max(map(len, MODELS))
-  spec_width = max(len(spec) for spec, _ in MODELS.values()) + len("--config=")
-  for name, (spec, line) in MODELS.items():  # one line each, whatever the width
+  models = listed_models()
+  name_width = max(map(len, models))
+  spec_width = max(len(spec) for spec, _ in models.values()) + len("--config=")
+  for name, (spec, line) in models.items():  # one line each, whatever the width
     out.append(f"  {name:<{name_width}}  {'--config=' + spec:<{spec_width}}  {line}")
   out += ["", "Config fields (override any with --config.<field>=<value>; the default, then what "
           "it is):"]
@@ -395,7 +435,8 @@ def listing(width: int | None = None) -> str:
   for family in config_files.config_names():
     config = config_files.load_config(family)
     own, changed = family_fields(family, config)
-    models = ", ".join(m for m, (spec, _) in MODELS.items() if spec.partition(":")[0] == family)
+    models = ", ".join(m for m, (spec, _) in listed_models().items()
+                       if spec.partition(":")[0] == family)
     out += ["", f"configs/{family}.py ({models or 'no model'}): "
             + ("adds" if own else "adds no field") + (":" if own else "")]
     meaning = meanings(family, config)
@@ -422,11 +463,11 @@ def family_fields(family: str, config: ml_collections.ConfigDict | None = None,
 def model_listing(model: str, width: int | None = None) -> str:
   """What `--help=<model>` prints: every field the model reads, at its config's defaults: the
   shared ones by section, then its own."""
-  if model not in MODELS:
+  if model not in listed_models():
     raise HelpError(f"--help={model}: there is no model {model!r}; use one of "
-                    f"{', '.join(MODELS)} (or --help for everything)")
+                    f"{', '.join(listed_models())} (or --help for everything)")
   width = width or min(120, shutil.get_terminal_size((100, 20)).columns)
-  spec, line = MODELS[model]
+  spec, line = listed_models()[model]
   config = config_files.load_config(spec)
   meaning = meanings(spec, config)
   own, changed = family_fields(spec.partition(":")[0], config)
