@@ -74,12 +74,16 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
   tx, schedule = optimizer.make_optimizer(config.train)
   make_model = lambda: models.create(config.model, rngs=nnx.Rngs(seed), mesh=mesh)
 
+  graphdefs = []  # the model's structure, kept from the trace of `init` (no second build for it)
+
   def init() -> TrainState:
-    params = nnx.state(make_model())
+    model = make_model()
+    graphdefs.append(nnx.graphdef(model))
+    params = nnx.state(model)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
-  graphdef = nnx.graphdef(nnx.eval_shape(make_model))
   shapes = jax.eval_shape(init)
+  graphdef = graphdefs[0]
   zero1 = "data" if config.mesh.shard_optimizer_over_data else None
   shardings = TrainState(
       step=sharding.replicated(mesh),
