@@ -141,4 +141,5 @@ class ModelConfig(tc.Section):
     return True
 
 
-__all__ = ["ATTENTION_ALIASES", "ATTENTION_IMPLS", "DTYPES", "ModelConfig", "POSITIONS", "REMATS", "SEQ_CHUNK_RULES", "SHARED_RULES"]
+__all__ = ["ATTENTION_ALIASES", "ATTENTION_IMPLS", "DTYPES", "ModelConfig", "POSITIONS", "REMATS",
+           "SEQ_CHUNK_RULES", "SHARED_RULES"]

@@ -112,7 +112,8 @@ def setting(default: Any = dataclasses.MISSING, doc: str = "",
             check: Check | tuple[Check, ...] | None = None, *,
             factory: Callable[[], Any] | None = None):
   """A section field: its default (none: the edge must give it), one line saying what it is, and
-  its check (or checks, run in order). `factory`: makes the default instead (a mapping, which a dataclass cannot share)."""
+  its check (or checks, run in order). `factory`: makes the default instead (a mapping, which a
+  dataclass cannot share)."""
   if factory is not None:
     return dataclasses.field(default_factory=factory, metadata={"doc": doc, "check": check})
   return dataclasses.field(default=default, metadata={"doc": doc, "check": check})

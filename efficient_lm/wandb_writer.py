@@ -30,7 +30,8 @@ def check(t: TrainConfig | ml_collections.ConfigDict) -> None:
 
 
 def check_installed() -> None:
-  """The wandb package, which `train.wandb=True` needs: a ConfigError naming the field and the fix."""
+  """The wandb package, which `train.wandb=True` needs: a ConfigError naming the field and the
+  fix."""
   try:
     import wandb  # pylint: disable=import-outside-toplevel,unused-import
   except ImportError as e:

@@ -67,6 +67,7 @@ def layer_of(module: str, layers: dict[str, int] = LAYERS) -> int:
 def count(trace: Iterable[tuple[str, str]], layers: dict[str, int] = LAYERS) -> dict[str, Any]:
   """Visits and climbs of a trace of (module, function) calls that received a config, in order."""
   visits, climbs, previous = collections.Counter(), [], None
+  most = lambda: max(visits.values(), default=0)  # noqa: E731
   for module, function in trace:
     if previous is not None and previous[0] == module:
       previous = (module, function)
@@ -77,8 +78,7 @@ def count(trace: Iterable[tuple[str, str]], layers: dict[str, int] = LAYERS) -> 
                      "to_function": function})
     previous = (module, function)
   return {"visits": dict(visits.most_common()), "climbs": climbs, "num_climbs": len(climbs),
-          "most_visits": max(visits.values(), default=0),
-          "meets_goal": len(climbs) <= GOAL_CLIMBS and max(visits.values(), default=0) <= GOAL_VISITS}
+          "most_visits": most(), "meets_goal": len(climbs) <= GOAL_CLIMBS and most() <= GOAL_VISITS}
 
 
 class Recorder:

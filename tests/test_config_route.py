@@ -18,7 +18,8 @@ def test_visits_and_climbs_of_a_hand_made_trace():
            ("efficient_lm.typed_config", "Section.from_mapping"),
            ("efficient_lm.models.decoder", "Decoder.__init__"),
            ("efficient_lm.models.pi_attention", "make_pi_mixer"),
-           ("efficient_lm.models.decoder", "Block.__init__"), ("efficient_lm.train", "_compiled_step")]
+           ("efficient_lm.models.decoder", "Block.__init__"),
+           ("efficient_lm.train", "_compiled_step")]
   counted = config_route.count(trace)
   assert counted["visits"] == {"efficient_lm.train": 2, "efficient_lm.models.decoder": 2,
                                "efficient_lm.main": 1, "efficient_lm.workdir": 1,

@@ -67,7 +67,8 @@ def test_prefill_chunk_and_steps_equal_the_full_pass(name, fields):
 @pytest.mark.slow  # 10-16 s a model
 @pytest.mark.parametrize("name,fields", [DECODER_MODELS[_FIRST["dense"]],  # pi: its doubling case
                                          DECODER_MODELS[_LAST["pi_attention"]],
-                                         DECODER_MODELS[_FIRST["bcmt"]]], ids=["dense", "pi", "bcmt"])
+                                         DECODER_MODELS[_FIRST["bcmt"]]],
+                         ids=["dense", "pi", "bcmt"])
 def test_chunked_prefill_equals_one_pass(name, fields):
   cfg = tiny_model_config(name, **fields)
   model = models.create(cfg, rngs=nnx.Rngs(5))

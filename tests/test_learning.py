@@ -103,9 +103,11 @@ def optimized_code():
 
 def test_every_registered_model_has_a_task_or_a_reason():
   missing = set(models.REGISTRY) - set(TASKS) - set(NO_TASK)
-  assert not missing, f"{sorted(missing)}: declare TASKS, or a one-line reason in NO_TASK, in tests/families/<the family's module>.py"
+  assert not missing, (f"{sorted(missing)}: declare TASKS, or a one-line reason in NO_TASK, in "
+                       "tests/families/<the family's module>.py")
   stale = (set(TASKS) | set(NO_TASK)) - set(models.REGISTRY)
-  assert not stale, f"{sorted(stale)}: not registered; remove them from tests/families/ (TASKS / NO_TASK)"
+  assert not stale, (f"{sorted(stale)}: not registered; remove them from tests/families/ "
+                     "(TASKS / NO_TASK)")
   assert not set(TASKS) & set(NO_TASK), "a model is in both TASKS and NO_TASK"
   assert all(isinstance(r, str) and r.strip() for r in NO_TASK.values()), "a NO_TASK without reason"
 

@@ -345,8 +345,8 @@ def test_a_rule_applies_only_when_its_variant_reads_the_field():
      r"an activation axis; use one of embed, heads, kv, mlp, vocab$"),
     ("mesh", dict(activation_rules={"mlp": "tensr"}), r"^mesh\.activation_rules\.mlp='tensr' "
      r"names an axis the mesh does not have"),
-    ("train", dict(wandb="yes"), r"^train\.wandb='yes' must be True or False; set train\.wandb=True "
-     r"to log to W&B, or False$"),
+    ("train", dict(wandb="yes"), r"^train\.wandb='yes' must be True or False; set "
+     r"train\.wandb=True to log to W&B, or False$"),
     ("train", dict(wandb_project=" "), r"^train\.wandb_project=' ' must be a non-empty string; set "
      r"train\.wandb_project=efficient_lm$"),
     ("train", dict(wandb_run_name=None), r"^train\.wandb_run_name=None must be a string; set "

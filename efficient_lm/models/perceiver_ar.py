@@ -417,8 +417,8 @@ LISTINGS = {
     "double_attention": ("perceiver_ar:double", "Perceiver-AR, its history refined in every layer"),
     "compressed_double_attention": ("perceiver_ar:compressed",
                                     "double attention over a history compressed by a learned map"),
-    "ssplit_double_attention": ("perceiver_ar:ssplit",
-                                "double attention, the history's inside model.num_history_segments"),
+    "ssplit_double_attention": (
+        "perceiver_ar:ssplit", "double attention, the history's inside model.num_history_segments"),
 }
 for _name in VARIANTS:
   registry.register(_name, registry.ModelEntry(

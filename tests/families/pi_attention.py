@@ -2,7 +2,8 @@
 (tests/families/__init__.py)."""
 
 FIELDS = {
-    "pi_attention": dict(window=5, period=7, num_skips=3, period_schedule="doubling", gate_hidden=8),
+    "pi_attention": dict(window=5, period=7, num_skips=3, period_schedule="doubling",
+                         gate_hidden=8),
     "sliding_window": dict(window=5),
 }
 TASKS = {
