@@ -9,15 +9,21 @@ import ml_collections
 from efficient_lm import config_base
 from efficient_lm import data
 from efficient_lm import models
+from efficient_lm import sections
 from efficient_lm import sharding
 from efficient_lm import targets
 from efficient_lm import train_config
 from efficient_lm.validation import require
 
 
-def validate(config: ml_collections.ConfigDict, devices=None) -> None:
+Typed = sections.Typed  # (re-exported: what `validate` returns)
+typed = sections.typed
+
+
+def validate(config: ml_collections.ConfigDict, devices=None) -> Typed:
   """The whole config against `devices` (default: the job's; a `--target`'s compile-only ones),
-  its missing fields filled with their defaults first (`config_base.fill_defaults`)."""
+  its missing fields filled with their defaults first (`config_base.fill_defaults`). Returns the
+  typed sections (what runs below the edge takes them, not the ConfigDict)."""
   devices = list(jax.devices() if devices is None else devices)
   for section in ("data", "model", "train", "mesh"):
     require(section in config, f"config.{section}", None, "is missing",
@@ -41,3 +47,4 @@ def validate(config: ml_collections.ConfigDict, devices=None) -> None:
   params = models.abstract_params(model, platform)
   sharding.check_divisible(params, mesh, sizes, models.logical_axes())
   sharding.check_replicated(params, mesh, sizes)
+  return Typed(data_cfg, model, train, mesh)

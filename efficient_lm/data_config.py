@@ -12,7 +12,6 @@ import numbers
 import re
 
 from efficient_lm import typed_config as tc
-from efficient_lm.validation import require
 
 
 def _text(requirement: str, fix: str, *, empty: bool = True) -> tc.Check:
@@ -89,15 +88,14 @@ class DataConfig(tc.Section):
       False, "'hf:<name>' may download from the hub (else offline: the cache only)",
       tc.boolean("set data.hf_allow_download=False (the local datasets cache only) or True"))
 
-  def check(self) -> None:
-    require(self.tokenizer or self.separator_token == "", "data.separator_token",
-            self.separator_token, "only applies to a data.tokenizer of one's own",
-            "set data.separator_token to '' (the trained tokenizer's eos separates documents)")
-    require(self.validation_fraction + self.test_fraction < 1, "data.validation_fraction",
-            self.validation_fraction,
-            f"plus data.test_fraction={self.test_fraction!r} must be below 1 (train keeps the "
-            "rest)",
-            "lower data.validation_fraction or data.test_fraction")
+  RULES = (
+      tc.Rule("data.separator_token", lambda c: c.tokenizer or c.separator_token == "",
+              "only applies to a data.tokenizer of one's own",
+              "set data.separator_token to '' (the trained tokenizer's eos separates documents)"),
+      tc.Rule("data.validation_fraction", lambda c: c.validation_fraction + c.test_fraction < 1,
+              "plus data.test_fraction={test_fraction!r} must be below 1 (train keeps the rest)",
+              "lower data.validation_fraction or data.test_fraction"),
+  )
 
 
 __all__ = ["DataConfig"]

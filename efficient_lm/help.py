@@ -9,7 +9,8 @@ declares (`model_config.ModelConfig`: the shared model fields, a family's config
 definition in config_base.py or the family's file (read with `ast` and `tokenize`: the comment
 after the assignment with its continuation lines, indented further, joined; or, for an
 assignment with none, the comment lines just above it). A `mesh.rules` entry is described by its axis in `axes.py`. The
-model list (`MODELS`) is tested equal to `models.REGISTRY` (which imports jax: this module does
+model list (`MODELS`) is each family's own `listing`, read from its `register(...)` call in
+`models/` with `ast`, and tested equal to `models.REGISTRY`'s (which imports jax: this module does
 not, so `--help` answers in a fraction of a second).
 """
 
@@ -17,6 +18,7 @@ import ast
 import functools
 import io
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -36,23 +38,6 @@ from efficient_lm import train_config
 
 SECTIONS = ("data", "model", "train", "mesh")
 HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "-helpshort", "-helpfull")
-
-# Every key of `models.REGISTRY` (tests/test_help.py checks the two agree): the shipped config that
-# trains it (`--config=` form) and one line.
-MODELS = {
-    "dense": ("dense", "causal softmax attention over the whole window (the baseline)"),
-    "sliding_window": ("sliding_window", "attention over the last model.window tokens"),
-    "pi_attention": ("pi_attention", "π-Attention: a local window + periodic skips, gated"),
-    "bcmt": ("bcmt", "BCMT: blockwise local attention + a decaying memory of earlier blocks"),
-    "honly": ("bcmt:honly", "BCMT without its memory (the paper's ablation)"),
-    "ecp": ("ecp", "ECP: each piece attends to the previous piece and causally to itself"),
-    "perceiver_ar": ("perceiver_ar", "Perceiver AR: the last model.num_latents tokens are queries"),
-    "double_attention": ("perceiver_ar:double", "Perceiver-AR, its history refined in every layer"),
-    "compressed_double_attention": ("perceiver_ar:compressed",
-                                    "double attention over a history compressed by a learned map"),
-    "ssplit_double_attention": ("perceiver_ar:ssplit",
-                                "double attention, the history's inside model.num_history_segments"),
-}
 
 # Maps whose entries are set from axes.py rather than one by one: their entries' meaning.
 _MAPS = {"mesh.rules": "mesh axes of the parameter axis `{key}` (size {size})",
@@ -186,13 +171,16 @@ def _setting_of(node: ast.stmt) -> tuple[str, str, str] | None:
   return node.target.id, ast.unparse(node.annotation), text
 
 
+MODELS_DIR = os.path.join(os.path.dirname(__file__), "models")
+
+
 @functools.lru_cache(maxsize=None)
-def family_docs() -> dict[str, dict[str, tuple[str, str]]]:
-  """model name -> {field: (type, doc)} of the config class its module registers, read from the
-  source of `efficient_lm/models/*.py` with `ast` (importing them would import jax): the class's
-  `setting(...)` declarations and its bases' within the package, the shared ones included."""
-  folder = os.path.join(os.path.dirname(__file__), "models")
-  classes, bases, registered = {}, {}, {}
+def _family_sources(folder: str = MODELS_DIR) -> tuple[dict, dict, dict, dict, dict]:
+  """What `efficient_lm/models/*.py` (or `folder`'s modules) declare, read with `ast` (importing
+  them would import jax): {class: {field: (type, doc)}}, {class: base names}, {model name: its
+  config class}, {model name: (config, line)} (its `register(...)` call's `listing`), {class:
+  its `RULES` as `Rule.describe` states them}."""
+  classes, bases, registered, listed, rules = {}, {}, {}, {}, {}
   for name in sorted(os.listdir(folder)):
     if not name.endswith(".py"):
       continue
@@ -200,19 +188,95 @@ def family_docs() -> dict[str, dict[str, tuple[str, str]]]:
       tree = ast.parse(f.read())
     literals = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
                 for t in node.targets if isinstance(t, ast.Name)}
+    for node in tree.body:
+      if isinstance(node, ast.For):
+        _scan_registrations(node, literals, registered, listed)
     for node in ast.walk(tree):
       if isinstance(node, ast.ClassDef):
         classes[node.name] = dict(s[0:1] + ((s[1], s[2]),) for s in map(_setting_of, node.body)
                                   if s)
         bases[node.name] = [b.id for b in node.bases if isinstance(b, ast.Name)]
-      if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
-        keys = literals.get(getattr(node.iter, "id", None))  # `for name in VARIANTS: register(...)`
-        names = [k.value for k in getattr(keys, "keys", getattr(keys, "elts", []))
-                 if isinstance(k, ast.Constant)]
-        for call in ast.walk(node):
-          _registered(call, registered, {node.target.id: names})
-      else:
-        _registered(node, registered, {})
+        rules[node.name] = [_rule_of(call) for stmt in node.body if isinstance(stmt, ast.Assign)
+                            and any(getattr(t, "id", "") == "RULES" for t in stmt.targets)
+                            for call in ast.walk(stmt.value) if _rule_of(call)]
+      _registered(node, registered, listed, {}, literals)
+  return classes, bases, registered, listed, rules
+
+
+def _rule_of(node: ast.AST) -> str | None:
+  """'field requirement' of a `tc.Rule("field", ok, "requirement", ...)` call (an f-string's
+  parts in braces), as `Rule.describe` states it."""
+  if not (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "Rule"
+          and len(node.args) >= 3):
+    return None
+  text = lambda n: (n.value if isinstance(n, ast.Constant) else "".join(
+      v.value if isinstance(v, ast.Constant) else "{" + ast.unparse(v.value) + "}"
+      for v in getattr(n, "values", [])))
+  return re.sub(r"![rs]}", "}", f"{text(node.args[0])} {text(node.args[2])}")
+
+
+def family_rules(model: str) -> list[str]:
+  """The cross-field rules of `model`'s config class (its `RULES`, its bases' within the
+  package), read from the source like its fields."""
+  _, bases, registered, _, rules = _family_sources()
+
+  def of(cls: str) -> list[str]:
+    return [r for base in bases.get(cls, []) for r in of(base)] + rules.get(cls, [])
+  return of(registered[model])
+
+
+_TOP = re.compile(r"^(?=[^\s#)\]}])", re.M)  # where a top-level statement starts
+_LISTED = re.compile(r"(?:registry\.)?register\(|for \w+ in |[A-Z_]+ = ")
+
+
+@functools.lru_cache(maxsize=None)
+def listed_models(folder: str = MODELS_DIR) -> dict[str, tuple[str, str]]:
+  """model name -> (the `--config=` that trains it, one line): each family's own declaration
+  (`ModelEntry.listing` in its `register` call; tests/test_help.py checks it equals
+  `models.REGISTRY`'s), in the order of the family modules (of `folder`). Only the top-level
+  statements that can hold it are parsed (the module-level literals, `register` calls and the
+  loops around them): `--help` stays fast."""
+  listed = {}
+  for name in sorted(os.listdir(folder)):
+    if not name.endswith(".py"):
+      continue
+    with open(os.path.join(folder, name), encoding="utf-8") as f:
+      source = f.read()
+    starts = [m.start() for m in _TOP.finditer(source)] + [len(source)]
+    body = []
+    for a, b in zip(starts, starts[1:]):
+      if _LISTED.match(source, a):
+        try:
+          body += ast.parse(source[a:b]).body
+        except SyntaxError:  # (a line of a docstring that happens to start like one)
+          continue
+    literals = {t.id: node.value for node in body if isinstance(node, ast.Assign)
+                for t in node.targets if isinstance(t, ast.Name)}
+    for node in body:
+      _scan_registrations(node, literals, {}, listed)
+  return listed
+
+
+def _scan_registrations(node: ast.AST, literals: dict, registered: dict, listed: dict) -> None:
+  """The `register(...)` calls of a top-level statement (in a loop over a literal's keys, once
+  per key)."""
+  if isinstance(node, ast.For) and isinstance(node.target, ast.Name):
+    keys = literals.get(getattr(node.iter, "id", None))  # `for name in VARIANTS: register(...)`
+    names = [k.value for k in getattr(keys, "keys", getattr(keys, "elts", []))
+             if isinstance(k, ast.Constant)]
+    for call in ast.walk(node):
+      _registered(call, registered, listed, {node.target.id: names}, literals)
+  else:
+    for call in ast.walk(node):
+      _registered(call, registered, listed, {}, literals)
+
+
+@functools.lru_cache(maxsize=None)
+def family_docs() -> dict[str, dict[str, tuple[str, str]]]:
+  """model name -> {field: (type, doc)} of the config class its module registers, read from the
+  source of `efficient_lm/models/*.py` with `ast` (importing them would import jax): the class's
+  `setting(...)` declarations and its bases' within the package, the shared ones included."""
+  classes, bases, registered, _, _ = _family_sources()
   shared = _typed_docs(model_config.ModelConfig)
 
   def fields(cls: str) -> dict[str, tuple[str, str]]:
@@ -224,18 +288,26 @@ def family_docs() -> dict[str, dict[str, tuple[str, str]]]:
   return {model: fields(cls) for model, cls in registered.items()}
 
 
-def _registered(node: ast.AST, out: dict[str, str], loops: dict[str, list[str]]) -> None:
-  """`register("name", ModelEntry(config=Cls, ...))` -> out["name"] = "Cls"."""
+def _registered(node: ast.AST, out: dict[str, str], listed: dict[str, tuple[str, str]],
+                loops: dict[str, list[str]], literals: dict[str, ast.AST]) -> None:
+  """`register("name", ModelEntry(config=Cls, listing=("config", "line"), ...))` -> out["name"] =
+  "Cls", listed["name"] = ("config", "line"); in a loop over a literal's keys, `listing` may be
+  `LISTINGS[name]` of a module-level dict literal."""
   if not (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", ""))
           == "register" and len(node.args) == 2 and isinstance(node.args[1], ast.Call)):
     return
-  cls = next((k.value.id for k in node.args[1].keywords
-              if k.arg == "config" and isinstance(k.value, ast.Name)), None)
+  keywords = {k.arg: k.value for k in node.args[1].keywords}
+  cls = getattr(keywords.get("config"), "id", None)
   first = node.args[0]
   names = ([first.value] if isinstance(first, ast.Constant) else loops.get(getattr(first, "id", "")))
+  listing = keywords.get("listing")
   for name in names or []:
     if cls:
       out[name] = cls
+    if isinstance(listing, ast.Subscript) and getattr(listing.value, "id", None) in literals:
+      listed[name] = tuple(ast.literal_eval(literals[listing.value.id])[name])
+    elif listing is not None:
+      listed[name] = tuple(ast.literal_eval(listing))
 
 
 def _typed_docs(cls) -> dict[str, tuple[str, str]]:
@@ -322,6 +394,12 @@ def _command_line() -> str:
   return ""
 
 
+def __getattr__(name: str):
+  if name == "MODELS":  # read on first use: importing this module parses nothing
+    return listed_models()
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def listing(width: int | None = None) -> str:
   """What `--help` prints: the command's flags, the models, and every field of every shipped
   config: the shared ones by section, then what each family's file adds (and changes)."""
@@ -330,9 +408,10 @@ def listing(width: int | None = None) -> str:
          "  --help[=<model>]".ljust(26) + "this listing; with a model's name, the fields it reads",
          *_flag_lines(width), "",
          "Models (model.name; `--help=<model>` lists the fields it reads):"]
-  name_width = max(map(len, MODELS))
-  spec_width = max(len(spec) for spec, _ in MODELS.values()) + len("--config=")
-  for name, (spec, line) in MODELS.items():  # one line each, whatever the width
+  models = listed_models()
+  name_width = max(map(len, models))
+  spec_width = max(len(spec) for spec, _ in models.values()) + len("--config=")
+  for name, (spec, line) in models.items():  # one line each, whatever the width
     out.append(f"  {name:<{name_width}}  {'--config=' + spec:<{spec_width}}  {line}")
   out += ["", "Config fields (override any with --config.<field>=<value>; the default, then what "
           "it is):"]
@@ -343,6 +422,12 @@ def listing(width: int | None = None) -> str:
   for section in SECTIONS:
     out += ["", f"{section}. ({'shared by every model' if section == 'model' else 'every model'})"]
     out += _rows({k: v for k, v in fields.items() if k.split(".")[0] == section}, meaning, width)
+  rules = [r.describe() for cls in (data_config.DataConfig, model_config.ModelConfig,
+                                    mesh_config.MeshConfig) for r in cls.all_rules()]
+  out += ["", "Rules across fields (checked before anything runs; {field} is its value; a family's "
+          "own: --help=<model>):"]
+  out += textwrap.wrap("; ".join(rules), width=max(width, 70), initial_indent="  ",
+                       subsequent_indent="  ")
   extra = sorted(set(k.split(".")[0] for k in fields) - set(SECTIONS))
   for section in extra:  # a section added to config_base later is listed too
     out += ["", f"{section}."]
@@ -350,7 +435,8 @@ def listing(width: int | None = None) -> str:
   for family in config_files.config_names():
     config = config_files.load_config(family)
     own, changed = family_fields(family, config)
-    models = ", ".join(m for m, (spec, _) in MODELS.items() if spec.partition(":")[0] == family)
+    models = ", ".join(m for m, (spec, _) in listed_models().items()
+                       if spec.partition(":")[0] == family)
     out += ["", f"configs/{family}.py ({models or 'no model'}): "
             + ("adds" if own else "adds no field") + (":" if own else "")]
     meaning = meanings(family, config)
@@ -377,11 +463,11 @@ def family_fields(family: str, config: ml_collections.ConfigDict | None = None,
 def model_listing(model: str, width: int | None = None) -> str:
   """What `--help=<model>` prints: every field the model reads, at its config's defaults: the
   shared ones by section, then its own."""
-  if model not in MODELS:
+  if model not in listed_models():
     raise HelpError(f"--help={model}: there is no model {model!r}; use one of "
-                    f"{', '.join(MODELS)} (or --help for everything)")
+                    f"{', '.join(listed_models())} (or --help for everything)")
   width = width or min(120, shutil.get_terminal_size((100, 20)).columns)
-  spec, line = MODELS[model]
+  spec, line = listed_models()[model]
   config = config_files.load_config(spec)
   meaning = meanings(spec, config)
   own, changed = family_fields(spec.partition(":")[0], config)
@@ -397,6 +483,11 @@ def model_listing(model: str, width: int | None = None) -> str:
       out += _rows(rows, meaning, width)
   out += ["", f"{model}'s own (configs/{spec.partition(':')[0]}.py):"]
   out += _rows(own, meaning, width) if own else ["  none"]
+  stated = [r.describe() for r in model_config.SHARED_RULES] + family_rules(model) + [
+      r.describe() for r in model_config.SEQ_CHUNK_RULES]
+  out += ["", "Rules across its fields (checked before anything runs; {field} is its value):"]
+  out += textwrap.wrap("; ".join(stated), width=max(width, 70), initial_indent="  ",
+                       subsequent_indent="  ")
   if changed:
     out += ["", textwrap.fill("Set for it by its config (the shared default otherwise): "
                               + ", ".join(changed), width=max(width, 70))]

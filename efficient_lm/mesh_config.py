@@ -14,7 +14,6 @@ from typing import Any
 
 from efficient_lm import axes
 from efficient_lm import typed_config as tc
-from efficient_lm.validation import require
 
 AXES = ("data", "fsdp", "tensor", "context")
 DCN_AXES = ("data", "fsdp")  # the axes that may also run across slices: `mesh.dcn_data`, `dcn_fsdp`
@@ -39,6 +38,10 @@ _AXIS_NAMES = tc.Check(lambda v: all(a in AXES for a in _names(v)),
                        f"use one of {', '.join(AXES)} or '' (replicated)")
 
 
+def _free(cfg) -> list[str]:
+  return [axis for axis in AXES if getattr(cfg, axis) == -1]
+
+
 def _mapping(what: str) -> tc.Check:
   return tc.Check(lambda v: hasattr(v, "items"), f"must map {what} to mesh axes",
                   "set {field} as in efficient_lm/config_base.py's defaults")
@@ -54,6 +57,12 @@ def axes_of(value: Any, field: str) -> tuple[str, ...]:
   _VALUE(field, value)
   _AXIS_NAMES(field, value)
   return _names(value)
+
+
+# Each rule's value: mesh axes ('' or None replicated), the same checks as `axes_of`'s.
+_RULE_VALUES = tc.Each(lambda _, v: v is None or isinstance(v, str), _VALUE.requirement, _VALUE.fix)
+_RULE_AXES = tc.Each(lambda _, v: _AXIS_NAMES.ok(v or ""), _AXIS_NAMES.requirement,
+                     _AXIS_NAMES.fix)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,42 +93,42 @@ class MeshConfig(tc.Section):
   rules: dict = tc.setting(
       doc="logical parameter axes -> mesh axes ('' = replicated; 'data,fsdp' = both): the "
       "decoder's and every model's own, at their defaults (efficient_lm/axes.py)",
-      check=_mapping("logical parameter axes"),
+      check=(_mapping("logical parameter axes"), _RULE_VALUES, _RULE_AXES,
+             tc.Each(lambda name, value: name != "layers" or not _names(value or ""),
+                     "must be '': the stacked layers of nnx.scan are never sharded",
+                     "set mesh.rules.layers=''")),
       factory=lambda: axes.default_rules(axes.all_axes()))
   activation_rules: dict = tc.setting(
       doc="logical activation axes -> mesh axes (embed, heads, kv, mlp, vocab; the batch and "
       "sequence dimensions go where the batch is placed): see sharding.constrain",
-      check=_mapping("logical activation axes"), factory=axes.default_activation_rules)
+      check=(_mapping("logical activation axes"),
+             tc.Each(lambda name, _: name in ACTIVATION_AXES, "is not an activation axis",
+                     f"use one of {', '.join(ACTIVATION_AXES[2:])}"),
+             tc.Each(lambda name, _: name not in FIXED_ACTIVATION_AXES,
+                     "is where the input batch is placed (the batch axes, `context`), not a rule",
+                     "remove it: set mesh.data / mesh.fsdp / mesh.context instead"),
+             _RULE_VALUES, _RULE_AXES),
+      factory=axes.default_activation_rules)
 
-  def check(self) -> None:
-    free = [axis for axis in AXES if getattr(self, axis) == -1]
-    require(len(free) <= 1, f"mesh.{free[-1] if free else ''}", -1,
-            f"is not the only axis at -1 ({', '.join('mesh.' + a for a in free)})",
-            f"keep -1 on one axis, e.g. set mesh.{free[-1] if free else ''}=1")
-    require(self.dcn_data != -1 or self.dcn_fsdp != -1, "mesh.dcn_fsdp", -1,
-            "and mesh.dcn_data=-1 cannot both take the rest",
-            "set one of them to a number of slices")
-    self.rule_axes  # pylint: disable=pointless-statement
-    self.activation_axes  # pylint: disable=pointless-statement
+  RULES = (
+      tc.Rule("mesh.{last_free}", lambda c: len(_free(c)) <= 1,
+              "is not the only axis at -1 ({free})", "keep -1 on one axis, e.g. set "
+              "mesh.{last_free}=1", value=lambda c: -1,
+              derive=lambda c: {"free": ", ".join("mesh." + a for a in _free(c)),
+                                "last_free": _free(c)[-1] if _free(c) else ""}),
+      tc.Rule("mesh.dcn_fsdp", lambda c: c.dcn_data != -1 or c.dcn_fsdp != -1,
+              "and mesh.dcn_data=-1 cannot both take the rest",
+              "set one of them to a number of slices"),
+  )
 
   @functools.cached_property
   def rule_axes(self) -> dict[str, tuple[str, ...]]:
     """`rules` as {logical name: mesh axes}; a name the rules lack is replicated."""
-    out = {name: axes_of(value, f"mesh.rules.{name}") for name, value in self.rules.items()}
-    require(not out.get("layers"), "mesh.rules.layers", self.rules.get("layers"),
-            "must be '': the stacked layers of nnx.scan are never sharded",
-            "set mesh.rules.layers=''")
-    return out
+    return {name: axes_of(value, f"mesh.rules.{name}") for name, value in self.rules.items()}
 
   @functools.cached_property
   def activation_axes(self) -> dict[str, tuple[str, ...]]:
     """`activation_rules` as {activation axis: mesh axes}, `batch` and `length` included."""
-    for name, value in self.activation_rules.items():
-      require(name in ACTIVATION_AXES, f"mesh.activation_rules.{name}", value,
-              "is not an activation axis", f"use one of {', '.join(ACTIVATION_AXES[2:])}")
-      require(name not in FIXED_ACTIVATION_AXES, f"mesh.activation_rules.{name}", value,
-              "is where the input batch is placed (the batch axes, `context`), not a rule",
-              "remove it: set mesh.data / mesh.fsdp / mesh.context instead")
     out = dict(FIXED_ACTIVATION_AXES)
     for name in ACTIVATION_AXES[2:]:
       out[name] = axes_of(self.activation_rules.get(name, ""), f"mesh.activation_rules.{name}")

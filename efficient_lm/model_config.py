@@ -13,11 +13,42 @@ import dataclasses
 import math
 
 from efficient_lm import typed_config as tc
-from efficient_lm.validation import require
 
 POSITIONS = ("rope", "learned")
 DTYPES = ("float32", "bfloat16")
 REMATS = ("none", "block", "dots")  # 'none' and `decoder.REMAT_POLICIES` (tested equal)
+# `ops.core.backends.IMPLS` and its earlier names (`ALIASES`), tested equal (ops imports jax).
+ATTENTION_IMPLS = ("auto", "xla", "splash", "gpu", "reference")
+ATTENTION_ALIASES = ("flash", "cudnn")
+
+
+def _head_dim(cfg) -> dict:
+  return {"head_dim": cfg.d_model // cfg.num_heads}
+
+
+SHARED_RULES = (
+    tc.Rule("model.d_model", lambda c: c.d_model % c.num_heads == 0,
+            "must be divisible by model.num_heads={num_heads}",
+            "set model.d_model to a multiple of {num_heads} or change model.num_heads"),
+    tc.Rule("model.d_model", lambda c: c.position != "rope" or c.d_model // c.num_heads % 2 == 0,
+            "gives an odd head width {head_dim}, which RoPE cannot rotate",
+            "make model.d_model / model.num_heads even", derive=_head_dim),
+)
+_CHUNKED = lambda c: bool(c.seq_chunk) and c.seq_chunk < c.seq_len  # noqa: E731
+SEQ_CHUNK_RULES = (  # (a chunk shorter than the window)
+    tc.Rule("model.seq_chunk", lambda c: c.chunkable,
+            "is not supported for model.name={name!r}: its queries see the whole window, so its "
+            "blocks cannot run over chunks of it",
+            "set model.seq_chunk=0 (model.remat and train.loss_chunk still cut its memory)",
+            when=_CHUNKED),
+    tc.Rule("model.seq_chunk", lambda c: c.seq_len % c.seq_chunk == 0,
+            "must divide data.seq_len={seq_len}", "set model.seq_chunk to a divisor of {seq_len}",
+            when=_CHUNKED),
+    tc.Rule("model.seq_chunk", lambda c: c.seq_chunk % c.context_block == 0,
+            "is not a multiple of {name}'s attention block of {block} tokens (a chunk holds whole "
+            "blocks)", "set model.seq_chunk to a multiple of {block}", when=_CHUNKED,
+            derive=lambda c: {"block": c.context_block}),
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -65,41 +96,20 @@ class ModelConfig(tc.Section):
       "auto", "the attention backend, every model: 'auto' (per platform: splash on TPU, gpu on "
       "GPU, xla elsewhere), 'xla' (the blockwise core, O(T) memory; 'flash' is its earlier "
       "name), 'splash' (TPU Pallas kernels), 'gpu' (cuDNN + a Pallas kernel; 'cudnn' is its "
-      "earlier name), 'reference' (dense [T, T] masked softmax: tests)")  # checked per platform
+      "earlier name), 'reference' (dense [T, T] masked softmax: tests)",
+      tc.one_of((*ATTENTION_IMPLS, *ATTENTION_ALIASES), "is not a known attention backend",
+                f"use one of {', '.join(ATTENTION_IMPLS)}"))  # and per platform: the registry
   kernel_interpret: bool = tc.setting(
       False, "run a kernel backend off its hardware in Pallas interpret mode (slow: tests); "
       "otherwise a kernel needs its TPU / GPU",
       tc.boolean("set model.kernel_interpret=False (True runs a kernel in Pallas interpret mode: "
                  "tests)"))
 
-  def check(self) -> None:
-    require(self.d_model % self.num_heads == 0, "model.d_model", self.d_model,
-            f"must be divisible by model.num_heads={self.num_heads}",
-            f"set model.d_model to a multiple of {self.num_heads} or change model.num_heads")
-    head_dim = self.d_model // self.num_heads
-    require(self.position != "rope" or head_dim % 2 == 0, "model.d_model", self.d_model,
-            f"gives an odd head width {head_dim}, which RoPE cannot rotate",
-            "make model.d_model / model.num_heads even")
-    self.check_own()
-    if self.seq_chunk and self.seq_chunk < self.seq_len:
-      self._check_seq_chunk()
-
-  def check_own(self) -> None:
-    """The family's cross-field rules (they run before anything reads its patterns)."""
-
-  def _check_seq_chunk(self) -> None:
-    seq_chunk = self.seq_chunk
-    require(self.chunkable, "model.seq_chunk", seq_chunk,
-            f"is not supported for model.name={self.name!r}: its queries see the whole window, "
-            "so its blocks cannot run over chunks of it",
-            "set model.seq_chunk=0 (model.remat and train.loss_chunk still cut its memory)")
-    require(self.seq_len % seq_chunk == 0, "model.seq_chunk", seq_chunk,
-            f"must divide data.seq_len={self.seq_len}",
-            f"set model.seq_chunk to a divisor of {self.seq_len}")
-    block = self.context_block
-    require(seq_chunk % block == 0, "model.seq_chunk", seq_chunk,
-            f"is not a multiple of {self.name}'s attention block of {block} tokens (a chunk "
-            "holds whole blocks)", f"set model.seq_chunk to a multiple of {block}")
+  @classmethod
+  def all_rules(cls) -> tuple[tc.Rule, ...]:
+    """The shared rules, the family's own (`RULES`: they run before anything reads its
+    patterns), then the sequence chunks' (which read the patterns)."""
+    return (*SHARED_RULES, *cls.RULES, *SEQ_CHUNK_RULES)
 
   # What the library derives from the patterns.
 
@@ -131,4 +141,5 @@ class ModelConfig(tc.Section):
     return True
 
 
-__all__ = ["DTYPES", "ModelConfig", "POSITIONS", "REMATS"]
+__all__ = ["ATTENTION_ALIASES", "ATTENTION_IMPLS", "DTYPES", "ModelConfig", "POSITIONS", "REMATS",
+           "SEQ_CHUNK_RULES", "SHARED_RULES"]

@@ -50,7 +50,7 @@ def mesh_sizes(mesh_cfg: ml_collections.ConfigDict, num_devices: int | None = No
   tests run 1-device meshes on 8 fake CPU devices); several processes use all.
   """
   devices = jax.device_count() if num_devices is None else num_devices
-  sizes = mesh_config(mesh_cfg).sizes()  # at most one -1 (`MeshConfig.check`)
+  sizes = mesh_config(mesh_cfg).sizes()  # at most one -1 (`MeshConfig.RULES`)
   free = [axis for axis, size in sizes.items() if size == -1]
   fixed = math.prod(size for size in sizes.values() if size != -1)
   others = lambda axis: " x ".join(f"{a}={sizes[a]}" for a in AXES if a != axis)
@@ -236,7 +236,7 @@ def num_slices(devices) -> int:
 def dcn_sizes(mesh_cfg: ml_collections.ConfigDict, slices: int) -> dict[str, int]:
   """{axis: slices along it} for the axes across slices; one of them may be -1 (the slices the
   other leaves; `mesh.dcn_data=-1` by default: plain data parallelism across slices)."""
-  typed = mesh_config(mesh_cfg)  # at most one -1 (`MeshConfig.check`)
+  typed = mesh_config(mesh_cfg)  # at most one -1 (`MeshConfig.RULES`)
   sizes = {axis: getattr(typed, f"dcn_{axis}") for axis in DCN_AXES}
   free = [axis for axis, size in sizes.items() if size == -1]
   fixed = math.prod(size for size in sizes.values() if size != -1)
@@ -255,6 +255,7 @@ def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices=None) -> jax.sharding
   compile-only devices). Over several slices it is a hybrid mesh: each axis is `mesh.<axis>`
   devices inside a slice (ICI) times `mesh.dcn_<axis>` slices (the data-center network)."""
   devices = list(jax.devices() if devices is None else devices)
+  mesh_cfg = mesh_config(mesh_cfg)  # typed once
   slices = num_slices(devices)
   dcn = dcn_sizes(mesh_cfg, slices)
   sizes = mesh_sizes(mesh_cfg, len(devices) // slices)
@@ -272,6 +273,7 @@ def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices=None) -> jax.sharding
 def mesh_shape(mesh_cfg: ml_collections.ConfigDict, devices) -> dict[str, int]:
   """{axis: devices along it} of `make_mesh(mesh_cfg, devices)` (ICI x DCN), without building it."""
   devices = list(devices)
+  mesh_cfg = mesh_config(mesh_cfg)  # typed once
   slices = num_slices(devices)
   dcn = dcn_sizes(mesh_cfg, slices)
   sizes = mesh_sizes(mesh_cfg, len(devices) // slices)

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from efficient_lm import models
+from efficient_lm import sections
 from efficient_lm import sharding
 from efficient_lm import targets
 from efficient_lm import train_step as train_step_lib
@@ -53,12 +54,13 @@ def abstract_batch(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -
 
 def make_train_step(config: ml_collections.ConfigDict, built):
   """The jitted train step of `config` for `built` (`train_state.build`)."""
+  config = config if isinstance(config, sections.Typed) else sections.typed(config)
   return train_step_lib.make_train_step(
       built.graphdef, built.tx, built.schedule, config.train.seed,
       state_shardings=built.shardings, batch_sharding=sharding.batch_sharding(built.mesh),
       grad_accum_steps=config.train.grad_accum_steps,
       loss_chunk=config.train.loss_chunk,
-      activation_rules=sharding.parse_activation_rules(config.mesh))
+      activation_rules=config.mesh.activation_axes)
 
 
 def compile_train_step(config: ml_collections.ConfigDict, built):
@@ -68,6 +70,7 @@ def compile_train_step(config: ml_collections.ConfigDict, built):
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), built.state)
   backends.FALLBACKS.clear()  # what this step's trace records (the compile report reads them)
   backends.KERNEL_CALLS.clear()
+  config = config if isinstance(config, sections.Typed) else sections.typed(config)  # once
   lowered = make_train_step(config, built).lower(abstract_state, abstract_batch(config, built.mesh))
   try:
     return lowered.compile()

@@ -33,6 +33,7 @@ from efficient_lm import models
 from efficient_lm import generation
 from efficient_lm import output
 from efficient_lm import progress as progress_lib
+from efficient_lm import sections
 from efficient_lm import sharding
 from efficient_lm import signals
 from efficient_lm import step_memory
@@ -125,12 +126,14 @@ def _targets_in_batch(corpus, split: str, index: int, global_batch: int) -> floa
   return float(np.clip(last - starts, 0, seq_len).sum())
 
 
-def make_sharded_eval_step(config: ml_collections.ConfigDict, built: train_state.Built):
+def make_sharded_eval_step(config: "ml_collections.ConfigDict | sections.Typed",
+                           built: train_state.Built):
   """The eval step with the train state's parameter shardings and the batch's."""
+  config = config if isinstance(config, sections.Typed) else sections.typed(config)
   return train_step_lib.make_eval_step(built.graphdef, params_shardings=built.shardings.params,
                                        batch_sharding=sharding.batch_sharding(built.mesh),
                                        loss_chunk=config.train.loss_chunk,
-                                       activation_rules=sharding.parse_activation_rules(config.mesh))
+                                       activation_rules=config.mesh.activation_axes)
 
 
 def compile_only(config: ml_collections.ConfigDict, target: str | None = None,
@@ -168,7 +171,8 @@ def check_eval_split(config: ml_collections.ConfigDict, splits) -> None:
 @dataclasses.dataclass
 class Run:
   """What the step loop works with; built by `setup`."""
-  config: ml_collections.ConfigDict
+  config: ml_collections.ConfigDict  # (written to the workdir; everything else reads `typed`)
+  typed: sections.Typed
   workdir: str
   corpus: Any
   mesh: jax.sharding.Mesh
@@ -184,24 +188,26 @@ class Run:
   eval_pending: bool = False    # resumed from a stop during the evaluation at this step: redo it
 
 
-def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
+def setup(config: ml_collections.ConfigDict, workdir: str,
+          typed: sections.Typed | None = None) -> Run:
   """Data, mesh and train state; the state and data position restored from the workdir if it has
   checkpoints. Every check runs before the workdir is touched (`workdir.Workdir`): a run of
   another model or corpus is refused with the workdir byte-identical, and whatever config.json,
   data.json and the checkpoints' metadata can answer is answered before any data is prepared or
   anything compiles. A resumed state is restored straight into its shardings (no random init
-  beside it)."""
-  t = config.train
+  beside it). `typed`: `config_check.validate(config)`'s sections (default: validated here)."""
+  typed = typed or config_check.validate(config)
+  t = typed.train
   wd = workdir_lib.Workdir(workdir)
   settings = workdir_lib.corpus_settings(config.data)  # as asked (before a small corpus's vocab)
-  mesh = sharding.make_mesh(config.mesh)
-  abstract = train_state.build(config, mesh, abstract=True)
+  mesh = sharding.make_mesh(typed.mesh)
+  abstract = train_state.build(typed, mesh, abstract=True)
   _refuse_early(config, mesh, abstract, wd)
   # The data checks that read no more than the config names (a `text:` glob), on process 0.
   data_checks = distributed.primary_first(lambda: data.preflight(config.data), "corpus checked",
                                           others=lambda: data.preflight(config.data, read=False))
   # Compile the step first, from shapes only: a step that cannot fit stops here, before any data.
-  compiled = _compiled_step(config, abstract)
+  compiled = _compiled_step(typed, abstract)
   with progress_lib.phase("preparing the data"), output.library_prints_discarded():
     corpus = distributed.primary_first(lambda: data.load(config.data, data_checks), "data prepared")
   _check_same_corpus(corpus)
@@ -211,9 +217,9 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     log.info("the tokenizer has %d pieces (data.vocab_size=%d): the model's vocabulary is %d",
              corpus.tokenizer.vocab_size, config.data.vocab_size, vocab)
     config.data.vocab_size = vocab  # model.vocab_size follows (a field reference)
-    config_check.validate(config)
-    abstract = train_state.build(config, mesh, abstract=True)
-    compiled = _compiled_step(config, abstract)
+    typed = config_check.validate(config)
+    abstract = train_state.build(typed, mesh, abstract=True)
+    compiled = _compiled_step(typed, abstract)
   _warn_if_epochs_repeat(config, corpus)
   wd.check_data(corpus.identity, allow_new_data=t.allow_new_data)
   meta = workdir_lib.model_meta(config, abstract.state.params)
@@ -244,7 +250,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     log.info("resumed from %s at step %d", ckpt.directory, latest)
     _warn_if_rate_jumps(saved_meta.get("learning_rate"), float(abstract.schedule(latest)), latest)
   else:
-    state = train_state.build(config, mesh).state
+    state = train_state.build(typed, mesh).state
   if distributed.is_primary():  # every check has passed: now the workdir is written
     wd.write(config, corpus.tokenizer, corpus.identity, settings)
     if restored is not None:
@@ -258,8 +264,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   log.info("model %s: %s parameters; %s train tokens; workdir %s", config.model.name,
            f"{abstract.num_params:,}", f"{corpus.num_tokens('train'):,}", wd.path)
   writer = metrics_lib.open_writers(config, wd.path, distributed.is_primary())
-  return Run(config=config, workdir=wd.path, corpus=corpus, mesh=mesh,
-             layout=models.sequence_layout(config.model, mesh), built=abstract, state=state,
+  return Run(config=config, typed=typed, workdir=wd.path, corpus=corpus, mesh=mesh,
+             layout=models.sequence_layout(typed.model, mesh), built=abstract, state=state,
              train_step=compiled, ckpt=ckpt, train_iter=train_iter, writer=writer, meta=meta,
              rows=rows, eval_pending=restored is not None and bool(saved_meta.get("eval_pending")))
 
@@ -382,7 +388,7 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
   t = run.config.train
   built = run.built
   train_step = run.train_step
-  eval_step = make_sharded_eval_step(run.config, built)
+  eval_step = make_sharded_eval_step(run.typed, built)
   start_step = int(run.state.step)
   progress = metrics_lib.Progress(start_step, t.num_steps,
                                   run.config.data.batch_size * run.config.data.seq_len,
@@ -508,7 +514,7 @@ def report(run: Run, eval_metrics: dict[str, float], seconds: float,
   logged; a preemption summary if a stop signal cut that evaluation short."""
   t = run.config.train
   if not eval_metrics:
-    eval_step = make_sharded_eval_step(run.config, run.built)
+    eval_step = make_sharded_eval_step(run.typed, run.built)
     step = int(run.state.step)
     with progress_lib.phase(f"evaluating at step {step}"):
       eval_metrics = evaluate(eval_step, run.state.params, run.corpus, t.eval_split,
@@ -565,10 +571,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   a committed checkpoint at the step reached and returns a preemption summary (`preempted`, the
   signal; `preempted_line`); during the final sample (the checkpoint committed) it raises
   `signals.Interrupted`."""
-  config_check.validate(config)
-  wandb_writer.check(config.train)  # (the extra installed, before anything compiles)
+  typed = config_check.validate(config)
+  if typed.train.wandb:  # (its fields are TrainConfig's checks)
+    wandb_writer.check_installed()  # the extra, before anything compiles
   use_compilation_cache(config)
-  run = setup(config, workdir)
+  run = setup(config, workdir, typed)
   try:
     start = time.perf_counter()
     agreement = distributed.StopAgreement()

@@ -93,12 +93,19 @@ class TrainConfig(tc.Section):
                                                     "set train.sample_prompt='' (no sample)"))
   sample_tokens: int = tc.setting(64, "tokens generated for that sample", tc.non_negative_int(
       "must be >= 0", "set train.sample_tokens to 0 to skip the final sample"))
-  # W&B: checked by `wandb_writer.check` (which also needs the package when train.wandb is on).
+  # W&B (with train.wandb on, `wandb_writer.check_installed` also needs the package).
   wandb: bool = tc.setting(False, "also log metrics.jsonl's figures and the config to W&B (wandb "
-                           "extra)")
-  wandb_project: str = tc.setting("efficient_lm", "the W&B project of the run")
-  wandb_run_name: str = tc.setting("", "the W&B run's display name ('' = W&B picks one)")
-  wandb_tags: str = tc.setting("", "comma-separated W&B tags, e.g. 'pi,ablation'")
+                           "extra)", tc.boolean("set train.wandb=True to log to W&B, or False"))
+  wandb_project: str = tc.setting(
+      "efficient_lm", "the W&B project of the run",
+      tc.Check(lambda v: _is_str(v) and v.strip() != "", "must be a non-empty string",
+               "set train.wandb_project=efficient_lm"))
+  wandb_run_name: str = tc.setting("", "the W&B run's display name ('' = W&B picks one)",
+                                   tc.Check(_is_str, "must be a string",
+                                            "set {field}='' (or e.g. 'a,b' for tags)"))
+  wandb_tags: str = tc.setting("", "comma-separated W&B tags, e.g. 'pi,ablation'",
+                               tc.Check(_is_str, "must be a string",
+                                        "set {field}='' (or e.g. 'a,b' for tags)"))
 
 
 __all__ = ["SCHEDULES", "TrainConfig"]

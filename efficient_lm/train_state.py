@@ -20,6 +20,7 @@ from flax import nnx
 from flax import struct
 
 from efficient_lm import models
+from efficient_lm import sections
 from efficient_lm import optimizer
 from efficient_lm import sharding
 
@@ -66,18 +67,23 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
   ring ops. `abstract=True` gives shapes, dtypes and shardings only (nothing is
   computed): what a checkpoint restores onto, or what `--compile_only` compiles.
   """
+  config = config if isinstance(config, sections.Typed) else sections.typed(config)  # once
   seed = config.train.seed if seed is None else seed
   mesh = sharding.single_device_mesh() if mesh is None else mesh
-  rules = sharding.parse_rules(config.mesh)
+  rules = config.mesh.rule_axes
   tx, schedule = optimizer.make_optimizer(config.train)
   make_model = lambda: models.create(config.model, rngs=nnx.Rngs(seed), mesh=mesh)
 
+  graphdefs = []  # the model's structure, kept from the trace of `init` (no second build for it)
+
   def init() -> TrainState:
-    params = nnx.state(make_model())
+    model = make_model()
+    graphdefs.append(nnx.graphdef(model))
+    params = nnx.state(model)
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
-  graphdef = nnx.graphdef(nnx.eval_shape(make_model))
   shapes = jax.eval_shape(init)
+  graphdef = graphdefs[0]
   zero1 = "data" if config.mesh.shard_optimizer_over_data else None
   shardings = TrainState(
       step=sharding.replicated(mesh),

@@ -1,9 +1,9 @@
 """Typed config sections: frozen dataclasses whose fields declare their default, meaning and check.
 
 A section is a frozen, keyword-only dataclass deriving from `Section`; each field is declared
-with `setting(default, doc, check)`. Constructing one runs every field's declared check, then
-the class's `check()` (its cross-field rules), and a failure is one `ConfigError` naming the
-field, the value and the fix::
+with `setting(default, doc, check)`; its cross-field rules are `Rule`s declared in the class's
+`RULES`. Constructing one runs every field's declared check, then the rules (`check()`), and a
+failure is one `ConfigError` naming the field, the value and the fix::
 
     model.d_model=250 must be divisible by model.num_heads=4; set model.d_model to a multiple of 4
 
@@ -13,6 +13,7 @@ ConfigDict into the typed object at the edge. This module imports no jax (`--hel
 """
 
 import dataclasses
+import re
 from typing import Any, Callable, ClassVar
 
 from efficient_lm.validation import ConfigError, is_int, require
@@ -33,6 +34,47 @@ class Check:
   def describe(self) -> str:
     """The requirement, for `--help`."""
     return self.requirement
+
+
+@dataclasses.dataclass(frozen=True)
+class Each(Check):
+  """A mapping field's check of each entry: `ok(key, value)`, else
+  `{field}.{key}={value!r} {requirement}; {fix}` (`{field}` in `fix` is the entry's name)."""
+
+  def __call__(self, field: str, value: Any) -> None:
+    for key, entry in value.items():
+      if not self.ok(key, entry):
+        Check(lambda _: False, self.requirement, self.fix)(f"{field}.{key}", entry)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """A cross-field rule, declared in a section's `RULES`: unless `ok(section)`, a ConfigError
+  `{field}={value!r} {requirement}; {fix}`. `field`, `requirement` and `fix` are format strings
+  over the section's fields and the names `derive(section)` adds (`'{num_heads}'`); `value`
+  (default: the named field's) gives the value; with `when`, the rule applies only where
+  `when(section)` holds. `--help` states `describe()`."""
+  field: str
+  ok: Callable[[Any], bool]
+  requirement: str
+  fix: str
+  when: Callable[[Any], bool] | None = None
+  derive: Callable[[Any], dict] | None = None
+  value: Callable[[Any], Any] | None = None
+
+  def __call__(self, section: Any) -> None:
+    if (self.when is not None and not self.when(section)) or self.ok(section):
+      return
+    names = {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+    names.update(self.derive(section) if self.derive else {})
+    field = self.field.format(**names)
+    value = self.value(section) if self.value else names[field.split(".", 1)[1]]
+    raise ConfigError(f"{field}={value!r} {self.requirement.format(**names)}; "
+                      f"{self.fix.format(**names)}")
+
+  def describe(self) -> str:
+    """The rule as `--help` states it: the field and the requirement, its names in braces."""
+    return f"{self.field} {re.sub(r'![rs]}', '}', self.requirement)}"
 
 
 def positive_int(fix: str = "set {field} to an integer >= 1") -> Check:
@@ -66,10 +108,12 @@ def number_in(low: float, high: float, *, low_open: bool = False, high_open: boo
   return Check(ok, requirement or f"must be {'a float ' if floats_only else ''}in {span}", fix)
 
 
-def setting(default: Any = dataclasses.MISSING, doc: str = "", check: Check | None = None, *,
+def setting(default: Any = dataclasses.MISSING, doc: str = "",
+            check: Check | tuple[Check, ...] | None = None, *,
             factory: Callable[[], Any] | None = None):
   """A section field: its default (none: the edge must give it), one line saying what it is, and
-  its check. `factory`: makes the default instead (a mapping, which a dataclass cannot share)."""
+  its check (or checks, run in order). `factory`: makes the default instead (a mapping, which a
+  dataclass cannot share)."""
   if factory is not None:
     return dataclasses.field(default_factory=factory, metadata={"doc": doc, "check": check})
   return dataclasses.field(default=default, metadata={"doc": doc, "check": check})
@@ -81,19 +125,28 @@ def _has_default(field: dataclasses.Field) -> bool:
 
 
 class Section:
-  """Base of a typed section: `SECTION` names it in messages ('model'); `__post_init__` runs each
-  field's declared check in order, then `check()` (override it for cross-field rules)."""
+  """Base of a typed section: `SECTION` names it in messages ('model'); `RULES` declares its
+  cross-field rules. `__post_init__` runs each field's declared check in order, then `check()`:
+  the section's `all_rules()` in order."""
   SECTION: ClassVar[str] = ""
+  RULES: ClassVar[tuple[Rule, ...]] = ()
 
   def __post_init__(self) -> None:
     for field in dataclasses.fields(self):
-      check = field.metadata.get("check")
-      if check is not None:
+      checks = field.metadata.get("check")
+      for check in checks if isinstance(checks, tuple) else (checks,) if checks else ():
         check(self.name_of(field.name), getattr(self, field.name))
     self.check()
 
   def check(self) -> None:
-    """Cross-field rules of the section (each failure a `ConfigError`)."""
+    """Cross-field rules of the section (each failure a `ConfigError`): `all_rules()`, in order."""
+    for rule in self.all_rules():
+      rule(self)
+
+  @classmethod
+  def all_rules(cls) -> tuple[Rule, ...]:
+    """The section's cross-field rules in the order they run (`--help` states them)."""
+    return cls.RULES
 
   @classmethod
   def name_of(cls, field: str) -> str:
@@ -105,7 +158,9 @@ class Section:
     default; a key the class does not declare, or a field without a default it lacks, is a
     ConfigError naming it (`owner`: whose fields, for the message, e.g. "model.name='dense'")."""
     declared = cls.declared()
-    values = dict(section.items())
+    # A sub-section (a ConfigDict's `mesh.rules`) is held as a plain dict: the typed section
+    # never hands the ConfigDict on.
+    values = {k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in section.items()}
     whose = f"of {owner}" if owner else f"of the {cls.SECTION} section"
     for key, value in values.items():
       require(key in declared, cls.name_of(key), value, f"is not a field {whose}",
@@ -131,5 +186,5 @@ class Section:
     return {f.name: f.metadata.get("doc", "") for f in dataclasses.fields(cls)}
 
 
-__all__ = ["Check", "Section", "boolean", "non_negative_int", "number_in", "one_of",
+__all__ = ["Check", "Each", "Rule", "Section", "boolean", "non_negative_int", "number_in", "one_of",
            "positive_int", "setting"]

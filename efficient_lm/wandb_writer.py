@@ -11,7 +11,8 @@ import os
 
 import ml_collections
 
-from efficient_lm.validation import ConfigError, require
+from efficient_lm.train_config import TrainConfig
+from efficient_lm.validation import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -19,22 +20,23 @@ RUN_ID_FILE = "wandb_run_id"
 EXTRA = "pip install -e '.[wandb]'"
 
 
-def check(t: ml_collections.ConfigDict) -> None:
-  """The `train.wandb*` fields, and the wandb package when `train.wandb` is on (before anything
-  compiles): a ConfigError naming the field and the fix."""
-  require(isinstance(t.wandb, bool), "train.wandb", t.wandb, "must be True or False",
-          "set train.wandb=True to log to W&B, or False")
-  require(isinstance(t.wandb_project, str) and t.wandb_project.strip() != "", "train.wandb_project",
-          t.wandb_project, "must be a non-empty string", "set train.wandb_project=efficient_lm")
-  for field in ("wandb_run_name", "wandb_tags"):
-    require(isinstance(t[field], str), f"train.{field}", t[field], "must be a string",
-            f"set train.{field}='' (or e.g. 'a,b' for tags)")
+def check(t: TrainConfig | ml_collections.ConfigDict) -> None:
+  """The `train.wandb*` fields (declared checks of `TrainConfig`: a train section is built from a
+  mapping), and the wandb package when `train.wandb` is on (before anything compiles): a
+  ConfigError naming the field and the fix."""
+  t = t if isinstance(t, TrainConfig) else TrainConfig.from_mapping(t)
   if t.wandb:
-    try:
-      import wandb  # pylint: disable=import-outside-toplevel,unused-import
-    except ImportError as e:
-      raise ConfigError(f"train.wandb=True needs the wandb package ({e}); install the extra with "
-                        f"{EXTRA}, or set train.wandb=False") from None
+    check_installed()
+
+
+def check_installed() -> None:
+  """The wandb package, which `train.wandb=True` needs: a ConfigError naming the field and the
+  fix."""
+  try:
+    import wandb  # pylint: disable=import-outside-toplevel,unused-import
+  except ImportError as e:
+    raise ConfigError(f"train.wandb=True needs the wandb package ({e}); install the extra with "
+                      f"{EXTRA}, or set train.wandb=False") from None
 
 
 def tags(spec: str) -> list[str]:

@@ -1,6 +1,7 @@
-"""docs/adding_a_model.md runs as written: its two files (the family's module, which registers
-itself, and a config) make a family that passes the model tests, with documents, the kernels and
-context parallelism.
+"""docs/adding_a_model.md runs as written: its three files (the family's module, which registers
+itself, a config, and its settings for the shared tests), none of them shared, make a family that
+`--help` lists and that passes the model tests, with documents, the kernels and context
+parallelism.
 
 The code blocks are read from the page (`<!-- file: PATH -->` markers), the module imported from
 a scratch file (registering the family for the test: the registry is restored after it), and
@@ -39,11 +40,14 @@ def blocks() -> dict[str, str]:
 
 @pytest.fixture
 def example(tmp_path, monkeypatch):
-  """The page's family, registered: (its module, its config module)."""
+  """The page's family, registered: (its module, its config module, its test settings)."""
   code = blocks()
   files = {marker.removeprefix("file: ") for marker in code}
-  # Two files, no shared one: the family's module and the config.
-  assert files == {f"efficient_lm/models/{NAME}.py", f"configs/{NAME}.py"}
+  # Three files, no shared one: the family's module, the config and its test settings.
+  assert files == {f"efficient_lm/models/{NAME}.py", f"configs/{NAME}.py",
+                   f"tests/families/{NAME}.py"}
+  for path in files:  # none of them exists: each is the family's own
+    assert not os.path.exists(os.path.join(os.path.dirname(DOC), "..", path)), path
   saved = dict(models.REGISTRY)
   modules = {}
   for path in files:
@@ -56,7 +60,11 @@ def example(tmp_path, monkeypatch):
   mixer = modules[f"efficient_lm/models/{NAME}.py"]
   monkeypatch.setitem(sys.modules, f"efficient_lm.models.{NAME}", mixer)
   assert models.REGISTRY[NAME].config is mixer.DilatedWindowConfig  # it registered itself
-  yield mixer, modules[f"configs/{NAME}.py"]
+  settings = modules[f"tests/families/{NAME}.py"]
+  assert set(settings.FIELDS) == {NAME} and set(settings.TASKS) == {NAME}
+  config_module = modules[f"configs/{NAME}.py"]
+  config_module.FIELDS = settings.FIELDS[NAME]  # what `tiny` builds it with
+  yield mixer, config_module
   models.REGISTRY.clear()
   models.REGISTRY.update(saved)
 
@@ -65,9 +73,16 @@ def tiny(config_module, **overrides):
   """The page's config at the tiny test sizes (the model section, or the whole config)."""
   config = config_module.get_config()
   config.data.update(seq_len=32, batch_size=2, vocab_size=300)
-  config.model.update({**dict(d_model=32, num_layers=2, num_heads=4, mlp_ratio=2, window=3,
-                           dilation=4), **overrides})
+  config.model.update({**dict(d_model=32, num_layers=2, num_heads=4, mlp_ratio=2),
+                        **config_module.FIELDS, **overrides})
   return config
+
+
+def test_help_lists_it_from_its_source(example, tmp_path):
+  """`--help`'s model list reads the page's `listing` from the family's source (no import)."""
+  from efficient_lm import help as help_lib  # pylint: disable=import-outside-toplevel
+  (tmp_path / f"{NAME}.py").write_text(blocks()[f"file: efficient_lm/models/{NAME}.py"])
+  assert help_lib.listed_models(str(tmp_path)) == {NAME: models.REGISTRY[NAME].listing}
 
 
 def test_the_config_validates_and_a_bad_field_is_named(example):

@@ -14,20 +14,19 @@ from flax import nnx
 
 from conftest import REPO, fast_first
 from efficient_lm import generation, models, sample, train
-from test_models import tiny_model_config
+import families
+from test_models import FAMILY_FIELDS, tiny_model_config
 
-DECODER_MODELS = [
-    ("dense", {}),
-    ("sliding_window", dict(window=6)),
-    ("pi_attention", dict(window=5, period=2, num_skips=4)),  # P < W: some skips inside the window
-    ("pi_attention", dict(window=3, period=4, num_skips=3, period_schedule="doubling")),
-    ("ecp", dict(num_segments=4)),
-    ("ecp", dict(num_segments=4, shared_kv=True, rope_first_layer_only=True)),  # unrolled layers
-    ("bcmt", dict(block_size=8)),
-    ("bcmt", dict(block_size=8, position="learned", tie_embeddings=False, seq_len=40)),
-    ("honly", dict(block_size=8)),
-]
+# Every registered decoder model (`make_mixer`): its family's `DECODING` cases
+# (tests/families/), else its `FIELDS`; the dense baseline first.
+_CASES = families.decoding()
+DECODER_MODELS = sorted(_CASES + [(name, FAMILY_FIELDS[name]) for name in sorted(models.REGISTRY)
+                                  if models.REGISTRY[name].make_mixer is not None
+                                  and name not in {n for n, _ in _CASES}],
+                        key=lambda case: case[0] != "dense")
 IDS = [f"{name}-{i}" for i, (name, _) in enumerate(DECODER_MODELS)]
+_LAST = {name: i for i, (name, _) in enumerate(DECODER_MODELS)}  # model -> its last case
+_FIRST = {name: i for i, (name, _) in reversed(list(enumerate(DECODER_MODELS)))}
 
 
 def decode_all(model, tokens_BT, *, prompt_len: int, chunk: int):
@@ -66,7 +65,9 @@ def test_prefill_chunk_and_steps_equal_the_full_pass(name, fields):
 
 
 @pytest.mark.slow  # 10-16 s a model
-@pytest.mark.parametrize("name,fields", [DECODER_MODELS[0], DECODER_MODELS[3], DECODER_MODELS[6]],
+@pytest.mark.parametrize("name,fields", [DECODER_MODELS[_FIRST["dense"]],  # pi: its doubling case
+                                         DECODER_MODELS[_LAST["pi_attention"]],
+                                         DECODER_MODELS[_FIRST["bcmt"]]],
                          ids=["dense", "pi", "bcmt"])
 def test_chunked_prefill_equals_one_pass(name, fields):
   cfg = tiny_model_config(name, **fields)
@@ -82,7 +83,8 @@ def cache_bytes(cache) -> int:
   return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(cache))
 
 
-@pytest.mark.parametrize("name,fields", DECODER_MODELS[1:], ids=IDS[1:])
+@pytest.mark.parametrize("name,fields", [c for c in DECODER_MODELS if c[0] != "dense"],
+                         ids=[i for i, c in zip(IDS, DECODER_MODELS) if c[0] != "dense"])
 def test_efficient_caches_do_not_grow_with_the_context(name, fields):
   cfg = tiny_model_config(name, **fields)
   model = models.create(cfg, rngs=nnx.Rngs(0))

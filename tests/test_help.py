@@ -38,10 +38,11 @@ def test_every_field_of_every_shipped_config_has_a_meaning(spec):
 
 
 def test_the_model_list_is_the_registry():
-  """`MODELS` (kept jax-free) names exactly `models.REGISTRY`'s keys, each with the config that
-  trains it."""
+  """`MODELS`, read from the families' sources without jax, is exactly each registered model's
+  own `listing` (the config that trains it, one line)."""
   from efficient_lm import models  # pylint: disable=import-outside-toplevel  (imports jax)
-  assert sorted(help_lib.MODELS) == sorted(models.REGISTRY), "update help.MODELS"
+  assert help_lib.MODELS == {name: e.listing for name, e in models.REGISTRY.items()}, (
+      "write listing=(...) as literals in the family's register call")
   for model, (spec, line) in help_lib.MODELS.items():
     assert cli.load_config(spec).model.name == model
     assert line.strip()
@@ -143,7 +144,8 @@ def test_an_unknown_model_is_one_error_line():
   done = run(["--help=nope"], module="efficient_lm.sample")
   assert done.returncode == 2
   assert done.stderr.strip().splitlines() == [done.stderr.strip()]
-  assert done.stderr.startswith("error: --help=nope: there is no model 'nope'; use one of dense")
+  assert done.stderr.startswith("error: --help=nope: there is no model 'nope'; use one of "
+                                + ", ".join(help_lib.MODELS))
   assert done.stdout == ""
 
 
@@ -161,3 +163,19 @@ def test_help_needs_no_jax():
                         timeout=120)
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.strip() == "none"
+
+
+def test_each_family_rule_is_stated_as_its_class_declares_it():
+  """`--help=<model>`'s rules, read from the source, are its config class's `RULES` (a rule
+  declared once for several fields reads `model.{field}`)."""
+  import re  # pylint: disable=import-outside-toplevel
+  from efficient_lm import models  # pylint: disable=import-outside-toplevel  (imports jax)
+  for name, entry in models.REGISTRY.items():
+    stated = help_lib.family_rules(name)
+    declared = [r.describe() for r in entry.config.RULES]
+    patterns = [re.escape(s).replace(r"\{field\}", r"\w+") for s in stated]
+    assert all(any(re.fullmatch(p, d) for p in patterns) for d in declared), (name, stated)
+    assert len(stated) <= len(declared), (name, stated)
+  assert "model.block_size must divide data.seq_len={seq_len}" in help_lib.family_rules("honly")
+  assert "Rules across its fields" in help_lib.model_listing("ecp")
+  assert "model.num_segments must divide" in help_lib.model_listing("ecp")

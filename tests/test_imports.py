@@ -141,8 +141,9 @@ def test_a_circle_is_found():
 LIGHT = """
 import sys
 from efficient_lm import cli
-for name in ("pi_attention", "dense", "bcmt:honly", "perceiver_ar:compressed", "ecp", "sliding_window"):
-  cli.load_config(name)
+from efficient_lm import help as help_lib
+for name in sorted(set(cli.config_names()) | {spec for spec, _ in help_lib.MODELS.values()}):
+  cli.load_config(name)  # every shipped config, and each model's (presets too)
 from efficient_lm import workdir
 heavy = sorted(m for m in ("jax", "flax", "tensorflow_datasets", "grain", "orbax") if m in sys.modules)
 print(",".join(heavy) or "none")

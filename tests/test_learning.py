@@ -17,30 +17,19 @@ import pytest
 
 from flax import nnx
 
+import families
 from efficient_lm import models
 from efficient_lm import train_step
 from tests.test_models import tiny_model_config
 
 VOCAB, T, BATCH = 16, 32, 16
 
-# model name -> (its fields, the distance d, which positions t are in reach of t - d).
-TASKS = {
-    "dense": (dict(), 5, lambda t: t >= 5),
-    "sliding_window": (dict(window=8), 5, lambda t: t >= 5),
-    "pi_attention": (dict(window=4, period=7, num_skips=2, period_schedule="constant"), 7,
-                     lambda t: t >= 7),  # only a skip reaches 7 back: the window stops at 3
-    "bcmt": (dict(block_size=16), 3, lambda t: t % 16 >= 3),  # inside the block
-    "honly": (dict(block_size=16), 3, lambda t: t % 16 >= 3),
-    "ecp": (dict(num_segments=4), 8, lambda t: t >= 8),  # always in the previous piece
-    "perceiver_ar": (dict(num_latents=8), 12, lambda t: t >= 24),  # latents copy from the history
-    "double_attention": (dict(num_latents=8), 12, lambda t: t >= 24),
-    "ssplit_double_attention": (dict(num_latents=8, num_history_segments=4), 12, lambda t: t >= 24),
-    # The compressed history cannot hold every token: copy between latents.
-    "compressed_double_attention": (dict(num_latents=8, compression=4), 3, lambda t: t >= 27),
-}
-# Registered models with no task here, each with one line saying why no copy-d-back task fits it
-# (docs/adding_a_model.md, The tests). Every registered model is in TASKS or here, never both.
-NO_TASK: dict[str, str] = {}
+# model name -> (its fields, the distance d, which positions t are in reach of t - d), and the
+# registered models with no task, each with one line saying why no copy-d-back task fits it: each
+# family's own (tests/families/<its module>.py; docs/adding_a_model.md, The tests). Every
+# registered model is in TASKS or NO_TASK, never both.
+TASKS = families.merged("TASKS")
+NO_TASK: dict[str, str] = families.merged("NO_TASK")
 
 
 def task_batch(rng: np.random.Generator, d: int, reach) -> dict:
@@ -114,9 +103,11 @@ def optimized_code():
 
 def test_every_registered_model_has_a_task_or_a_reason():
   missing = set(models.REGISTRY) - set(TASKS) - set(NO_TASK)
-  assert not missing, f"{sorted(missing)}: add a task to TASKS, or a one-line reason to NO_TASK"
+  assert not missing, (f"{sorted(missing)}: declare TASKS, or a one-line reason in NO_TASK, in "
+                       "tests/families/<the family's module>.py")
   stale = (set(TASKS) | set(NO_TASK)) - set(models.REGISTRY)
-  assert not stale, f"{sorted(stale)}: not registered; remove them from TASKS / NO_TASK"
+  assert not stale, (f"{sorted(stale)}: not registered; remove them from tests/families/ "
+                     "(TASKS / NO_TASK)")
   assert not set(TASKS) & set(NO_TASK), "a model is in both TASKS and NO_TASK"
   assert all(isinstance(r, str) and r.strip() for r in NO_TASK.values()), "a NO_TASK without reason"
 

@@ -6,6 +6,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+import families
 from conftest import fast_first, load_config
 from flax import nnx
 
@@ -14,24 +15,25 @@ from efficient_lm.models import decoder
 from efficient_lm.validation import ConfigError
 
 
-# Each family's own fields at tiny sizes (seq_len 32), chosen so that every part of the
-# model is exercised: several blocks, skips that land, windows shorter than the context.
-FAMILY_FIELDS = {
-    "pi_attention": dict(window=5, period=7, num_skips=3, period_schedule="doubling", gate_hidden=8),
-    "sliding_window": dict(window=5),
-    "bcmt": dict(block_size=8, alpha=0.8),
-    "honly": dict(block_size=8),
-    "ecp": dict(num_segments=4, shared_kv=False, rope_first_layer_only=False),
-    **{name: dict(num_latents=8, compression=4, num_history_segments=3)
-       for name in ("perceiver_ar", "double_attention", "compressed_double_attention",
-                    "ssplit_double_attention")},
-}
+# Each model's own fields at tiny sizes (seq_len 32), chosen so that every part of the model is
+# exercised (several blocks, skips that land, windows shorter than the context): its family's
+# settings for the tests (tests/families/<its module>.py).
+FAMILY_FIELDS = families.merged("FIELDS")
 
 
-# The config file (and preset) each model's defaults come from.
-CONFIG_OF = {"honly": ("bcmt", "honly"), "double_attention": ("perceiver_ar", "double"),
-             "compressed_double_attention": ("perceiver_ar", "compressed"),
-             "ssplit_double_attention": ("perceiver_ar", "ssplit")}
+# The config file (and preset) each model's defaults come from: the one its family lists for
+# `--help` (`ModelEntry.listing`).
+CONFIG_OF = {name: tuple(entry.listing[0].split(":")) for name, entry in models.REGISTRY.items()}
+
+
+def test_every_model_has_its_family_test_settings():
+  """Every registered model has tiny fields in its family's tests/families/ module, and nothing
+  there names a model that is not registered."""
+  assert sorted(FAMILY_FIELDS) == sorted(models.REGISTRY), (
+      "declare FIELDS for each model in tests/families/<the family's module>.py")
+  for module in families.modules():
+    assert f"efficient_lm.models.{module.__name__.rsplit('.', 1)[1]}" in {
+        models.REGISTRY[m].config.__module__ for m in getattr(module, "FIELDS", {})}, module
 
 
 def tiny_model_config(name: str = "dense", **overrides) -> ml_collections.ConfigDict:

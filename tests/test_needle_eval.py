@@ -13,6 +13,7 @@ import pytest
 
 from conftest import REPO, _tiny_sections, fast_first, load_config, subprocess_env
 from efficient_lm import api
+from efficient_lm import models
 from efficient_lm import data
 from efficient_lm import scoring
 from efficient_lm import train
@@ -21,6 +22,7 @@ from efficient_lm.long_eval import extrapolate
 from efficient_lm.long_eval import needle
 from efficient_lm.long_eval import needle_grid
 from efficient_lm.long_eval import reach
+from test_models import CONFIG_OF, FAMILY_FIELDS
 
 # The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).
 pytestmark = pytest.mark.xdist_group("needle_eval_runs")
@@ -166,12 +168,12 @@ def test_rank_score_equals_a_hand_computation_from_logits(window_run):
     assert needle.rank_of(got[b], 1) == 1 + sum(w >= want[0] for w in want[1:])
 
 
-FAMILIES = [("sliding_window", None, dict(window=8)),
-            ("dense", None, {}),
-            ("pi_attention", None, dict(window=8, period=8, num_skips=2)),
-            ("bcmt", None, dict(block_size=8)),
-            ("bcmt", "honly", dict(block_size=8)),
-            ("ecp", None, dict(num_segments=4))]
+# Every registered decoder model (`make_mixer`), at its config (`CONFIG_OF`) and its family's
+# tiny fields; the sliding window first (the fast tier's). The Perceiver-AR family (its own
+# `build`) predicts only its latents: its cache is checked in tests/test_perceiver_decoding.py.
+FAMILIES = [(name, (CONFIG_OF[name] + (None,))[1], FAMILY_FIELDS[name])
+            for name in sorted(models.REGISTRY, key=lambda n: n != "sliding_window")
+            if models.REGISTRY[name].make_mixer is not None]
 
 
 # All slow: the fast tier checks the sliding-window case through the trained model above.
@@ -223,8 +225,10 @@ def test_lengths_past_seq_len_refused_for_learned_positions_and_latents_accepted
   perceiver = load_config("perceiver_ar")
   with pytest.raises(reach.LengthError, match="fixed window"):
     reach.check(perceiver, [perceiver.model.seq_len + 1])
-  for name in ("sliding_window", "pi_attention", "bcmt", "ecp"):
-    config = load_config(name)
+  for name in models.REGISTRY:  # every model of bounded reach, at its shipped config
+    config = load_config(*CONFIG_OF[name])
+    if not models.chunkable(config.model):
+      continue
     assert reach.check(config, [config.model.seq_len * 8], extra=10) is None
   dense = load_config("dense")
   assert "out of distribution" in reach.check(dense, [dense.model.seq_len * 2])

@@ -19,6 +19,9 @@ from conftest import REPO, TINY, subprocess_env
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("old_workdirs")]
 
 BEFORE_TYPED = "942e7a2"  # the library before the typed configs (issue 50)
+# A subset on purpose, not the registry: one family per kind of cache and config the typing changed
+# (a window with skips, blocks with a memory, pieces), each a training run of the old library; a
+# family added later has no workdir of that library to resume.
 FAMILIES = {
     "pi_attention": {"model.window": 8, "model.period": 8, "model.num_skips": 2},
     "bcmt": {"model.block_size": 8},

@@ -162,7 +162,10 @@ def test_the_families_register_themselves():
   other = dataclasses.make_dataclass("Other", [], bases=(model_config.ModelConfig,), frozen=True,
                                      kw_only=True)
   with pytest.raises(ValueError, match="'dense' is registered twice"):
-    registry.register("dense", registry.ModelEntry(config=other))
+    registry.register("dense", registry.ModelEntry(config=other, listing=("dense", "another")))
+  with pytest.raises(ValueError, match=r"'other': its ModelEntry needs listing=\("):
+    registry.register("other", registry.ModelEntry(config=other))
+  assert "other" not in models.REGISTRY
   assert models.REGISTRY["dense"].config.__name__ == "DenseConfig"
   for folder in ("models", "ops"):
     for root, _, files in os.walk(os.path.join(REPO, "efficient_lm", folder)):
@@ -296,3 +299,77 @@ def test_old_config_json_data_and_mesh_sections_load():
   assert (data.document_mask, data.tokenizer, data.hf_allow_download) == (False, "", False)
   assert (mesh.max_replicated_fraction, mesh.dcn_fsdp) == (0.05, 1)
   assert mesh.activation_axes["mlp"] == ("tensor",)
+
+
+@pytest.mark.parametrize("name,overrides,message", [
+    ("dense", dict(d_model=30, num_heads=6), r"^model\.d_model=30 gives an odd head width 5, "
+     r"which RoPE cannot rotate; make model\.d_model / model\.num_heads even$"),
+    ("dense", dict(attention_impl="pallas"), r"^model\.attention_impl='pallas' is not a known "
+     r"attention backend; use one of auto, xla, splash, gpu, reference$"),
+    ("dense", dict(seq_chunk=8), r"^model\.seq_chunk=8 is not supported for model\.name='dense': "
+     r"its queries see the whole window"),
+    ("sliding_window", dict(seq_chunk=12), r"^model\.seq_chunk=12 must divide data\.seq_len=32; "
+     r"set model\.seq_chunk to a divisor of 32$"),
+    ("bcmt", dict(seq_chunk=4), r"^model\.seq_chunk=4 is not a multiple of bcmt's attention block "
+     r"of 8 tokens \(a chunk holds whole blocks\); set model\.seq_chunk to a multiple of 8$"),
+    ("bcmt", dict(block_size=12), r"^model\.block_size=12 must divide data\.seq_len=32; use a "
+     r"divisor of 32 such as 4, 8 or 16, or change data\.seq_len$"),
+    ("ecp", dict(num_segments=5), r"^model\.num_segments=5 must divide model\.seq_len=32; set "
+     r"model\.num_segments to a divisor of 32, e\.g\. 2 or 4$"),
+    ("perceiver_ar", dict(num_latents=40), r"^model\.num_latents=40 must be at most "
+     r"model\.seq_len=32; set model\.num_latents to at most 32, e\.g\. 16$"),
+    ("compressed_double_attention", dict(compression=5), r"^model\.compression=5 must divide the "
+     r"history length model\.seq_len - model\.num_latents = 24; set model\.compression to a "
+     r"divisor of 24, e\.g\. 4$"),
+    ("ssplit_double_attention", dict(num_history_segments=5), r"^model\.num_history_segments=5 "
+     r"must divide the history length model\.seq_len - model\.num_latents = 24; set "
+     r"model\.num_history_segments to a divisor of 24, e\.g\. 4$"),
+])
+def test_each_declared_model_rule_names_its_field(name, overrides, message):
+  """The shared and the families' cross-field rules (`RULES`) fire with their message."""
+  with pytest.raises(ConfigError, match=message):
+    models.model_config(tiny_model_config(name, **overrides))
+
+
+def test_a_rule_applies_only_when_its_variant_reads_the_field():
+  # perceiver_ar never compresses: a compression not dividing the history is not its concern.
+  assert models.model_config(tiny_model_config("perceiver_ar", compression=5)).compression == 5
+
+
+@pytest.mark.parametrize("section,mapping,message", [
+    ("mesh", dict(rules={"layers": "fsdp"}), r"^mesh\.rules\.layers='fsdp' must be '': the "
+     r"stacked layers of nnx\.scan are never sharded; set mesh\.rules\.layers=''$"),
+    ("mesh", dict(rules={"embed": 3}), r"^mesh\.rules\.embed=3 must be a string; set "
+     r"mesh\.rules\.embed to a mesh axis"),
+    ("mesh", dict(activation_rules={"emb": "fsdp"}), r"^mesh\.activation_rules\.emb='fsdp' is not "
+     r"an activation axis; use one of embed, heads, kv, mlp, vocab$"),
+    ("mesh", dict(activation_rules={"mlp": "tensr"}), r"^mesh\.activation_rules\.mlp='tensr' "
+     r"names an axis the mesh does not have"),
+    ("train", dict(wandb="yes"), r"^train\.wandb='yes' must be True or False; set "
+     r"train\.wandb=True to log to W&B, or False$"),
+    ("train", dict(wandb_project=" "), r"^train\.wandb_project=' ' must be a non-empty string; set "
+     r"train\.wandb_project=efficient_lm$"),
+    ("train", dict(wandb_run_name=None), r"^train\.wandb_run_name=None must be a string; set "
+     r"train\.wandb_run_name='' \(or e\.g\. 'a,b' for tags\)$"),
+])
+def test_each_moved_section_check_keeps_its_message(section, mapping, message):
+  from efficient_lm import mesh_config, train_config  # pylint: disable=import-outside-toplevel
+  cls = {"mesh": mesh_config.MeshConfig, "train": train_config.TrainConfig}[section]
+  with pytest.raises(ConfigError, match=message):
+    cls.from_mapping(mapping)
+
+
+def test_rules_are_stated_for_help():
+  """Every section's cross-field rules are declared, so `--help` can state them."""
+  from efficient_lm import data_config, mesh_config  # pylint: disable=import-outside-toplevel
+  stated = [r.describe() for r in registry.discover()["bcmt"].config.all_rules()]
+  assert "model.d_model must be divisible by model.num_heads={num_heads}" in stated
+  assert "model.block_size must divide data.seq_len={seq_len}" in stated
+  assert len(data_config.DataConfig.all_rules()) == 2
+  assert len(mesh_config.MeshConfig.all_rules()) == 2
+
+
+def test_the_declared_attention_backends_are_the_cores():
+  from efficient_lm.ops.core import backends  # pylint: disable=import-outside-toplevel
+  assert model_config.ATTENTION_IMPLS == backends.IMPLS
+  assert model_config.ATTENTION_ALIASES == tuple(backends.ALIASES)

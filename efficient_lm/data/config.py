@@ -22,7 +22,10 @@ _DEFAULTS = DataConfig.defaults()
 
 
 def _optional(data_config, name: str):
-  """`data.<name>`, or its default (`DataConfig`) if the config lacks it."""
+  """`data.<name>`, or its default (`DataConfig`) if the config lacks it (a typed `DataConfig`
+  has every field)."""
+  if isinstance(data_config, DataConfig):
+    return getattr(data_config, name)
   try:
     return data_config[name]
   except (KeyError, AttributeError):
@@ -101,7 +104,7 @@ def _check_tokenizer(data_config, generated: bool) -> bool:
 def has_document_ids(data_config) -> bool:
   """Whether the batches carry `segment_ids`: `data.document_mask` on a corpus of documents (a
   generated task's sequences are one document each)."""
-  source = registry.lookup(data_config['dataset'])
+  source = registry.lookup(_optional(data_config, 'dataset'))
   return document_mask(data_config) and not (source is not None and source.generated)
 
 

@@ -77,7 +77,10 @@ def preflight(data_config, read: bool = True):
                            for n in data_config_lib.FRACTION_DEFAULTS), read=read)
 
 
-def load(data_config, checked=None) -> corpus_lib.Corpus:
+_UNCHECKED = object()  # `load` without what `preflight` returned (which may be None)
+
+
+def load(data_config, checked=_UNCHECKED) -> corpus_lib.Corpus:
   """Validates `config.data`, prepares the dataset, trains/loads the tokenizer, tokenizes splits.
 
   Everything is cached under data.data_dir; a second call only memory-maps the token files.
@@ -89,9 +92,9 @@ def load(data_config, checked=None) -> corpus_lib.Corpus:
     return source.generator().load(data_config)
   if data_config['dataset'].startswith(registry.NEEDLE_PREFIX):  # windows of a base corpus's text
     from efficient_lm.data import needle  # pylint: disable=g-import-not-at-top
-    return needle.load(data_config, checked if checked is not None else preflight(data_config),
-                       load)
-  text_scan = checked if checked is not None else preflight(data_config)
+    return needle.load(data_config, checked if checked is not _UNCHECKED
+                       else preflight(data_config), load)
+  text_scan = checked if checked is not _UNCHECKED else preflight(data_config)
   root = os.path.abspath(os.path.expanduser(data_config['data_dir']))
   try:
     files.check_writable(root)

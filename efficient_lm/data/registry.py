@@ -11,12 +11,16 @@ import dataclasses
 import importlib
 from typing import Callable
 
+from efficient_lm.data_config import DataConfig
+
 TFDS_PREFIX = 'tfds:'
 TEXT_PREFIX = 'text:'
 HF_PREFIX = 'hf:'
 MQAR_PREFIX = 'mqar:'
 NEEDLE_PREFIX = 'needle:'
-FRACTION_DEFAULTS = {'validation_fraction': 0.05, 'test_fraction': 0.05}  # text: held-out shares
+# text: held-out shares, at the defaults `DataConfig` declares.
+FRACTION_DEFAULTS = {name: DataConfig.defaults()[name]
+                     for name in ('validation_fraction', 'test_fraction')}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,46 +27,52 @@ from efficient_lm.validation import ConfigError
 registry.discover()
 
 
+def _typed(cfg: Any) -> ModelConfig:
+  """`cfg` as the typed config: a `ModelConfig` as it is, a model section through the edge."""
+  return cfg if isinstance(cfg, ModelConfig) else model_config(cfg)
+
+
 def _build(cfg: ModelConfig, rngs: nnx.Rngs, route: Route) -> nnx.Module:
   """The model `cfg.name` on `route`, unvalidated."""
   entry = REGISTRY[cfg.name]
   if entry.build is not None:
     return entry.build(cfg, rngs, route=route)
   return decoder.Decoder(cfg, lambda layer, rngs: entry.make_mixer(cfg, layer, rngs, route=route),
-                         identical_layers=entry.identical_layers(cfg), rngs=rngs)
+                         identical_layers=(entry.identical_layers(cfg) if entry.identical_layers
+                                           else cfg.identical_layers), rngs=rngs)
 
 
 def attention_patterns(cfg: Any) -> tuple[Pattern, ...]:
   """Every attention pattern the model trains with (its config's `patterns()`)."""
-  return model_config(cfg).patterns()
+  return _typed(cfg).patterns()
 
 
 def context_block(cfg: Any) -> int:
   """`ModelConfig.context_block` of a model section."""
-  return model_config(cfg).context_block
+  return _typed(cfg).context_block
 
 
 def chunkable(cfg: Any) -> bool:
   """`ModelConfig.chunkable` of a model section."""
-  return model_config(cfg).chunkable
+  return _typed(cfg).chunkable
 
 
 def ring_layout(cfg: Any) -> str:
   """`ModelConfig.ring_layout` of a model section."""
-  return model_config(cfg).ring_layout
+  return _typed(cfg).ring_layout
 
 
 def validate(cfg: Any, platform: str | None = None) -> ModelConfig:
   """The typed model config of `cfg` (its fields checked at construction), its attention
   backend checked against `platform` (default: jax's backend); raises ConfigError."""
-  cfg = model_config(cfg)
+  cfg = _typed(cfg)
   validate_attention_impl(cfg, platform or jax.default_backend())
   return cfg
 
 
 def attention_backend_name(cfg: Any, platform: str) -> str:
   """The backend `model.attention_impl` means on `platform` (`auto` resolved)."""
-  return backends.resolve(model_config(cfg).attention_impl, platform)
+  return backends.resolve(_typed(cfg).attention_impl, platform)
 
 
 def context_size(mesh: jax.sharding.Mesh | None, axis_name: str = "context") -> int:
@@ -78,7 +84,7 @@ def context_size(mesh: jax.sharding.Mesh | None, axis_name: str = "context") -> 
 
 def sequence_layout(cfg: Any, mesh: jax.sharding.Mesh | None) -> str:
   """The order the training loop feeds tokens in: 'natural', or 'zigzag' (`ops.ring`)."""
-  return model_config(cfg).ring_layout if context_size(mesh) > 1 else "natural"
+  return _typed(cfg).ring_layout if context_size(mesh) > 1 else "natural"
 
 
 _VALIDATED: set[tuple[ModelConfig, str, int]] = set()  # (model, platform, context) seen valid
@@ -98,7 +104,7 @@ def create(cfg: Any, *, rngs: nnx.Rngs, mesh: jax.sharding.Mesh | None = None,
   the backend `model.attention_impl` names for the platform of the mesh's
   devices (or `platform`, for a model built from shapes only).
   """
-  cfg = model_config(cfg)
+  cfg = _typed(cfg)
   if platform is None:
     platform = targets.platform_of(list(mesh.devices.flat) if mesh is not None else jax.devices())
   context = context_size(mesh)
@@ -113,7 +119,7 @@ def create(cfg: Any, *, rngs: nnx.Rngs, mesh: jax.sharding.Mesh | None = None,
 
 def abstract_params(cfg: Any, platform: str | None = None):
   """The model's parameters as shapes with their logical axis names; nothing is allocated."""
-  cfg = model_config(cfg)
+  cfg = _typed(cfg)
   return nnx.state(nnx.eval_shape(lambda: create(cfg, rngs=nnx.Rngs(0), platform=platform)))
 
 

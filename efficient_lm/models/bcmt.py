@@ -38,11 +38,15 @@ from efficient_lm.ops import blockwise
 from efficient_lm.ops import memory
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
-from efficient_lm.validation import divisors_near, require
+from efficient_lm.validation import divisors_near
 
 # Its parameters' own logical axes (the registry entry declares them): the pooling logit, the
 # memory projection (sharded over fsdp) and the gate (over tensor).
 LOGICAL_AXES = axes.FAMILY_AXES["bcmt"]  # (declared without jax: efficient_lm/axes.py)
+
+
+def _near(divisors: list[int]) -> str:
+  return f"{', '.join(map(str, divisors[:-1]))} or {divisors[-1]}"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -52,12 +56,10 @@ class HOnlyConfig(ModelConfig):
                                tc.positive_int())
   alpha: float = tc.setting(0.8, "memory decay per block, in (0, 1); unused by honly")
 
-  def check_own(self) -> None:
-    near = divisors_near(self.seq_len, self.block_size)
-    require(self.seq_len % self.block_size == 0, "model.block_size", self.block_size,
-            f"must divide data.seq_len={self.seq_len}",
-            f"use a divisor of {self.seq_len} such as {', '.join(map(str, near[:-1]))} or "
-            f"{near[-1]}, or change data.seq_len")
+  RULES = (tc.Rule("model.block_size", lambda c: c.seq_len % c.block_size == 0,
+                    "must divide data.seq_len={seq_len}",
+                    "use a divisor of {seq_len} such as {near}, or change data.seq_len",
+                    derive=lambda c: {"near": _near(divisors_near(c.seq_len, c.block_size))}),)
 
   def patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
     del seq_len
@@ -358,6 +360,9 @@ def make_honly_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
   return _mixer(cfg, rngs, use_memory=False, route=route)
 
 
-registry.register("bcmt", registry.ModelEntry(config=BCMTConfig, make_mixer=make_mixer,
-                                             logical_axes=LOGICAL_AXES))
-registry.register("honly", registry.ModelEntry(config=HOnlyConfig, make_mixer=make_honly_mixer))
+registry.register("bcmt", registry.ModelEntry(
+    config=BCMTConfig, make_mixer=make_mixer, logical_axes=LOGICAL_AXES,
+    listing=("bcmt", "BCMT: blockwise local attention + a decaying memory of earlier blocks")))
+registry.register("honly", registry.ModelEntry(
+    config=HOnlyConfig, make_mixer=make_honly_mixer,
+    listing=("bcmt:honly", "BCMT without its memory (the paper's ablation)")))

@@ -37,4 +37,6 @@ def make_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
                               dtype=layers.dtype_of(cfg.dtype), rngs=rngs)
 
 
-registry.register("dense", registry.ModelEntry(config=DenseConfig, make_mixer=make_mixer))
+registry.register("dense", registry.ModelEntry(
+    config=DenseConfig, make_mixer=make_mixer,
+    listing=("dense", "causal softmax attention over the whole window (the baseline)")))

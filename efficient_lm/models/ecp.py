@@ -25,7 +25,7 @@ from efficient_lm.models import layers
 from efficient_lm.models import registry
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
-from efficient_lm.validation import divisors_near, require
+from efficient_lm.validation import divisors_near
 
 _FLAG = tc.boolean("set {field}=False (the default) or True")
 
@@ -40,11 +40,11 @@ class ECPConfig(ModelConfig):
   rope_first_layer_only: bool = tc.setting(False, "RoPE in layer 1 only (as the authors' code); "
                                            "else every layer", _FLAG)
 
-  def check_own(self) -> None:
-    require(self.seq_len % self.num_segments == 0, "model.num_segments", self.num_segments,
-            f"must divide model.seq_len={self.seq_len}",
-            f"set model.num_segments to a divisor of {self.seq_len}, e.g. "
-            f"{' or '.join(map(str, divisors_near(self.seq_len, self.num_segments, 2)))}")
+  RULES = (tc.Rule("model.num_segments", lambda c: c.seq_len % c.num_segments == 0,
+                    "must divide model.seq_len={seq_len}",
+                    "set model.num_segments to a divisor of {seq_len}, e.g. {near}",
+                    derive=lambda c: {"near": " or ".join(
+                        map(str, divisors_near(c.seq_len, c.num_segments, 2)))}),)
 
   def patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
     return (Pattern.blocks((seq_len or self.seq_len) // self.num_segments, lookback=1),)
@@ -102,4 +102,6 @@ def make_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
                 rope_base=cfg.rope_base, dtype=layers.dtype_of(cfg.dtype), rngs=rngs)
 
 
-registry.register("ecp", registry.ModelEntry(config=ECPConfig, make_mixer=make_mixer))
+registry.register("ecp", registry.ModelEntry(
+    config=ECPConfig, make_mixer=make_mixer,
+    listing=("ecp", "ECP: each piece attends to the previous piece and causally to itself")))

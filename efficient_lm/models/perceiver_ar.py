@@ -29,7 +29,7 @@ from efficient_lm.models import registry
 from efficient_lm.ops import precision
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import Route
-from efficient_lm.validation import divisors_near, require, require_positive_int
+from efficient_lm.validation import divisors_near, require_positive_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +49,10 @@ LOGICAL_AXES = axes.FAMILY_AXES["perceiver_ar"]  # (declared without jax: effici
 
 
 COMPRESSION_OPS = ("learned", "strided")
+
+
+def _history(cfg) -> int:
+  return cfg.seq_len - cfg.num_latents
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,19 +76,20 @@ class PerceiverARConfig(ModelConfig):
   def variant(self) -> Variant:
     return VARIANTS[self.name]
 
-  def check_own(self) -> None:
-    require(self.num_latents <= self.seq_len, "model.num_latents", self.num_latents,
-            f"must be at most model.seq_len={self.seq_len}",
-            f"set model.num_latents to at most {self.seq_len}, e.g. {max(1, self.seq_len // 2)}")
-    history = self.seq_len - self.num_latents
-    for used, field in ((self.variant.compress, "compression"),
-                        (self.variant.split_history, "num_history_segments")):
-      value = getattr(self, field)
-      if used and history % value:
-        require(False, f"model.{field}", value,
-                f"must divide the history length model.seq_len - model.num_latents = {history}",
-                f"set model.{field} to a divisor of {history}, e.g. "
-                f"{divisors_near(history, value, 1)[0]}")
+  RULES = (
+      tc.Rule("model.num_latents", lambda c: c.num_latents <= c.seq_len,
+              "must be at most model.seq_len={seq_len}",
+              "set model.num_latents to at most {seq_len}, e.g. {half}",
+              derive=lambda c: {"half": max(1, c.seq_len // 2)}),
+      *(tc.Rule(f"model.{field}", lambda c, f=field: _history(c) % getattr(c, f) == 0,
+                "must divide the history length model.seq_len - model.num_latents = {history}",
+                f"set model.{field} to a divisor of {{history}}, e.g. {{near}}",
+                when=lambda c, u=used: getattr(c.variant, u),
+                derive=lambda c, f=field: {"history": _history(c), "near": divisors_near(
+                    _history(c), getattr(c, f), 1)[0]})
+        for used, field in (("compress", "compression"),
+                            ("split_history", "num_history_segments"))),
+  )
 
   def patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
     """The latents' causal attention over the stream, and (variants that refine the history) the
@@ -406,8 +411,17 @@ def build(cfg: ModelConfig, rngs: nnx.Rngs, *, route: Route) -> nnx.Module:
   return PerceiverAR(cfg, rngs, route=route)
 
 
+# `--help`'s line of each variant: the config that trains it and what it is.
+LISTINGS = {
+    "perceiver_ar": ("perceiver_ar", "Perceiver AR: the last model.num_latents tokens are queries"),
+    "double_attention": ("perceiver_ar:double", "Perceiver-AR, its history refined in every layer"),
+    "compressed_double_attention": ("perceiver_ar:compressed",
+                                    "double attention over a history compressed by a learned map"),
+    "ssplit_double_attention": (
+        "perceiver_ar:ssplit", "double attention, the history's inside model.num_history_segments"),
+}
 for _name in VARIANTS:
   registry.register(_name, registry.ModelEntry(
       config=PerceiverARConfig, build=build, context_parallel=False,
       no_context_parallel="no ring version of its latent cross-attention",
-      logical_axes=LOGICAL_AXES))
+      logical_axes=LOGICAL_AXES, listing=LISTINGS[_name]))

@@ -198,6 +198,8 @@ def make_sliding_window_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
 
 
 registry.register("pi_attention", registry.ModelEntry(
-    config=PiAttentionConfig, make_mixer=make_pi_mixer, logical_axes=LOGICAL_AXES))
+    config=PiAttentionConfig, make_mixer=make_pi_mixer, logical_axes=LOGICAL_AXES,
+    listing=("pi_attention", "π-Attention: a local window + periodic skips, gated")))
 registry.register("sliding_window", registry.ModelEntry(
-    config=SlidingWindowConfig, make_mixer=make_sliding_window_mixer))
+    config=SlidingWindowConfig, make_mixer=make_sliding_window_mixer,
+    listing=("sliding_window", "attention over the last model.window tokens")))

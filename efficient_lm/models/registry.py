@@ -32,6 +32,7 @@ class ModelEntry:
   `from_embeddings(x_BTD)` (tests differentiate through it), and reaches attention only through
   `route` (`ops.route.Route`: the backend, and the ring when the sequence is sharded).
 
+  `listing`: (the `--config=` that trains it, one line), what `--help` lists (required).
   A model whose structure has no ring (Perceiver-AR's latents) has `context_parallel=False` and
   says why in `no_context_parallel`. `logical_axes`: the logical axis names its own parameters
   carry beyond the decoder's (`sharding.SHARED_AXES`), each with the config field that sets its
@@ -39,11 +40,15 @@ class ModelEntry:
   """
   config: type[ModelConfig] = ModelConfig
   make_mixer: Callable[..., Any] | None = None
-  identical_layers: Callable[[ModelConfig], bool] = lambda cfg: cfg.identical_layers
+  identical_layers: Callable[[ModelConfig], bool] | None = None  # None: cfg.identical_layers
   build: Callable[..., Any] | None = None
   context_parallel: bool = True
   no_context_parallel: str = "it has no ring version of its attention"  # why, if not supported
   logical_axes: Mapping[str, sharding.Axis] = dataclasses.field(default_factory=dict)
+  # `--help`'s line: the shipped config that trains it (`--config=` form) and what it is. Written
+  # as literals in the `register` call (or a module-level dict indexed by the loop's name), which
+  # `help.py` reads from the source without importing jax.
+  listing: tuple[str, str] = ("", "")
 
 
 REGISTRY: dict[str, ModelEntry] = {}
@@ -52,6 +57,9 @@ REGISTRY: dict[str, ModelEntry] = {}
 def register(name: str, entry: ModelEntry) -> ModelEntry:
   """Adds the model `name` (a family module calls this at import); a name registered twice by
   different entries is an error."""
+  if not (len(entry.listing) == 2 and all(entry.listing)):
+    raise ValueError(f"model {name!r}: its ModelEntry needs listing=('<config>', '<one line>'), "
+                     "what --help lists")
   old = REGISTRY.get(name)
   same = lambda e: (e.config.__module__, e.config.__qualname__)  # (a module imported again)
   if old is not None and old != entry and same(old) != same(entry):
@@ -107,10 +115,8 @@ def logical_axes() -> dict[str, sharding.Axis]:
 def validate_attention_impl(cfg: Any, platform: str) -> None:
   """`model.attention_impl` (and `kernel_interpret`) against the platform and the model's
   patterns."""
-  cfg = model_config(cfg)
-  impl = cfg.attention_impl
-  require(impl in (*backends.IMPLS, *backends.ALIASES), "model.attention_impl", impl,
-          "is not a known attention backend", f"use one of {', '.join(backends.IMPLS)}")
+  cfg = cfg if isinstance(cfg, ModelConfig) else model_config(cfg)
+  impl = cfg.attention_impl  # a known name: a declared check of `ModelConfig`
   reason = backends.check(impl, platform, cfg.kernel_interpret)
   require(reason is None, "model.attention_impl", impl, f"cannot run here: {reason}", "see above")
   reason = backends.check_installed(impl, platform)
@@ -126,7 +132,7 @@ def validate_attention_impl(cfg: Any, platform: str) -> None:
 def validate_context(cfg: Any, context: int) -> None:
   """The model against `context` devices along the sequence (`mesh.context`); raises
   ConfigError."""
-  cfg = model_config(cfg)
+  cfg = cfg if isinstance(cfg, ModelConfig) else model_config(cfg)
   if context == 1:
     return
   require(not cfg.seq_chunk or cfg.seq_chunk >= cfg.seq_len, "model.seq_chunk",
