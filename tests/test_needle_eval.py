@@ -171,23 +171,24 @@ def test_rank_score_equals_a_hand_computation_from_logits(window_run):
 # Every registered decoder model (`make_mixer`), at its config (`CONFIG_OF`) and its family's
 # tiny fields; the sliding window first (the fast tier's). The Perceiver-AR family (its own
 # `build`) predicts only its latents: its cache is checked in tests/test_perceiver_decoding.py.
-FAMILIES = [(name, (CONFIG_OF[name] + (None,))[1], FAMILY_FIELDS[name])
+FAMILIES = [(name, *(CONFIG_OF[name] + (None,))[:2], FAMILY_FIELDS[name])
             for name in sorted(models.REGISTRY, key=lambda n: n != "sliding_window")
             if models.REGISTRY[name].make_mixer is not None]
 
 
 # All slow: the fast tier checks the sliding-window case through the trained model above.
-@pytest.mark.parametrize("name,preset,fields", fast_first(FAMILIES, keep=0))
-def test_candidates_read_from_a_repeated_cache_match_a_full_pass(name, preset, fields):
+@pytest.mark.parametrize("name,config_file,preset,fields", fast_first(FAMILIES, keep=0))
+def test_candidates_read_from_a_repeated_cache_match_a_full_pass(name, config_file, preset, fields):
   """Every family's cache layout (the decoder's [B * H, ...], BCMT's memory, ECP's segments) is
   repeated per candidate right: the candidates' log-likelihoods after a prefilled context equal
   those of the whole sequence in one pass (random weights, contexts past seq_len = 32)."""
   from flax import nnx  # pylint: disable=import-outside-toplevel
   from efficient_lm import models  # pylint: disable=import-outside-toplevel
-  config = load_config(name, preset)
+  config = load_config(config_file, preset)  # honly is bcmt's preset
   config.data.update(seq_len=SEQ_LEN, vocab_size=384)
   config.model.update(d_model=32, num_layers=2, num_heads=2, mlp_ratio=2, **fields)
   model = models.create(config.model, rngs=nnx.Rngs(1))
+  assert config.model.name == name
   rng = np.random.default_rng(0)
   B, L, R, A = 2, 44, 3, 3
   context_BL = rng.integers(3, 384, size=(B, L)).astype(np.int32)
