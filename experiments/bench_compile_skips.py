@@ -97,16 +97,9 @@ def train_program(config):
 
 def step_seconds(config, steps: int) -> float:
   step, state, batch = train_program(config)
+  from experiments import bench_step  # pylint: disable=import-outside-toplevel
   compiled = step.lower(state, batch).compile()
-  state, metrics = compiled(state, batch)
-  jax.block_until_ready(metrics)
-  times = []
-  for _ in range(steps):
-    start = time.perf_counter()
-    state, metrics = compiled(state, batch)
-    jax.block_until_ready(metrics)
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  return statistics.median(bench_step.time_steps(compiled, state, batch, steps))
 
 
 def worker(seq_len: int) -> None:

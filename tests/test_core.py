@@ -234,17 +234,22 @@ def test_wide_window_skips_match_reference(pattern, Tq, Tk, q_start, k_start, tr
   check(pattern, Tq, Tk, q_start=q_start, k_start=k_start, traced=traced, seed=Tq)
 
 
-def test_wide_window_skips_keep_documents(wide_windows):
-  """The stride drops a key of another document (values and gradients against the reference)."""
-  pattern, T = Pattern.pi(12, 16, 3), 64
-  args, cotangents = random_inputs(T, T, seed=5, priors=(True, True))
-  ids = jnp.asarray(np.repeat(np.array([[0, 1, 2, 3], [0, 0, 1, 1]]), 16, axis=1), jnp.int32)
+def _check_documents(pattern, T, ids, args, cotangents):
+  """`core.attend` with document ids against the reference masked to each document."""
   local, skip = reference_masks(pattern, np.arange(T), np.arange(T))
   same = np.asarray(ids)[:, None, :, None] == np.asarray(ids)[:, None, None, :]
   fast = lambda q, k, v, lp, sp: core.attend(q, k, v, pattern, local_prior=lp, skip_prior=sp,
                                              q_segments=ids, k_segments=ids)
   slow = lambda q, k, v, lp, sp: reference_attend(q, k, v, local & same, skip & same, lp, sp)
   assert_matches(fast, slow, args, cotangents, atol=2e-5)
+
+
+def test_wide_window_skips_keep_documents(wide_windows):
+  """The stride drops a key of another document (values and gradients against the reference)."""
+  pattern, T = Pattern.pi(12, 16, 3), 64
+  args, cotangents = random_inputs(T, T, seed=5, priors=(True, True))
+  ids = jnp.asarray(np.repeat(np.array([[0, 1, 2, 3], [0, 0, 1, 1]]), 16, axis=1), jnp.int32)
+  _check_documents(pattern, T, ids, args, cotangents)
 
 
 # π's stride: the skips as one piece (`xla.stride_attend`), run either way: as one shifted view of
@@ -282,12 +287,7 @@ def test_stride_keeps_documents(stride_way):
   pattern, T = Pattern.pi(2, 3, None), 50
   args, cotangents = random_inputs(T, T, seed=6, priors=(True, True))
   ids = jnp.asarray(np.stack([np.arange(T) // 13, np.arange(T) // 30]), jnp.int32)
-  local, skip = reference_masks(pattern, np.arange(T), np.arange(T))
-  same = np.asarray(ids)[:, None, :, None] == np.asarray(ids)[:, None, None, :]
-  fast = lambda q, k, v, lp, sp: core.attend(q, k, v, pattern, local_prior=lp, skip_prior=sp,
-                                             q_segments=ids, k_segments=ids)
-  slow = lambda q, k, v, lp, sp: reference_attend(q, k, v, local & same, skip & same, lp, sp)
-  assert_matches(fast, slow, args, cotangents, atol=2e-5)
+  _check_documents(pattern, T, ids, args, cotangents)
 
 
 def test_stride_in_a_decoding_cache():
