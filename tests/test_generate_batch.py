@@ -59,7 +59,7 @@ def pi_model():
 
 
 def test_greedy_picks_what_argmax_picks_ties_and_nans_included():
-  """`generation.greedy` (two plain reductions) against numpy's argmax: the first maximum, the
+  """`generation.greedy` (two levels of plain reductions) against numpy's argmax: the first maximum, the
   first NaN, a row of -inf (a masked vocabulary), random rows."""
   rng = np.random.default_rng(0)
   logits = rng.standard_normal((6, 300)).astype(np.float32)
@@ -70,6 +70,19 @@ def test_greedy_picks_what_argmax_picks_ties_and_nans_included():
   got = np.asarray(generation.greedy(logits))
   np.testing.assert_array_equal(got, [np.argmax(row) for row in logits])
   assert list(got[1:5]) == [7, 3, 0, 299] and got.dtype == np.int32
+  # Several blocks of GREEDY_BLOCK entries: ties and NaNs across blocks, a maximum in the padding's
+  # last (partial) block, a whole block of -inf before the maximum.
+  G = generation.GREEDY_BLOCK
+  logits = rng.standard_normal((6, 3 * G + 5)).astype(np.float32)
+  logits[0, [G + 9, 2 * G + 1, 3 * G + 4]] = 9.0
+  logits[1, [2 * G + 3, G + 100]] = np.nan
+  logits[2, 3 * G + 4] = 50.0
+  logits[3, :G] = -np.inf
+  logits[4, :] = -np.inf
+  logits[5, [G - 1, G]] = 7.0
+  got = np.asarray(generation.greedy(logits))
+  np.testing.assert_array_equal(got, [np.argmax(row) for row in logits])
+  assert list(got[[0, 1, 2, 4, 5]]) == [G + 9, G + 100, 3 * G + 4, 0, G - 1] and got[3] >= G
 
 
 def test_sampled_rows_do_not_depend_on_the_other_rows(pi_model):
