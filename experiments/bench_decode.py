@@ -15,14 +15,16 @@ Untrained weights: speed and memory do not depend on them.
 
 With --batch_sizes, the batch sweep instead: for each model, context C and batch size B, B random
 prompts of C - 1 tokens continued by `generation.generate_batch` (greedy, --new_tokens each, no
-early stop: the library's whole path), timed after compilation (median of --repeats), side by
-side. Reported: decoding tokens/s (B x the decoding steps / the seconds of the decoding calls,
-which `generate_batch` times with `timings=`; the batched prefill of the prompts is timed apart,
-as prefill_s, and the whole call as call_s), milliseconds per step, the speed-up over batch 1 and
-the cache bytes per row (the cache pytree's bytes / B), also for a context of 16 C (shapes only):
-constant for the local models, growing with C for the dense baseline. With --out it is written
-under "batch_sweep" in the JSON file, whose other content (the context sweep's "args" and "rows")
-is kept, and the reverse.
+early stop: the library's whole path), timed after compilation, side by side: --repeats rounds,
+each calling every batch size once in turn (a change in the machine's load falls on all sizes
+alike), medians over the rounds. Reported: decoding tokens/s (B x the decoding steps / the
+seconds of the decoding calls, which `generate_batch` times with `timings=`; the batched prefill
+of the prompts is timed apart, as prefill_s, and the whole call as call_s), milliseconds per
+step, the speed-up over the first batch size (the ratio of the medians, "vs B=1", and the median
+of the rounds' own ratios, "by round") and the cache bytes per row (the cache pytree's bytes /
+B), also for a context of 16 C (shapes only): constant for the local models, growing with C for
+the dense baseline. With --out it is written under "batch_sweep" in the JSON file, whose other
+content (the context sweep's "args" and "rows") is kept, and the reverse.
 
     python -m experiments.bench_decode --batch_sizes=1,8,32 --contexts=256 --new_tokens=32 \
         --configs=configs/dense.py,configs/sliding_window.py,configs/pi_attention.py,configs/bcmt.py,configs/ecp.py \
@@ -102,9 +104,10 @@ def bench(model: nnx.Module, name: str, context: int, args) -> dict:
               decode_tokens_per_sec=args.new_tokens / seconds)
 
 
-def bench_batch(model: nnx.Module, context: int, batch_size: int, args) -> dict:
-  """`generation.generate_batch` of `batch_size` prompts of context - 1 tokens (the
-  end-of-document token makes C), --new_tokens each, greedy and never stopping early."""
+def batch_runner(model: nnx.Module, context: int, batch_size: int, args) -> tuple[dict, object]:
+  """(the row's sizes, a function timing one `generation.generate_batch` call of `batch_size`
+  prompts of context - 1 tokens (the end-of-document token makes C), --new_tokens each, greedy and
+  never stopping early, or None when the cache does not fit): the call compiled already."""
   total = context + args.new_tokens
   abstract_cache = jax.eval_shape(lambda: model.init_cache(batch_size, total))
   far_cache = jax.eval_shape(lambda: model.init_cache(batch_size, 16 * context + args.new_tokens))
@@ -112,28 +115,49 @@ def bench_batch(model: nnx.Module, context: int, batch_size: int, args) -> dict:
          "cache_bytes_per_row": cache_bytes(abstract_cache) / batch_size,
          "cache_bytes_per_row_at_16x_context": cache_bytes(far_cache) / batch_size}
   if cache_bytes(abstract_cache) > args.max_cache_gb * 2 ** 30:
-    return dict(row, skipped=f"cache over {args.max_cache_gb} GiB")
+    return dict(row, skipped=f"cache over {args.max_cache_gb} GiB"), None
   rng = np.random.default_rng(0)
   prompts = [list(rng.integers(3, args.vocab_size, context - 1)) for _ in range(batch_size)]
-  run = lambda timings: generation.generate_batch(
-      model, prompts, num_tokens=args.new_tokens, eos_id=2, temperature=0.0, stop_ids=(),
-      steps_per_call=args.new_tokens, timings=timings)
-  start = time.perf_counter()
-  run({})
-  row["first_call_s_with_compile"] = time.perf_counter() - start
-  calls, decode, prefill = [], [], []
-  for _ in range(args.repeats):
+
+  def run() -> tuple[float, dict]:
     timings = {}
     start = time.perf_counter()
-    out = run(timings)
-    calls.append(time.perf_counter() - start)
-    decode.append(timings["decode_s"])
-    prefill.append(timings["prefill_s"])
-  assert all(len(ids) == args.new_tokens for ids in out) and timings["steps"] == args.new_tokens - 1
-  steps = timings["steps"]
-  return dict(row, call_s=statistics.median(calls), prefill_s=statistics.median(prefill),
-              decode_s=statistics.median(decode), ms_per_step=1e3 * statistics.median(decode) / steps,
-              tokens_per_sec=batch_size * steps / statistics.median(decode))
+    out = generation.generate_batch(
+        model, prompts, num_tokens=args.new_tokens, eos_id=2, temperature=0.0, stop_ids=(),
+        steps_per_call=args.new_tokens, timings=timings)
+    seconds = time.perf_counter() - start
+    assert all(len(ids) == args.new_tokens for ids in out)
+    assert timings["steps"] == args.new_tokens - 1
+    return seconds, timings
+
+  start = time.perf_counter()
+  run()
+  row["first_call_s_with_compile"] = time.perf_counter() - start
+  return row, run
+
+
+def bench_batches(model: nnx.Module, context: int, batch_sizes: list[int], args) -> list[dict]:
+  """One row per batch size: every size's call compiled first, then --repeats rounds in which
+  each size is called once, in turn, so that a change in the machine's load falls on every size
+  alike (the ratios between sizes are side by side); medians over the rounds."""
+  prepared = [batch_runner(model, context, batch_size, args) for batch_size in batch_sizes]
+  samples = [[] for _ in prepared]
+  for _ in range(args.repeats):
+    for (_, run), calls in zip(prepared, samples):
+      if run is not None:
+        calls.append(run())
+  rows = []
+  for (row, run), calls in zip(prepared, samples):
+    if run is not None:
+      median = lambda key: statistics.median(timings[key] for _, timings in calls)
+      steps = args.new_tokens - 1
+      row = dict(row, call_s=statistics.median(seconds for seconds, _ in calls),
+                 prefill_s=median("prefill_s"), decode_s=median("decode_s"),
+                 ms_per_step=1e3 * median("decode_s") / steps,
+                 tokens_per_sec=row["batch_size"] * steps / median("decode_s"),
+                 decode_s_rounds=[timings["decode_s"] for _, timings in calls])
+    rows.append(row)
+  return rows
 
 
 def write_section(path: str, section: dict) -> None:
@@ -152,22 +176,29 @@ def main_batch(args) -> None:
   """The batch sweep (module docstring)."""
   rows = []
   print(f"{'model':<28}{'context':>8}{'batch':>6}{'tok/s':>10}{'ms/step':>9}{'vs B=1':>8}"
+        f"{'by round':>9}"
         f"{'prefill s':>10}"
         f"{'cache KiB/row':>15}{'at 16 C':>10}{'1st call s':>11}", flush=True)
   for spec in args.configs.split(","):
     model, _ = model_for(spec, args)
     for context in [int(c) for c in args.contexts.split(",")]:
       single = None
-      for batch_size in [int(b) for b in args.batch_sizes.split(",")]:
-        row = dict(bench_batch(model, context, batch_size, args), config=spec)
+      for row in bench_batches(model, context, [int(b) for b in args.batch_sizes.split(",")], args):
+        row = dict(row, config=spec)
         rows.append(row)
+        batch_size = row["batch_size"]
         if "skipped" in row:
           print(f"{spec:<28}{context:>8}{batch_size:>6}  {row['skipped']}", flush=True)
           continue
-        single = single or row["tokens_per_sec"]
-        row["speedup_vs_first_batch"] = row["tokens_per_sec"] / single
+        single = single or row
+        row["speedup_vs_first_batch"] = row["tokens_per_sec"] / single["tokens_per_sec"]
+        # The same ratio round by round (each round's two calls back to back), and its median.
+        row["speedup_by_round"] = [batch_size * first / (single["batch_size"] * seconds)
+                                   for seconds, first in zip(row["decode_s_rounds"],
+                                                             single["decode_s_rounds"])]
         print(f"{spec:<28}{context:>8}{batch_size:>6}{row['tokens_per_sec']:>10.1f}"
               f"{row['ms_per_step']:>9.2f}{row['speedup_vs_first_batch']:>8.2f}"
+              f"{statistics.median(row['speedup_by_round']):>9.2f}"
               f"{row['prefill_s']:>10.3f}"
               f"{row['cache_bytes_per_row'] / 2 ** 10:>15.1f}"
               f"{row['cache_bytes_per_row_at_16x_context'] / 2 ** 10:>10.1f}"

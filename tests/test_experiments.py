@@ -86,6 +86,33 @@ def test_bench_context_quick_reports_memory_fits_and_speed(tmp_path):
 
 
 @pytest.mark.slow  # a benchmark harness in a subprocess: 10-60 s
+def test_bench_decode_batch_sweep_times_sizes_in_rounds(tmp_path):
+  out_file = tmp_path / "decode.json"
+  out_file.write_text(json.dumps({"rows": ["the context sweep's, kept"]}))
+  out = run_module(["experiments.bench_decode", "--batch_sizes=1,4", "--contexts=32",
+                    "--new_tokens=6", "--repeats=3", "--configs=configs/pi_attention.py,configs/dense.py",
+                    "--d_model=32", "--num_layers=1", "--num_heads=2", "--vocab_size=256",
+                    f"--out={out_file}"]).stdout
+  result = json.loads(out_file.read_text())
+  assert result["rows"] == ["the context sweep's, kept"]
+  rows = result["batch_sweep"]["rows"]
+  assert [(r["config"], r["batch_size"]) for r in rows] == [
+      (c, b) for c in ("configs/pi_attention.py", "configs/dense.py") for b in (1, 4)]
+  for row in rows:
+    rounds = row["decode_s_rounds"]
+    assert len(rounds) == 3 and all(s > 0 for s in rounds)
+    assert row["tokens_per_sec"] == pytest.approx(row["batch_size"] * 5 / sorted(rounds)[1])
+    first = rows[0 if row["config"] == "configs/pi_attention.py" else 2]
+    assert row["speedup_by_round"] == pytest.approx(
+        [row["batch_size"] * a / b for a, b in zip(first["decode_s_rounds"], rounds)])
+  # π's cache per row is its window and skips whatever the context; dense's grows with it.
+  pi, dense = rows[1], rows[3]
+  assert pi["cache_bytes_per_row_at_16x_context"] == pi["cache_bytes_per_row"]
+  assert dense["cache_bytes_per_row_at_16x_context"] > 8 * dense["cache_bytes_per_row"]
+  assert "by round" in out
+
+
+@pytest.mark.slow  # a benchmark harness in a subprocess: 10-60 s
 def test_bench_sharding_quick_fsdp_shrinks_the_state(tmp_path):
   out = run_module(["experiments.bench_sharding", "--quick", f"--out_dir={tmp_path}"]).stdout
   result = json.loads((tmp_path / "sharding_quick.json").read_text())
