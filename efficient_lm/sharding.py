@@ -31,7 +31,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from efficient_lm.axes import Axis, SHARED_AXES, default_activation_rules, default_rules  # noqa: F401  (re-exported)
-from efficient_lm.mesh_config import ACTIVATION_AXES, AXES, DCN_AXES, MeshConfig
+from efficient_lm.mesh_config import ACTIVATION_AXES, AXES, DCN_AXES, MeshConfig, MeshOnDevices
 from efficient_lm.validation import ConfigError, require
 
 BATCH_AXES = ("data", "fsdp")  # the axes the batch is split over
@@ -424,17 +424,8 @@ def validate(mesh_cfg: ml_collections.ConfigDict, data_cfg: ml_collections.Confi
     sizes = mesh_sizes(mesh_cfg, num_devices)
   else:
     sizes = mesh_shape(mesh_cfg, jax.devices() if devices is None else devices)
-  context = sizes["context"]
-  require(data_cfg.seq_len % context == 0, "mesh.context", context,
-          f"must divide data.seq_len={data_cfg.seq_len} (each device holds seq_len / context tokens)",
-          f"set mesh.context to a divisor of {data_cfg.seq_len} or data.seq_len to a multiple of {context}")
-  split = sizes["data"] * sizes["fsdp"]
-  require(data_cfg.batch_size % (split * grad_accum_steps) == 0, "data.batch_size",
-          data_cfg.batch_size,
-          f"must be divisible by the mesh's batch axes (data={sizes['data']} x fsdp={sizes['fsdp']})"
-          + (f" times train.grad_accum_steps={grad_accum_steps}" if grad_accum_steps > 1 else ""),
-          f"set data.batch_size to a multiple of {split * grad_accum_steps}, or lower mesh.data / "
-          "mesh.fsdp" + (" / train.grad_accum_steps" if grad_accum_steps > 1 else ""))
+  MeshOnDevices(sizes=sizes, seq_len=data_cfg.seq_len, batch_size=data_cfg.batch_size,
+                grad_accum_steps=grad_accum_steps)  # its rules: the batch and sequence split
   return sizes
 
 

@@ -16,9 +16,10 @@ from flax import nnx
 from efficient_lm import targets
 from efficient_lm.model_config import ModelConfig
 from efficient_lm.models import decoder
+from efficient_lm.models import placement
 from efficient_lm.models import registry
-from efficient_lm.models.registry import (REGISTRY, ModelEntry, logical_axes, model_config,
-                                          validate_attention_impl, validate_context)
+from efficient_lm.models.placement import validate_attention_impl, validate_context
+from efficient_lm.models.registry import REGISTRY, ModelEntry, logical_axes, model_config
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import Route
@@ -109,8 +110,7 @@ def create(cfg: Any, *, rngs: nnx.Rngs, mesh: jax.sharding.Mesh | None = None,
     platform = targets.platform_of(list(mesh.devices.flat) if mesh is not None else jax.devices())
   context = context_size(mesh)
   if (cfg, platform, context) not in _VALIDATED:  # a run builds its model several times
-    validate_attention_impl(cfg, platform)
-    validate_context(cfg, context)
+    placement.check(cfg, platform, context)
     _VALIDATED.add((cfg, platform, context))
   route = Route(impl=attention_backend_name(cfg, platform), interpret=cfg.kernel_interpret,
                 mesh=mesh if context > 1 else None, layout=sequence_layout(cfg, mesh))
