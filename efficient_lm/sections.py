@@ -25,11 +25,12 @@ class Typed(NamedTuple):
 
 def typed(config) -> Typed:
   """The typed sections of `config` (a ConfigDict; a `Typed` as it is), each through its edge
-  (`Section.from_mapping`, `registry.model_config`)."""
+  (`Section.from_mapping`; the model's through its family's class, `registry.family`)."""
   if isinstance(config, Typed):
     return config
+  name = config.model.get("name")
   return Typed(data_config.DataConfig.from_mapping(config.data),
-               registry.model_config(config.model),
+               registry.family(name).from_mapping(config.model, owner=f"model.name={name!r}"),
                train_config.TrainConfig.from_mapping(config.train),
                mesh_config.MeshConfig.from_mapping(config.mesh))
 

@@ -350,11 +350,11 @@ def per_device_bytes(tree) -> tuple[int, float]:
   return total, (replicated_bytes / total if total else 0.0)
 
 
-def check_divisible(abstract_params, mesh_cfg: ml_collections.ConfigDict, sizes: dict[str, int],
+def check_divisible(abstract_params, rules: Mapping[str, tuple[str, ...]], sizes: dict[str, int],
                     logical_axes: Mapping[str, Axis] = SHARED_AXES) -> None:
-  """Every parameter dimension a rule shards must be divisible by its mesh axes; raises ConfigError
-  naming the config field that sets the dimension (`logical_axes`: `models.logical_axes()`)."""
-  rules = parse_rules(mesh_cfg)
+  """Every parameter dimension a rule (`parse_rules`) shards must be divisible by its mesh axes;
+  raises ConfigError naming the config field that sets the dimension (`logical_axes`:
+  `models.logical_axes()`)."""
   for x in jax.tree.leaves(abstract_params, is_leaf=is_variable):
     names = variable_names(x)
     if not names:
@@ -375,15 +375,14 @@ def check_divisible(abstract_params, mesh_cfg: ml_collections.ConfigDict, sizes:
 REPLICATED_FLOOR = 1 << 20
 
 
-def check_replicated(abstract_params, mesh_cfg: ml_collections.ConfigDict,
-                     sizes: dict[str, int]) -> float:
+def check_replicated(abstract_params, rules: Mapping[str, tuple[str, ...]], sizes: dict[str, int],
+                     limit: float) -> float:
   """The share of the parameters (and so of the optimizer state) every device holds whole; a
-  ConfigError above `mesh.max_replicated_fraction` (0.05) on a mesh that shards parameters (fsdp or
-  tensor > 1), once over `REPLICATED_FLOOR` parameters, naming the largest replicated parameters
-  and a rule that would shard them."""
+  ConfigError above `limit` (`mesh.max_replicated_fraction`, 0.05) on a mesh that shards
+  parameters (fsdp or tensor > 1), once over `REPLICATED_FLOOR` parameters, naming the largest
+  replicated parameters and a rule (of `rules`: `parse_rules`) that would shard them."""
   if sizes.get("fsdp", 1) * sizes.get("tensor", 1) == 1:
     return 0.0
-  rules = parse_rules(mesh_cfg)
   total = replicated = 0.0
   offenders = []
   for path, x in jax.tree_util.tree_leaves_with_path(abstract_params, is_leaf=is_variable):
@@ -398,7 +397,6 @@ def check_replicated(abstract_params, mesh_cfg: ml_collections.ConfigDict,
       replicated += size
       offenders.append((size, jax.tree_util.keystr(path), variable_names(x), shape))
   fraction = replicated / total if total else 0.0
-  limit = mesh_config(mesh_cfg).max_replicated_fraction
   if fraction > limit and replicated > REPLICATED_FLOOR:
     offenders.sort(reverse=True)
     _, path, names, shape = offenders[0]

@@ -79,7 +79,8 @@ class ModelPlacement(tc.Section):
 def check(cfg: ModelConfig, platform: str | None = None, context: int = 1) -> ModelPlacement:
   """Every rule of `cfg` (a `ModelConfig`, or a model section typed here) on `platform` with
   `context` devices along the sequence; raises ConfigError."""
-  return ModelPlacement(model=model_config(cfg), platform=platform, context=context)
+  cfg = cfg if isinstance(cfg, ModelConfig) else model_config(cfg)
+  return ModelPlacement(model=cfg, platform=platform, context=context)
 
 
 def validate_attention_impl(cfg: Any, platform: str) -> None:

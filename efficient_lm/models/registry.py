@@ -83,6 +83,15 @@ def discover() -> dict[str, ModelEntry]:
   return REGISTRY
 
 
+def family(name: Any) -> type[ModelConfig]:
+  """The typed config class of the model `name` (`model.name`); ConfigError if none is
+  registered."""
+  discover()
+  require(name in REGISTRY, "model.name", name, "is not a known model",
+          f"use one of {', '.join(sorted(REGISTRY))}")
+  return REGISTRY[name].config
+
+
 def model_config(section: Any) -> ModelConfig:
   """The typed model config of a model section: a ConfigDict's `model` section (or the whole
   config), after `config_base.fill_defaults` or not (a field it lacks takes the dataclass's
@@ -92,11 +101,8 @@ def model_config(section: Any) -> ModelConfig:
     return section
   if "name" not in section and "model" in section:  # the whole config
     section = section["model"]
-  discover()
   name = section["name"] if "name" in section else None
-  require(name in REGISTRY, "model.name", name, "is not a known model",
-          f"use one of {', '.join(sorted(REGISTRY))}")
-  return REGISTRY[name].config.from_mapping(section, owner=f"model.name={name!r}")
+  return family(name).from_mapping(section, owner=f"model.name={name!r}")
 
 
 def logical_axes() -> dict[str, sharding.Axis]:
@@ -111,5 +117,5 @@ def logical_axes() -> dict[str, sharding.Axis]:
   return axes
 
 
-__all__ = ["ConfigError", "ModelEntry", "REGISTRY", "discover", "logical_axes", "model_config",
+__all__ = ["ConfigError", "ModelEntry", "REGISTRY", "discover", "family", "logical_axes", "model_config",
            "register"]
