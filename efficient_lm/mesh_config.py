@@ -5,7 +5,8 @@
 section lacks takes its default here), which runs every check of the section alone. What needs
 the devices or the other sections (the axes against the device count and the slices, the batch
 and the sequence against the axes, the rules against the models' parameters) is checked in one
-place, `sharding.validate` and the functions it calls. This module imports no jax.
+place, `sharding.validate` and the functions it calls (the batch and sequence against the axes
+declared here: `MeshOnDevices`' rules). This module imports no jax.
 """
 
 import dataclasses

@@ -214,7 +214,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str, typed: sections.Typed
     log.info("the tokenizer has %d pieces (data.vocab_size=%d): the model's vocabulary is %d",
              corpus.tokenizer.vocab_size, typed.data.vocab_size, vocab)
     config.data.vocab_size = vocab  # model.vocab_size follows (a field reference)
-    typed, abstract = config_check.prepare(config, list(mesh.devices.flat))
+    typed, abstract = config_check.prepare(config)  # (the job's devices, as at the edge)
+    mesh = abstract.mesh
     compiled = _compiled_step(typed, abstract)
   _warn_if_epochs_repeat(typed, corpus)
   wd.check_data(corpus.identity, allow_new_data=t.allow_new_data)

@@ -1,6 +1,6 @@
 """`config.data` checked (`validate`: the typed section, `data_config.DataConfig`, whose fields
-declare their defaults and checks; then what needs the dataset's registry or the disk), its
-optional fields read, and the errors the data raises.
+declare their defaults and checks; then what needs the dataset's registry or the disk, declared
+as `DataSource`'s rules), its optional fields read, and the errors the data raises.
 
 Cheap: no I/O beyond `os.path` checks (and reading `data.tokenizer`'s file, whose size sets
 `data.vocab_size`) and no heavy import, so a bad config fails in well under a second, before
