@@ -157,7 +157,9 @@ def _run(workdir: str) -> None:
     if FLAGS.compile_only:
       _compile_only(config)
       return
-    summary = train.train_and_evaluate(config, workdir)
+    from efficient_lm import config_check  # pylint: disable=import-outside-toplevel
+    typed, built = config_check.prepare(config)  # the edge: every check; the typed sections
+    summary = train.train_and_evaluate(config, workdir, typed, built)
   except step_memory.StepTooLargeError as e:
     _fail(exit_codes.DOES_NOT_FIT, str(e))
   except _known_errors() as e:

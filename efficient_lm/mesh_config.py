@@ -5,7 +5,8 @@
 section lacks takes its default here), which runs every check of the section alone. What needs
 the devices or the other sections (the axes against the device count and the slices, the batch
 and the sequence against the axes, the rules against the models' parameters) is checked in one
-place, `sharding.validate` and the functions it calls. This module imports no jax.
+place, `sharding.validate` and the functions it calls (the batch and sequence against the axes
+declared here: `MeshOnDevices`' rules). This module imports no jax.
 """
 
 import dataclasses
@@ -139,4 +140,38 @@ class MeshConfig(tc.Section):
     return {axis: getattr(self, axis) for axis in AXES}
 
 
-__all__ = ["ACTIVATION_AXES", "AXES", "DCN_AXES", "FIXED_ACTIVATION_AXES", "MeshConfig", "axes_of"]
+def _batch_axes(p) -> dict:
+  """The names `MeshOnDevices`' batch rule states: the split, and grad accumulation if any."""
+  split, accum = p.sizes["data"] * p.sizes["fsdp"], p.grad_accum_steps
+  more = accum > 1
+  return {"split": split * accum, "data": p.sizes["data"], "fsdp": p.sizes["fsdp"],
+          "times_accum": f" times train.grad_accum_steps={accum}" if more else "",
+          "or_accum": " / train.grad_accum_steps" if more else ""}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshOnDevices(tc.Section):
+  """The mesh's axis sizes on the job's devices (`sizes`, every -1 resolved) against the batch
+  (`data.batch_size`, `train.grad_accum_steps`) and the sequence (`data.seq_len`): its rules
+  declared, run as it is constructed (`sharding.validate`)."""
+  SECTION = "mesh"
+  sizes: dict
+  seq_len: int
+  batch_size: int
+  grad_accum_steps: int = 1
+
+  RULES = (
+      tc.Rule("mesh.context", lambda p: p.seq_len % p.sizes["context"] == 0,
+              "must divide data.seq_len={seq_len} (each device holds seq_len / context tokens)",
+              "set mesh.context to a divisor of {seq_len} or data.seq_len to a multiple of "
+              "{context}", value=lambda p: p.sizes["context"],
+              derive=lambda p: {"context": p.sizes["context"]}),
+      tc.Rule("data.batch_size", lambda p: p.batch_size % _batch_axes(p)["split"] == 0,
+              "must be divisible by the mesh's batch axes (data={data} x fsdp={fsdp}){times_accum}",
+              "set data.batch_size to a multiple of {split}, or lower mesh.data / mesh.fsdp"
+              "{or_accum}", derive=_batch_axes),
+  )
+
+
+__all__ = ["ACTIVATION_AXES", "AXES", "DCN_AXES", "FIXED_ACTIVATION_AXES", "MeshConfig",
+           "MeshOnDevices", "axes_of"]

@@ -31,7 +31,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from efficient_lm.axes import Axis, SHARED_AXES, default_activation_rules, default_rules  # noqa: F401  (re-exported)
-from efficient_lm.mesh_config import ACTIVATION_AXES, AXES, DCN_AXES, MeshConfig
+from efficient_lm.mesh_config import ACTIVATION_AXES, AXES, DCN_AXES, MeshConfig, MeshOnDevices
 from efficient_lm.validation import ConfigError, require
 
 BATCH_AXES = ("data", "fsdp")  # the axes the batch is split over
@@ -350,11 +350,11 @@ def per_device_bytes(tree) -> tuple[int, float]:
   return total, (replicated_bytes / total if total else 0.0)
 
 
-def check_divisible(abstract_params, mesh_cfg: ml_collections.ConfigDict, sizes: dict[str, int],
+def check_divisible(abstract_params, rules: Mapping[str, tuple[str, ...]], sizes: dict[str, int],
                     logical_axes: Mapping[str, Axis] = SHARED_AXES) -> None:
-  """Every parameter dimension a rule shards must be divisible by its mesh axes; raises ConfigError
-  naming the config field that sets the dimension (`logical_axes`: `models.logical_axes()`)."""
-  rules = parse_rules(mesh_cfg)
+  """Every parameter dimension a rule (`parse_rules`) shards must be divisible by its mesh axes;
+  raises ConfigError naming the config field that sets the dimension (`logical_axes`:
+  `models.logical_axes()`)."""
   for x in jax.tree.leaves(abstract_params, is_leaf=is_variable):
     names = variable_names(x)
     if not names:
@@ -375,15 +375,14 @@ def check_divisible(abstract_params, mesh_cfg: ml_collections.ConfigDict, sizes:
 REPLICATED_FLOOR = 1 << 20
 
 
-def check_replicated(abstract_params, mesh_cfg: ml_collections.ConfigDict,
-                     sizes: dict[str, int]) -> float:
+def check_replicated(abstract_params, rules: Mapping[str, tuple[str, ...]], sizes: dict[str, int],
+                     limit: float) -> float:
   """The share of the parameters (and so of the optimizer state) every device holds whole; a
-  ConfigError above `mesh.max_replicated_fraction` (0.05) on a mesh that shards parameters (fsdp or
-  tensor > 1), once over `REPLICATED_FLOOR` parameters, naming the largest replicated parameters
-  and a rule that would shard them."""
+  ConfigError above `limit` (`mesh.max_replicated_fraction`, 0.05) on a mesh that shards
+  parameters (fsdp or tensor > 1), once over `REPLICATED_FLOOR` parameters, naming the largest
+  replicated parameters and a rule (of `rules`: `parse_rules`) that would shard them."""
   if sizes.get("fsdp", 1) * sizes.get("tensor", 1) == 1:
     return 0.0
-  rules = parse_rules(mesh_cfg)
   total = replicated = 0.0
   offenders = []
   for path, x in jax.tree_util.tree_leaves_with_path(abstract_params, is_leaf=is_variable):
@@ -398,7 +397,6 @@ def check_replicated(abstract_params, mesh_cfg: ml_collections.ConfigDict,
       replicated += size
       offenders.append((size, jax.tree_util.keystr(path), variable_names(x), shape))
   fraction = replicated / total if total else 0.0
-  limit = mesh_config(mesh_cfg).max_replicated_fraction
   if fraction > limit and replicated > REPLICATED_FLOOR:
     offenders.sort(reverse=True)
     _, path, names, shape = offenders[0]
@@ -424,17 +422,8 @@ def validate(mesh_cfg: ml_collections.ConfigDict, data_cfg: ml_collections.Confi
     sizes = mesh_sizes(mesh_cfg, num_devices)
   else:
     sizes = mesh_shape(mesh_cfg, jax.devices() if devices is None else devices)
-  context = sizes["context"]
-  require(data_cfg.seq_len % context == 0, "mesh.context", context,
-          f"must divide data.seq_len={data_cfg.seq_len} (each device holds seq_len / context tokens)",
-          f"set mesh.context to a divisor of {data_cfg.seq_len} or data.seq_len to a multiple of {context}")
-  split = sizes["data"] * sizes["fsdp"]
-  require(data_cfg.batch_size % (split * grad_accum_steps) == 0, "data.batch_size",
-          data_cfg.batch_size,
-          f"must be divisible by the mesh's batch axes (data={sizes['data']} x fsdp={sizes['fsdp']})"
-          + (f" times train.grad_accum_steps={grad_accum_steps}" if grad_accum_steps > 1 else ""),
-          f"set data.batch_size to a multiple of {split * grad_accum_steps}, or lower mesh.data / "
-          "mesh.fsdp" + (" / train.grad_accum_steps" if grad_accum_steps > 1 else ""))
+  MeshOnDevices(sizes=sizes, seq_len=data_cfg.seq_len, batch_size=data_cfg.batch_size,
+                grad_accum_steps=grad_accum_steps)  # its rules: the batch and sequence split
   return sizes
 
 

@@ -32,22 +32,22 @@ from efficient_lm import sharding
 from efficient_lm import targets
 from efficient_lm import train_step as train_step_lib
 from efficient_lm.ops.core import backends
-from efficient_lm.data import config as data_config
 
 
 class StepTooLargeError(MemoryError):
   """The compiled train step needs more memory than a device has."""
 
 
-def abstract_batch(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> dict:
-  """The shapes of a placed batch (with RoPE positions for a permuted layout)."""
+def abstract_batch(config: ml_collections.ConfigDict, built) -> dict:
+  """The shapes of a batch placed on `built`'s mesh (`train_state.build`): with RoPE positions
+  for a permuted layout (`built.layout`), with document ids where it carries them."""
   B, T = config.data.batch_size, config.data.seq_len
-  batch_sharding = sharding.batch_sharding(mesh)
+  batch_sharding = sharding.batch_sharding(built.mesh)
   shape = lambda dtype: jax.ShapeDtypeStruct((B, T), dtype, sharding=batch_sharding)
   batch = {"inputs": shape(jnp.int32), "targets": shape(jnp.int32), "weights": shape(jnp.float32)}
-  if models.sequence_layout(config.model, mesh) != "natural":
+  if built.layout != "natural":
     batch["positions"] = shape(jnp.int32)
-  if data_config.has_document_ids(config.data):
+  if built.document_ids:
     batch["segment_ids"] = shape(jnp.int32)
   return batch
 
@@ -71,7 +71,7 @@ def compile_train_step(config: ml_collections.ConfigDict, built):
   backends.FALLBACKS.clear()  # what this step's trace records (the compile report reads them)
   backends.KERNEL_CALLS.clear()
   config = config if isinstance(config, sections.Typed) else sections.typed(config)  # once
-  lowered = make_train_step(config, built).lower(abstract_state, abstract_batch(config, built.mesh))
+  lowered = make_train_step(config, built).lower(abstract_state, abstract_batch(config, built))
   try:
     return lowered.compile()
   except jax.errors.JaxRuntimeError as e:

@@ -148,19 +148,16 @@ def compile_only(config: ml_collections.ConfigDict, target: str | None = None,
   if target:
     with progress_lib.phase(f"loading the compiler for {target}"):
       accelerator = targets.load(target, num_slices)
-  devices = accelerator.devices if accelerator else None
-  config_check.validate(config, devices)
-  mesh = sharding.make_mesh(config.mesh, devices)
-  built = train_state.build(config, mesh, abstract=True)
-  what = f"compiling the train step for {target or targets.platform_of(mesh.devices.flat)}"
-  log.info("%s (%s, seq_len %s, batch %s)...", what, config.model.name,
-           f"{config.data.seq_len:,}", config.data.batch_size)
+  typed, built = config_check.prepare(config, accelerator.devices if accelerator else None)
+  what = f"compiling the train step for {target or targets.platform_of(built.mesh.devices.flat)}"
+  log.info("%s (%s, seq_len %s, batch %s)...", what, typed.model.name,
+           f"{typed.data.seq_len:,}", typed.data.batch_size)
   with progress_lib.phase(what):
-    compiled = step_memory.compile_train_step(config, built)
-  return step_memory.report(compiled, config, built, accelerator)
+    compiled = step_memory.compile_train_step(typed, built)
+  return step_memory.report(compiled, typed, built, accelerator)
 
 
-def check_eval_split(config: ml_collections.ConfigDict, splits) -> None:
+def check_eval_split(config: "ml_collections.ConfigDict | sections.Typed", splits) -> None:
   """`train.eval_split` against the corpus's splits (before any step runs)."""
   split = config.train.eval_split
   if split not in splits:
@@ -188,59 +185,59 @@ class Run:
   eval_pending: bool = False    # resumed from a stop during the evaluation at this step: redo it
 
 
-def setup(config: ml_collections.ConfigDict, workdir: str,
-          typed: sections.Typed | None = None) -> Run:
+def setup(config: ml_collections.ConfigDict, workdir: str, typed: sections.Typed | None = None,
+          built: train_state.Built | None = None) -> Run:
   """Data, mesh and train state; the state and data position restored from the workdir if it has
   checkpoints. Every check runs before the workdir is touched (`workdir.Workdir`): a run of
   another model or corpus is refused with the workdir byte-identical, and whatever config.json,
   data.json and the checkpoints' metadata can answer is answered before any data is prepared or
   anything compiles. A resumed state is restored straight into its shardings (no random init
-  beside it). `typed`: `config_check.validate(config)`'s sections (default: validated here)."""
-  typed = typed or config_check.validate(config)
-  t = typed.train
+  beside it). `typed`, `built`: `config_check.prepare(config)`'s typed sections and abstract
+  train state on the job's mesh (default: prepared here); below this line the loop reads them,
+  and the ConfigDict only goes to the workdir's config.json (and W&B)."""
+  if typed is None or built is None:
+    typed, built = config_check.prepare(config)
+  t, asked, mesh, abstract = typed.train, typed.data, built.mesh, built
   wd = workdir_lib.Workdir(workdir)
-  settings = workdir_lib.corpus_settings(config.data)  # as asked (before a small corpus's vocab)
-  mesh = sharding.make_mesh(typed.mesh)
-  abstract = train_state.build(typed, mesh, abstract=True)
-  _refuse_early(config, mesh, abstract, wd)
+  _refuse_early(config, typed, abstract, wd)
   # The data checks that read no more than the config names (a `text:` glob), on process 0.
-  data_checks = distributed.primary_first(lambda: data.preflight(config.data), "corpus checked",
-                                          others=lambda: data.preflight(config.data, read=False))
+  data_checks = distributed.primary_first(lambda: data.preflight(asked), "corpus checked",
+                                          others=lambda: data.preflight(asked, read=False))
   # Compile the step first, from shapes only: a step that cannot fit stops here, before any data.
   compiled = _compiled_step(typed, abstract)
   with progress_lib.phase("preparing the data"), output.library_prints_discarded():
-    corpus = distributed.primary_first(lambda: data.load(config.data, data_checks), "data prepared")
+    corpus = distributed.primary_first(lambda: data.load(asked, data_checks), "data prepared")
   _check_same_corpus(corpus)
-  check_eval_split(config, corpus.splits)
-  vocab = _vocab_size(config, corpus.tokenizer, wd)
-  if vocab < config.data.vocab_size:  # a small corpus: fewer pieces
+  check_eval_split(typed, corpus.splits)
+  vocab = _vocab_size(typed, corpus.tokenizer, wd)
+  if vocab < typed.data.vocab_size:  # a small corpus: fewer pieces
     log.info("the tokenizer has %d pieces (data.vocab_size=%d): the model's vocabulary is %d",
-             corpus.tokenizer.vocab_size, config.data.vocab_size, vocab)
+             corpus.tokenizer.vocab_size, typed.data.vocab_size, vocab)
     config.data.vocab_size = vocab  # model.vocab_size follows (a field reference)
-    typed = config_check.validate(config)
-    abstract = train_state.build(typed, mesh, abstract=True)
+    typed, abstract = config_check.prepare(config)  # (the job's devices, as at the edge)
+    mesh = abstract.mesh
     compiled = _compiled_step(typed, abstract)
-  _warn_if_epochs_repeat(config, corpus)
+  _warn_if_epochs_repeat(typed, corpus)
   wd.check_data(corpus.identity, allow_new_data=t.allow_new_data)
-  meta = workdir_lib.model_meta(config, abstract.state.params)
-  saved_meta = {}
-
-  def check_meta(saved: dict) -> None:
-    wd.check_model(saved, meta)
-    saved_meta.update(saved)
-
-  rows = sharding.process_rows(mesh, config.data.batch_size, config.data.seq_len)
+  batch_size, seq_len = typed.data.batch_size, typed.data.seq_len
+  rows = sharding.process_rows(mesh, batch_size, seq_len)
   if rows is None:  # every process reads the global batch and places its own slices
-    train_iter = corpus.train_iterator(batch_size=config.data.batch_size, seed=t.seed)
+    train_iter = corpus.train_iterator(batch_size=batch_size, seed=t.seed)
   else:  # per-host input: this process reads only its rows of every global batch
     train_iter = corpus.train_iterator(batch_size=rows[1] - rows[0], seed=t.seed,
                                        process_index=jax.process_index(),
                                        process_count=jax.process_count())
     log.info("each process reads its own %d of the %d rows of every batch", rows[1] - rows[0],
-             config.data.batch_size)
+             batch_size)
   open_checkpoints = lambda: checkpoint.Checkpointer(wd.checkpoints, max_to_keep=t.keep_checkpoints)
-  ckpt, restored = None, None
+  ckpt, restored, meta, saved_meta = None, None, None, {}
+
+  def check_meta(saved: dict) -> None:
+    wd.check_model(saved, meta)
+    saved_meta.update(saved)
+
   if wd.has_checkpoints():  # (a workdir without any is not touched before the checks pass)
+    meta = workdir_lib.model_meta(typed, abstract.state.params)
     ckpt = open_checkpoints()
     with progress_lib.phase("restoring the latest checkpoint"):
       restored = ckpt.restore_latest(abstract.state, check_meta)
@@ -250,9 +247,11 @@ def setup(config: ml_collections.ConfigDict, workdir: str,
     log.info("resumed from %s at step %d", ckpt.directory, latest)
     _warn_if_rate_jumps(saved_meta.get("learning_rate"), float(abstract.schedule(latest)), latest)
   else:
-    state = train_state.build(typed, mesh).state
+    state = train_state.initialize(typed, abstract)
+  meta = meta or workdir_lib.model_meta(typed, abstract.state.params)
   if distributed.is_primary():  # every check has passed: now the workdir is written
-    wd.write(config, corpus.tokenizer, corpus.identity, settings)
+    # data.json's settings: the corpus-deciding fields as asked (before a small corpus's vocab)
+    wd.write(config, corpus.tokenizer, corpus.identity, workdir_lib.corpus_settings(asked))
     if restored is not None:
       moved = metrics_lib.rewind(wd.path, restored[0])
       if moved:
@@ -261,32 +260,32 @@ def setup(config: ml_collections.ConfigDict, workdir: str,
   distributed.barrier("workdir written")
   ckpt = ckpt or open_checkpoints()
   distributed.PeerWatch.describe_checkpoints = lambda: checkpoint.describe_committed(ckpt.directory)
-  log.info("model %s: %s parameters; %s train tokens; workdir %s", config.model.name,
+  log.info("model %s: %s parameters; %s train tokens; workdir %s", typed.model.name,
            f"{abstract.num_params:,}", f"{corpus.num_tokens('train'):,}", wd.path)
   writer = metrics_lib.open_writers(config, wd.path, distributed.is_primary())
   return Run(config=config, typed=typed, workdir=wd.path, corpus=corpus, mesh=mesh,
-             layout=models.sequence_layout(typed.model, mesh), built=abstract, state=state,
+             layout=abstract.layout, built=abstract, state=state,
              train_step=compiled, ckpt=ckpt, train_iter=train_iter, writer=writer, meta=meta,
              rows=rows, eval_pending=restored is not None and bool(saved_meta.get("eval_pending")))
 
 
-def _refuse_early(config: ml_collections.ConfigDict, mesh, abstract: train_state.Built,
-                  wd: workdir_lib.Workdir) -> None:
+def _refuse_early(config: ml_collections.ConfigDict, typed: sections.Typed,
+                  abstract: train_state.Built, wd: workdir_lib.Workdir) -> None:
   """The workdir's refusals that config.json, data.json and the checkpoints' metadata can give
   at once (another corpus, tokenizer or model), before any data is prepared or anything compiles.
   The same checks run again, authoritatively, once the corpus is loaded and the state restored."""
   if not wd.has_checkpoints():
     return
-  wd.check_settings(config.data, allow_new_data=config.train.allow_new_data)
+  wd.check_settings(typed.data, allow_new_data=typed.train.allow_new_data)
   saved_meta = checkpoint.latest_meta(wd.checkpoints)
   if saved_meta is None:
     return
-  vocab = wd.resumed_vocab_size(config.data.vocab_size)
-  if vocab != config.data.vocab_size:  # the model as it will be built once the tokenizer is known
+  vocab = wd.resumed_vocab_size(typed.data.vocab_size)
+  if vocab != typed.data.vocab_size:  # the model as it will be built once the tokenizer is known
     resized = config.copy_and_resolve_references()
     resized.data.vocab_size = resized.model.vocab_size = vocab
-    abstract = train_state.build(resized, mesh, abstract=True)
-  wd.check_model(saved_meta, workdir_lib.model_meta(config, abstract.state.params))
+    abstract = train_state.build(resized, abstract.mesh, abstract=True)
+  wd.check_model(saved_meta, workdir_lib.model_meta(typed, abstract.state.params))
 
 
 def _check_same_corpus(corpus) -> None:
@@ -302,7 +301,7 @@ def _check_same_corpus(corpus) -> None:
         "prepared data.data_dir to the others")
 
 
-def _vocab_size(config: ml_collections.ConfigDict, tokenizer, wd: workdir_lib.Workdir) -> int:
+def _vocab_size(config: sections.Typed, tokenizer, wd: workdir_lib.Workdir) -> int:
   """The model's vocabulary: the tokenizer's size when it is below data.vocab_size (a small
   corpus), but never below the vocabulary of the checkpoints a run resumes (a fine-tuning run on
   new data, `train.allow_new_data`, keeps their shapes)."""
@@ -313,7 +312,7 @@ def _vocab_size(config: ml_collections.ConfigDict, tokenizer, wd: workdir_lib.Wo
   return vocab
 
 
-def _warn_if_epochs_repeat(config: ml_collections.ConfigDict, corpus) -> None:
+def _warn_if_epochs_repeat(config: sections.Typed, corpus) -> None:
   """One warning line when the run will see its training data many times over."""
   windows = corpus.num_windows("train", drop_remainder=True, seq_len=config.data.seq_len)
   epochs = config.train.num_steps * config.data.batch_size / max(windows, 1)
@@ -324,7 +323,7 @@ def _warn_if_epochs_repeat(config: ml_collections.ConfigDict, corpus) -> None:
                 epochs, f"{windows:,}", corpus.name)
 
 
-def _compiled_step(config: ml_collections.ConfigDict, abstract: train_state.Built):
+def _compiled_step(config: sections.Typed, abstract: train_state.Built):
   """The train step compiled for `abstract` (the train state's shapes), checked to fit a device."""
   what = f"compiling the train step for {targets.platform_of(abstract.mesh.devices.flat)}"
   log.info("%s (%s, seq_len %s, batch %s)...", what, config.model.name,
@@ -353,7 +352,7 @@ class _Profiler:
   (or at the first step of a run resumed inside the range) and stopped at END, or when the loop
   ends first (a range past num_steps, a stop signal, an error)."""
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+  def __init__(self, config: "ml_collections.ConfigDict | sections.Typed", workdir: str):
     self.range = profile_range(config)
     self.folder = os.path.join(workdir, "profile")
     self.on = False
@@ -385,13 +384,13 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
   evaluation batch (`agreement`: every process stops at the same one); the loop then saves the
   step it reached, waits until that checkpoint is committed and returns.
   """
-  t = run.config.train
+  t = run.typed.train
   built = run.built
   train_step = run.train_step
   eval_step = make_sharded_eval_step(run.typed, built)
   start_step = int(run.state.step)
   progress = metrics_lib.Progress(start_step, t.num_steps,
-                                  run.config.data.batch_size * run.config.data.seq_len,
+                                  run.typed.data.batch_size * run.typed.data.seq_len,
                                   **utilisation(run))
   eval_metrics: dict[str, float] = {}
   # The first step whose loss or gradient norm was not finite, tracked on device so that
@@ -420,7 +419,7 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
     final = done == t.num_steps  # the final evaluation scores the whole split
     with progress_lib.phase(f"evaluating at step {done}"):
       figures = evaluate(eval_step, run.state.params, run.corpus, t.eval_split,
-                         run.config.data.batch_size, run.mesh, run.layout,
+                         run.typed.data.batch_size, run.mesh, run.layout,
                          max_tokens=0 if final else t.eval_tokens, rows=run.rows,
                          should_stop=should_stop)
     if figures is not None:
@@ -436,7 +435,7 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
       run.ckpt.wait()  # the save in flight is committed before the process goes
     return preempted_summary(run, done, agreement.signal, during_eval)
 
-  profiler = _Profiler(run.config, run.workdir)
+  profiler = _Profiler(run.typed, run.workdir)
   last_line = time.monotonic()
   previous_metrics = None
   try:
@@ -447,7 +446,7 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
     for step in range(start_step, t.num_steps):
       profiler.before(step)
       batch = place_batch(next(run.train_iter), run.mesh, run.layout,
-                          None if run.rows is None else (*run.rows, run.config.data.batch_size))
+                          None if run.rows is None else (*run.rows, run.typed.data.batch_size))
       run.state, step_metrics = train_step(run.state, batch)
       done = step + 1
       first_bad_step = _track_first_bad(first_bad_step, step_metrics, done)
@@ -494,8 +493,8 @@ def utilisation(run: Run) -> dict:
   peak = flops_lib.peak_flops(device.device_kind) if device.platform != "cpu" else None
   if peak is None:
     return {}
-  patterns = list(models.attention_patterns(run.config.model))
-  return {"step_flops": flops_lib.step_flops(run.config, run.built.num_params, patterns),
+  patterns = list(run.typed.model.patterns())
+  return {"step_flops": flops_lib.step_flops(run.typed, run.built.num_params, patterns),
           "peak_flops": peak * run.mesh.size, "num_devices": run.mesh.size}
 
 
@@ -512,13 +511,13 @@ def report(run: Run, eval_metrics: dict[str, float], seconds: float,
            agreement: distributed.StopAgreement) -> dict:
   """The summary of a finished run (evaluating a restored one that had nothing left to train),
   logged; a preemption summary if a stop signal cut that evaluation short."""
-  t = run.config.train
+  t = run.typed.train
   if not eval_metrics:
     eval_step = make_sharded_eval_step(run.typed, run.built)
     step = int(run.state.step)
     with progress_lib.phase(f"evaluating at step {step}"):
       eval_metrics = evaluate(eval_step, run.state.params, run.corpus, t.eval_split,
-                              run.config.data.batch_size, run.mesh, run.layout, rows=run.rows,
+                              run.typed.data.batch_size, run.mesh, run.layout, rows=run.rows,
                               should_stop=lambda: agreement.poll(signals.requested()) is not None)
     if eval_metrics is None:  # the checkpoint at this step exists: it was restored
       return preempted_summary(run, step, agreement.signal)
@@ -530,12 +529,12 @@ def report(run: Run, eval_metrics: dict[str, float], seconds: float,
 
 def sample(run: Run) -> str | None:
   """The end-of-run text sample from the final parameters (None: no sample), logged."""
-  t = run.config.train
+  t = run.typed.train
   if not (t.sample_prompt and t.sample_tokens):
     return None
   with progress_lib.phase("sampling"):
     try:
-      text = generation.sample_from_state(run.config, run.state.params, run.corpus.tokenizer,
+      text = generation.sample_from_state(run.typed, run.state.params, run.corpus.tokenizer,
                                           t.sample_prompt, num_tokens=t.sample_tokens, seed=t.seed)
     except ValueError as e:  # a prompt the tokenizer cannot encode (a generated task's)
       log.info("no sample: %s", str(e).splitlines()[0])
@@ -547,7 +546,7 @@ def sample(run: Run) -> str | None:
   return text
 
 
-def use_compilation_cache(config: ml_collections.ConfigDict) -> None:
+def use_compilation_cache(config: "ml_collections.ConfigDict | sections.Typed") -> None:
   """jax's persistent compilation cache in `train.compilation_cache_dir` ('' = off)."""
   folder = config.train.compilation_cache_dir
   if folder:
@@ -555,7 +554,7 @@ def use_compilation_cache(config: ml_collections.ConfigDict) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
 
 
-def profile_range(config: ml_collections.ConfigDict) -> tuple[int, int] | None:
+def profile_range(config: "ml_collections.ConfigDict | sections.Typed") -> tuple[int, int] | None:
   """(first, last) step of `train.profile_steps` ('START:END'), or None."""
   spec = config.train.profile_steps
   if not spec:
@@ -564,18 +563,23 @@ def profile_range(config: ml_collections.ConfigDict) -> tuple[int, int] | None:
   return int(first), int(last or first)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
+                       typed: sections.Typed | None = None,
+                       built: train_state.Built | None = None) -> dict[str, float]:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the final eval.
+  `typed`, `built`: what `config_check.prepare(config)` returned at the edge (default: prepared
+  here).
 
   A stop signal (SIGINT, SIGTERM: `signals`) during the steps or an evaluation ends the run with
   a committed checkpoint at the step reached and returns a preemption summary (`preempted`, the
   signal; `preempted_line`); during the final sample (the checkpoint committed) it raises
   `signals.Interrupted`."""
-  typed = config_check.validate(config)
+  if typed is None or built is None:
+    typed, built = config_check.prepare(config)
   if typed.train.wandb:  # (its fields are TrainConfig's checks)
     wandb_writer.check_installed()  # the extra, before anything compiles
-  use_compilation_cache(config)
-  run = setup(config, workdir, typed)
+  use_compilation_cache(typed)
+  run = setup(config, workdir, typed, built)
   try:
     start = time.perf_counter()
     agreement = distributed.StopAgreement()

@@ -1,7 +1,7 @@
 """`TrainConfig`: the train section, typed: each field's default, meaning and check.
 
 `config_base.base_config` reads the section's defaults from here and `--help` its docs;
-`config_check.validate` builds it from the config's train section (`TrainConfig.from_mapping`),
+`config_check.prepare` builds it from the config's train section (`TrainConfig.from_mapping`),
 which runs every check. This module imports no jax.
 """
 

@@ -23,6 +23,7 @@ from efficient_lm import models
 from efficient_lm import sections
 from efficient_lm import optimizer
 from efficient_lm import sharding
+from efficient_lm.data import config as data_config
 
 
 @struct.dataclass
@@ -41,6 +42,8 @@ class Built:
   schedule: optax.Schedule
   shardings: TrainState         # NamedSharding of every leaf of `state`
   mesh: jax.sharding.Mesh
+  layout: str = "natural"       # the order the step takes a batch's tokens in (`ops.ring`)
+  document_ids: bool = False    # whether its batches carry `segment_ids` (`data.has_document_ids`)
 
   def describe(self) -> str:
     """Parameters and optimizer state per device: bytes and the replicated share."""
@@ -57,7 +60,8 @@ class Built:
 
 
 def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None, *,
-          abstract: bool = False, seed: int | None = None) -> Built:
+          abstract: bool = False, seed: int | None = None,
+          model: models.AbstractModel | None = None, document_ids: bool | None = None) -> Built:
   """The train state of `config` (parameters from `train.seed`, or `seed`), sharded on `mesh`.
 
   Every parameter is placed by its logical axis names and `mesh.rules`
@@ -66,33 +70,42 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
   With a mesh whose `context` axis has several devices the model calls the
   ring ops. `abstract=True` gives shapes, dtypes and shardings only (nothing is
   computed): what a checkpoint restores onto, or what `--compile_only` compiles.
+  `model`: `models.abstract_model(config.model, mesh)` where the caller has it (the edge): the
+  structure and the shapes are taken from it, and an abstract state builds no model at all.
+  `document_ids`: `data.has_document_ids(config.data)`, where the caller knows it.
   """
   config = config if isinstance(config, sections.Typed) else sections.typed(config)  # once
   seed = config.train.seed if seed is None else seed
   mesh = sharding.single_device_mesh() if mesh is None else mesh
   rules = config.mesh.rule_axes
   tx, schedule = optimizer.make_optimizer(config.train)
-  make_model = lambda: models.create(config.model, rngs=nnx.Rngs(seed), mesh=mesh)
-
-  graphdefs = []  # the model's structure, kept from the trace of `init` (no second build for it)
-
-  def init() -> TrainState:
-    model = make_model()
-    graphdefs.append(nnx.graphdef(model))
-    params = nnx.state(model)
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-
-  shapes = jax.eval_shape(init)
-  graphdef = graphdefs[0]
+  if model is None:
+    model = models.abstract_model(config.model, mesh)
+  shapes = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=model.params,
+                      opt_state=jax.eval_shape(tx.init, model.params))
   zero1 = "data" if config.mesh.shard_optimizer_over_data else None
   shardings = TrainState(
       step=sharding.replicated(mesh),
       params=sharding.tree_shardings(shapes.params, mesh, rules),
       opt_state=sharding.tree_shardings(shapes.opt_state, mesh, rules, extra_axis=zero1))
-  if abstract:
-    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                         shapes, shardings)
-  else:
-    state = jax.jit(init, out_shardings=shardings)()
-  return Built(graphdef=graphdef, state=state, tx=tx, schedule=schedule, shardings=shardings,
-               mesh=mesh)
+  state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                       shapes, shardings)
+  if document_ids is None:
+    document_ids = data_config.has_document_ids(config.data)
+  built = Built(graphdef=model.graphdef, state=state, tx=tx, schedule=schedule,
+                shardings=shardings, mesh=mesh, layout=model.layout, document_ids=document_ids)
+  return built if abstract else dataclasses.replace(built, state=initialize(config, built, seed))
+
+
+def initialize(config, built: Built, seed: int | None = None) -> TrainState:
+  """The real train state of an abstract `built` (`build(..., abstract=True)`): the model's
+  parameters from `train.seed` (or `seed`) and the optimizer's state, made by one jitted
+  initializer whose outputs land in `built.shardings` (never a full host copy first)."""
+  config = config if isinstance(config, sections.Typed) else sections.typed(config)
+  seed = config.train.seed if seed is None else seed
+
+  def init() -> TrainState:
+    params = nnx.state(models.create(config.model, rngs=nnx.Rngs(seed), mesh=built.mesh))
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=built.tx.init(params))
+
+  return jax.jit(init, out_shardings=built.shardings)()

@@ -66,5 +66,8 @@ def test_the_route_of_a_tiny_run(shakespeare_archive, tiny_data_dir, tmp_path):
       k: result[k] for k in ("visits", "climbs", "num_climbs", "most_visits")}
   for module in ("efficient_lm.config_check", "efficient_lm.models", "efficient_lm.train"):
     assert module in result["visits"], module
+  # The goal, kept: the config typed once at the edge and handed down.
+  assert result["meets_goal"], done.stderr[-3000:]
+  assert result["visits"]["efficient_lm.config_check"] == 1  # the edge runs once
   assert "climbs:" in done.stderr and "visits per module" in done.stderr
   assert os.path.basename(result["config"]) == "pi_attention.py"

@@ -410,7 +410,7 @@ def test_no_involuntary_full_rematerialization(name, mesh, capfd):
   state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                        built.state)
   lowered = step_memory.make_train_step(config, built).lower(
-      state, step_memory.abstract_batch(config, built.mesh))
+      state, step_memory.abstract_batch(config, built))
   assert not rematerializations(capfd, lowered)
 
 

@@ -271,14 +271,15 @@ def test_training_on_a_tpu_reports_mfu():
   """The training loop's progress on an accelerator: the step's model FLOPs from the config and
   the devices' peak (4 v5e chips: 4 x 197 TFLOP/s); nothing on a CPU."""
   import types  # pylint: disable=import-outside-toplevel
-  from efficient_lm import flops, models, train  # pylint: disable=import-outside-toplevel
+  from efficient_lm import flops, models, sections, train  # pylint: disable=import-outside-toplevel
   config = small("pi_attention", seq_len=1024)
+  typed = sections.typed(config)  # (the run reads the typed sections)
   target = targets.load("tpu:v5e:2x2")
   mesh = sharding.make_mesh(config.mesh, target.devices)
-  run = types.SimpleNamespace(mesh=mesh, config=config, built=types.SimpleNamespace(num_params=10**6))
+  run = types.SimpleNamespace(mesh=mesh, typed=typed, built=types.SimpleNamespace(num_params=10**6))
   got = train.utilisation(run)
   assert got["peak_flops"] == 4 * 197e12 and got["num_devices"] == 4
   assert got["step_flops"] == flops.step_flops(config, 10**6,
                                                list(models.attention_patterns(config.model)))
-  cpu = types.SimpleNamespace(mesh=sharding.make_mesh(config.mesh), config=config, built=None)
+  cpu = types.SimpleNamespace(mesh=sharding.make_mesh(config.mesh), typed=typed, built=None)
   assert train.utilisation(cpu) == {}

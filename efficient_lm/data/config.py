@@ -1,6 +1,6 @@
 """`config.data` checked (`validate`: the typed section, `data_config.DataConfig`, whose fields
-declare their defaults and checks; then what needs the dataset's registry or the disk), its
-optional fields read, and the errors the data raises.
+declare their defaults and checks; then what needs the dataset's registry or the disk, declared
+as `DataSource`'s rules), its optional fields read, and the errors the data raises.
 
 Cheap: no I/O beyond `os.path` checks (and reading `data.tokenizer`'s file, whose size sets
 `data.vocab_size`) and no heavy import, so a bad config fails in well under a second, before
@@ -9,6 +9,9 @@ anything is prepared.
 
 import dataclasses
 import os
+from typing import Any
+
+from efficient_lm import typed_config as tc
 
 from efficient_lm.data import registry
 from efficient_lm.data.errors import DataError
@@ -78,27 +81,59 @@ def _given_on_command_line(data_config, field: str):
   return overrides.get(f'data.{field}')
 
 
-def _check_tokenizer(data_config, generated: bool) -> bool:
-  """`data.tokenizer`'s file (its type and `data.separator_token`'s are declared checks of
-  `DataConfig`); with a tokenizer, `data.vocab_size` set to its size (`model.vocab_size` follows).
-  Whether a tokenizer was given."""
-  path = tokenizer_path(data_config)
-  if not path:
-    return False
-  require(not generated, 'data.tokenizer', path,
-          f"does not apply to the generated dataset {data_config['dataset']!r} (it has its own ids)",
-          "set data.tokenizer to ''")
-  require(os.path.isfile(os.path.expanduser(path)), 'data.tokenizer', path,
-          'is not an existing file',
-          "point it at a sentencepiece .model or a Hugging Face tokenizer.json, or '' to train one")
-  tokenizer = open_given(data_config)
-  given = _given_on_command_line(data_config, 'vocab_size')
+def _tokenizer_size(typed: DataConfig, section, path: str) -> int:
+  """`data.tokenizer`'s size, which sets `data.vocab_size` (in the config's `section` too, when
+  there is one: `model.vocab_size` follows); a `--config.data.vocab_size` that disagrees is a
+  ConfigError."""
+  tokenizer = open_given(typed)
+  given = None if section is None else _given_on_command_line(section, 'vocab_size')
   if given is not None and given != tokenizer.vocab_size:
     raise ConfigError(f'--config.data.vocab_size={given!r} disagrees with data.tokenizer={path!r}, '
                       f'which has {tokenizer.vocab_size} ids; drop --config.data.vocab_size (the '
                       f'tokenizer sets it) or give {tokenizer.vocab_size}')
-  data_config['vocab_size'] = tokenizer.vocab_size
-  return True
+  if section is not None:
+    section['vocab_size'] = tokenizer.vocab_size
+  return tokenizer.vocab_size
+
+
+def _is_file(path: str) -> bool:
+  return os.path.isfile(os.path.expanduser(path))
+
+
+def _rule(field: str, ok, requirement: str, fix: str, when=None) -> tc.Rule:
+  """A rule of `DataSource` on `data.<field>` (its `when`, if any, after a known dataset)."""
+  return tc.Rule(f'data.{field}', ok, requirement, fix, value=lambda s: getattr(s.data, field),
+                 when=None if when is None else lambda s: s.source is not None and when(s),
+                 derive=lambda s: {'known': registry.known(), 'built_in': ', '.join(registry.BUILT_IN)})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataSource(tc.Section):
+  """The typed data section with its dataset's registry entry (`source`, None for an unknown
+  name): the rules that need the registry or the disk, declared and run in order as it is
+  constructed (`validate`)."""
+  SECTION = 'data'
+  data: DataConfig
+  source: Any = None
+
+  RULES = (
+      _rule('dataset', lambda s: s.source is not None, 'is not a known dataset', 'use one of {known}'),
+      _rule('data_dir', lambda s: not os.path.exists(os.path.expanduser(s.data.data_dir)) or
+            os.path.isdir(os.path.expanduser(s.data.data_dir)), 'exists and is not a directory',
+            'point data.data_dir at a directory'),
+      _rule('tokenizer', lambda s: not s.source.generated, 'does not apply to the generated '
+            'dataset {data.dataset!r} (it has its own ids)', "set data.tokenizer to ''",
+            when=lambda s: s.data.tokenizer),
+      _rule('tokenizer', lambda s: _is_file(s.data.tokenizer), 'is not an existing file',
+            "point it at a sentencepiece .model or a Hugging Face tokenizer.json, or '' to train "
+            'one', when=lambda s: s.data.tokenizer),
+      _rule('archive', lambda s: s.source.takes_archive, 'is only used by the {built_in} datasets',
+            "set data.archive to '' for {data.dataset}",
+            when=lambda s: s.data.archive and not s.source.generated),
+      _rule('archive', lambda s: _is_file(s.data.archive), 'is not an existing file',
+            "fix the path, or set data.archive to '' to download",
+            when=lambda s: s.data.archive and not s.source.generated),
+  )
 
 
 def has_document_ids(data_config) -> bool:
@@ -115,30 +150,21 @@ def known_splits(data_config) -> tuple[str, ...] | None:
   return None if source is None or source.splits is None else source.splits(data_config)
 
 
-def validate(data_config) -> DataConfig:
+def validate(data_config, section=None) -> DataConfig:
   """Raises ConfigError naming the first bad `config.data` field: the declared checks of
-  `DataConfig` (a field the section lacks takes its default), then what needs the dataset's
-  registry or the disk. Returns the typed section (`data.vocab_size` a given tokenizer's)."""
-  typed = DataConfig.from_mapping(data_config)
-  ds = typed.dataset
-  source = registry.lookup(ds)
-  require(source is not None, 'data.dataset', ds, 'is not a known dataset',
-          f'use one of {registry.known()}')
-  expanded = os.path.expanduser(typed.data_dir)
-  require(not os.path.exists(expanded) or os.path.isdir(expanded), 'data.data_dir', typed.data_dir,
-          'exists and is not a directory', 'point data.data_dir at a directory')
-  given = _check_tokenizer(data_config, bool(source.generated))
-  typed = dataclasses.replace(typed, vocab_size=data_config['vocab_size'])
+  `DataConfig` (a field the section lacks takes its default; a `DataConfig` as it is), then
+  `DataSource`'s rules (what needs the dataset's registry or the disk). Returns the typed section
+  (`data.vocab_size` a given tokenizer's, also set in the config's data section: `data_config`
+  if it is one, else `section`)."""
+  typed = data_config if isinstance(data_config, DataConfig) else DataConfig.from_mapping(data_config)
+  section = data_config if section is None and typed is not data_config else section
+  source = DataSource(data=typed, source=registry.lookup(typed.dataset)).source
+  if typed.tokenizer:
+    typed = dataclasses.replace(typed, vocab_size=_tokenizer_size(typed, section, typed.tokenizer))
   if source.generated:  # no text: the source checks its own options
-    source.generator().validate(data_config)
+    source.generator().validate(typed)
     return typed
-  require(given or typed.vocab_size >= MIN_VOCAB_SIZE, 'data.vocab_size', typed.vocab_size,
+  require(typed.tokenizer or typed.vocab_size >= MIN_VOCAB_SIZE, 'data.vocab_size', typed.vocab_size,
           f'is below the {MIN_VOCAB_SIZE} pieces the tokenizer reserves (specials, newline, 256 bytes)',
           f'set data.vocab_size >= {MIN_VOCAB_SIZE} (8192 is the default)')
-  if typed.archive:
-    require(source.takes_archive, 'data.archive', typed.archive,
-            f'is only used by the {", ".join(registry.BUILT_IN)} datasets',
-            f"set data.archive to '' for {ds}")
-    require(os.path.isfile(os.path.expanduser(typed.archive)), 'data.archive', typed.archive,
-            'is not an existing file', "fix the path, or set data.archive to '' to download")
   return typed

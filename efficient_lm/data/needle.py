@@ -29,6 +29,7 @@ from efficient_lm.data import config as data_config_lib
 from efficient_lm.data import registry
 from efficient_lm.data import sequence_iterator
 from efficient_lm.data.config import DataError
+from efficient_lm.data_config import DataConfig
 from efficient_lm.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,8 @@ def parse(dataset: str) -> NeedleTask:
 def base_config(data_config, task: NeedleTask | None = None):
   """A copy of `config.data` that names the base corpus instead (what prepares the haystack)."""
   task = task or parse(data_config['dataset'])
+  if isinstance(data_config, DataConfig):
+    return dataclasses.replace(data_config, dataset=task.base)
   try:
     copy = data_config.copy_and_resolve_references()
   except AttributeError:

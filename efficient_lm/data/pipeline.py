@@ -17,6 +17,7 @@ from efficient_lm.data import config as data_config_lib
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import registry
 from efficient_lm.data.config import DataError, TEXT_PREFIX, TFDS_PREFIX
+from efficient_lm.data_config import DataConfig
 from efficient_lm.validation import ConfigError, require
 
 log = logging.getLogger(__name__)
@@ -58,11 +59,17 @@ def make_builder(data_config, tfds_dir: str, text_scan=None):
   return builder
 
 
+def _validate(data_config) -> None:
+  """`config.data` checked, unless it is the typed section the edge checked (`config_check`)."""
+  if not isinstance(data_config, DataConfig):
+    data_config_lib.validate(data_config)
+
+
 def preflight(data_config, read: bool = True):
   """The checks of the data that read no more than the config names and write nothing (a
   `text:` glob that matches no usable file): before anything compiles. What it found, for `load`.
   `read=False`: the files are listed, not read (the processes other than 0 of a job)."""
-  data_config_lib.validate(data_config)
+  _validate(data_config)
   if data_config['dataset'].startswith(registry.NEEDLE_PREFIX):  # its options, then its base's checks
     from efficient_lm.data import needle  # pylint: disable=g-import-not-at-top
     return needle.preflight(data_config, read, preflight)
@@ -88,7 +95,7 @@ def load(data_config, checked=_UNCHECKED) -> corpus_lib.Corpus:
   """
   source = registry.lookup(data_config['dataset'])
   if source is not None and source.generated:  # nothing to prepare: generated on the fly
-    data_config_lib.validate(data_config)
+    _validate(data_config)
     return source.generator().load(data_config)
   if data_config['dataset'].startswith(registry.NEEDLE_PREFIX):  # windows of a base corpus's text
     from efficient_lm.data import needle  # pylint: disable=g-import-not-at-top

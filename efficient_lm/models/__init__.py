@@ -8,7 +8,7 @@ attention patterns). Every function here takes that typed config, or a config's 
 module beside this one and a config (docs/adding_a_model.md); no shared file changes.
 """
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 from flax import nnx
@@ -16,9 +16,10 @@ from flax import nnx
 from efficient_lm import targets
 from efficient_lm.model_config import ModelConfig
 from efficient_lm.models import decoder
+from efficient_lm.models import placement
 from efficient_lm.models import registry
-from efficient_lm.models.registry import (REGISTRY, ModelEntry, logical_axes, model_config,
-                                          validate_attention_impl, validate_context)
+from efficient_lm.models.placement import validate_attention_impl, validate_context
+from efficient_lm.models.registry import REGISTRY, ModelEntry, logical_axes, model_config
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import Route
@@ -109,21 +110,38 @@ def create(cfg: Any, *, rngs: nnx.Rngs, mesh: jax.sharding.Mesh | None = None,
     platform = targets.platform_of(list(mesh.devices.flat) if mesh is not None else jax.devices())
   context = context_size(mesh)
   if (cfg, platform, context) not in _VALIDATED:  # a run builds its model several times
-    validate_attention_impl(cfg, platform)
-    validate_context(cfg, context)
+    placement.ModelPlacement(model=cfg, platform=platform, context=context)  # (its rules run)
     _VALIDATED.add((cfg, platform, context))
   route = Route(impl=attention_backend_name(cfg, platform), interpret=cfg.kernel_interpret,
                 mesh=mesh if context > 1 else None, layout=sequence_layout(cfg, mesh))
   return _build(cfg, rngs, route)
 
 
+class AbstractModel(NamedTuple):
+  """A model built from shapes only (`abstract_model`): nothing is allocated."""
+  graphdef: Any  # its structure (nnx.graphdef)
+  params: Any    # its parameters as shapes, with their logical axis names
+  layout: str    # the order it takes a batch's tokens in on its mesh (`sequence_layout`)
+
+
+def abstract_model(cfg: Any, mesh: jax.sharding.Mesh | None = None,
+                   platform: str | None = None) -> AbstractModel:
+  """The model built from shapes only: what the edge checks the mesh against, and what
+  `train_state.build` makes an abstract train state of (the model is not built again)."""
+  cfg = _typed(cfg)
+  layout = sequence_layout(cfg, mesh)
+  graphdef, params = nnx.split(nnx.eval_shape(lambda: create(cfg, rngs=nnx.Rngs(0), mesh=mesh,
+                                                             platform=platform)))
+  return AbstractModel(graphdef, params, layout)
+
+
 def abstract_params(cfg: Any, platform: str | None = None):
   """The model's parameters as shapes with their logical axis names; nothing is allocated."""
-  cfg = _typed(cfg)
-  return nnx.state(nnx.eval_shape(lambda: create(cfg, rngs=nnx.Rngs(0), platform=platform)))
+  return abstract_model(cfg, platform=platform)[1]
 
 
-__all__ = ["ConfigError", "ModelConfig", "REGISTRY", "ModelEntry", "abstract_params",
+__all__ = ["AbstractModel", "ConfigError", "ModelConfig", "REGISTRY", "ModelEntry", "abstract_model",
+           "abstract_params",
            "attention_backend_name", "attention_patterns", "chunkable", "context_block",
            "context_size", "create", "logical_axes", "model_config", "ring_layout",
            "sequence_layout", "validate", "validate_attention_impl", "validate_context"]

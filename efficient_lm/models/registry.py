@@ -15,7 +15,6 @@ from typing import Any, Callable, Mapping
 
 from efficient_lm import sharding
 from efficient_lm.model_config import ModelConfig
-from efficient_lm.ops.core import backends
 from efficient_lm.validation import ConfigError, require
 
 
@@ -84,6 +83,15 @@ def discover() -> dict[str, ModelEntry]:
   return REGISTRY
 
 
+def family(name: Any) -> type[ModelConfig]:
+  """The typed config class of the model `name` (`model.name`); ConfigError if none is
+  registered."""
+  discover()
+  require(name in REGISTRY, "model.name", name, "is not a known model",
+          f"use one of {', '.join(sorted(REGISTRY))}")
+  return REGISTRY[name].config
+
+
 def model_config(section: Any) -> ModelConfig:
   """The typed model config of a model section: a ConfigDict's `model` section (or the whole
   config), after `config_base.fill_defaults` or not (a field it lacks takes the dataclass's
@@ -93,11 +101,8 @@ def model_config(section: Any) -> ModelConfig:
     return section
   if "name" not in section and "model" in section:  # the whole config
     section = section["model"]
-  discover()
   name = section["name"] if "name" in section else None
-  require(name in REGISTRY, "model.name", name, "is not a known model",
-          f"use one of {', '.join(sorted(REGISTRY))}")
-  return REGISTRY[name].config.from_mapping(section, owner=f"model.name={name!r}")
+  return family(name).from_mapping(section, owner=f"model.name={name!r}")
 
 
 def logical_axes() -> dict[str, sharding.Axis]:
@@ -112,50 +117,5 @@ def logical_axes() -> dict[str, sharding.Axis]:
   return axes
 
 
-def validate_attention_impl(cfg: Any, platform: str) -> None:
-  """`model.attention_impl` (and `kernel_interpret`) against the platform and the model's
-  patterns."""
-  cfg = cfg if isinstance(cfg, ModelConfig) else model_config(cfg)
-  impl = cfg.attention_impl  # a known name: a declared check of `ModelConfig`
-  reason = backends.check(impl, platform, cfg.kernel_interpret)
-  require(reason is None, "model.attention_impl", impl, f"cannot run here: {reason}", "see above")
-  reason = backends.check_installed(impl, platform)
-  require(reason is None, "model.attention_impl", impl, "cannot call its kernels on this jax, so "
-          f"every attention call would run on xla: {reason}",
-          "set model.attention_impl='xla' (or 'auto'), or install a jax in "
-          "jax_compat.JAX_REQUIREMENT")
-  reason = backends.check_patterns(impl, platform, list(cfg.patterns()))
-  require(reason is None, "model.attention_impl", impl,
-          f"cannot express {cfg.name}'s attention: {reason}", "set model.attention_impl accordingly")
-
-
-def validate_context(cfg: Any, context: int) -> None:
-  """The model against `context` devices along the sequence (`mesh.context`); raises
-  ConfigError."""
-  cfg = cfg if isinstance(cfg, ModelConfig) else model_config(cfg)
-  if context == 1:
-    return
-  require(not cfg.seq_chunk or cfg.seq_chunk >= cfg.seq_len, "model.seq_chunk",
-          cfg.seq_chunk, f"is not combined with mesh.context={context} (the ring ops "
-          "already split the sequence over devices)", "set model.seq_chunk=0, or mesh.context=1")
-  entry = REGISTRY[cfg.name]
-  parallel = sorted(name for name, e in REGISTRY.items() if e.context_parallel)
-  require(entry.context_parallel, "mesh.context", context,
-          f"> 1 is not supported for model.name={cfg.name!r} ({entry.no_context_parallel})",
-          f"set mesh.context=1 (and use mesh.data for more devices), or use "
-          f"one of {', '.join(parallel)}")
-  chunk = cfg.seq_len // context
-  block = cfg.context_block
-  require(chunk % block == 0, "mesh.context", context,
-          f"leaves {chunk} tokens per device, not a multiple of {cfg.name}'s attention block of "
-          f"{block} tokens (blocks may not straddle devices)",
-          f"choose mesh.context so that data.seq_len / mesh.context is a multiple of {block}")
-  if cfg.ring_layout == "zigzag":
-    require(cfg.seq_len % (2 * context) == 0, "mesh.context", context,
-            f"needs data.seq_len={cfg.seq_len} divisible by 2 * mesh.context (the zig-zag "
-            "layout gives each device two half-chunks)",
-            f"set data.seq_len to a multiple of {2 * context}")
-
-
-__all__ = ["ConfigError", "ModelEntry", "REGISTRY", "discover", "logical_axes", "model_config",
-           "register", "validate_attention_impl", "validate_context"]
+__all__ = ["ConfigError", "ModelEntry", "REGISTRY", "discover", "family", "logical_axes", "model_config",
+           "register"]
