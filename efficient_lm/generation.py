@@ -88,15 +88,16 @@ def context_room(model: nnx.Module, prompt_len: int) -> int:
 def prefill(model: nnx.Module, tokens_BT: jax.Array, cache, chunk: int | None = None,
             segment_ids_BT: jax.Array | None = None):
   """(logits at the last prompt position `[B, V]`, cache): one parallel pass, or chunks of `chunk`
-  tokens (the first by `prefill`, the rest by `extend`) when the prompt is longer.
+  tokens (the first by `prefill`, the rest by `extend`) when the prompt is longer; the head runs
+  at the last position only (`last_only`).
   `segment_ids_BT`: the prompt's document ids (None: one document)."""
   T = tokens_BT.shape[1]
   first = T if chunk is None else min(chunk, T)
   ids = lambda a, b: None if segment_ids_BT is None else segment_ids_BT[:, a:b]
-  logits, cache = model.prefill(tokens_BT[:, :first], cache, ids(0, first))
+  logits, cache = model.prefill(tokens_BT[:, :first], cache, ids(0, first), last_only=True)
   for start in range(first, T, chunk or T):
     logits, cache = model.extend(tokens_BT[:, start:start + chunk], cache, start,
-                                 ids(start, start + chunk))
+                                 ids(start, start + chunk), last_only=True)
   return logits[:, -1], cache
 
 

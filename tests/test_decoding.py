@@ -48,7 +48,13 @@ def decode_all(model, tokens_BT, *, prompt_len: int, chunk: int):
       return (params, cache), logits_BV
 
     _, steps_TBV = jax.lax.scan(body, (params, cache), jnp.arange(prompt_len + chunk, T))
-    return jnp.concatenate([prompt_BPV, chunk_BCV, jnp.swapaxes(steps_TBV, 0, 1)], axis=1)
+    # The head at the last position only (what generation.prefill asks for): the same logits.
+    last_prompt_B1V, cache = model.prefill(tokens_BT[:, :prompt_len], model.init_cache(B, T),
+                                           last_only=True)
+    last_chunk_B1V, _ = model.extend(tokens_BT[:, prompt_len:prompt_len + chunk], cache,
+                                     prompt_len, last_only=True)
+    return (jnp.concatenate([prompt_BPV, chunk_BCV, jnp.swapaxes(steps_TBV, 0, 1)], axis=1),
+            jnp.concatenate([last_prompt_B1V, last_chunk_B1V], axis=1))
 
   return run(params, tokens_BT)
 
@@ -60,8 +66,10 @@ def test_prefill_chunk_and_steps_equal_the_full_pass(name, fields):
   model = models.create(cfg, rngs=nnx.Rngs(3))
   tokens_BT = jax.random.randint(jax.random.key(4), (2, 40), 0, cfg.vocab_size)
   expected_BTV = jax.jit(lambda m, x: m(x))(model, tokens_BT)
-  got_BTV = decode_all(model, tokens_BT, prompt_len=13, chunk=5)
+  got_BTV, last_B2V = decode_all(model, tokens_BT, prompt_len=13, chunk=5)
   np.testing.assert_allclose(got_BTV, expected_BTV, atol=2e-4, rtol=2e-4)
+  assert last_B2V.shape == (2, 2, cfg.vocab_size)
+  np.testing.assert_allclose(last_B2V, expected_BTV[:, [12, 17]], atol=2e-4, rtol=2e-4)
 
 
 @pytest.mark.slow  # 10-16 s a model

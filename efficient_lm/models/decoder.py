@@ -305,17 +305,25 @@ class LanguageModel(nnx.Module):
     """
     raise NotImplementedError
 
-  def prefill(self, tokens_BT: jax.Array, cache, segment_ids_BT: jax.Array | None = None):
+  def prefill(self, tokens_BT: jax.Array, cache, segment_ids_BT: jax.Array | None = None, *,
+              last_only: bool = False):
     """(what `model(tokens_BT, segment_ids_BT=...)` returns, the cache after it): one parallel
-    pass over a prompt at positions 0..T-1, from a fresh cache."""
+    pass over a prompt at positions 0..T-1, from a fresh cache. `last_only`: the logits at the
+    last position only, `[B, 1, V]` (what decoding reads: the head over every position of a
+    prompt is most of its prefill's work and memory at a large vocabulary)."""
     raise NotImplementedError
 
   def extend(self, tokens_BC: jax.Array, cache, start: jax.Array,
-             segment_ids_BC: jax.Array | None = None):
+             segment_ids_BC: jax.Array | None = None, *, last_only: bool = False):
     """(logits `[B, C, V]`, cache) for C tokens at positions start..start+C-1 after the cached
     ones: C = 1 is a decoding step, larger C a chunk of a long prompt. `segment_ids_BC`: their
-    document ids (in the numbering the earlier ones used; None: document 0)."""
+    document ids (in the numbering the earlier ones used; None: document 0). `last_only`: as in
+    `prefill`, `[B, 1, V]`."""
     raise NotImplementedError
+
+  def head_logits(self, x_BTD: jax.Array, last_only: bool) -> jax.Array:
+    """`logits` of the final hidden states, or of the last position's alone (`prefill`)."""
+    return self.logits(x_BTD[:, -1:] if last_only else x_BTD)
 
   def decode_step(self, tokens_B: jax.Array, cache, position: jax.Array,
                   segment_ids_B: jax.Array | None = None):
@@ -447,18 +455,19 @@ class Decoder(LanguageModel):
       new_cache.append(layer_cache)
     return x_BTD, new_cache
 
-  def prefill(self, tokens_BT: jax.Array, cache, segment_ids_BT: jax.Array | None = None):
+  def prefill(self, tokens_BT: jax.Array, cache, segment_ids_BT: jax.Array | None = None, *,
+              last_only: bool = False):
     x_BTD, positions_BT, _ = self.prepare_input(self.embed_tokens(tokens_BT), None, None)
     x_BTD, cache = self._through_blocks(
         lambda block, x, c: block.prefill(x, positions_BT, segment_ids_BT, c), x_BTD, cache)
-    return self.logits(x_BTD), cache
+    return self.head_logits(x_BTD, last_only), cache
 
   def extend(self, tokens_BC: jax.Array, cache, start: jax.Array,
-             segment_ids_BC: jax.Array | None = None):
+             segment_ids_BC: jax.Array | None = None, *, last_only: bool = False):
     B, C = tokens_BC.shape
     start = jnp.asarray(start, jnp.int32)
     _, positions_BC = layers.chunk_positions(start, B, C)
     x_BCD, _, _ = self.prepare_input(self.embed_tokens(tokens_BC), positions_BC, None)
     x_BCD, cache = self._through_blocks(
         lambda block, x, c: block.extend(x, start, segment_ids_BC, c), x_BCD, cache)
-    return self.logits(x_BCD), cache
+    return self.head_logits(x_BCD, last_only), cache

@@ -334,8 +334,8 @@ class PerceiverAR(decoder.LanguageModel):
   def _max_len(self, cache: dict) -> int:
     return cache["first"]["k"].shape[1] + self._slot_shift()
 
-  def prefill(self, tokens_BT: jax.Array, cache: dict, segment_ids_BT: jax.Array | None = None
-              ) -> tuple[jax.Array, dict]:
+  def prefill(self, tokens_BT: jax.Array, cache: dict, segment_ids_BT: jax.Array | None = None, *,
+              last_only: bool = False) -> tuple[jax.Array, dict]:
     """(`model(tokens_BT)`: logits `[B, min(Z, T), V]`, the cache) from a fresh cache; the prompt's
     history, h = T - min(Z, T) tokens, is fixed from now on."""
     T = tokens_BT.shape[1]
@@ -370,10 +370,11 @@ class PerceiverAR(decoder.LanguageModel):
       cache["rest"] = [{"k": put(layer["k"], rest_kv[0][i], at),
                         "v": put(layer["v"], rest_kv[1][i], at)}
                        for i, layer in enumerate(cache["rest"])]
-    return self.logits(x_BZD), cache
+    return self.head_logits(x_BZD, last_only), cache
 
   def extend(self, tokens_BC: jax.Array, cache: dict, start: jax.Array,
-             segment_ids_BC: jax.Array | None = None) -> tuple[jax.Array, dict]:
+             segment_ids_BC: jax.Array | None = None, *, last_only: bool = False
+             ) -> tuple[jax.Array, dict]:
     """Logits `[B, C, V]` for C new latents at positions start.. (after the prefilled prompt)."""
     B, C = tokens_BC.shape
     max_len = self._max_len(cache)
@@ -404,7 +405,7 @@ class PerceiverAR(decoder.LanguageModel):
                                           lowest_slot, seg_BC, seg_BS)
         rest.append(layer_cache)
       cache["rest"] = rest
-    return self.logits(x_BCD), cache
+    return self.head_logits(x_BCD, last_only), cache
 
 
 def build(cfg: ModelConfig, rngs: nnx.Rngs, *, route: Route) -> nnx.Module:
