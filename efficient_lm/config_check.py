@@ -51,7 +51,7 @@ def prepare(config: ml_collections.ConfigDict,
           f"set train.eval_split to one of {', '.join(splits or ())}")
   document_ids = data.has_document_ids(data_cfg)
   if model.vocab_size != data_cfg.vocab_size:  # (model.vocab_size follows data.vocab_size)
-    model = dataclasses.replace(model, vocab_size=config.model.vocab_size)
+    model = dataclasses.replace(model, vocab_size=data_cfg.vocab_size)
   # The model built once, from shapes (`models.create` first checks it on the platform and the
   # ring: `models.placement`); the abstract train state is made from it.
   abstract = models.abstract_model(model, mesh, targets.platform_of(devices))
