@@ -129,16 +129,16 @@ def _run(workdir: str) -> None:
     except targets.TargetError as e:
       _fail(exit_codes.USAGE, str(e))
     targets.prepare_host()  # before anything starts a backend
+  from efficient_lm.validation import ConfigError  # pylint: disable=import-outside-toplevel
   if not FLAGS.compile_only:  # the folder, then what config.json and data.json answer: before jax
     from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
     try:
       workdir_lib.check_usable(workdir, config)
-      workdir_lib.Workdir(workdir).check_before_start(config)
-    except workdir_lib.WorkdirError as e:
+      workdir_lib.Workdir(workdir).check_before_start(config)  # (types config.data: ConfigError)
+    except (workdir_lib.WorkdirError, ConfigError) as e:
       _fail(exit_codes.USAGE, str(e))
   if config.data.get("tokenizer"):  # the given file, and a --config.data.vocab_size against it
     from efficient_lm.data import config as data_config  # pylint: disable=import-outside-toplevel
-    from efficient_lm.validation import ConfigError  # pylint: disable=import-outside-toplevel
     try:
       data_config.validate(config.data)
     except ConfigError as e:

@@ -440,7 +440,7 @@ def _source(config, tokenizer, split: str | None, text_file: str | None):
     tokens, num_bytes = read_text_file(text_file, tokenizer)
     return os.path.splitext(os.path.basename(text_file))[0] or "text", tokens, num_bytes
   from efficient_lm import data  # pylint: disable=import-outside-toplevel
-  corpus = data.load(config.data)
+  corpus = data.load(data.validate(config.data))  # typed here: the workdir's config.json
   split = split or config.train.eval_split
   if split not in corpus.splits:
     raise EvalError(f"--split={split} is not a split of {corpus.name}; use one of "
@@ -508,7 +508,7 @@ def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str |
 def _evaluate_recall(workdir: str, model, config, step: int, split: str | None,
                      batch_size: int | None, per_query: bool, mesh) -> dict:
   from efficient_lm import data  # pylint: disable=import-outside-toplevel
-  corpus = data.load(config.data)
+  corpus = data.load(data.validate(config.data))  # typed here: the workdir's config.json
   split = split or config.train.eval_split
   if split not in corpus.splits or split == "train":
     raise EvalError(f"--split={split} is not an evaluation split of {corpus.name}; use validation "

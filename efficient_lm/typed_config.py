@@ -143,19 +143,6 @@ class Section:
     for rule in self.all_rules():
       rule(self)
 
-  # Read like the mapping it was typed from (`section["seq_len"]`, `"tokenizer" in section`): the
-  # code that reads a config's section by name takes the typed one as it is.
-  def __getitem__(self, name: str) -> Any:
-    if name not in self.declared():
-      raise KeyError(name)
-    return getattr(self, name)
-
-  def __contains__(self, name: str) -> bool:
-    return name in self.declared()
-
-  def get(self, name: str, default: Any = None) -> Any:
-    return self[name] if name in self else default
-
   @classmethod
   def all_rules(cls) -> tuple[Rule, ...]:
     """The section's cross-field rules in the order they run (`--help` states them)."""

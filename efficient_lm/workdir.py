@@ -26,6 +26,7 @@ import tempfile
 import ml_collections
 
 from efficient_lm import config_base
+from efficient_lm.data_config import DataConfig
 from efficient_lm.files import unique_suffix
 
 log = logging.getLogger(__name__)
@@ -41,15 +42,9 @@ CORPUS_SETTINGS = ("dataset", "vocab_size", "tokenizer_train_bytes", "text_key",
 _SET_BY_TOKENIZER = ("vocab_size", "tokenizer_train_bytes")
 
 
-def corpus_settings(data_config) -> dict:
-  """The corpus-deciding `config.data` fields (`CORPUS_SETTINGS`) that the config has."""
-  out = {}
-  for key in CORPUS_SETTINGS:
-    try:
-      out[key] = data_config[key]
-    except (KeyError, AttributeError):
-      pass
-  return out
+def corpus_settings(data_config: DataConfig) -> dict:
+  """The corpus-deciding fields (`CORPUS_SETTINGS`) of the typed data section."""
+  return {key: getattr(data_config, key) for key in CORPUS_SETTINGS}
 
 
 class WorkdirError(RuntimeError):
@@ -228,10 +223,11 @@ class Workdir:
 
   # Checking.
 
-  def check_settings(self, data_config, *, allow_new_data: bool = False) -> None:
+  def check_settings(self, data_config: DataConfig, *, allow_new_data: bool = False) -> None:
     """WorkdirMismatchError, from the config alone, when the workdir's checkpoints were trained on
-    another corpus or tokenizer: the corpus-deciding fields of `config.data` against those data.json
-    recorded (older workdirs: the dataset of config.json). Runs before any data is prepared."""
+    another corpus or tokenizer: the corpus-deciding fields of the typed data section against those
+    data.json recorded (older workdirs: the dataset of config.json). Runs before any data is
+    prepared."""
     if not self.has_checkpoints():
       return
     identity = self.saved_identity() or {}
@@ -260,7 +256,7 @@ class Workdir:
       raise WorkdirMismatchError(
           f"workdir {self.path} was trained on another tokenizer (tokenizer_sha256 "
           f"{identity.get('tokenizer_sha256')!r} in its {DATA}, data.tokenizer="
-          f"{data_config['tokenizer']!r} has {differs[1]!r}); use a new --workdir, or set "
+          f"{data_config.tokenizer!r} has {differs[1]!r}); use a new --workdir, or set "
           "train.allow_new_data=True to train these checkpoints further on the new data (the old "
           "tokenizer is kept beside the new one)")
     what = {"dataset": "dataset", "vocab_size": "tokenizer", "tokenizer_train_bytes": "tokenizer",
@@ -273,12 +269,12 @@ class Workdir:
         "on the new data (the old tokenizer is kept beside the new one)")
 
   @staticmethod
-  def _other_tokenizer_file(identity: dict, data_config) -> list:
+  def _other_tokenizer_file(identity: dict, data_config: DataConfig) -> list:
     """['tokenizer_sha256', its sha256] when `data.tokenizer`'s file is not the one data.json
     records, else [] (also when it cannot be read: the config's own check answers that)."""
     from efficient_lm.data import archives  # pylint: disable=import-outside-toplevel
     try:
-      sha = archives.sha256_of(os.path.expanduser(data_config["tokenizer"]))
+      sha = archives.sha256_of(os.path.expanduser(data_config.tokenizer))
     except OSError:
       return []
     saved = identity.get("tokenizer_sha256")
@@ -319,13 +315,15 @@ class Workdir:
   def check_before_start(self, config: ml_collections.ConfigDict) -> None:
     """WorkdirMismatchError for what config.json and data.json alone can answer (another model
     name, another corpus or tokenizer): run before jax starts. The parameter shapes are checked
-    once the model's are known (`check_model`), the corpus once it is loaded (`check_data`)."""
+    once the model's are known (`check_model`), the corpus once it is loaded (`check_data`). The
+    data section is typed here (`DataConfig.from_mapping`: a bad field is its ConfigError)."""
     if not self.has_checkpoints():
       return
     saved = self.saved_config()
     if saved is not None and saved.model.name != config.model.name:
       self.check_model({"model_name": saved.model.name}, {"model_name": config.model.name})
-    self.check_settings(config.data, allow_new_data=config.train.allow_new_data)
+    self.check_settings(DataConfig.from_mapping(config.data),
+                        allow_new_data=config.train.allow_new_data)
 
   def check_model(self, saved_meta: dict, current_meta: dict) -> None:
     """WorkdirMismatchError when a checkpoint's model (`model_meta`) is not the config's."""

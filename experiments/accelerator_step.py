@@ -66,7 +66,6 @@ def first_line(error: BaseException) -> str:
 def run(name: str, T: int, args) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   from efficient_lm import sharding, step_memory, train_state  # pylint: disable=import-outside-toplevel
-  from efficient_lm.data import config as data_config  # pylint: disable=import-outside-toplevel
   device = jax.local_devices()[0]
   row = {"model": name, "seq_len": T, "device": device.device_kind}
   config = config_for(name, T, args)
@@ -80,7 +79,7 @@ def run(name: str, T: int, args) -> dict:
              estimate_bytes=estimate["per_device_total_bytes"])
   tokens = np.random.default_rng(0).integers(0, args.vocab_size, (1, T + 1)).astype(np.int32)
   host = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": np.ones((1, T), np.float32)}
-  if data_config.has_document_ids(config.data):  # the step was compiled with document ids
+  if built.document_ids:  # the step was compiled with document ids
     host["segment_ids"] = np.zeros((1, T), np.int32)
   batch = sharding.shard_batch(host, built.mesh)
   state, metrics = compiled(built.state, batch)  # warm-up

@@ -54,7 +54,6 @@ from efficient_lm import sharding
 from efficient_lm import step_memory
 from efficient_lm import targets
 from efficient_lm import train_state
-from efficient_lm.data import config as data_config
 from experiments import bench_step
 from experiments.common import REPO, load_config, paused
 
@@ -123,7 +122,7 @@ def time_row(key: str, T: int, args) -> float:
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, args.vocab_size, (1, T + 1)).astype(np.int32)
   batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": np.ones((1, T), np.float32)}
-  if data_config.has_document_ids(config.data):  # the step compiled for document ids: one a row
+  if built.document_ids:  # the step compiled for document ids: one a row
     batch["segment_ids"] = np.zeros((1, T), np.int32)
   batch = sharding.shard_batch(batch, built.mesh)
   return statistics.median(bench_step.time_steps(compiled, built.state, batch, args.repeats,

@@ -44,7 +44,6 @@ def measure(spec: str, args, agreement) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from efficient_lm import sharding, step_memory, train_state  # pylint: disable=import-outside-toplevel
-  from efficient_lm.data import config as data_config  # pylint: disable=import-outside-toplevel
   from experiments.common import load_config  # pylint: disable=import-outside-toplevel
   config = load_config(spec)
   for override in args.overrides.split(",") if args.overrides else []:
@@ -56,7 +55,7 @@ def measure(spec: str, args, agreement) -> dict:
   B, T = config.data.batch_size, config.data.seq_len
   tokens = np.random.default_rng(0).integers(0, config.model.vocab_size, (B, T + 1)).astype(np.int32)
   batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": np.ones((B, T), np.float32)}
-  if data_config.has_document_ids(config.data):
+  if built.document_ids:
     batch["segment_ids"] = np.zeros((B, T), np.int32)
   batch = sharding.shard_batch(batch, built.mesh)
   state = built.state

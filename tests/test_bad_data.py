@@ -32,12 +32,13 @@ def write_archive(path, works: dict[str, bytes]) -> tuple[str, str]:
 
 
 def config(data_dir, archive_and_sha, **overrides):
+  """The typed data section (`data.validate`), what `data.load` takes."""
   archive, sha = archive_and_sha
   fields = dict(dataset="shakespeare", seq_len=16, batch_size=2, vocab_size=320,
                 data_dir=str(data_dir), archive=archive, archive_sha256=sha, text_key="text",
                 tokenizer_train_bytes=0)
   fields.update(overrides)
-  return ml_collections.ConfigDict(fields)
+  return data.validate(ml_collections.ConfigDict(fields))
 
 
 def test_invalid_utf8_is_replaced_not_fatal(tmp_path):

@@ -178,9 +178,9 @@ def _first_document(stream, eos_id) -> list[int]:
 
 
 def test_each_tokenizer_gets_its_own_streams(own, shakespeare_archive, data_dir):
-  own_corpus = data.load(_data_config(data_dir, shakespeare_archive))
-  by_kind = {k: data.load(_data_config(data_dir, shakespeare_archive, tokenizer=own[k]))
-             for k in own}
+  own_corpus = data.load(data.validate(_data_config(data_dir, shakespeare_archive)))
+  by_kind = {k: data.load(data.validate(_data_config(data_dir, shakespeare_archive,
+                                                     tokenizer=own[k]))) for k in own}
   first = own_corpus.tokenizer.decode(_first_document(own_corpus.tokens('validation'), 2))
   counts = {own_corpus.num_tokens('train')}
   for kind, corpus in by_kind.items():
@@ -199,7 +199,7 @@ def test_each_tokenizer_gets_its_own_streams(own, shakespeare_archive, data_dir)
 def test_a_swapped_tokenizer_file_never_reuses_the_old_stream(shakespeare_archive, tmp_path):
   """The library's own tokenizer: replacing its cached spm.model (same settings, same corpus)
   tokenizes again; the streams are the new model's."""
-  config = _data_config(tmp_path, shakespeare_archive)
+  config = data.validate(_data_config(tmp_path, shakespeare_archive))
   before = data.load(config)
   spm_model = before.tokenizer.model_path
   other = Tokenizer.train(TEXT_LINES[::3], vocab_size=340, model_path=str(tmp_path / 'other.model'))
@@ -284,7 +284,7 @@ def test_main_trains_with_a_tokenizer_of_ones_own(own, kind, tiny_cli_args, tiny
   assert identity['tokenizer_sha256'] == archives.sha256_of(own[kind]) and identity['vocab_size'] == size
   # The library's own tokenizer on the same data_dir gives another train token count.
   config = tiny_config()
-  assert _train_tokens(done.stderr) != data.load(config.data).num_tokens('train')
+  assert _train_tokens(done.stderr) != data.load(data.validate(config.data)).num_tokens('train')
   # What reads the workdir later opens its copy, the given file gone.
   given.unlink()
   tok = open_tokenizer(str(workdir / 'tokenizer.model'))  # the path generation.load_workdir opens

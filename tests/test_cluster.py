@@ -145,7 +145,7 @@ def test_per_host_input_reads_disjoint_halves_whose_union_is_the_batch(tiny_conf
   """What each of two processes reads (its rows of every global batch) is half of the one-process
   batch, and together exactly it, step after step, also after a resume."""
   from efficient_lm import data  # pylint: disable=import-outside-toplevel
-  corpus = data.load(tiny_config().data)
+  corpus = data.load(data.validate(tiny_config().data))
   whole = corpus.train_iterator(batch_size=4, seed=3)
   halves = [corpus.train_iterator(batch_size=2, seed=3, process_index=i, process_count=2)
             for i in range(2)]

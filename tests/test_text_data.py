@@ -20,12 +20,17 @@ from efficient_lm.data import text_files
 from efficient_lm.validation import ConfigError
 
 
-def _config(data_dir, dataset: str, **overrides) -> ml_collections.ConfigDict:
+def _mapping(data_dir, dataset: str, **overrides) -> ml_collections.ConfigDict:
   fields = dict(dataset=dataset, seq_len=16, batch_size=2, vocab_size=320, data_dir=str(data_dir),
                 archive='', archive_sha256='', text_key='text', tokenizer_train_bytes=0,
                 validation_fraction=0.05, test_fraction=0.05)
   fields.update(overrides)
   return ml_collections.ConfigDict(fields)
+
+
+def _config(data_dir, dataset: str, **overrides):
+  """The typed data section (`data.validate`), what the data functions take."""
+  return data.validate(_mapping(data_dir, dataset, **overrides))
 
 
 def _write(root, files: dict) -> None:
@@ -260,20 +265,19 @@ def test_bad_config_fields_name_the_field(tmp_path, overrides, match):
   if overrides.get('archive') == 'ARCHIVE':
     overrides = dict(overrides, archive=str(archive))
   overrides = {'dataset': f'text:{tmp_path}/in/**/*.txt', **overrides}
-  config = _config(tmp_path / 'never', overrides.pop('dataset'), **overrides)
+  config = _mapping(tmp_path / 'never', overrides.pop('dataset'), **overrides)
   with pytest.raises(ConfigError, match=match):
     data.validate(config)
-  with pytest.raises(ConfigError, match=match):
-    data.load(config)
+  with pytest.raises(TypeError, match=r'^data\.load takes the typed data section \(data\.validate'):
+    data.load(config)  # never the mapping: its caller types it (data.validate) first
   assert not (tmp_path / 'never').exists()
 
 
 def test_fractions_default_when_a_config_lacks_them(tmp_path):
   _folder(tmp_path / 'in', 20)
-  config = _config(tmp_path / 'd', f'text:{tmp_path}/in/**/*.txt')
+  config = _mapping(tmp_path / 'd', f'text:{tmp_path}/in/**/*.txt')
   del config['validation_fraction'], config['test_fraction']
-  data.validate(config)
-  corpus = data.load(config)
+  corpus = data.load(data.validate(config))
   assert [corpus.num_documents(s) for s in corpus.splits] == [18, 1, 1]
 
 
@@ -319,7 +323,7 @@ def test_train_split_shorter_than_seq_len_stops_before_training(tmp_path):
   assert not (workdir / 'checkpoints').exists() or not os.listdir(workdir / 'checkpoints')
   assert not (workdir / 'metrics.jsonl').exists() or (workdir / 'metrics.jsonl').read_text() == ''
   # Evaluation splits shorter than seq_len are fine: one padded window scores every token.
-  corpus = data.load(config.data)
+  corpus = data.load(data.validate(config.data))
   batches = list(corpus.eval_batches('validation', batch_size=2))
   assert len(batches) == 1 and batches[0]['weights'].sum() == corpus.num_tokens('validation')
 

@@ -15,6 +15,7 @@ from efficient_lm import scoring
 from efficient_lm import generation
 from efficient_lm import train
 from efficient_lm import workdir as workdir_lib
+from efficient_lm.validation import ConfigError
 
 
 def snapshot(path) -> dict[str, str]:
@@ -53,6 +54,23 @@ def test_the_workdir_records_config_tokenizer_and_corpus(trained):
   assert identity["dataset"] == "shakespeare" and identity["vocab_size"] == 384
   assert identity["tokenizer_sha256"] == archives.sha256_of(
       os.path.join(trained, "tokenizer.model"))
+
+
+def test_before_start_the_settings_are_read_from_the_typed_data_section(tiny_config, tmp_path):
+  """`check_before_start` types config.data (`DataConfig.from_mapping`) and compares its
+  corpus-deciding fields with data.json's: a bad field is the section's own ConfigError."""
+  (tmp_path / "checkpoints" / "1").mkdir(parents=True)
+  (tmp_path / "data.json").write_text(json.dumps({"settings": {"dataset": "wikitext103"}}))
+  wd, config = workdir_lib.Workdir(str(tmp_path)), tiny_config()
+  with pytest.raises(workdir_lib.WorkdirMismatchError,
+                     match=r"trained on another dataset \(data\.dataset='wikitext103' in its "
+                           r"data\.json, the config gives 'shakespeare'\)"):
+    wd.check_before_start(config)
+  config.data.dataset = "wikitext103"
+  wd.check_before_start(config)  # the same corpus: nothing to refuse
+  config.data.seq_len = 0
+  with pytest.raises(ConfigError, match=r"^data\.seq_len=0 must be a positive integer"):
+    wd.check_before_start(config)
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """Data: datasets named once (registry), their checks (config), the tokenizer and token cache
 (cache), the corpus and its Grain iterators (corpus), and `load`, which puts them together.
 
-    corpus = data.load(config.data)
+    data_config = data.validate(config.data)  # the typed section, what every other function takes
+    corpus = data.load(data_config)
     it = corpus.train_iterator(batch_size=..., seed=...)
     for batch in corpus.eval_batches('validation', batch_size=...): ...
 

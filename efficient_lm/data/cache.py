@@ -157,10 +157,10 @@ def _write_json(path: str, obj) -> None:
 
 
 def load_tokenizer(data_config, builder, corpus_id: dict, root: str):
-  """(tokenizer, `stream_key`) for the corpus `corpus_id` of `builder`: `data.tokenizer` as it is
-  when it names one, else the tokenizer trained on the train split (cached under `root`)."""
-  given = data_config['tokenizer'] if 'tokenizer' in data_config else ''
-  if given:
+  """(tokenizer, `stream_key`) for the corpus `corpus_id` of `builder` (`data_config`: the typed
+  data section): `data.tokenizer` as it is when it names one, else the tokenizer trained on the
+  train split (cached under `root`)."""
+  if data_config.tokenizer:
     from efficient_lm.data import config as data_config_lib  # pylint: disable=g-import-not-at-top
     tokenizer = data_config_lib.open_given(data_config)
     log.info('Using the tokenizer %s (data.tokenizer)', tokenizer)
@@ -172,9 +172,9 @@ def load_tokenizer(data_config, builder, corpus_id: dict, root: str):
 def _own_tokenizer(data_config, builder, corpus_id: dict, root: str):
   from efficient_lm.data import tokenizer as tok  # pylint: disable=g-import-not-at-top
 
-  settings = {'vocab_size': data_config['vocab_size'],
-              'train_bytes': int(data_config['tokenizer_train_bytes']),
-              'trainer': tok.TRAINER_SETTINGS, 'text_key': data_config['text_key']}
+  settings = {'vocab_size': data_config.vocab_size,
+              'train_bytes': int(data_config.tokenizer_train_bytes),
+              'trainer': tok.TRAINER_SETTINGS, 'text_key': data_config.text_key}
   key = key_of({'corpus': corpus_id, 'tokenizer': settings})
   directory = os.path.join(root, 'tokenizers', f'{slug(corpus_id["name"])}-{key}')
   model_path = os.path.join(directory, 'spm.model')
@@ -186,21 +186,21 @@ def _own_tokenizer(data_config, builder, corpus_id: dict, root: str):
       log.warning('tokenizer %s is corrupt or unreadable (%s); training it again', model_path,
                   str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
   if 'train' not in builder.info.splits:
-    raise ConfigError(f'data.dataset={data_config["dataset"]!r} has no train split to train the '
+    raise ConfigError(f'data.dataset={data_config.dataset!r} has no train split to train the '
                       f'tokenizer on (splits: {sorted(builder.info.splits)}); use another dataset')
   split_bytes = int(builder.info.splits['train'].num_bytes or 0)
   cap = settings['train_bytes']
   fraction = min(1.0, cap / split_bytes) if cap and split_bytes else 1.0
-  log.info('Training a %d-piece tokenizer on %s/train (%s)...', data_config['vocab_size'],
+  log.info('Training a %d-piece tokenizer on %s/train (%s)...', data_config.vocab_size,
            corpus_id['name'], f'{fraction:.0%} of each document, at most {cap:,} bytes '
            '(data.tokenizer_train_bytes)' if fraction < 1 else 'all of it')
   start = time.time()
   try:
     tokenizer = tok.Tokenizer.train(
-        documents(builder, 'train', data_config['text_key']), vocab_size=data_config['vocab_size'],
+        documents(builder, 'train', data_config.text_key), vocab_size=data_config.vocab_size,
         model_path=model_path, max_bytes=cap, fraction=fraction)
   except tok.VocabTooSmallError as e:
-    raise ConfigError(f'data.vocab_size={data_config["vocab_size"]!r} is too small for '
+    raise ConfigError(f'data.vocab_size={data_config.vocab_size!r} is too small for '
                       f'{corpus_id["name"]}: {e}; raise data.vocab_size') from e
   finally:
     _remove_if_empty(directory)  # a stopped or failed training leaves no empty folder

@@ -1,6 +1,7 @@
 """`config.data` checked (`validate`: the typed section, `data_config.DataConfig`, whose fields
 declare their defaults and checks; then what needs the dataset's registry or the disk, declared
-as `DataSource`'s rules), its optional fields read, and the errors the data raises.
+as `DataSource`'s rules), and the errors the data raises. Every function here but `validate`
+takes the typed section `validate` returns, never the config's mapping (`not_typed`).
 
 Cheap: no I/O beyond `os.path` checks (and reading `data.tokenizer`'s file, whose size sets
 `data.vocab_size`) and no heavy import, so a bad config fails in well under a second, before
@@ -19,44 +20,23 @@ from efficient_lm.data_config import DataConfig
 from efficient_lm.validation import ConfigError, require
 
 TFDS_PREFIX, TEXT_PREFIX = registry.TFDS_PREFIX, registry.TEXT_PREFIX
-FRACTION_DEFAULTS, fraction = registry.FRACTION_DEFAULTS, registry.fraction
 MIN_VOCAB_SIZE = 260  # the tokenizer's reserved pieces: <pad>, <unk>, </s>, '\n', 256 bytes
-_DEFAULTS = DataConfig.defaults()
 
 
-def _optional(data_config, name: str):
-  """`data.<name>`, or its default (`DataConfig`) if the config lacks it (a typed `DataConfig`
-  has every field)."""
-  if isinstance(data_config, DataConfig):
-    return getattr(data_config, name)
-  try:
-    return data_config[name]
-  except (KeyError, AttributeError):
-    return _DEFAULTS[name]
+def not_typed(what: str, given: type) -> TypeError:
+  """The error of a data function `what` handed a `given` (the config's mapping) instead of the
+  typed section `validate` returns."""
+  return TypeError(f'{what} takes the typed data section (data.validate(config.data) or '
+                   f'config_check.prepare(config).data), not {given.__name__}')
 
 
-def document_mask(data_config) -> bool:
-  """`data.document_mask`, or its default (True) if the config lacks it."""
-  return _optional(data_config, 'document_mask')
-
-
-def tokenizer_path(data_config) -> str:
-  """`data.tokenizer` ('' = train one on the corpus), or '' if the config lacks it."""
-  return _optional(data_config, 'tokenizer')
-
-
-def separator_token(data_config) -> str:
-  """`data.separator_token` ('' = the tokenizer's eos / end-of-text), or '' if the config lacks it."""
-  return _optional(data_config, 'separator_token')
-
-
-def open_given(data_config):
+def open_given(data_config: DataConfig):
   """`data.tokenizer`'s tokenizer, opened once per file state (`tokenizer.given_tokenizer`); a
   ConfigError naming the field when it cannot be used."""
   from efficient_lm.data import tokenizer as tok  # pylint: disable=g-import-not-at-top
-  path = tokenizer_path(data_config)
+  path = data_config.tokenizer
   try:
-    return tok.given_tokenizer(path, separator_token(data_config))
+    return tok.given_tokenizer(path, data_config.separator_token)
   except ValueError as e:
     raise ConfigError(f'data.tokenizer={path!r}: {e}') from None
   except OSError as e:
@@ -136,17 +116,21 @@ class DataSource(tc.Section):
   )
 
 
-def has_document_ids(data_config) -> bool:
+def has_document_ids(data_config: DataConfig) -> bool:
   """Whether the batches carry `segment_ids`: `data.document_mask` on a corpus of documents (a
   generated task's sequences are one document each)."""
-  source = registry.lookup(_optional(data_config, 'dataset'))
-  return document_mask(data_config) and not (source is not None and source.generated)
+  if not isinstance(data_config, DataConfig):
+    raise not_typed('data.has_document_ids', type(data_config))
+  source = registry.lookup(data_config.dataset)
+  return data_config.document_mask and not (source is not None and source.generated)
 
 
-def known_splits(data_config) -> tuple[str, ...] | None:
+def known_splits(data_config: DataConfig) -> tuple[str, ...] | None:
   """The splits `config.data` will have, known without preparing anything; None when only the
   prepared data can say (a tfds:<name> dataset). A text: split with a fraction of 0 is not made."""
-  source = registry.lookup(data_config['dataset'])
+  if not isinstance(data_config, DataConfig):
+    raise not_typed('data.known_splits', type(data_config))
+  source = registry.lookup(data_config.dataset)
   return None if source is None or source.splits is None else source.splits(data_config)
 
 

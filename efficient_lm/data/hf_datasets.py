@@ -40,14 +40,6 @@ _KEY_FORMAT = 1  # bump when what a key covers, or the way rows are read or held
 _READ_ROWS = 1024  # rows per read from the Arrow table
 
 
-def allow_download(data_config) -> bool:
-  """`data.hf_allow_download`, or its default (False) if the config lacks it."""
-  try:
-    return data_config['hf_allow_download']
-  except (KeyError, AttributeError):
-    return False
-
-
 def parse(dataset: str) -> tuple[str, str | None]:
   """(path, config name) of 'hf:<path>' or 'hf:<path>:<config_name>'; `~` expanded, a local path
   made absolute. A path that exists is never split at a ':'."""
@@ -217,11 +209,12 @@ class Resolved:
 
 
 def resolve(data_config) -> Resolved:
-  """Loads `data.dataset` (offline unless data.hf_allow_download) and checks it: a train split
+  """Loads `data.dataset` (`data_config`: the typed data section; offline unless
+  data.hf_allow_download) and checks it: a train split
   with rows, `data.text_key` a text column of every split, enough rows to hold out a missing
   validation / test split. Raises ConfigError or DataError, one line naming the field and the fix."""
-  dataset, text_key = data_config['dataset'], data_config['text_key']
-  allowed = allow_download(data_config)
+  dataset, text_key = data_config.dataset, data_config.text_key
+  allowed = data_config.hf_allow_download
   loaded = load_splits(dataset, allowed)
   names = canonical_splits(list(loaded))
   if 'train' not in names:
@@ -243,8 +236,8 @@ def resolve(data_config) -> Resolved:
     log.warning('%s: split %r has no rows: left out', dataset, names[split])
     del names[split]
   num_train = len(loaded[names['train']])
-  held_out = {s: float(registry.fraction(data_config, f'{s}_fraction')) for s in HELD_OUT
-              if s not in names and registry.fraction(data_config, f'{s}_fraction') > 0}
+  held_out = {s: float(getattr(data_config, f'{s}_fraction')) for s in HELD_OUT
+              if s not in names and getattr(data_config, f'{s}_fraction') > 0}
   counts = held_out_counts(num_train, held_out)
   if num_train - sum(counts.values()) < 1:
     raise DataError(f'data.dataset={dataset!r} has {num_train} train row(s), too few to hold out '

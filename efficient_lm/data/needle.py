@@ -151,20 +151,12 @@ def parse(dataset: str) -> NeedleTask:
                     eval_sequences=eval_sequences, seed=seed, min_length=min_length)
 
 
-def base_config(data_config, task: NeedleTask | None = None):
-  """A copy of `config.data` that names the base corpus instead (what prepares the haystack)."""
-  task = task or parse(data_config['dataset'])
-  if isinstance(data_config, DataConfig):
-    return dataclasses.replace(data_config, dataset=task.base)
-  try:
-    copy = data_config.copy_and_resolve_references()
-  except AttributeError:
-    copy = dict(data_config)
-  copy['dataset'] = task.base
-  return copy
+def base_config(data_config: DataConfig, task: NeedleTask | None = None) -> DataConfig:
+  """The typed data section naming the base corpus instead (what prepares the haystack)."""
+  return dataclasses.replace(data_config, dataset=(task or parse(data_config.dataset)).base)
 
 
-def known_splits(data_config) -> tuple[str, ...] | None:
+def known_splits(data_config: DataConfig) -> tuple[str, ...] | None:
   """The base's splits (each becomes a needle split), None when only its prepared data can say."""
   return data_config_lib.known_splits(base_config(data_config))
 
@@ -176,15 +168,15 @@ class Checked:
   base: Any
 
 
-def preflight(data_config, read: bool, base_preflight) -> Checked:
+def preflight(data_config: DataConfig, read: bool, base_preflight) -> Checked:
   """The task's options and the base's fields (its checks: `base_preflight`, the pipeline's
   `preflight`, handed in so that this module does not import the pipeline that dispatches to it),
   and with a `data.tokenizer` that the needles fit in `data.seq_len`: before anything compiles."""
-  task = parse(data_config['dataset'])
+  task = parse(data_config.dataset)
   base = base_config(data_config, task)
   checked = base_preflight(base, read=read)
-  if data_config_lib.tokenizer_path(base):  # the tokenizer is known now: the needles must fit
-    check_fits(task, data_config_lib.open_given(base), data_config['seq_len'])
+  if base.tokenizer:  # the tokenizer is known now: the needles must fit
+    check_fits(task, data_config_lib.open_given(base), data_config.seq_len)
   return Checked(task, checked)
 
 
@@ -515,13 +507,13 @@ class NeedleCorpus:
             f'{self.seq_len} per held-out split)')
 
 
-def load(data_config, checked: Checked, base_load) -> NeedleCorpus:
+def load(data_config: DataConfig, checked: Checked, base_load) -> NeedleCorpus:
   """`data.load` for a 'needle:' dataset: the base corpus prepared and loaded by `base_load` (the
   pipeline's `load`: its cache and tokenizer, as `data.dataset=<base>` would), the sequences
   drawn from it. `checked`: what `preflight` returned."""
   task = checked.task
   base = base_load(base_config(data_config, task), checked.base)
-  seq_len = data_config['seq_len']
+  seq_len = data_config.seq_len
   check_fits(task, base.tokenizer, seq_len)
   for split in base.splits:  # a haystack is shorter than a window: a window's worth always fits
     if len(base.tokens(split)) < seq_len:
@@ -529,7 +521,7 @@ def load(data_config, checked: Checked, base_load) -> NeedleCorpus:
                       f'fewer than data.seq_len={seq_len}: too short to cut needle haystacks from; '
                       'lower data.seq_len or use a larger base corpus')
   corpus = NeedleCorpus(task, base, seq_len=seq_len,
-                        batch_size=data_config['batch_size'],
+                        batch_size=data_config.batch_size,
                         document_mask=data_config_lib.has_document_ids(data_config))
   log.info('%r', corpus)
   return corpus

@@ -1,4 +1,5 @@
-"""Preparing and loading a corpus: `load(config.data)` -> `corpus.Corpus`.
+"""Preparing and loading a corpus: `load(data_config)` -> `corpus.Corpus`, of the typed data
+section (`data.validate(config.data)`, or the edge's `config_check.prepare(config).data`).
 
     source (registry) -> TFDS builder (prepared once, ArrayRecord) -> tokenizer and token streams
     (cache) -> Corpus (its Grain iterators)
@@ -23,14 +24,14 @@ from efficient_lm.validation import ConfigError, require
 log = logging.getLogger(__name__)
 
 
-def make_builder(data_config, tfds_dir: str, text_scan=None):
+def make_builder(data_config: DataConfig, tfds_dir: str, text_scan=None):
   """The prepared TFDS builder for `data.dataset` (prepares it on first use).
 
   `text_scan`: for text:<glob>, the checked file list (text_files.scan), made before anything is written.
   """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
-  ds = data_config['dataset']
+  ds = data_config.dataset
   source = registry.lookup(ds)
   if ds.startswith(registry.HF_PREFIX):  # text_scan: what hf_datasets.resolve found
     from efficient_lm.data import hf_datasets  # pylint: disable=g-import-not-at-top
@@ -40,8 +41,8 @@ def make_builder(data_config, tfds_dir: str, text_scan=None):
     builder = text_files.make_builder(text_scan, tfds_dir)
   elif source.builder:
     builder = source.builder_class()(data_dir=tfds_dir, file_format='array_record',
-                                     archive=data_config['archive'],
-                                     archive_sha256=data_config['archive_sha256'])
+                                     archive=data_config.archive,
+                                     archive_sha256=data_config.archive_sha256)
   else:
     name = ds[len(TFDS_PREFIX):].strip()
     try:
@@ -59,61 +60,59 @@ def make_builder(data_config, tfds_dir: str, text_scan=None):
   return builder
 
 
-def _validate(data_config) -> None:
-  """`config.data` checked, unless it is the typed section the edge checked (`config_check`)."""
-  if not isinstance(data_config, DataConfig):
-    data_config_lib.validate(data_config)
-
-
-def preflight(data_config, read: bool = True):
+def preflight(data_config: DataConfig, read: bool = True):
   """The checks of the data that read no more than the config names and write nothing (a
   `text:` glob that matches no usable file): before anything compiles. What it found, for `load`.
-  `read=False`: the files are listed, not read (the processes other than 0 of a job)."""
-  _validate(data_config)
-  if data_config['dataset'].startswith(registry.NEEDLE_PREFIX):  # its options, then its base's checks
+  `read=False`: the files are listed, not read (the processes other than 0 of a job).
+  `data_config`: the typed section, its fields checked (`data.validate`)."""
+  if not isinstance(data_config, DataConfig):
+    raise data_config_lib.not_typed('data.preflight', type(data_config))
+  dataset = data_config.dataset
+  if dataset.startswith(registry.NEEDLE_PREFIX):  # its options, then its base's checks
     from efficient_lm.data import needle  # pylint: disable=g-import-not-at-top
     return needle.preflight(data_config, read, preflight)
-  if data_config['dataset'].startswith(registry.HF_PREFIX):  # loaded and checked (hf_datasets.py)
+  if dataset.startswith(registry.HF_PREFIX):  # loaded and checked (hf_datasets.py)
     from efficient_lm.data import hf_datasets  # pylint: disable=g-import-not-at-top
     return hf_datasets.resolve(data_config)
-  if not data_config['dataset'].startswith(TEXT_PREFIX):
+  if not dataset.startswith(TEXT_PREFIX):
     return None
   from efficient_lm.data import text_files  # pylint: disable=g-import-not-at-top
-  return text_files.scan(data_config['dataset'],
-                         *(data_config_lib.fraction(data_config, n)
-                           for n in data_config_lib.FRACTION_DEFAULTS), read=read)
+  return text_files.scan(dataset, data_config.validation_fraction, data_config.test_fraction,
+                         read=read)
 
 
 _UNCHECKED = object()  # `load` without what `preflight` returned (which may be None)
 
 
-def load(data_config, checked=_UNCHECKED) -> corpus_lib.Corpus:
-  """Validates `config.data`, prepares the dataset, trains/loads the tokenizer, tokenizes splits.
+def load(data_config: DataConfig, checked=_UNCHECKED) -> corpus_lib.Corpus:
+  """Prepares the dataset of the typed data section (its fields checked: `data.validate`),
+  trains/loads the tokenizer, tokenizes splits.
 
   Everything is cached under data.data_dir; a second call only memory-maps the token files.
   `checked`: what `preflight` returned for this config (else it runs here).
   """
-  source = registry.lookup(data_config['dataset'])
+  if not isinstance(data_config, DataConfig):
+    raise data_config_lib.not_typed('data.load', type(data_config))
+  source = registry.lookup(data_config.dataset)
   if source is not None and source.generated:  # nothing to prepare: generated on the fly
-    _validate(data_config)
     return source.generator().load(data_config)
-  if data_config['dataset'].startswith(registry.NEEDLE_PREFIX):  # windows of a base corpus's text
+  if data_config.dataset.startswith(registry.NEEDLE_PREFIX):  # windows of a base corpus's text
     from efficient_lm.data import needle  # pylint: disable=g-import-not-at-top
     return needle.load(data_config, checked if checked is not _UNCHECKED
                        else preflight(data_config), load)
   text_scan = checked if checked is not _UNCHECKED else preflight(data_config)
-  root = os.path.abspath(os.path.expanduser(data_config['data_dir']))
+  root = os.path.abspath(os.path.expanduser(data_config.data_dir))
   try:
     files.check_writable(root)
   except OSError as e:
-    raise ConfigError(f"data.data_dir={data_config['data_dir']!r} is not a writable directory "
+    raise ConfigError(f"data.data_dir={data_config.data_dir!r} is not a writable directory "
                       f"({type(e).__name__}: {e.strerror or e}); set data.data_dir to a directory "
                       'you can write') from e
   builder = make_builder(data_config, os.path.join(root, 'tfds'), text_scan)
-  name = data_config['dataset']
+  name = data_config.dataset
   info = builder.info
   features = info.features.keys() if hasattr(info.features, 'keys') else ()
-  text_key = data_config['text_key']
+  text_key = data_config.text_key
   require(text_key in features, 'data.text_key', text_key, f'is not a feature of {name}',
           f'use one of {sorted(features)}')
   train_split = info.splits['train'] if 'train' in info.splits else None
@@ -135,7 +134,7 @@ def load(data_config, checked=_UNCHECKED) -> corpus_lib.Corpus:
               'tokenizer_sha256': archives.sha256_of(tokenizer.model_path),
               'vocab_size': tokenizer.vocab_size}
   corpus = corpus_lib.Corpus(name=name, tokenizer=tokenizer, splits=splits,
-                             seq_len=data_config['seq_len'], batch_size=data_config['batch_size'],
-                             identity=identity, document_mask=data_config_lib.document_mask(data_config))
+                             seq_len=data_config.seq_len, batch_size=data_config.batch_size,
+                             identity=identity, document_mask=data_config.document_mask)
   log.info('%r', corpus)
   return corpus

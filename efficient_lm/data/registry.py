@@ -11,16 +11,11 @@ import dataclasses
 import importlib
 from typing import Callable
 
-from efficient_lm.data_config import DataConfig
-
 TFDS_PREFIX = 'tfds:'
 TEXT_PREFIX = 'text:'
 HF_PREFIX = 'hf:'
 MQAR_PREFIX = 'mqar:'
 NEEDLE_PREFIX = 'needle:'
-# text: held-out shares, at the defaults `DataConfig` declares.
-FRACTION_DEFAULTS = {name: DataConfig.defaults()[name]
-                     for name in ('validation_fraction', 'test_fraction')}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,11 +23,12 @@ class Source:
   """One kind of `data.dataset`."""
   name: str                          # the dataset name, or the prefix with its ':'
   example: str                       # what to write in the config, for messages
-  splits: Callable | None = None     # data_config -> the splits (None: known once prepared)
+  splits: Callable | None = None     # DataConfig -> the splits (None: known once prepared)
   builder: str = ''                  # 'module:Class' of a built-in archive builder
   takes_archive: bool = False        # `data.archive` / `data.archive_sha256` apply
   generated: str = ''                # 'module': a source with no text (no TFDS, no tokenizer to
                                      # train): its `validate(data_config)` and `load(data_config)`
+                                     # (a `DataConfig`)
   options: bool = False              # the prefix alone is a dataset (every option has a default)
 
   @property
@@ -48,16 +44,8 @@ class Source:
     return importlib.import_module(f'efficient_lm.data.{self.generated}')
 
 
-def fraction(data_config, name: str):
-  """`data.<name>` (validation_fraction, test_fraction), or its default if the config lacks it."""
-  try:
-    return data_config[name]
-  except (KeyError, AttributeError):
-    return FRACTION_DEFAULTS[name]
-
-
 def _text_splits(data_config) -> tuple[str, ...]:
-  held_out = [s for s in ('validation', 'test') if fraction(data_config, f'{s}_fraction') > 0]
+  held_out = [s for s in ('validation', 'test') if getattr(data_config, f'{s}_fraction') > 0]
   return ('train', *held_out)
 
 

@@ -101,7 +101,7 @@ def pooled_positions(workdir: str, first: dict, seq_len: int) -> dict:
   stream cut at offset * seq_len; `first` is the offset-0 result of `evaluate_workdir`)."""
   from efficient_lm import data, generation, scoring  # pylint: disable=import-outside-toplevel
   model, tokenizer, config, _ = generation.load_workdir(workdir)
-  tokens = data.load(config.data).tokens("validation")
+  tokens = data.load(data.validate(config.data)).tokens("validation")
   nll = [0.0] * seq_len
   count = [0] * seq_len
   for offset in POOLED_OFFSETS:

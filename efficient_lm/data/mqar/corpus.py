@@ -206,5 +206,6 @@ class MqarCorpus:
 
 
 def load(data_config) -> MqarCorpus:
-  """`data.load` for an 'mqar:' dataset: validates and returns the corpus (nothing to prepare)."""
-  return MqarCorpus(validate(data_config), batch_size=data_config['batch_size'])
+  """`data.load` for an 'mqar:' dataset (the typed data section): validates and returns the corpus
+  (nothing to prepare)."""
+  return MqarCorpus(validate(data_config), batch_size=data_config.batch_size)

@@ -224,8 +224,8 @@ def require_int(name: str, value: Any, least: int) -> None:
 
 
 def validate(data_config) -> MqarTask:
-  """The task of `config.data` (dataset 'mqar:...'), checked against data.seq_len and
+  """The task of the typed data section (dataset 'mqar:...'), checked against data.seq_len and
   data.vocab_size; cheap (nothing is generated)."""
-  task = parse(data_config['dataset'], seq_len=data_config['seq_len'])
-  check(task, data_config['seq_len'], vocab_size=data_config['vocab_size'])
+  task = parse(data_config.dataset, seq_len=data_config.seq_len)
+  check(task, data_config.seq_len, vocab_size=data_config.vocab_size)
   return task
