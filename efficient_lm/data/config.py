@@ -1,7 +1,7 @@
 """`config.data` checked (`validate`: the typed section, `data_config.DataConfig`, whose fields
 declare their defaults and checks; then what needs the dataset's registry or the disk, declared
 as `DataSource`'s rules), and the errors the data raises. Every function here but `validate`
-takes the typed section `validate` returns, never the config's mapping (`not_typed`).
+takes the typed section `validate` returns, never the config's mapping (`check_typed`).
 
 Cheap: no I/O beyond `os.path` checks (and reading `data.tokenizer`'s file, whose size sets
 `data.vocab_size`) and no heavy import, so a bad config fails in well under a second, before
@@ -23,11 +23,12 @@ TFDS_PREFIX, TEXT_PREFIX = registry.TFDS_PREFIX, registry.TEXT_PREFIX
 MIN_VOCAB_SIZE = 260  # the tokenizer's reserved pieces: <pad>, <unk>, </s>, '\n', 256 bytes
 
 
-def not_typed(what: str, given: type) -> TypeError:
-  """The error of a data function `what` handed a `given` (the config's mapping) instead of the
-  typed section `validate` returns."""
-  return TypeError(f'{what} takes the typed data section (data.validate(config.data) or '
-                   f'config_check.prepare(config).data), not {given.__name__}')
+def check_typed(data_config, what: str) -> None:
+  """Raises the TypeError of a data function `what` handed anything but the typed section
+  `validate` returns (the config's mapping, most often), naming the fix."""
+  if not isinstance(data_config, DataConfig):
+    raise TypeError(f'{what} takes the typed data section (data.validate(config.data) or '
+                    f'config_check.prepare(config).data), not {type(data_config).__name__}')
 
 
 def open_given(data_config: DataConfig):
@@ -119,8 +120,7 @@ class DataSource(tc.Section):
 def has_document_ids(data_config: DataConfig) -> bool:
   """Whether the batches carry `segment_ids`: `data.document_mask` on a corpus of documents (a
   generated task's sequences are one document each)."""
-  if not isinstance(data_config, DataConfig):
-    raise not_typed('data.has_document_ids', type(data_config))
+  check_typed(data_config, 'data.has_document_ids')
   source = registry.lookup(data_config.dataset)
   return data_config.document_mask and not (source is not None and source.generated)
 
@@ -128,8 +128,7 @@ def has_document_ids(data_config: DataConfig) -> bool:
 def known_splits(data_config: DataConfig) -> tuple[str, ...] | None:
   """The splits `config.data` will have, known without preparing anything; None when only the
   prepared data can say (a tfds:<name> dataset). A text: split with a fraction of 0 is not made."""
-  if not isinstance(data_config, DataConfig):
-    raise not_typed('data.known_splits', type(data_config))
+  check_typed(data_config, 'data.known_splits')
   source = registry.lookup(data_config.dataset)
   return None if source is None or source.splits is None else source.splits(data_config)
 

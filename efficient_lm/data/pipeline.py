@@ -65,8 +65,7 @@ def preflight(data_config: DataConfig, read: bool = True):
   `text:` glob that matches no usable file): before anything compiles. What it found, for `load`.
   `read=False`: the files are listed, not read (the processes other than 0 of a job).
   `data_config`: the typed section, its fields checked (`data.validate`)."""
-  if not isinstance(data_config, DataConfig):
-    raise data_config_lib.not_typed('data.preflight', type(data_config))
+  data_config_lib.check_typed(data_config, 'data.preflight')
   dataset = data_config.dataset
   if dataset.startswith(registry.NEEDLE_PREFIX):  # its options, then its base's checks
     from efficient_lm.data import needle  # pylint: disable=g-import-not-at-top
@@ -91,8 +90,7 @@ def load(data_config: DataConfig, checked=_UNCHECKED) -> corpus_lib.Corpus:
   Everything is cached under data.data_dir; a second call only memory-maps the token files.
   `checked`: what `preflight` returned for this config (else it runs here).
   """
-  if not isinstance(data_config, DataConfig):
-    raise data_config_lib.not_typed('data.load', type(data_config))
+  data_config_lib.check_typed(data_config, 'data.load')
   source = registry.lookup(data_config.dataset)
   if source is not None and source.generated:  # nothing to prepare: generated on the fly
     return source.generator().load(data_config)
