@@ -23,7 +23,8 @@ of the prompts is timed apart, as prefill_s, and the whole call as call_s), mill
 step, the speed-up over the first batch size (the ratio of the medians, "vs B=1", and the median
 of the rounds' own ratios, "by round") and the cache bytes per row (the cache pytree's bytes /
 B), also for a context of 16 C (shapes only): constant for the local models, growing with C for
-the dense baseline. With --out it is written under "batch_sweep" in the JSON file, whose other
+the dense baseline. --trace_dir adds one round, after the timed ones, under `jax.profiler.trace`
+(the per-thunk times of a decoding call). With --out it is written under "batch_sweep" in the JSON file, whose other
 content (the context sweep's "args" and "rows") is kept, and the reverse.
 
     python -m experiments.bench_decode --batch_sizes=1,8,32 --contexts=256 --new_tokens=32 \
@@ -146,6 +147,12 @@ def bench_batches(model: nnx.Module, context: int, batch_sizes: list[int], args)
     for (_, run), calls in zip(prepared, samples):
       if run is not None:
         calls.append(run())
+  if args.trace_dir:  # one more round, traced (not in the medians)
+    with jax.profiler.trace(args.trace_dir):
+      for row, run in prepared:
+        if run is not None:
+          with jax.profiler.TraceAnnotation(f"batch_{row['batch_size']}"):
+            run()
   rows = []
   for (row, run), calls in zip(prepared, samples):
     if run is not None:
@@ -226,6 +233,9 @@ def main() -> None:
   parser.add_argument("--batch_sizes", default="",
                       help="the batch sweep at these batch sizes (e.g. 1,8,32); empty: the context sweep")
   parser.add_argument("--out", default=None, help="also write the rows as JSON here")
+  parser.add_argument("--trace_dir", default="",
+                      help="batch sweep: a jax.profiler trace of one more round, written here "
+                      "(read it in TensorBoard's profile plugin or Perfetto: each thunk's time)")
   args = parser.parse_args()
   if args.batch_sizes:
     main_batch(args)

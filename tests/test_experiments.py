@@ -85,6 +85,27 @@ def test_bench_context_quick_reports_memory_fits_and_speed(tmp_path):
   assert (tmp_path / "context_quick_memory.png").stat().st_size > 1000
 
 
+def test_bench_greedy_times_the_choices_side_by_side():
+  import argparse  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from experiments import bench_decode, bench_greedy  # pylint: disable=import-outside-toplevel
+  # The one-level search it compares with picks argmax's token: first of ties, first NaN.
+  logits = np.random.default_rng(0).normal(size=(5, 300)).astype(np.float32)
+  logits[1, [7, 250]] = 9.0
+  logits[2, [40, 260]] = np.nan
+  logits[3, :] = -np.inf
+  assert bench_greedy.flat_search(logits).tolist() == [*np.argmax(logits[:1], -1), 7, 40, 0,
+                                                      np.argmax(logits[4])]
+  args = argparse.Namespace(d_model=32, num_layers=1, num_heads=2, vocab_size=300, rounds=3,
+                            calls=2)
+  model, _ = bench_decode.model_for("configs/pi_attention.py", args)
+  row = bench_greedy.bench(model, 3, args)
+  assert row["batch_size"] == 3
+  assert all(row[f"{name}_ms"] > 0 for name in bench_greedy.CHOICES)
+  assert set(row) == {"batch_size", *(f"{n}_ms" for n in bench_greedy.CHOICES),
+                      *(f"{n}_over_greedy_ms" for n in bench_greedy.OTHERS)}
+
+
 @pytest.mark.slow  # a benchmark harness in a subprocess: 10-60 s
 def test_bench_decode_batch_sweep_times_sizes_in_rounds(tmp_path):
   out_file = tmp_path / "decode.json"
@@ -92,9 +113,10 @@ def test_bench_decode_batch_sweep_times_sizes_in_rounds(tmp_path):
   out = run_module(["experiments.bench_decode", "--batch_sizes=1,4", "--contexts=32",
                     "--new_tokens=6", "--repeats=3", "--configs=configs/pi_attention.py,configs/dense.py",
                     "--d_model=32", "--num_layers=1", "--num_heads=2", "--vocab_size=256",
-                    f"--out={out_file}"]).stdout
+                    f"--out={out_file}", f"--trace_dir={tmp_path / 'trace'}"]).stdout
   result = json.loads(out_file.read_text())
   assert result["rows"] == ["the context sweep's, kept"]
+  assert list((tmp_path / "trace").rglob("*.xplane.pb"))  # the traced round
   rows = result["batch_sweep"]["rows"]
   assert [(r["config"], r["batch_size"]) for r in rows] == [
       (c, b) for c in ("configs/pi_attention.py", "configs/dense.py") for b in (1, 4)]
