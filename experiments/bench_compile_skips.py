@@ -24,6 +24,8 @@ priors; `[1, 2048, 4, 64]` float32), their calls alternated, the median of --ste
 
     nice -n 5 python -m experiments.bench_compile_skips --repeats=0 --train_step=0 --ways=3,4,5,8 \
         --steps=31 --json=experiments/results/stride_ways.json
+
+`--ways_seq_len=16384` does it at that length instead (`[1, 16384, 4, 64]`).
 """
 
 import argparse
@@ -182,6 +184,7 @@ def main():
   parser.add_argument("--steps", type=int, default=5)
   parser.add_argument("--against", default="", help="another checkout: time its step beside")
   parser.add_argument("--ways", default="", help="e.g. 3,4,5,8: shifts vs the row call")
+  parser.add_argument("--ways_seq_len", type=int, default=2048, help="--ways at this length")
   parser.add_argument("--json", default="")
   args = parser.parse_args()
   window = Pattern.sliding(WINDOW)
@@ -219,7 +222,8 @@ def main():
     for seq_len in (int(x) for x in args.runtime.split(",")):
       result["runtime_s"][str(seq_len)] = step_seconds(pi_config(seq_len), args.steps)
   if args.ways:
-    result["ways_T2048"] = {n: ways_seconds(int(n), args.steps) for n in args.ways.split(",")}
+    result[f"ways_T{args.ways_seq_len}"] = {n: ways_seconds(int(n), args.steps, args.ways_seq_len)
+                                            for n in args.ways.split(",")}
   print(json.dumps(result, indent=2))
   if args.json:
     with open(args.json, "w") as f:
