@@ -58,6 +58,7 @@ REACH = 254  # the sliding window's receptive field: 2 layers x (window 128 - 1)
 SEEDS = (0, 1, 2)
 RESULTS = os.path.join(REPO, "experiments", "results", "registered", "needle_reach.json")
 FIGURES = os.path.join(REPO, "experiments", "results", "needle_reach")
+README = os.path.join(REPO, "experiments", "README.md")
 
 
 def train_command(model: str, seed: int, workdir: str) -> list[str]:
@@ -123,6 +124,36 @@ def run_row(model: str, seed: int, args) -> dict:
           "figures": os.path.relpath(out, REPO), "train_seconds": run["seconds"],
           "cpu_seconds": run["cpu_seconds"] + scored["cpu_seconds"], "load_mean": run["load_mean"],
           "command": " ".join(train), "eval_command": " ".join(score), "code": code_version()}
+
+
+def leading_digits(row: dict) -> float | None:
+  """The mean count of right digits before the first wrong one, over a row's prompts, from its
+  committed needle.json (`long_eval.needle.leading_digits` on each answer; None without it)."""
+  from efficient_lm.long_eval import needle  # pylint: disable=import-outside-toplevel
+  path = os.path.join(REPO, row["figures"], "needle.json")
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    answers = [a for c in json.load(f)["cells"] for a in c["answers"]]
+  return sum(needle.leading_digits(a["answer"], [a["expected"]]) for a in answers) / len(answers)
+
+
+def render(results: dict) -> str:
+  """experiments/README.md's `needle_reach` block: one line per finished row."""
+  rows = results.get("rows", [])
+  if not rows:
+    return "No row has finished yet."
+  fmt = lambda x: "-" if x is None else f"{x:.3f}"
+  lines = ["| model@seed | top-1 all / far / near | lowest cell top-1 | exact all | leading digits "
+           "right (of 7) | answer loss | heatmap |", "| --- | --- | --- | --- | --- | --- | --- |"]
+  for r in rows:
+    digits = leading_digits(r)
+    lines.append(
+        f"| {r['model']}@{r['seed']} | {fmt(r['top1_all'])} / {fmt(r['top1_far'])} / "
+        f"{fmt(r['top1_near'])} | {fmt(r['min_cell_top1'])} | {fmt(r['exact_all'])} | "
+        f"{'-' if digits is None else f'{digits:.2f}'} | {r['answer_loss']:.4f} | "
+        f"[needle.png]({os.path.relpath(os.path.join(REPO, r['figures'], 'needle.png'), os.path.dirname(README))}) |")
+  return "\n".join(lines)
 
 
 def load(path: str) -> dict:

@@ -524,13 +524,16 @@ def test_committed_verdicts_follow_from_the_committed_results():
   assert ("**confirmed**" in table) == ("confirmed" in decided)
   assert ("**refuted**" in table) == ("refuted" in decided)
   # experiments/README.md's generated blocks (the summary, the registered studies, the verdicts
-  # and the swap rows with their placebo bins) are what the committed files render to.
+  # the swap rows with their placebo bins, the needle study's rows) are what the committed files
+  # render to.
   loaded = verdicts.load_all()
   for path, marker, body in (
       (verdicts.README, "verdicts_summary", verdicts.render_summary(committed)),
       (verdicts.README, "registered", verdicts.render_registered(committed)),
       (verdicts.README, "verdicts", verdicts.render_verdicts(committed)),
-      (verdicts.README, "context_ablation", verdicts.render_ablation(loaded["ablation"]))):
+      (verdicts.README, "context_ablation", verdicts.render_ablation(loaded["ablation"])),
+      (verdicts.README, "needle_reach",
+       verdicts.needle_study.render(loaded["registered"]["needle_reach"] or {}))):
     with open(path) as f:
       text = f.read()
     assert f"<!-- {marker} -->" in text, (path, marker)
@@ -740,6 +743,21 @@ def test_needle_rows_split_prompts_by_the_windows_reach():
   assert row["exact_near"] == 0.5 and row["top1_near"] == 0.5
   assert row["min_cell_exact"] == 0.5 and row["min_cell_top1"] == 0.5
   assert needle_study.by_reach(record, reach=10)["prompts_far"] == 6  # every needle ends early
+
+
+def test_needle_rows_render_with_their_leading_digits(tmp_path):
+  """The README block: a row per finished run, its leading digits from its own needle.json."""
+  from experiments import needle_study  # pylint: disable=import-outside-toplevel
+  answers = [{"answer": "123999999", "expected": "1234567"}, {"answer": "7654321", "expected": "7654321"},
+             {"answer": "2000000", "expected": "1234567"}]
+  (tmp_path / "needle.json").write_text(json.dumps({"cells": [{"answers": answers}]}))
+  row = {"model": "dense", "seed": 0, "top1_all": 0.5, "top1_far": None, "top1_near": 1.0,
+         "min_cell_top1": 0.25, "exact_all": 1 / 3, "answer_loss": 1.5, "figures": str(tmp_path)}
+  assert needle_study.leading_digits(row) == pytest.approx((3 + 7 + 0) / 3)
+  table = needle_study.render({"rows": [row]}).splitlines()
+  assert len(table) == 3 and table[2].startswith("| dense@0 | 0.500 / - / 1.000 | 0.250 | 0.333 | 3.33 | 1.5000 |")
+  assert needle_study.render({}) == "No row has finished yet."
+  assert "| - |" in needle_study.render({"rows": [dict(row, figures=str(tmp_path / "absent"))]})
 
 
 def test_needle_study_claims_and_controls_are_decided_from_its_registered_rows():

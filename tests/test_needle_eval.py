@@ -116,6 +116,16 @@ def test_exact_match_reads_the_leading_digits():
   assert needle.is_exact("1234567", ["7654321", "1234567"])
 
 
+def test_leading_digits_counts_the_right_digits_before_the_first_wrong_one():
+  assert needle.leading_digits(" 4818263. And", ["4818263"]) == 7
+  assert needle.leading_digits(" 48182634", ["4818263"]) == 7  # right digits, not exact
+  assert needle.leading_digits(" 481099", ["4818263"]) == 3
+  assert needle.leading_digits("5818263", ["4818263"]) == 0
+  assert needle.leading_digits(" the 4818263", ["4818263"]) == 0
+  assert needle.leading_digits("", ["4818263"]) == 0
+  assert needle.leading_digits("76543", ["7654321", "7600000"]) == 5  # the best of the values
+
+
 def test_chance_levels():
   single = needle_grid.report.chance(1, 9)
   assert single["top1"] == pytest.approx(0.1)
@@ -247,7 +257,7 @@ def test_needle_grid_past_seq_len_writes_json_and_heatmap(window_run, tmp_path, 
   captured = capsys.readouterr()
   assert status == 0, captured.err
   line = captured.out.strip()
-  assert "\n" not in line and line.startswith("needle (single)")
+  assert "\n" not in line and line.startswith("needle (single)") and "leading digits right" in line
   record = json.load(open(os.path.join(out, "needle.json")))
   assert [(c["length"], c["depth"]) for c in record["cells"]] == [(160, 0.0), (160, 1.0),
                                                                    (192, 0.0), (192, 1.0)]
@@ -258,6 +268,10 @@ def test_needle_grid_past_seq_len_writes_json_and_heatmap(window_run, tmp_path, 
     assert all(1 <= r <= 6 for r in ranks)
     assert cell["mrr"]["mean"] == pytest.approx(np.mean([1 / r for r in ranks]))
     assert cell["top1"]["count"] == sum(r == 1 for r in ranks)
+    assert cell["digits"]["mean"] == pytest.approx(np.mean([a["digits"] for a in cell["answers"]]))
+    for a in cell["answers"]:
+      assert a["digits"] == needle.leading_digits(a["answer"], [a["expected"]])
+      assert a["digits"] == needle.DIGITS or not a["exact"]
     for a in cell["answers"]:  # the needle's place: at its depth, ended before the question
       assert 1 <= a["needle_start"] < a["needle_end"] < cell["length"]
       if cell["depth"] == 0.0:  # right after the end-of-document token

@@ -176,6 +176,16 @@ def test_answer_only_loss_and_bytes(corpus, shakespeare_archive, tiny_data_dir):
   assert s_all.weights.min() == 1
   text_bytes = sum(len(everything.tokenizer.decode(q.x).encode()) for q in everything.held_out('validation'))
   assert everything.num_bytes('validation') == text_bytes
+  # answer_end: the digits and the target after each answer's last digit, whose token ends the
+  # value (no digit in it), so that greedy decoding can learn to stop.
+  ended = data.load(_data_config(shakespeare_archive, tiny_data_dir, task.spec.replace(
+      'loss=answer', 'loss=answer_end'))).sequence('validation', 0)
+  np.testing.assert_array_equal(ended.x, s.x)
+  ends = [a[-1] + 1 for a in s.answers]
+  assert sorted(np.flatnonzero(ended.weights).tolist()) == sorted(scored.tolist() + ends)
+  for end, answer, value in zip(ends, s.answers, s.values):
+    assert corpus.tokenizer.decode(s.x[answer[0] + 1:answer[-1] + 2]).strip() == value
+    assert not any(c.isdigit() for c in corpus.tokenizer.decode(s.x[end + 1:end + 2]))
 
 
 def test_deterministic_resumable_and_seeded(corpus, shakespeare_archive, tiny_data_dir):

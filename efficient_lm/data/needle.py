@@ -7,7 +7,9 @@ needle at the end ('What is the special magic number for <key>? The special magi
 <key> is <7 digits>.'). Train sequences cut the base's train split, every other split's the
 base split of its name (never train); sequence i of a split is a pure function of (task, split,
 i) and, for train, the training seed. The tokenizer is the base corpus's. `loss=answer` puts
-the weights on the answers' digits only (as MQAR's answer-only loss), `loss=all` on every token.
+the weights on the answers' digits only (as MQAR's answer-only loss), `loss=answer_end` on them
+and on the target after each answer's last digit (where the value ends: greedy decoding, and so
+exact match, needs it), `loss=all` on every token.
 `min_length=L` packs several such examples in a sequence instead, each its own document of L
 tokens or more (short haystacks teach the lookup; the long ones ask for reach).
 
@@ -52,7 +54,7 @@ KEY_WORDS = (
     'ginger', 'helmet', 'igloo', 'jungle', 'koala', 'ladder', 'magnet', 'nutmeg', 'olive', 'parrot')
 OPTIONS = ('base', 'needles', 'distractors', 'keys', 'loss', 'eval_sequences', 'seed',
            'min_length')
-LOSSES = ('answer', 'all')
+LOSSES = ('answer', 'answer_end', 'all')
 DEFAULT_BASE = 'shakespeare'
 TRAIN_SEQUENCES = 2**32  # the train split's nominal size (fresh haystack windows, never repeated)
 MIN_HAYSTACK = 1         # haystack tokens a sequence keeps at the least
@@ -65,7 +67,8 @@ class NeedleTask:
   needles: int = 1          # needles asked about (one question and answer each at the end)
   distractors: int = 0      # needles planted but not asked about
   keys: int = len(KEY_WORDS)  # the first `keys` words of KEY_WORDS are the keys
-  loss: str = 'answer'      # 'answer': weights on the answers' digits; 'all': on every token
+  loss: str = 'answer'      # 'answer': weights on the answers' digits; 'answer_end': and on the
+  #                           target after each answer's last digit; 'all': on every token
   eval_sequences: int = 256  # sequences of every split other than train
   seed: int = 0
   min_length: int = 0       # 0: one example a sequence; L: examples of L tokens and more, packed
@@ -140,8 +143,8 @@ def parse(dataset: str) -> NeedleTask:
           'fewer needles')
   loss = given.get('loss', 'answer')
   if loss not in LOSSES:
-    _fail('loss', loss, 'is not a loss', 'write loss=answer (the answer digits only) or loss=all '
-          '(every token)')
+    _fail('loss', loss, 'is not a loss', 'write loss=answer (the answer digits only), '
+          'loss=answer_end (the digits and where the value ends) or loss=all (every token)')
   eval_sequences = integer('eval_sequences', 256, 1)
   seed = integer('seed', 0, 0)
   if seed >= 2**32:
@@ -342,6 +345,8 @@ def _example(task: NeedleTask, texts: _Texts, haystack_stream: np.ndarray, span:
     weights[:] = 1
   else:
     weights[[p for a in answers for p in a]] = 1
+    if task.loss == 'answer_end':  # the target after the last digit: '.' (or what follows it)
+      weights[[a[-1] + 1 for a in answers]] = 1
   return NeedleSequence(x=x, weights=weights, keys=tuple(keys), values=tuple(values),
                         depths=tuple(float(d) for d in depths), starts=tuple(starts),
                         answers=tuple(answers))
@@ -452,7 +457,7 @@ class NeedleCorpus:
   def num_bytes(self, split: str) -> int:
     """UTF-8 bytes of the text the weighted targets spell: with loss=all every sequence's text
     (haystack, needles, questions, answers), with loss=answer the answers' digits (and what the
-    tokens holding them hold beside, a space). Held-out splits only: train's is nominal."""
+    tokens holding them hold beside, a space; loss=answer_end: and what ends each). Held-out splits only: train's is nominal."""
     if split == 'train':
       return self.num_tokens(split)
     decode = self.tokenizer.decode

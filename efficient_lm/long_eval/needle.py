@@ -10,7 +10,8 @@ positions, then the question:
 The main needle starts at token round(depth * h) of the h haystack tokens. Two scores per prompt:
 greedy exact match (the answer `generation.generate_batch` decodes at temperature 0 starts with the
 7 digits, and no more digits) and the rank of the true answer's log-likelihood among `distractors`
-random 7-digit answers (1 + the wrong ones scoring above it). Variants (`VARIANTS`):
+random 7-digit answers (1 + the wrong ones scoring above it); beside them, the digits the greedy
+answer gets right before its first wrong one (`leading_digits`). Variants (`VARIANTS`):
 
 - single: one needle.
 - multikey: the needle and `EXTRA_NEEDLES` distractor needles with other keys, at random depths.
@@ -171,6 +172,22 @@ def is_exact(text: str, answers) -> bool:
   """The answer text starts (after spaces) with one of `answers`' digits, and no more digits."""
   match = re.match(r"\s*(\d+)", text)
   return bool(match) and match.group(1) in answers
+
+
+def leading_digits(text: str, answers) -> int:
+  """How many of the answer's first digits are right, in place: the longest common prefix of the
+  answer text's leading run of digits (after spaces) and one of `answers`, the best of them (0 to
+  DIGITS). Between exact match (all of them, and no more) and the rank among distractor values,
+  it shows how far a greedy answer gets before it goes wrong."""
+  match = re.match(r"\s*(\d+)", text)
+  digits = match.group(1) if match else ""
+  best = 0
+  for answer in answers:
+    n = 0
+    while n < min(len(digits), len(answer)) and digits[n] == answer[n]:
+      n += 1
+    best = max(best, n)
+  return best
 
 
 def _tile_cache(cache, small, big, B: int, R: int):

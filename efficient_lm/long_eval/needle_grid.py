@@ -92,6 +92,7 @@ def run(lm, haystack, *, lengths, depths, needles_per_cell: int = 20, variant: s
         text = lm.tokenizer.decode([t for t in new_ids[b] if t != eos])
         results[key].append({
             "exact": needle_lib.is_exact(text, prompt.answers),
+            "digits": needle_lib.leading_digits(text, prompt.answers),
             "rank": needle_lib.rank_of(scores[b], len(prompt.answers)),
             "answer": text[:24], "expected": prompt.answers[0], "group": prompt.group,
             "needle_start": int(prompt.needle_starts[0]),
@@ -107,7 +108,8 @@ def _cell_figures(rows: list[dict]) -> dict:
   ranks = np.asarray([r["rank"] for r in rows])
   figures = {"prompts": len(rows), "exact": report.wilson(int(sum(exact)), len(rows)),
              "top1": report.wilson(int(np.sum(ranks == 1)), len(rows)),
-             "mrr": report.mean_interval(1.0 / ranks)}
+             "mrr": report.mean_interval(1.0 / ranks),
+             "digits": report.mean_interval(np.asarray([r["digits"] for r in rows], np.float64))}
   groups = sorted({r["group"] for r in rows})
   if len(groups) < len(rows):  # multiquery: a haystack counts when every key's answer is exact
     every = [all(r["exact"] for r in rows if r["group"] == g) for g in groups]
@@ -119,8 +121,8 @@ def _record(lm, results, *, lengths, depths, needles_per_cell, variant, distract
             seconds, warning, keys) -> dict:
   num_true = needle_lib.EXTRA_NEEDLES + 1 if variant == "multivalue" else 1
   cells = [{"length": length, "depth": depth, **_cell_figures(results[(length, depth)]),
-            "answers": [{k: r[k] for k in ("answer", "expected", "exact", "rank", "needle_start",
-                                           "needle_end")}
+            "answers": [{k: r[k] for k in ("answer", "expected", "exact", "digits", "rank",
+                                           "needle_start", "needle_end")}
                         for r in results[(length, depth)]]}
            for length in lengths for depth in depths]
   every = [r for rows in results.values() for r in rows]
@@ -172,4 +174,5 @@ def summary(record: dict, json_path: str) -> str:
           f"{','.join(map(str, record['lengths']))}): exact {e['share']:.3f} "
           f"[{e['ci_low']:.3f}, {e['ci_high']:.3f}], top-1 {t['share']:.3f} "
           f"[{t['ci_low']:.3f}, {t['ci_high']:.3f}] (chance {record['chance']['top1']:.3f}), MRR "
-          f"{m['mean']:.3f} (chance {record['chance']['mrr']:.3f}); {json_path}")
+          f"{m['mean']:.3f} (chance {record['chance']['mrr']:.3f}), leading digits right "
+          f"{a['digits']['mean']:.2f} of {needle_lib.DIGITS}; {json_path}")
