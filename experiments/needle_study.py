@@ -148,11 +148,12 @@ def render(results: dict) -> str:
            "right (of 7) | answer loss | heatmap |", "| --- | --- | --- | --- | --- | --- | --- |"]
   for r in rows:
     digits = leading_digits(r)
+    figure = os.path.relpath(os.path.join(REPO, r["figures"], "needle.png"), os.path.dirname(README))
     lines.append(
         f"| {r['model']}@{r['seed']} | {fmt(r['top1_all'])} / {fmt(r['top1_far'])} / "
         f"{fmt(r['top1_near'])} | {fmt(r['min_cell_top1'])} | {fmt(r['exact_all'])} | "
         f"{'-' if digits is None else f'{digits:.2f}'} | {r['answer_loss']:.4f} | "
-        f"[needle.png]({os.path.relpath(os.path.join(REPO, r['figures'], 'needle.png'), os.path.dirname(README))}) |")
+        f"[needle.png]({figure}) |")
   return "\n".join(lines)
 
 

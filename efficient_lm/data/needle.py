@@ -457,7 +457,8 @@ class NeedleCorpus:
   def num_bytes(self, split: str) -> int:
     """UTF-8 bytes of the text the weighted targets spell: with loss=all every sequence's text
     (haystack, needles, questions, answers), with loss=answer the answers' digits (and what the
-    tokens holding them hold beside, a space; loss=answer_end: and what ends each). Held-out splits only: train's is nominal."""
+    tokens holding them hold beside, a space; loss=answer_end: and what ends each). Held-out
+    splits only: train's is nominal."""
     if split == 'train':
       return self.num_tokens(split)
     decode = self.tokenizer.decode
