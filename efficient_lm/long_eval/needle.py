@@ -24,6 +24,7 @@ answer gets right before its first wrong one (`leading_digits`). Variants (`VARI
 
 import dataclasses
 import functools
+import os
 import re
 
 import jax
@@ -181,13 +182,7 @@ def leading_digits(text: str, answers) -> int:
   it shows how far a greedy answer gets before it goes wrong."""
   match = re.match(r"\s*(\d+)", text)
   digits = match.group(1) if match else ""
-  best = 0
-  for answer in answers:
-    n = 0
-    while n < min(len(digits), len(answer)) and digits[n] == answer[n]:
-      n += 1
-    best = max(best, n)
-  return best
+  return max(len(os.path.commonprefix([digits, answer])) for answer in answers)
 
 
 def _tile_cache(cache, small, big, B: int, R: int):
