@@ -745,6 +745,26 @@ def test_needle_rows_split_prompts_by_the_windows_reach():
   assert needle_study.by_reach(record, reach=10)["prompts_far"] == 6  # every needle ends early
 
 
+def test_readme_quotes_the_replication_as_verdicts_decides_it():
+  """experiments/README.md's sentence on the BCMT replication carries the committed verdicts'
+  figures (difference, interval, p, seeds) and no verdict the file does not give."""
+  from experiments import verdicts  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(verdicts.RESULTS, "verdicts.json")) as f:
+    rows = {r["id"]: r for r in json.load(f)["registered"]}
+  with open(verdicts.README) as f:
+    text = " ".join(f.read().split())
+  sentence = text.split("The registered replication (`bcmt_replication`")[1].split("never a verdict)")[0]
+  main, gain = rows["bcmt_replication"], rows["bcmt_replication_block_start_gain"]
+  assert main["seeds"] == main["planned_seeds"] == 6 and main["verdict"] == "not decided"
+  assert "finds no difference" in sentence and f"{main['seeds']} seeds" in sentence
+  for row in (main, gain):
+    assert f"by {row['difference']:.4f} nats" in sentence and row["difference"] > 0  # A ahead
+    assert f"{row['ci_low']:+.4f} to {row['ci_high']:+.4f}".lstrip("+") in sentence
+    assert f"p {row['p_value']:.3f}" in sentence
+  # The interval excludes the seeds 0-2 gap it quotes (HOnly ahead by 0.017: -0.017 here).
+  assert "excludes the 0.017" in sentence and main["ci_low"] > -0.017
+
+
 def test_needle_rows_render_with_their_leading_digits(tmp_path):
   """The README block: a row per finished run, its leading digits from its own needle.json."""
   from experiments import needle_study  # pylint: disable=import-outside-toplevel
