@@ -24,8 +24,8 @@ step, the speed-up over the first batch size (the ratio of the medians, "vs B=1"
 of the rounds' own ratios, "by round") and the cache bytes per row (the cache pytree's bytes /
 B), also for a context of 16 C (shapes only): constant for the local models, growing with C for
 the dense baseline. --trace_dir adds one round, after the timed ones, under `jax.profiler.trace`
-(the per-thunk times of a decoding call). With --out it is written under "batch_sweep" in the JSON file, whose other
-content (the context sweep's "args" and "rows") is kept, and the reverse.
+(the per-thunk times of a decoding call). With --out it is written under "batch_sweep" in the
+JSON file, whose other content (the context sweep's "args" and "rows") is kept, and the reverse.
 
     python -m experiments.bench_decode --batch_sizes=1,8,32 --contexts=256 --new_tokens=32 \
         --configs=configs/dense.py,configs/sliding_window.py,configs/pi_attention.py,configs/bcmt.py,configs/ecp.py \
