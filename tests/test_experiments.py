@@ -745,15 +745,22 @@ def test_needle_rows_split_prompts_by_the_windows_reach():
   assert needle_study.by_reach(record, reach=10)["prompts_far"] == 6  # every needle ends early
 
 
-def test_readme_quotes_the_replication_as_verdicts_decides_it():
-  """experiments/README.md's sentence on the BCMT replication carries the committed verdicts'
-  figures (difference, interval, p, seeds) and no verdict the file does not give."""
+def _registered_rows_and_readme_between(start: str, end: str) -> tuple[dict, str]:
+  """verdicts.json's registered rows by id, and experiments/README.md's text from `start` to `end`
+  (whitespace collapsed)."""
   from experiments import verdicts  # pylint: disable=import-outside-toplevel
   with open(os.path.join(verdicts.RESULTS, "verdicts.json")) as f:
     rows = {r["id"]: r for r in json.load(f)["registered"]}
   with open(verdicts.README) as f:
     text = " ".join(f.read().split())
-  sentence = text.split("The registered replication (`bcmt_replication`")[1].split("never a verdict)")[0]
+  return rows, text.split(start)[1].split(end)[0]
+
+
+def test_readme_quotes_the_replication_as_verdicts_decides_it():
+  """experiments/README.md's sentence on the BCMT replication carries the committed verdicts'
+  figures (difference, interval, p, seeds) and no verdict the file does not give."""
+  rows, sentence = _registered_rows_and_readme_between("The registered replication (`bcmt_replication`",
+                                                       "never a verdict)")
   main, gain = rows["bcmt_replication"], rows["bcmt_replication_block_start_gain"]
   assert main["seeds"] == main["planned_seeds"] == 6 and main["verdict"] == "not decided"
   assert "finds no difference" in sentence and f"{main['seeds']} seeds" in sentence
@@ -763,6 +770,31 @@ def test_readme_quotes_the_replication_as_verdicts_decides_it():
     assert f"p {row['p_value']:.3f}" in sentence
   # The interval excludes the seeds 0-2 gap it quotes (HOnly ahead by 0.017: -0.017 here).
   assert "excludes the 0.017" in sentence and main["ci_low"] > -0.017
+
+
+def test_readme_quotes_pi_against_the_window_on_code_as_verdicts_decides_it():
+  """The sentence on the registered `pi_window_code` study carries verdicts.json's figures: the
+  primary difference (not decided), and the secondary swap delta with how many of its rows the
+  placebo gate validates; dense's swap delta beside it is the committed table's."""
+  rows, sentence = _registered_rows_and_readme_between("The registered `pi_window_code`",
+                                                       "what they reach.")
+  main, swap = rows["pi_window_code"], rows["pi_window_code_swap"]
+  assert main["seeds"] == main["planned_seeds"] == 5 and main["verdict"] == "not decided"
+  assert "finds no difference" in sentence and "5 seeds" in sentence and main["difference"] > 0
+  assert f"by {main['difference']:.4f} nats" in sentence and f"p {main['p_value']:.3f}" in sentence
+  assert f"interval {main['ci_low']:+.4f} to {main['ci_high']:+.4f}".replace("interval +", "interval ") \
+      in sentence
+  assert f"costs π {swap['difference']:.4f} nats ({swap['ci_low']:+.4f} to {swap['ci_high']:+.4f}" \
+      in sentence and swap["p_value"] < 0.001 and "p < 0.001" in sentence
+  validated = sum(s["placebo"]["validated"] for s in swap["per_seed"])
+  assert f"{validated} of its {len(swap['per_seed'])} rows pass the placebo gate" in sentence
+  assert swap["verdict"] == "reported (secondary)" and "never a verdict" in sentence
+  from experiments import verdicts  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(verdicts.RESULTS, "verdicts.json")) as f:
+    claims = json.load(f)["rows"]
+  dense = [c for c in claims
+           if c["claim"].startswith("dense gains from the context beyond 1024 tokens on python_code")]
+  assert len(dense) == 1 and f"against dense's {dense[0]['difference']:.4f}" in sentence
 
 
 def test_needle_rows_render_with_their_leading_digits(tmp_path):
