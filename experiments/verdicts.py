@@ -438,17 +438,21 @@ def render_verdicts(verdicts: dict) -> str:
 
 
 def render_registered(verdicts: dict) -> str:
-  """The confirmatory studies (experiments/registered/): each claim, its seeds so far, verdict."""
+  """The confirmatory studies (experiments/registered/): each claim, its seeds so far, raw and
+  adjusted p (Benjamini-Hochberg, which decides, and Benjamini-Yekutieli beside it; over the
+  study's primary claims, a secondary measure alone), verdict."""
   rows = verdicts.get("registered") or []
   if not rows:
     return "(no confirmatory study registered)"
   lines = ["| study | claim | registered in | seeds | difference (A better > 0) | 95% interval | p | "
-           "verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "p adjusted (BH) | p adjusted (BY) | verdict |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for row in rows:
     diff, ci = _diff_ci(row)
     kind = "" if row["primary"] else " (secondary)"
     lines.append(f"| `{row['study']}` | {row['claim']}{kind} | `{row['registered_in']}` | {row['seeds']} of "
-                 f"{row['planned_seeds']} | {diff} | {ci} | {_p(row['p_value'])} | {verdict_cell(row)} |")
+                 f"{row['planned_seeds']} | {diff} | {ci} | {_p(row['p_value'])} | "
+                 f"{_p(row.get('p_adjusted'))} | {_p(row.get('p_adjusted_by'))} | {verdict_cell(row)} |")
   controls = verdicts.get("registered_controls") or []
   if controls:
     lines += ["", "Controls (a threshold every seed must meet):", "",
