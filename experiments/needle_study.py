@@ -126,16 +126,26 @@ def run_row(model: str, seed: int, args) -> dict:
           "command": " ".join(train), "eval_command": " ".join(score), "code": code_version()}
 
 
-def leading_digits(row: dict) -> float | None:
-  """The mean count of right digits before the first wrong one, over a row's prompts, from its
-  committed needle.json (`long_eval.needle.leading_digits` on each answer; None without it)."""
+def answer_digits(row: dict) -> dict | None:
+  """A row's greedy answers read digit by digit, from its committed needle.json (None without it):
+  `leading`, the mean count of right digits before the first wrong one
+  (`long_eval.needle.leading_digits`); `any_order`, the mean count of the value's digits the answer
+  holds in any order (`digits_in_any_order`); and `any_order_chance`, the same answers scored
+  against the other prompts' values (a null that keeps each model's own digit habits: an answer
+  of one digit repeated scores below uniform digits)."""
   from efficient_lm.long_eval import needle  # pylint: disable=import-outside-toplevel
   path = os.path.join(REPO, row["figures"], "needle.json")
   if not os.path.isfile(path):
     return None
   with open(path) as f:
     answers = [a for c in json.load(f)["cells"] for a in c["answers"]]
-  return sum(needle.leading_digits(a["answer"], [a["expected"]]) for a in answers) / len(answers)
+  n = len(answers)
+  mean = lambda f: sum(map(f, answers)) / n
+  crossed = sum(needle.digits_in_any_order(a["answer"], b["expected"])
+                for i, a in enumerate(answers) for j, b in enumerate(answers) if i != j)
+  return {"leading": mean(lambda a: needle.leading_digits(a["answer"], [a["expected"]])),
+          "any_order": mean(lambda a: needle.digits_in_any_order(a["answer"], a["expected"])),
+          "any_order_chance": crossed / (n * (n - 1)) if n > 1 else None}
 
 
 def render(results: dict) -> str:
@@ -144,16 +154,19 @@ def render(results: dict) -> str:
   if not rows:
     return "No row has finished yet."
   fmt = lambda x: "-" if x is None else f"{x:.3f}"
+  fmt2 = lambda x: "-" if x is None else f"{x:.2f}"
   lines = ["| model@seed | top-1 all / far / near | lowest cell top-1 | exact all | leading digits "
-           "right (of 7) | answer loss | heatmap |", "| --- | --- | --- | --- | --- | --- | --- |"]
+           "right (of 7) | digits in any order (others' values) | answer loss | heatmap |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
   for r in rows:
-    digits = leading_digits(r)
+    digits = answer_digits(r)
     figure = os.path.relpath(os.path.join(REPO, r["figures"], "needle.png"), os.path.dirname(README))
+    read = ("- | -" if digits is None else
+            f"{digits['leading']:.2f} | {digits['any_order']:.2f} ({fmt2(digits['any_order_chance'])})")
     lines.append(
         f"| {r['model']}@{r['seed']} | {fmt(r['top1_all'])} / {fmt(r['top1_far'])} / "
         f"{fmt(r['top1_near'])} | {fmt(r['min_cell_top1'])} | {fmt(r['exact_all'])} | "
-        f"{'-' if digits is None else f'{digits:.2f}'} | {r['answer_loss']:.4f} | "
-        f"[needle.png]({figure}) |")
+        f"{read} | {r['answer_loss']:.4f} | [needle.png]({figure}) |")
   return "\n".join(lines)
 
 

@@ -797,19 +797,25 @@ def test_readme_quotes_pi_against_the_window_on_code_as_verdicts_decides_it():
   assert len(dense) == 1 and f"against dense's {dense[0]['difference']:.4f}" in sentence
 
 
-def test_needle_rows_render_with_their_leading_digits(tmp_path):
-  """The README block: a row per finished run, its leading digits from its own needle.json."""
+def test_needle_rows_render_with_their_answers_read_digit_by_digit(tmp_path):
+  """The README block: a row per finished run, its leading digits and digits in any order (beside
+  the same answers against the other prompts' values) from its own needle.json."""
   from experiments import needle_study  # pylint: disable=import-outside-toplevel
   answers = [{"answer": "123999999", "expected": "1234567"}, {"answer": "7654321", "expected": "7654321"},
-             {"answer": "2000000", "expected": "1234567"}]
+             {"answer": "2000000", "expected": "2000001"}]
   (tmp_path / "needle.json").write_text(json.dumps({"cells": [{"answers": answers}]}))
   row = {"model": "dense", "seed": 0, "top1_all": 0.5, "top1_far": None, "top1_near": 1.0,
          "min_cell_top1": 0.25, "exact_all": 1 / 3, "answer_loss": 1.5, "figures": str(tmp_path)}
-  assert needle_study.leading_digits(row) == pytest.approx((3 + 7 + 0) / 3)
+  digits = needle_study.answer_digits(row)
+  assert digits["leading"] == pytest.approx((3 + 7 + 6) / 3)
+  assert digits["any_order"] == pytest.approx((3 + 7 + 6) / 3)  # '1239999': 1, 2, 3; '200000': six
+  # Against the other values: '1239999' 3 and 2 (1, 2), '7654321' 7 and 2, '2000000' 1 and 1.
+  assert digits["any_order_chance"] == pytest.approx((3 + 2 + 7 + 2 + 1 + 1) / 6)
   table = needle_study.render({"rows": [row]}).splitlines()
-  assert len(table) == 3 and table[2].startswith("| dense@0 | 0.500 / - / 1.000 | 0.250 | 0.333 | 3.33 | 1.5000 |")
+  assert len(table) == 3
+  assert table[2].startswith("| dense@0 | 0.500 / - / 1.000 | 0.250 | 0.333 | 5.33 | 5.33 (2.67) | 1.5000 |")
   assert needle_study.render({}) == "No row has finished yet."
-  assert "| - |" in needle_study.render({"rows": [dict(row, figures=str(tmp_path / "absent"))]})
+  assert "| - | - |" in needle_study.render({"rows": [dict(row, figures=str(tmp_path / "absent"))]})
 
 
 def test_needle_study_claims_and_controls_are_decided_from_its_registered_rows():

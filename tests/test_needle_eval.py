@@ -126,6 +126,16 @@ def test_leading_digits_counts_the_right_digits_before_the_first_wrong_one():
   assert needle.leading_digits("76543", ["7654321", "7600000"]) == 5  # the best of the values
 
 
+def test_digits_in_any_order_counts_the_values_digits_wherever_they_stand():
+  assert needle.digits_in_any_order(" 4818263. And", "4818263") == 7
+  assert needle.digits_in_any_order(" 3628184", "4818263") == 7  # a permutation of the value
+  assert needle.digits_in_any_order(" 88888888", "4818263") == 2  # two 8s in the value, no more
+  assert needle.digits_in_any_order("48182639", "4818263") == 7  # digits past the value's length
+  assert needle.digits_in_any_order(" 4818200", "4818263") == 5
+  assert needle.digits_in_any_order("the 4818263", "4818263") == 0
+  assert needle.digits_in_any_order("", "4818263") == 0
+
+
 def test_chance_levels():
   single = needle_grid.report.chance(1, 9)
   assert single["top1"] == pytest.approx(0.1)

@@ -185,6 +185,16 @@ def leading_digits(text: str, answers) -> int:
   return max(len(os.path.commonprefix([digits, answer])) for answer in answers)
 
 
+def digits_in_any_order(text: str, answer: str) -> int:
+  """How many of the value's digits the answer's first len(answer) digits hold, in any order (the
+  multiset overlap: 0 to DIGITS; a permutation of the value scores DIGITS). Beside
+  `leading_digits` it tells a model that retrieved the value's digits but not their order from one
+  that retrieved nothing."""
+  match = re.match(r"\s*(\d+)", text)
+  digits = match.group(1)[:len(answer)] if match else ""
+  return sum(min(digits.count(d), answer.count(d)) for d in set(answer))
+
+
 def _tile_cache(cache, small, big, B: int, R: int):
   """Each row's cache repeated R times (row b -> rows b*R .. b*R + R-1): every leaf's batch axis
   (the one whose size differs between caches of B and B*R rows; B-major when merged with heads)."""
