@@ -28,6 +28,8 @@ import os
 import signal
 import sys
 
+import numpy as np
+
 from experiments.common import REPO
 from experiments.runner import run_monitored, tail
 
@@ -141,11 +143,15 @@ def answer_digits(row: dict) -> dict | None:
     answers = [a for c in json.load(f)["cells"] for a in c["answers"]]
   n = len(answers)
   mean = lambda f: sum(map(f, answers)) / n
-  crossed = sum(needle.digits_in_any_order(a["answer"], b["expected"])
-                for i, a in enumerate(answers) for j, b in enumerate(answers) if i != j)
+  # digits_in_any_order for every (answer, value) pair at once: the multiset overlap is the sum
+  # over digits of the smaller count; the answer's counts are of its first 7 digits.
+  counts = lambda texts: np.array([[t.count(str(d)) for d in range(10)] for t in texts])
+  first = [needle.digit_run(a["answer"])[:len(a["expected"])] for a in answers]
+  overlap = np.minimum(counts(first)[:, None], counts([a["expected"] for a in answers])[None]).sum(-1)
   return {"leading": mean(lambda a: needle.leading_digits(a["answer"], [a["expected"]])),
           "any_order": mean(lambda a: needle.digits_in_any_order(a["answer"], a["expected"])),
-          "any_order_chance": crossed / (n * (n - 1)) if n > 1 else None}
+          "any_order_chance": ((overlap.sum() - np.trace(overlap)) / (n * (n - 1)) if n > 1
+                               else None)}
 
 
 def render(results: dict) -> str:

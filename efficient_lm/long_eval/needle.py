@@ -169,10 +169,16 @@ def build(tokenizer, haystack: np.ndarray, *, length: int, depth: float, variant
   return prompts
 
 
+def digit_run(text: str) -> str:
+  """The answer text's leading run of digits, after spaces ('' if it starts otherwise)."""
+  match = re.match(r"\s*(\d+)", text)
+  return match.group(1) if match else ""
+
+
 def is_exact(text: str, answers) -> bool:
   """The answer text starts (after spaces) with one of `answers`' digits, and no more digits."""
-  match = re.match(r"\s*(\d+)", text)
-  return bool(match) and match.group(1) in answers
+  digits = digit_run(text)
+  return bool(digits) and digits in answers
 
 
 def leading_digits(text: str, answers) -> int:
@@ -180,9 +186,7 @@ def leading_digits(text: str, answers) -> int:
   answer text's leading run of digits (after spaces) and one of `answers`, the best of them (0 to
   DIGITS). Between exact match (all of them, and no more) and the rank among distractor values,
   it shows how far a greedy answer gets before it goes wrong."""
-  match = re.match(r"\s*(\d+)", text)
-  digits = match.group(1) if match else ""
-  return max(len(os.path.commonprefix([digits, answer])) for answer in answers)
+  return max(len(os.path.commonprefix([digit_run(text), answer])) for answer in answers)
 
 
 def digits_in_any_order(text: str, answer: str) -> int:
@@ -190,8 +194,7 @@ def digits_in_any_order(text: str, answer: str) -> int:
   multiset overlap: 0 to DIGITS; a permutation of the value scores DIGITS). Beside
   `leading_digits` it tells a model that retrieved the value's digits but not their order from one
   that retrieved nothing."""
-  match = re.match(r"\s*(\d+)", text)
-  digits = match.group(1)[:len(answer)] if match else ""
+  digits = digit_run(text)[:len(answer)]
   return sum(min(digits.count(d), answer.count(d)) for d in set(answer))
 
 
