@@ -818,6 +818,19 @@ def test_needle_rows_render_with_their_answers_read_digit_by_digit(tmp_path):
   assert "| - | - |" in needle_study.render({"rows": [dict(row, figures=str(tmp_path / "absent"))]})
 
 
+def test_readme_quotes_the_needle_answers_digits_from_their_committed_files():
+  """The sentence on digits in any order quotes dense@0's and π@0's committed answers."""
+  from experiments import needle_study, verdicts  # pylint: disable=import-outside-toplevel
+  with open(verdicts.README) as f:
+    text = " ".join(f.read().split())
+  sentence = text.split("The digits in any order say what that limit is:")[1].split("their order.")[0]
+  rows = {(r["model"], r["seed"]): r for r in needle_study.load(needle_study.RESULTS)["rows"]}
+  dense, pi = (needle_study.answer_digits(rows[(m, 0)]) for m in ("dense", "pi_attention"))
+  assert (f"dense@0's answers hold {dense['any_order']:.2f} of the value's 7 digits in some order, "
+          f"against {dense['any_order_chance']:.2f}") in sentence
+  assert f"(π@0 {pi['any_order']:.2f} against {pi['any_order_chance']:.2f})" in sentence
+
+
 def test_needle_study_claims_and_controls_are_decided_from_its_registered_rows():
   """The needle study's primary claims (top-1 past the window's reach) are one family decided from
   rows run after its registration at its seeds; its controls hold or fail per seed, the window's
