@@ -87,11 +87,34 @@ def test_needles_sit_at_their_depth_in_one_document_and_the_question_asks_their_
       question = needle.QUESTION.format(key=p.key)
       assert tok.decode(p.ids[-len(tok.encode(question)):]) == question
       assert tok.decode(p.answer_ids[0]).strip() == p.answers[0]
+      # The values in the haystack that are not the answer: every other needle's (multikey,
+      # multiquery), none where every needle counts (single has one, multivalue asks them all).
+      in_text = [tok.decode(ids).split(" is ")[1].rstrip(".") for ids in p.needle_ids[1:]]
+      assert p.other_values == ([] if variant == "multivalue" else in_text)
     if variant == "multikey":  # the distractor needles carry other keys
       others = [tok.decode(ids) for ids in prompts[0].needle_ids[1:]]
       assert all(prompts[0].key not in text for text in others)
     if variant == "multivalue":
       assert len(set(prompts[0].answers)) == needle.EXTRA_NEEDLES + 1
+
+
+@pytest.mark.parametrize("variant", needle.VARIANTS)
+def test_ranked_candidates_put_the_haystacks_other_values_first(window_run, variant):
+  """The rank's distractors: the other keys' values in the haystack (what a model that ignores the
+  key would answer), then distinct random values; the single needle's draws are unchanged."""
+  lm, haystack, _ = window_run
+  cells = needle_grid.build_grid(lm.tokenizer, haystack, lengths=[400], depths=[0.5],
+                                 needles_per_cell=2, variant=variant, distractors=5)
+  for prompt, candidates, ids in cells[(400, 0.5)]:
+    k = len(prompt.answers)
+    assert candidates[:k] == prompt.answers and len(candidates) == k + 5 == len(ids)
+    assert candidates[k:k + len(prompt.other_values)] == prompt.other_values
+    assert len(set(candidates)) == len(candidates)
+    assert len(prompt.other_values) == {"single": 0, "multivalue": 0}.get(variant, needle.EXTRA_NEEDLES)
+    if variant == "single":  # as before other values existed: the same seeded draws
+      rng = np.random.default_rng([0, 400, 0, prompt.group])
+      again = needle.build(lm.tokenizer, haystack, length=400, depth=0.5, variant=variant, rng=rng)
+      assert candidates[1:] == needle.distractor_values(rng, again[0].answers, 5)
 
 
 def test_keys_come_from_the_given_words(window_run):

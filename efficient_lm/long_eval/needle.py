@@ -63,6 +63,7 @@ class Prompt:
   needle_ids: list[np.ndarray]
   haystack: int
   group: int  # prompts of one haystack (multiquery) share it
+  other_values: list[str] = dataclasses.field(default_factory=list)  # in the haystack, not asked
 
 
 def random_key(rng: np.random.Generator, taken=(), words=None) -> str:
@@ -160,12 +161,13 @@ def build(tokenizer, haystack: np.ndarray, *, length: int, depth: float, variant
     else:
       answers = values[:1]
     main_needle = qi if variant == "multiquery" else 0
+    others = [] if variant == "multivalue" else [v for i, v in enumerate(values) if i != main_needle]
     prompts.append(Prompt(
         ids=ids, key=key, answers=answers,
         answer_ids=[answer_ids(tokenizer, q_ids, q_text, v) for v in answers],
         needle_starts=[starts[main_needle]] + [starts[i] for i in range(count) if i != main_needle],
         needle_ids=[needles[main_needle]] + [needles[i] for i in range(count) if i != main_needle],
-        haystack=h + extra, group=group))
+        haystack=h + extra, group=group, other_values=others))
   return prompts
 
 

@@ -31,7 +31,9 @@ def _check(lengths, depths, needles_per_cell: int, variant: str, distractors: in
 def build_grid(tokenizer, haystack, *, lengths, depths, needles_per_cell: int, variant: str,
                distractors: int, seed: int = 0, key_words=None) -> dict:
   """{(length, depth): [(prompt, candidates, candidate ids), ...]}: every needle's prompt(s) and
-  its candidate answers (the true ones first, then `distractors` random 7-digit values)."""
+  its candidate answers: the true ones first, then `distractors` others, the values of the
+  haystack's other keys first (multikey, multiquery: what a model that ignores the key would
+  answer), then random 7-digit values."""
   cells = {}
   for length in lengths:
     for di, depth in enumerate(depths):
@@ -41,7 +43,9 @@ def build_grid(tokenizer, haystack, *, lengths, depths, needles_per_cell: int, v
         for prompt in needle_lib.build(tokenizer, haystack, length=length, depth=depth,
                                        variant=variant, rng=rng, group=i,
                                        key_words=key_words):
-          wrong = needle_lib.distractor_values(rng, prompt.answers, distractors)
+          seen = prompt.other_values[:distractors]
+          wrong = seen + needle_lib.distractor_values(rng, prompt.answers + seen,
+                                                      distractors - len(seen))
           question = needle_lib.QUESTION.format(key=prompt.key)
           q_ids = np.asarray(tokenizer.encode(question), np.int32)
           ids = list(prompt.answer_ids) + [needle_lib.answer_ids(tokenizer, q_ids, question, v)
