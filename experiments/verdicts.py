@@ -37,6 +37,7 @@ import numpy as np
 from efficient_lm import stats
 from experiments import long_range
 from experiments import needle_study
+from experiments import needle_variants
 from experiments import registration
 from experiments.claims import EXPLORATORY, NOT_VALIDATED, by_claim, verdict_cell  # noqa: F401 (by_claim)
 from experiments.common import REPO
@@ -539,6 +540,9 @@ def render_readme(verdicts: dict, loaded: dict, readme: str = README) -> None:
     text = replace_block(text, "long_range", long_range.render(loaded["long_range_results"]))
   text = replace_block(text, "needle_reach",
                        needle_study.render(loaded["registered"].get("needle_reach") or {}))
+  text = replace_block(text, "needle_variants",
+                       needle_variants.render(load_json(needle_variants.RESULTS) or {},
+                                              loaded["registered"].get("needle_reach") or {}))
   with open(readme, "w") as f:
     f.write(text)
 

@@ -524,8 +524,8 @@ def test_committed_verdicts_follow_from_the_committed_results():
   assert ("**confirmed**" in table) == ("confirmed" in decided)
   assert ("**refuted**" in table) == ("refuted" in decided)
   # experiments/README.md's generated blocks (the summary, the registered studies, the verdicts
-  # the swap rows with their placebo bins, the needle study's rows) are what the committed files
-  # render to.
+  # the swap rows with their placebo bins, the needle study's rows and its variants) are what the
+  # committed files render to.
   loaded = verdicts.load_all()
   for path, marker, body in (
       (verdicts.README, "verdicts_summary", verdicts.render_summary(committed)),
@@ -533,7 +533,10 @@ def test_committed_verdicts_follow_from_the_committed_results():
       (verdicts.README, "verdicts", verdicts.render_verdicts(committed)),
       (verdicts.README, "context_ablation", verdicts.render_ablation(loaded["ablation"])),
       (verdicts.README, "needle_reach",
-       verdicts.needle_study.render(loaded["registered"]["needle_reach"] or {}))):
+       verdicts.needle_study.render(loaded["registered"]["needle_reach"] or {})),
+      (verdicts.README, "needle_variants",
+       verdicts.needle_variants.render(verdicts.load_json(verdicts.needle_variants.RESULTS) or {},
+                                       loaded["registered"]["needle_reach"] or {}))):
     with open(path) as f:
       text = f.read()
     assert f"<!-- {marker} -->" in text, (path, marker)
@@ -829,6 +832,56 @@ def test_readme_quotes_the_needle_answers_digits_from_their_committed_files():
   assert (f"dense@0's answers hold {dense['any_order']:.2f} of the value's 7 digits in some order, "
           f"against {dense['any_order_chance']:.2f}") in sentence
   assert f"(π@0 {pi['any_order']:.2f} against {pi['any_order_chance']:.2f})" in sentence
+
+
+def test_needle_variants_score_only_finished_study_rows_and_render_beside_them(tmp_path, monkeypatch):
+  """The variants script asks the study's evaluation with another variant, scores only the rows
+  the study's results hold (a workdir still training is skipped), keeps finished rows, and its
+  README block sets each row beside the same model's single-needle top-1."""
+  from experiments import needle_study, needle_variants  # pylint: disable=import-outside-toplevel
+  command = needle_variants.eval_command("W", "O", "multikey")
+  assert "--variant=multikey" in command and "--variant=single" not in command
+  assert command[:-1] == [a.replace("single", "multikey") for a in needle_study.eval_command("W", "O")][:-1]
+  study = tmp_path / "study.json"
+  study.write_text(json.dumps({"rows": [
+      {"model": "dense", "seed": 0, "top1_all": 0.99, "top1_far": 0.98, "top1_near": 1.0}]}))
+  calls = []
+
+  def fake_row(model, seed, variant, args):
+    calls.append((model, seed, variant))
+    return {"model": model, "seed": seed, "variant": variant, "top1_all": 0.25, "top1_far": 0.3,
+            "top1_near": None, "exact_all": 0.0, "figures": str(tmp_path / f"{model}@{seed}")}
+
+  monkeypatch.setattr(needle_variants, "run_row", fake_row)
+  out = tmp_path / "variants.json"
+  argv = ["--models=dense,sliding_window", f"--study_results={study}", f"--results={out}"]
+  needle_variants.main(argv)
+  needle_variants.main(argv)  # kept: not run again
+  assert calls == [("dense", 0, "multikey")]
+  table = needle_variants.render(json.loads(out.read_text()), json.loads(study.read_text()))
+  assert table.splitlines()[2].startswith(
+      "| dense@0 | multikey | 0.250 / 0.300 / - | 0.990 / 0.980 / 1.000 | 0.000 |")
+  assert needle_variants.render({}, {}) == "No row has run yet."
+  with pytest.raises(SystemExit, match="unknown"):
+    needle_variants.main(["--variants=single"])
+
+
+def test_readme_quotes_the_multikey_rows_from_their_committed_files():
+  """The sentence after the variants block quotes the committed multikey and single-needle rows."""
+  from experiments import needle_study, needle_variants, verdicts  # pylint: disable=import-outside-toplevel
+  with open(verdicts.README) as f:
+    text = " ".join(f.read().split())
+  sentence = text.split("No model reads the key at seed 0:")[1].split("among several.")[0]
+  multikey = {r["model"]: r["top1_all"] for r in needle_study.load(needle_variants.RESULTS)["rows"]
+              if r["seed"] == 0 and r["variant"] == "multikey"}
+  single = {r["model"]: r["top1_all"] for r in needle_study.load(needle_study.RESULTS)["rows"]
+            if r["seed"] == 0}
+  assert set(multikey) == set(single) == set(needle_study.MODELS)
+  assert f"top-1 is {min(multikey.values()):.3f}-{max(multikey.values()):.3f}" in sentence
+  assert f"single needle gave {min(single.values()):.3f}-{max(single.values()):.3f}" in sentence
+  assert max(multikey.values()) < 0.3  # "near or below the 1 in 4" (400 prompts: SE about 0.02)
+  assert (f"(dense {multikey['dense']:.3f}, π {multikey['pi_attention']:.3f}, "
+          f"Perceiver-AR {multikey['perceiver_ar']:.3f})") in sentence
 
 
 def test_needle_study_claims_and_controls_are_decided_from_its_registered_rows():
