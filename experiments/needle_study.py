@@ -149,7 +149,7 @@ def answer_digits(row: dict) -> dict | None:
   first = [needle.digit_run(a["answer"])[:len(a["expected"])] for a in answers]
   overlap = np.minimum(counts(first)[:, None], counts([a["expected"] for a in answers])[None]).sum(-1)
   return {"leading": mean(lambda a: needle.leading_digits(a["answer"], [a["expected"]])),
-          "any_order": mean(lambda a: needle.digits_in_any_order(a["answer"], a["expected"])),
+          "any_order": float(np.trace(overlap)) / n,  # each answer against its own value
           "any_order_chance": ((overlap.sum() - np.trace(overlap)) / (n * (n - 1)) if n > 1
                                else None)}
 

@@ -19,11 +19,13 @@ import json
 import os
 import sys
 
+from efficient_lm.long_eval import needle as needle_lib
 from experiments import needle_study
 from experiments.common import REPO
 from experiments.runner import run_monitored, tail
 
-VARIANTS = ("multikey",)
+VARIANTS = ("multikey",)  # run by default
+OTHER_VARIANTS = tuple(v for v in needle_lib.VARIANTS if v != "single")  # what --variants accepts
 RESULTS = os.path.join(REPO, "experiments", "results", "needle_variants.json")
 FIGURES = os.path.join(REPO, "experiments", "results", "needle_variants")
 
@@ -92,7 +94,7 @@ def main(argv=None) -> None:
   parser.add_argument("--pause_file", default="")
   args = parser.parse_args(argv)
   for name, given, known in (("models", args.models, needle_study.MODELS),
-                             ("variants", args.variants, ("multikey", "multivalue", "multiquery"))):
+                             ("variants", args.variants, OTHER_VARIANTS)):
     unknown = sorted(set(given.split(",")) - set(known))
     if unknown:
       sys.exit(f"error: --{name}: unknown {unknown}; use {', '.join(known)}")
