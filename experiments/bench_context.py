@@ -55,7 +55,7 @@ from efficient_lm import step_memory
 from efficient_lm import targets
 from efficient_lm import train_state
 from experiments import bench_step
-from experiments.common import REPO, load_config, paused
+from experiments.common import REPO, load_config, paused, write_json
 
 MODELS = ("pi_attention,sliding_window,bcmt,bcmt:honly,ecp,dense:flash,dense:reference")
 SEQ_LENS = "4096,8192,16384,32768,65536,131072,262144,524288,1048576"
@@ -223,9 +223,7 @@ def main():
             "models": models, "memory": [], "timing": []}
 
   def save():
-    with open(out + ".tmp", "w") as f:
-      json.dump(result, f, indent=1)
-    os.replace(out + ".tmp", out)
+    write_json(out, result)
 
   for key in models:
     for T in map(int, args.seq_lens.split(",")):

@@ -41,7 +41,7 @@ import jax
 from efficient_lm import sharding
 from efficient_lm import step_memory
 from efficient_lm import train_state
-from experiments.common import REPO, load_config
+from experiments.common import REPO, load_config, write_json
 
 SIZES = "256x4,512x8,1024x16,2048x24,3072x32,4096x40"
 MESHES = {"replicated": dict(data=8, fsdp=1, tensor=1, context=1),
@@ -118,9 +118,7 @@ def main():
   budget = args.budget_gib * 2**30
   result["largest_fitting"] = {name: largest_fitting(result["rows"], name, budget) for name in MESHES}
   result["budget_gib"] = args.budget_gib
-  with open(out + ".tmp", "w") as f:
-    json.dump(result, f, indent=1)
-  os.replace(out + ".tmp", out)
+  write_json(out, result)
   print(f"largest fitting {args.budget_gib:g} GiB per device: {json.dumps(result['largest_fitting'])}")
 
 

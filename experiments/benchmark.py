@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from experiments import bench_step
-from experiments.common import REPO, load_config
+from experiments.common import REPO, load_config, write_json
 
 MODELS = ("dense,bcmt:128,bcmt:honly128,sliding_window,pi_attention,pi_attention:doubling,ecp,"
           "perceiver_ar,perceiver_ar:compressed")
@@ -258,9 +258,7 @@ def main():
     result = {"settings": settings, "matmul_peak_flops": peaks, "device": jax.devices()[0].device_kind,
               "cpu_count": os.cpu_count(), "platform": platform.platform(),
               "load_average": os.getloadavg(), "rows": rows}
-    with open(path + ".tmp", "w") as f:
-      json.dump(result, f, indent=1)
-    os.replace(path + ".tmp", path)
+    write_json(path, result)
 
   # T outer, models inner: every model at one T is measured within minutes of the others, so
   # their ratios hold on a machine whose load drifts over the run.

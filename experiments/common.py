@@ -1,6 +1,7 @@
 """Helpers the experiment scripts share."""
 
 import contextlib
+import json
 import os
 import time
 
@@ -18,6 +19,22 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
   if not os.path.isabs(path) and os.path.isfile(os.path.join(REPO, path)):
     spec = os.path.join(REPO, path) + colon + preset
   return cli.load_config(spec)
+
+
+def write_json(path: str, obj) -> None:
+  """Writes `obj` to `path` whole or not at all: a temporary file beside it (this process's own),
+  then a rename, so a run killed mid-write leaves the previous results, never a torn file."""
+  parent = os.path.dirname(path)
+  if parent:
+    os.makedirs(parent, exist_ok=True)
+  tmp = f"{path}.{os.getpid()}.tmp"
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):  # the dump failed: the previous file stands, no stray temporary
+      os.remove(tmp)
 
 
 @contextlib.contextmanager

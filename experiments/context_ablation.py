@@ -38,7 +38,7 @@ import os
 import signal
 import sys
 
-from experiments.common import REPO
+from experiments.common import REPO, write_json
 from experiments.runner import run_monitored, tail
 
 COMMON = {"model.d_model": 128, "model.num_layers": 2, "model.num_heads": 4,
@@ -189,9 +189,7 @@ def main(argv=None) -> None:
       results.update(corpora=CORPORA, models={k: v[1] for k, v in MODELS.items()}, common=COMMON)
       results.pop("gates", None)
       results.pop("sanity_failures", None)  # the cross-run check the placebo gate replaced
-      with open(args.results + ".tmp", "w") as f:
-        json.dump(results, f, indent=1)
-      os.replace(args.results + ".tmp", args.results)
+      write_json(args.results, results)
 
   with open(os.path.join(REPO, "experiments", "registered", "swap_placebo_gate.json")) as f:
     gate = json.load(f)

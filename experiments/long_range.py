@@ -36,7 +36,7 @@ import numpy as np
 
 from efficient_lm import models
 from efficient_lm.data import mqar
-from experiments.common import REPO, load_config
+from experiments.common import REPO, load_config, write_json
 from experiments.runner import run_monitored, tail
 
 TWO_TOKEN_TASK = ("mqar:seq_len=192,latents=64,queries=8,pairs=12,min_distance=21,"
@@ -229,9 +229,7 @@ def load(path: str) -> dict:
 def save(results: dict, path: str) -> None:
   results["models"] = {k: v[1] for k, v in MODELS.items()}
   results["rows"] = [row for run in results["runs"].values() for row in rows_of(run)]
-  with open(path + ".tmp", "w") as f:
-    json.dump(results, f, indent=1)
-  os.replace(path + ".tmp", path)
+  write_json(path, results)
 
 
 def null_accuracy(run: dict, chance: float) -> str:

@@ -30,7 +30,7 @@ import sys
 
 import numpy as np
 
-from experiments.common import REPO
+from experiments.common import REPO, write_json
 from experiments.runner import run_monitored, tail
 
 DATASET = "needle:needles=1,distractors=0,min_length=128,eval_sequences=64"
@@ -206,10 +206,7 @@ def main(argv=None) -> None:
         results.update(rows=sorted(done.values(), key=lambda r: (r["model"], r["seed"])),
                        settings=SETTINGS, models={k: v[1] for k, v in MODELS.items()},
                        grid=GRID, reach=REACH)
-        os.makedirs(os.path.dirname(args.results), exist_ok=True)
-        with open(args.results + ".tmp", "w") as f:
-          json.dump(results, f, indent=1)
-        os.replace(args.results + ".tmp", args.results)
+        write_json(args.results, results)
       r = done[(model, seed)]
       print(f"{model}@{seed}: exact {r['exact_all']:.3f} (far {r['exact_far']}, near "
             f"{r['exact_near']}), top-1 {r['top1_all']:.3f}, answer loss {r['answer_loss']:.4f}",

@@ -21,7 +21,7 @@ import sys
 
 from efficient_lm.long_eval import needle as needle_lib
 from experiments import needle_study
-from experiments.common import REPO
+from experiments.common import REPO, write_json
 from experiments.runner import run_monitored, tail
 
 VARIANTS = ("multikey",)  # run by default
@@ -111,10 +111,7 @@ def main(argv=None) -> None:
         if key not in done or args.force:
           done[key] = run_row(model, seed, variant, args)
           results["rows"] = sorted(done.values(), key=lambda r: (r["model"], r["seed"], r["variant"]))
-          os.makedirs(os.path.dirname(args.results), exist_ok=True)
-          with open(args.results + ".tmp", "w") as f:
-            json.dump(results, f, indent=1)
-          os.replace(args.results + ".tmp", args.results)
+          write_json(args.results, results)
         r = done[key]
         print(f"{model}@{seed} {variant}: top-1 {r['top1_all']:.3f} (far {_fmt(r['top1_far'])}, near "
               f"{_fmt(r['top1_near'])}), exact {r['exact_all']:.3f}", flush=True)

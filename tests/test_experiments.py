@@ -372,6 +372,20 @@ def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch, shakespeare_ar
     assert "context-parallel" in outputs
 
 
+def test_write_json_replaces_results_whole_or_not_at_all(tmp_path):
+  """The experiments' results writer: parents made, the file replaced whole, and a dump that fails
+  (an object JSON cannot hold) leaves the previous results and no temporary beside them."""
+  from experiments.common import write_json  # pylint: disable=import-outside-toplevel
+  path = tmp_path / "results" / "study.json"
+  write_json(str(path), {"rows": [1, 2]})
+  write_json(str(path), {"rows": [1, 2, 3]})
+  assert json.loads(path.read_text()) == {"rows": [1, 2, 3]}
+  with pytest.raises(TypeError):
+    write_json(str(path), {"rows": [1, 2, 3, object()]})
+  assert json.loads(path.read_text()) == {"rows": [1, 2, 3]}
+  assert os.listdir(path.parent) == ["study.json"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", ["configs/pi_attention.py", "configs/dense.py",
                                   "configs/perceiver_ar.py"])
