@@ -327,7 +327,9 @@ def registered_claims(results: dict[str, dict | None]) -> list[dict]:
 def registered_controls(results: dict[str, dict | None]) -> list[dict]:
   """The registered studies' controls: a threshold each of the model's per-seed values must meet
   (`at_least` or `at_most`, `chance` added where the control says so), decided at the study's
-  full seeds from runs after its registration: holds (every seed meets it), fails, or pending."""
+  full seeds from runs after its registration: holds (every seed meets it), fails, or pending.
+  A seed that misses the bound fails the control at once: every seed must meet it, so the seeds
+  still to run cannot change that verdict."""
   out = []
   for name, study in registration.studies().items():
     commit = registration.study_commit(study)
@@ -344,10 +346,15 @@ def registered_controls(results: dict[str, dict | None]) -> list[dict]:
         value = values[control["model"]][s]
         ok = value >= bound if control["direction"] == "at_least" else value <= bound
         per_seed.append({"seed": s, "value": value, "bound": bound, "meets": ok})
-      if len(per_seed) < len(study["seeds"]):
+      missed = [e["seed"] for e in per_seed if not e["meets"]]
+      if missed:
+        verdict = "fails" if len(per_seed) == len(study["seeds"]) else (
+            f"fails (seed{'s' if len(missed) > 1 else ''} {', '.join(map(str, missed))} of "
+            f"{len(per_seed)} run so far; the rest cannot change it)")
+      elif len(per_seed) < len(study["seeds"]):
         verdict = f"pending ({len(per_seed)} of {len(study['seeds'])} seeds)"
       else:
-        verdict = "holds" if all(e["meets"] for e in per_seed) else "fails"
+        verdict = "holds"
       out.append({"study": name, "id": control["id"], "claim": control["text"],
                   "verdict": verdict, "per_seed": per_seed,
                   "registered_in": commit[:7] if commit else None})
@@ -456,7 +463,7 @@ def render_registered(verdicts: dict) -> str:
                  f"{_p(row.get('p_adjusted'))} | {_p(row.get('p_adjusted_by'))} | {verdict_cell(row)} |")
   controls = verdicts.get("registered_controls") or []
   if controls:
-    lines += ["", "Controls (a threshold every seed must meet):", "",
+    lines += ["", "Controls (a threshold every seed must meet; so a seed that misses it fails the control before the rest have run):", "",
               "| study | control | registered in | per seed: value (bound) | verdict |",
               "| --- | --- | --- | --- | --- |"]
     for c in controls:

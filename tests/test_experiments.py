@@ -928,8 +928,17 @@ def test_needle_study_claims_and_controls_are_decided_from_its_registered_rows()
   window = controls["needle_window_chance_far"]
   assert window["verdict"] == "holds" and {e["bound"] for e in window["per_seed"]} == {0.2}
   two = [r for r in rows if r["seed"] != study["seeds"][-1]]
-  assert all(c["verdict"] == "pending (2 of 3 seeds)" for c in verdicts.registered_controls(
-      {"needle_reach": {"rows": two}}) if c["study"] == "needle_reach")
+  early = {c["id"]: c["verdict"] for c in verdicts.registered_controls(
+      {"needle_reach": {"rows": two}}) if c["study"] == "needle_reach"}
+  # A control every seed must meet fails at the first seed that misses it; the rest wait.
+  assert early.pop("needle_dense_exact_everywhere") == \
+      "fails (seeds 0, 1 of 2 run so far; the rest cannot change it)"
+  assert set(early.values()) == {"pending (2 of 3 seeds)"}
+  one_miss = [dict(r, min_cell_top1=0.5) if (r["model"], r["seed"]) == ("dense", 1) else r
+              for r in two]
+  dense = {c["id"]: c["verdict"] for c in verdicts.registered_controls(
+      {"needle_reach": {"rows": one_miss}})}["needle_dense_everywhere"]
+  assert dense == "fails (seed 1 of 2 run so far; the rest cannot change it)"
   early = [dict(r, code="010e34b (snapshot)") for r in rows]  # run before the registration
   before = {r["id"]: r for r in verdicts.registered_claims({"needle_reach": {"rows": early}})}
   assert before["needle_pi_past_window"]["seeds"] == 0
