@@ -463,7 +463,8 @@ def render_registered(verdicts: dict) -> str:
                  f"{_p(row.get('p_adjusted'))} | {_p(row.get('p_adjusted_by'))} | {verdict_cell(row)} |")
   controls = verdicts.get("registered_controls") or []
   if controls:
-    lines += ["", "Controls (a threshold every seed must meet; so a seed that misses it fails the control before the rest have run):", "",
+    lines += ["", "Controls (a threshold every seed must meet; so a seed that misses it fails the "
+                  "control before the rest have run):", "",
               "| study | control | registered in | per seed: value (bound) | verdict |",
               "| --- | --- | --- | --- | --- |"]
     for c in controls:
