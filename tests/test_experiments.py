@@ -880,6 +880,45 @@ def test_needle_variants_score_only_finished_study_rows_and_render_beside_them(t
     needle_variants.main(["--variants=single"])
 
 
+def test_readme_quotes_the_needle_controls_as_verdicts_decides_them():
+  """The paragraph on the needle study's controls quotes verdicts.json's per-seed values and
+  verdicts, and dense@2's low cells as its committed needle.json has them."""
+  from experiments import needle_study, verdicts  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(verdicts.RESULTS, "verdicts.json")) as f:
+    controls = {c["id"]: c for c in json.load(f)["registered_controls"]}
+  with open(verdicts.README) as f:
+    text = " ".join(f.read().split())
+  paragraph = text.split("**The controls, decided at seeds 0-2**")[1].split("on exact match.")[0]
+  values = lambda c: [f"{e['value']:.3f}" for e in controls[c]["per_seed"]]
+  for control, bound in (("needle_window_chance_far", 0.2), ("needle_window_near", 0.9)):
+    assert controls[control]["verdict"] == "holds"
+    assert f"{', '.join(values(control)[:2])} and {values(control)[2]} (" in paragraph
+    assert all(e["bound"] == pytest.approx(bound) for e in controls[control]["per_seed"])
+    assert f"the bound {bound:.3f})" in paragraph
+  dense = controls["needle_dense_everywhere"]
+  assert dense["verdict"] == "fails"
+  assert [e["meets"] for e in dense["per_seed"]] == [True, True, False]
+  lowest = values("needle_dense_everywhere")
+  assert f"(lowest cells {lowest[0]} and {lowest[1]})" in paragraph
+  rows = {(r["model"], r["seed"]): r for r in needle_study.load(needle_study.RESULTS)["rows"]}
+  with open(os.path.join(verdicts.RESULTS, "needle_reach", "dense@2", "needle.json")) as f:
+    cells = json.load(f)["cells"]
+  low = [c for c in cells if c["top1"]["share"] < 0.9]
+  assert {c["top1"]["share"] for c in low} == {0.85} and all(c["top1"]["count"] == 17 for c in low)
+  assert f"{len(low)} of its {len(cells)} cells hold 0.850 (17 of 20 needles" in paragraph
+  assert f"lengths {min(c['length'] for c in low)}-{max(c['length'] for c in low):,}" in paragraph
+  assert f"depths {min(c['depth'] for c in low):g}-{max(c['depth'] for c in low):g}" in paragraph
+  seed2 = rows[("dense", 2)]
+  assert f"({seed2['top1_far']:.3f} and {seed2['top1_near']:.3f})" in paragraph
+  assert f"answer loss {seed2['answer_loss']:.4f}" in paragraph
+  for control in ("needle_dense_exact_everywhere", "needle_window_exact_near"):
+    assert controls[control]["verdict"] == "fails" and set(values(control)) == {"0.000"}
+  assert "fail (exact 0.000 at every seed)" in paragraph
+  far = controls["needle_window_exact_far"]
+  assert far["verdict"] == "holds" and set(values("needle_window_exact_far")) == {"0.000"}
+  assert "the window's exact match past its reach, holds at 0.000" in paragraph
+
+
 def test_readme_quotes_the_multikey_rows_from_their_committed_files():
   """The sentence after the variants block quotes the committed multikey and single-needle rows."""
   from experiments import needle_study, needle_variants, verdicts  # pylint: disable=import-outside-toplevel
