@@ -763,11 +763,13 @@ def test_needle_rows_split_prompts_by_the_windows_reach():
 
 
 def _registered_rows_and_readme_between(start: str, end: str) -> tuple[dict, str]:
-  """verdicts.json's registered rows by id, and experiments/README.md's text from `start` to `end`
-  (whitespace collapsed)."""
+  """verdicts.json's registered claims and controls by id, and experiments/README.md's text from
+  `start` to `end` (whitespace collapsed)."""
   from experiments import verdicts  # pylint: disable=import-outside-toplevel
   with open(os.path.join(verdicts.RESULTS, "verdicts.json")) as f:
-    rows = {r["id"]: r for r in json.load(f)["registered"]}
+    found = json.load(f)
+  rows = {r["id"]: r for r in found["registered"] + found["registered_controls"]}
+  assert len(rows) == len(found["registered"]) + len(found["registered_controls"])  # ids unique
   with open(verdicts.README) as f:
     text = " ".join(f.read().split())
   return rows, text.split(start)[1].split(end)[0]
@@ -884,11 +886,8 @@ def test_readme_quotes_the_needle_controls_as_verdicts_decides_them():
   """The paragraph on the needle study's controls quotes verdicts.json's per-seed values and
   verdicts, and dense@2's low cells as its committed needle.json has them."""
   from experiments import needle_study, verdicts  # pylint: disable=import-outside-toplevel
-  with open(os.path.join(verdicts.RESULTS, "verdicts.json")) as f:
-    controls = {c["id"]: c for c in json.load(f)["registered_controls"]}
-  with open(verdicts.README) as f:
-    text = " ".join(f.read().split())
-  paragraph = text.split("**The controls, decided at seeds 0-2**")[1].split("on exact match.")[0]
+  controls, paragraph = _registered_rows_and_readme_between("**The controls, decided at seeds 0-2**",
+                                                            "on exact match.")
   values = lambda c: [f"{e['value']:.3f}" for e in controls[c]["per_seed"]]
   for control, bound in (("needle_window_chance_far", 0.2), ("needle_window_near", 0.9)):
     assert controls[control]["verdict"] == "holds"
