@@ -18,5 +18,7 @@ def verdict_cell(row: dict) -> str:
     return f"not decided ({row['note']})"
   if v in (EXPLORATORY, NOT_VALIDATED):
     return f"{v} ({row['note']})"
+  if row.get("ahead"):  # a registered claim: which arm its verdict puts ahead
+    return f"**{v}** ({row['ahead']} ahead)"
   return f"**{v}**" if v not in (stats.NOT_DECIDED, stats.NOT_COMPARABLE) else (
       f"{v} ({row['note']})" if row["note"] else v)

@@ -318,7 +318,11 @@ def registered_claims(results: dict[str, dict | None]) -> list[dict]:
         unvalidated = any(not e.get("placebo", {"validated": True})["validated"] for e in per_seed)
         row.update(verdict="reported (secondary)", note="a secondary measure: never a verdict"
                    + ("; the placebo gate does not validate every row" if unvalidated else ""))
+      # The labels read from A's side (confirmed: A ahead; refuted: B ahead), so a claim that two
+      # arms differ, borne out in B's favour, reads "refuted": `ahead` names the arm either way.
+      ahead = {stats.CONFIRMED: spec["a"], stats.REFUTED: spec.get("b")}.get(row["verdict"])
       out.append({**row, "study": name, "id": spec["id"], "primary": primary,
+                  "arm_a": spec["a"], "arm_b": spec.get("b"), "ahead": ahead,
                   "registered_in": commit[:7] if commit else None,
                   "seeds_excluded": excluded, "per_seed": per_seed})
   return out
@@ -519,7 +523,8 @@ def render_summary(verdicts: dict) -> str:
   if registered:
     lines += [f"- registered before their runs, {len(registered)} claims of "
               f"{len({r['study'] for r in registered})} confirmatory studies: "
-              + "; ".join(f"{r['claim']} ({r['seeds']} of {r['planned_seeds']} seeds: {r['verdict']})"
+              + "; ".join(f"{r['claim']} ({r['seeds']} of {r['planned_seeds']} seeds: {r['verdict']}"
+                          + (f", {r['ahead']} ahead" if r.get("ahead") else "") + ")"
                           for r in registered if r["primary"]) + "."]
   return "\n".join(lines)
 

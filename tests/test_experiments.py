@@ -918,6 +918,38 @@ def test_readme_quotes_the_needle_controls_as_verdicts_decides_them():
   assert "the window's exact match past its reach, holds at 0.000" in paragraph
 
 
+def test_readme_quotes_the_needle_claims_as_verdicts_decides_them():
+  """The paragraph on the needle study's three registered claims quotes verdicts.json: each
+  claim's per-seed values, difference, 95% interval, raw p, BH and BY adjusted p and verdict at
+  its full seeds, and the secondary exact-match differences as reported, never a verdict."""
+  rows, paragraph = _registered_rows_and_readme_between("**The claims, decided at seeds 0-2**",
+                                                        "never a verdict.")
+  for claim in ("needle_pi_past_window", "needle_bcmt_past_block", "needle_ecp_vs_perceiver"):
+    row = rows[claim]
+    assert row["primary"] and row["seeds"] == row["planned_seeds"] == 3
+    per_seed = [f"{s['a']:.3f} against {s['b']:.3f}" for s in row["per_seed"]]
+    assert f"({', '.join(per_seed[:2])} and {per_seed[2]})" in paragraph, claim
+    assert (f"{row['difference']:+.3f} (95% interval {row['ci_low']:+.3f} to {row['ci_high']:+.3f}; "
+            f"p {row['p_value']:.3f}, BH {row['p_adjusted']:.3f}, BY {row['p_adjusted_by']:.3f}): "
+            f"**{row['verdict']}**") in paragraph, claim
+  for claim in ("needle_pi_past_window_exact", "needle_bcmt_past_block_exact",
+                "needle_ecp_vs_perceiver_exact"):
+    row = rows[claim]
+    assert not row["primary"] and row["verdict"] == "reported (secondary)" and row["seeds"] == 3
+    assert {(s["a"], s["b"]) for s in row["per_seed"]} == {(0.0, 0.0)}
+  assert "exact-match differences are 0.000 at every seed" in paragraph
+  assert rows["needle_ecp_vs_perceiver"]["ahead"] == "perceiver_ar" and "Perceiver-AR ahead" in paragraph
+  # The figures that read the claims: HOnly near chance within the window's reach too, ECP
+  # retrieving within its reach and not past it.
+  from experiments import needle_study  # pylint: disable=import-outside-toplevel
+  study = {(r["model"], r["seed"]): r for r in needle_study.load(needle_study.RESULTS)["rows"]}
+  quote = lambda model, key: ", ".join(f"{study[(model, s)][key]:.3f}" for s in (0, 1)) + \
+      f" and {study[(model, 2)][key]:.3f}"
+  assert f"on near needles too ({quote('honly', 'top1_near')})" in paragraph
+  assert f"(far {quote('ecp', 'top1_far')}; near {quote('ecp', 'top1_near')})" in paragraph
+  assert {study[("honly", s)]["chance_top1"] for s in (0, 1, 2)} == {0.1} and "chance (0.100)" in paragraph
+
+
 def test_readme_quotes_the_multikey_rows_from_their_committed_files():
   """The sentence after the variants block quotes the committed multikey and single-needle rows."""
   from experiments import needle_study, needle_variants, verdicts  # pylint: disable=import-outside-toplevel
@@ -958,6 +990,13 @@ def test_needle_study_claims_and_controls_are_decided_from_its_registered_rows()
   pi = found["needle_pi_past_window"]
   assert pi["primary"] and pi["seeds"] == 3 and pi["difference"] == pytest.approx(0.68)
   assert pi["verdict"] != "pending" and found["needle_ecp_vs_perceiver"]["difference"] < 0
+  # A claim's verdict names the arm it puts ahead (the labels read from A's side).
+  assert found["needle_bcmt_past_block"]["verdict"] == "confirmed"
+  assert found["needle_bcmt_past_block"]["ahead"] == "bcmt"
+  from experiments import claims  # pylint: disable=import-outside-toplevel
+  assert claims.verdict_cell(dict(found["needle_bcmt_past_block"], ahead="honly")) == \
+      "**confirmed** (honly ahead)"
+  assert found["needle_pi_past_window_exact"]["ahead"] is None
   assert not found["needle_pi_past_window_exact"]["primary"]
   controls = {c["id"]: c for c in verdicts.registered_controls({"needle_reach": {"rows": rows}})
               if c["study"] == "needle_reach"}
