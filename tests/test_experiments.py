@@ -941,13 +941,22 @@ def test_readme_quotes_the_needle_claims_as_verdicts_decides_them():
   assert rows["needle_ecp_vs_perceiver"]["ahead"] == "perceiver_ar" and "Perceiver-AR ahead" in paragraph
   # The figures that read the claims: HOnly near chance within the window's reach too, ECP
   # retrieving within its reach and not past it.
-  from experiments import needle_study  # pylint: disable=import-outside-toplevel
+  from experiments import needle_study, verdicts  # pylint: disable=import-outside-toplevel
   study = {(r["model"], r["seed"]): r for r in needle_study.load(needle_study.RESULTS)["rows"]}
   quote = lambda model, key: ", ".join(f"{study[(model, s)][key]:.3f}" for s in (0, 1)) + \
       f" and {study[(model, 2)][key]:.3f}"
   assert f"on near needles too ({quote('honly', 'top1_near')})" in paragraph
   assert f"(far {quote('ecp', 'top1_far')}; near {quote('ecp', 'top1_near')})" in paragraph
   assert {study[("honly", s)]["chance_top1"] for s in (0, 1, 2)} == {0.1} and "chance (0.100)" in paragraph
+  # The "which model" table quotes the same verdicts, rounded.
+  with open(verdicts.README) as f:
+    table_row = [line for line in f if line.startswith("| any | must fetch an exact token far back")]
+  assert len(table_row) == 1
+  pi, bcmt, ecp = (rows[c] for c in ("needle_pi_past_window", "needle_bcmt_past_block",
+                                      "needle_ecp_vs_perceiver"))
+  assert f"past the window's reach ({pi['difference']:+.2f}, **{pi['verdict']}**)" in table_row[0]
+  assert f"past its block ({bcmt['difference']:+.2f} over HOnly, **{bcmt['verdict']}**)" in table_row[0]
+  assert f"Perceiver-AR ahead of ECP ({ecp['difference']:+.2f} for ECP, **{ecp['verdict']}**)" in table_row[0]
 
 
 def test_readme_quotes_the_multikey_rows_from_their_committed_files():
