@@ -960,21 +960,22 @@ def test_readme_quotes_the_needle_claims_as_verdicts_decides_them():
 
 
 def test_readme_quotes_the_multikey_rows_from_their_committed_files():
-  """The sentence after the variants block quotes the committed multikey and single-needle rows."""
+  """The sentence after the variants block quotes the committed multikey and single-needle rows,
+  every model at seeds 0-2."""
   from experiments import needle_study, needle_variants, verdicts  # pylint: disable=import-outside-toplevel
   with open(verdicts.README) as f:
     text = " ".join(f.read().split())
-  sentence = text.split("No model reads the key at seed 0:")[1].split("among several.")[0]
-  multikey = {r["model"]: r["top1_all"] for r in needle_study.load(needle_variants.RESULTS)["rows"]
-              if r["seed"] == 0 and r["variant"] == "multikey"}
-  single = {r["model"]: r["top1_all"] for r in needle_study.load(needle_study.RESULTS)["rows"]
-            if r["seed"] == 0}
-  assert set(multikey) == set(single) == set(needle_study.MODELS)
+  sentence = text.split("No model reads the key at seeds 0-2:")[1].split("among several.")[0]
+  multikey = {(r["model"], r["seed"]): r["top1_all"]
+              for r in needle_study.load(needle_variants.RESULTS)["rows"] if r["variant"] == "multikey"}
+  single = {(r["model"], r["seed"]): r["top1_all"] for r in needle_study.load(needle_study.RESULTS)["rows"]}
+  assert set(multikey) == set(single) == {(m, s) for m in needle_study.MODELS for s in (0, 1, 2)}
   assert f"top-1 is {min(multikey.values()):.3f}-{max(multikey.values()):.3f}" in sentence
   assert f"single needle gave {min(single.values()):.3f}-{max(single.values()):.3f}" in sentence
   assert max(multikey.values()) < 0.3  # "near or below the 1 in 4" (400 prompts: SE about 0.02)
-  assert (f"(dense {multikey['dense']:.3f}, π {multikey['pi_attention']:.3f}, "
-          f"Perceiver-AR {multikey['perceiver_ar']:.3f})") in sentence
+  seeds = lambda m: f"{multikey[(m, 0)]:.3f}, {multikey[(m, 1)]:.3f} and {multikey[(m, 2)]:.3f}"
+  assert (f"(dense {seeds('dense')}; π {seeds('pi_attention')}; "
+          f"Perceiver-AR {seeds('perceiver_ar')})") in sentence
 
 
 def test_needle_study_claims_and_controls_are_decided_from_its_registered_rows():
