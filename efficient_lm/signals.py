@@ -167,10 +167,10 @@ def phase(what: str) -> Iterator[None]:
   _state.phases.append(what)
   try:
     yield
+    if not _state.deferred:
+      check()  # still inside: the stop is named for the phase that swallowed it
   finally:
     _state.phases.pop()
-  if not _state.deferred:
-    check()
 
 
 def current_phase() -> str:
