@@ -322,7 +322,7 @@ def registered_claims(results: dict[str, dict | None]) -> list[dict]:
       # arms differ, borne out in B's favour, reads "refuted": `ahead` names the arm either way.
       ahead = {stats.CONFIRMED: spec["a"], stats.REFUTED: spec.get("b")}.get(row["verdict"])
       out.append({**row, "study": name, "id": spec["id"], "primary": primary,
-                  "arm_a": spec["a"], "arm_b": spec.get("b"), "ahead": ahead,
+                  "ahead": ahead,
                   "registered_in": commit[:7] if commit else None,
                   "seeds_excluded": excluded, "per_seed": per_seed})
   return out

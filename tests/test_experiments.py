@@ -762,6 +762,12 @@ def test_needle_rows_split_prompts_by_the_windows_reach():
   assert needle_study.by_reach(record, reach=10)["prompts_far"] == 6  # every needle ends early
 
 
+def _and_list(items) -> str:
+  """Three or more figures as the README lists them: 'a, b and c'."""
+  items = list(items)
+  return f"{', '.join(items[:-1])} and {items[-1]}"
+
+
 def _registered_rows_and_readme_between(start: str, end: str) -> tuple[dict, str]:
   """verdicts.json's registered claims and controls by id, and experiments/README.md's text from
   `start` to `end` (whitespace collapsed)."""
@@ -891,7 +897,7 @@ def test_readme_quotes_the_needle_controls_as_verdicts_decides_them():
   values = lambda c: [f"{e['value']:.3f}" for e in controls[c]["per_seed"]]
   for control, bound in (("needle_window_chance_far", 0.2), ("needle_window_near", 0.9)):
     assert controls[control]["verdict"] == "holds"
-    assert f"{', '.join(values(control)[:2])} and {values(control)[2]} (" in paragraph
+    assert f"{_and_list(values(control))} (" in paragraph
     assert all(e["bound"] == pytest.approx(bound) for e in controls[control]["per_seed"])
     assert f"the bound {bound:.3f})" in paragraph
   dense = controls["needle_dense_everywhere"]
@@ -928,7 +934,7 @@ def test_readme_quotes_the_needle_claims_as_verdicts_decides_them():
     row = rows[claim]
     assert row["primary"] and row["seeds"] == row["planned_seeds"] == 3
     per_seed = [f"{s['a']:.3f} against {s['b']:.3f}" for s in row["per_seed"]]
-    assert f"({', '.join(per_seed[:2])} and {per_seed[2]})" in paragraph, claim
+    assert f"({_and_list(per_seed)})" in paragraph, claim
     assert (f"{row['difference']:+.3f} (95% interval {row['ci_low']:+.3f} to {row['ci_high']:+.3f}; "
             f"p {row['p_value']:.3f}, BH {row['p_adjusted']:.3f}, BY {row['p_adjusted_by']:.3f}): "
             f"**{row['verdict']}**") in paragraph, claim
@@ -943,8 +949,7 @@ def test_readme_quotes_the_needle_claims_as_verdicts_decides_them():
   # retrieving within its reach and not past it.
   from experiments import needle_study, verdicts  # pylint: disable=import-outside-toplevel
   study = {(r["model"], r["seed"]): r for r in needle_study.load(needle_study.RESULTS)["rows"]}
-  quote = lambda model, key: ", ".join(f"{study[(model, s)][key]:.3f}" for s in (0, 1)) + \
-      f" and {study[(model, 2)][key]:.3f}"
+  quote = lambda model, key: _and_list(f"{study[(model, s)][key]:.3f}" for s in (0, 1, 2))
   assert f"on near needles too ({quote('honly', 'top1_near')})" in paragraph
   assert f"(far {quote('ecp', 'top1_far')}; near {quote('ecp', 'top1_near')})" in paragraph
   assert {study[("honly", s)]["chance_top1"] for s in (0, 1, 2)} == {0.1} and "chance (0.100)" in paragraph
@@ -973,7 +978,7 @@ def test_readme_quotes_the_multikey_rows_from_their_committed_files():
   assert f"top-1 is {min(multikey.values()):.3f}-{max(multikey.values()):.3f}" in sentence
   assert f"single needle gave {min(single.values()):.3f}-{max(single.values()):.3f}" in sentence
   assert max(multikey.values()) < 0.3  # "near or below the 1 in 4" (400 prompts: SE about 0.02)
-  seeds = lambda m: f"{multikey[(m, 0)]:.3f}, {multikey[(m, 1)]:.3f} and {multikey[(m, 2)]:.3f}"
+  seeds = lambda m: _and_list(f"{multikey[(m, s)]:.3f}" for s in (0, 1, 2))
   assert (f"(dense {seeds('dense')}; π {seeds('pi_attention')}; "
           f"Perceiver-AR {seeds('perceiver_ar')})") in sentence
 
