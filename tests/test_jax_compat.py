@@ -89,8 +89,10 @@ def test_setup_declares_the_compat_range_and_this_jax_is_in_it(monkeypatch):
 
 def test_ci_runs_the_readme_command_then_the_fast_tier_on_the_newest_jax():
   """.ci/run: the README's test command first, unchanged; then a Python 3.12 venv given the newest
-  jax of the range it reads from jax_compat.py (checked by running its own sed), the library after
-  it, and the fast tier; `set -e` so that either stage failing fails CI."""
+  jax of the range it reads from jax_compat.py (checked by running its own sed) whose `tpu` extra
+  installs (jax with that extra, as the library's `tpu` extra asks: a jax published before its
+  libtpu must not be picked and then moved back), the library after it, and the fast tier;
+  `set -e` so that either stage failing fails CI."""
   with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
     readme_test_command = f.read().splitlines()[3].strip()  # the README's second command line
   assert readme_test_command.startswith("pip install -e '.[test") and "pytest" in readme_test_command
@@ -105,7 +107,7 @@ def test_ci_runs_the_readme_command_then_the_fast_tier_on_the_newest_jax():
                         capture_output=True, text=True, check=True).stdout
   assert read == jax_compat.JAX_REQUIREMENT, read
   installs = [line for line in commands if '/bin/pip" install' in line]
-  assert '"jax$JAX_REQUIREMENT"' in installs[0] and "-e '.[test,tpu]'" in installs[1], installs
+  assert '"jax[tpu]$JAX_REQUIREMENT"' in installs[0] and "-e '.[test,tpu]'" in installs[1], installs
   assert commands[-1] == '"$VENV/bin/python" -m pytest -m "not slow" -n auto'
 
 
