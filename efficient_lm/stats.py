@@ -13,6 +13,8 @@ a few fixed runs: `paired_bootstrap` over items describes one run, it decides no
     counted in the family with p = 1.
   - `decide`: the per-test rule on an unadjusted p-value (the paper tables' older one-table view).
   - `false_positive_rate`, `architecture_null_rates`: the rules on simulated nulls.
+  - `proportion_control` (and its `proportion_control_power`): a control on a share of prompts,
+    decided on its interval; `every_cell_power`: what a minimum-over-cells control can do.
 
 numpy only, no scipy. Details: docs/evaluation.md, Statistics.
 
@@ -388,6 +390,71 @@ def decide_family(claims: Sequence[Claim], family_size: int | None = None) -> li
       row["verdict"] = EQUIVALENT if abs(r.difference) < r.margin else NOT_EQUIVALENT
     out.append(row)
   return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Controls: a threshold a model's share of prompts must meet, sized by their power.
+
+
+def normal_quantile(q: float) -> float:
+  """The standard normal's q-quantile (bisection on erf; 1.95996 at 0.975)."""
+  lo, hi = -40.0, 40.0
+  for _ in range(200):
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < q else (lo, mid)
+  return (lo + hi) / 2
+
+
+def proportion_interval(successes: int, n: int, alpha: float = ALPHA) -> tuple[float, float]:
+  """The Wilson score interval (two-sided, 1 - alpha) of a share `successes` / `n`."""
+  if n < 1 or not 0 <= successes <= n:
+    raise ValueError(f"a share needs 0 <= successes <= n and n >= 1, got {successes} of {n}")
+  z = normal_quantile(1 - alpha / 2)
+  share = successes / n
+  centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+  half = z * math.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+  return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def proportion_control(successes: int, n: int, bound: float, direction: str) -> dict:
+  """A control "the share is at least (`at_least`) / at most (`at_most`) `bound`" decided on the
+  share's 95% interval over all its prompts: holds when the whole interval is on the bound's
+  side, fails when it is wholly on the other side, not decided otherwise (too few prompts to
+  tell). The minimum over many small cells is no such test: at 20 cells of 20 prompts a model
+  truly at 0.95 everywhere meets "every cell >= 0.9" with probability 0.21 (`every_cell_power`)."""
+  if direction not in ("at_least", "at_most"):
+    raise ValueError(f"direction={direction!r} must be 'at_least' or 'at_most'")
+  low, high = proportion_interval(successes, n)
+  good, bad = (low >= bound, high < bound) if direction == "at_least" else (high <= bound, low > bound)
+  verdict = "holds" if good else "fails" if bad else "not decided"
+  return {"share": successes / n, "n": n, "ci_low": low, "ci_high": high, "bound": bound,
+          "direction": direction, "verdict": verdict}
+
+
+def _binomial_pmf(n: int, p: float) -> np.ndarray:
+  k = np.arange(n + 1)
+  if p in (0.0, 1.0):
+    return (k == (n if p else 0)).astype(np.float64)
+  log = (math.lgamma(n + 1) - np.array([math.lgamma(i + 1) + math.lgamma(n - i + 1) for i in k])
+         + k * math.log(p) + (n - k) * math.log1p(-p))
+  return np.exp(log)
+
+
+def proportion_control_power(n: int, p: float, bound: float, direction: str) -> float:
+  """The chance that `proportion_control` holds over `n` prompts for a model whose true share is
+  `p` (exact, over the binomial): the figure a control states before its runs."""
+  pmf = _binomial_pmf(n, p)
+  holds = [proportion_control(k, n, bound, direction)["verdict"] == "holds" for k in range(n + 1)]
+  return float(pmf[np.array(holds)].sum())
+
+
+def every_cell_power(per_cell: int, cells: int, p: float, bound: float) -> float:
+  """The chance that every one of `cells` cells of `per_cell` prompts meets share >= `bound` for
+  a model whose true share is `p` in each (independent cells): how likely a "minimum over the
+  cells" control is to hold for a model that truly meets it."""
+  pmf = _binomial_pmf(per_cell, p)
+  meets = np.arange(per_cell + 1) / per_cell >= bound - 1e-12
+  return float(pmf[meets].sum()) ** cells
 
 
 # ----------------------------------------------------------------------------------------------

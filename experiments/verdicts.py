@@ -39,7 +39,7 @@ from experiments import long_range
 from experiments import needle_study
 from experiments import needle_variants
 from experiments import registration
-from experiments.claims import EXPLORATORY, NOT_VALIDATED, by_claim, verdict_cell  # noqa: F401 (by_claim)
+from experiments.claims import DIFFER, EXPLORATORY, MEASURED, NOT_VALIDATED, by_claim, verdict_cell  # noqa: F401 (by_claim)
 from experiments.common import REPO
 from experiments.context_ablation import CORPORA
 from experiments.context_ablation import placebo
@@ -241,29 +241,61 @@ def _relabel(row: dict, extra: dict, study: dict) -> dict:
   return row
 
 
-def _study_values(name: str, spec: dict, results: dict) -> tuple[dict, dict, list]:
-  """({model: {seed: value}} with None for B of a swap delta, {seed: [code, ...]}, the rows read)
-  of one claim of a registered study, from its results file."""
+def _long_range_values(spec: dict, found: dict) -> tuple[dict, dict, list, bool | str]:
+  """A registered MQAR claim's per-seed recall (experiments/long_range.py's results format): per
+  run, the accuracy over the test queries at the claim's `distances` [low, high). Not comparable
+  when a run recalls less than `TRAINED` of the queries its own attention reaches in one hop, or
+  the arms trained different steps."""
+  a, b = spec["a"], spec["b"]
+  low, high = spec["distances"]
+  values, codes, comparable = {a: {}, b: {}}, {}, True
+  runs = [r for r in (found.get("runs") or {}).values() if r["model"] in (a, b)]
+  steps = {}
+  for run in sorted(runs, key=lambda r: (r["seed"], r["model"])):
+    q = long_range.load_queries(run)
+    judged = (q["distance"] >= low) & (q["distance"] < high)
+    values[run["model"]][run["seed"]] = float(q["correct"][judged].mean())
+    codes.setdefault(run["seed"], []).append(run.get("code"))
+    steps.setdefault(run["seed"], set()).add(run["steps"])
+    acc = in_reach_accuracy(run)
+    if acc is not None and acc < TRAINED and comparable is True:
+      comparable = (f"not trained: {run['model']}@{run['seed']} recalls {acc:.2f} of the queries "
+                    f"inside its own reach (< {TRAINED})")
+  if comparable is True and any(len(s) > 1 for s in steps.values()):
+    comparable = "not trained to the same point (different steps)"
+  return values, codes, runs, comparable
+
+
+def _study_values(name: str, spec: dict, results: dict, study: dict | None = None
+                  ) -> tuple[dict, dict, list, bool | str]:
+  """({model: {seed: value}} with None for B of a swap delta, {seed: [code, ...]}, the rows read,
+  True or why the arms are not comparable) of one claim of a registered study, from its results
+  file; how it is read follows the study's `source` (its results' format)."""
   found = results.get(name) or {}
+  source = (study or {}).get("source") or {"bcmt_replication": "paper_tables:bcmt",
+                                           "needle_reach": "needle_study"}.get(name, "context_ablation")
   values, codes = {spec["a"]: {}, spec.get("b"): {}}, {}
-  if name == "bcmt_replication":
-    rows = [r for r in ((found.get("tables") or {}).get("bcmt", {}).get("rows", {})).values()
+  if source == "long_range":
+    return _long_range_values(spec, found)
+  if source.startswith("paper_tables:"):
+    table = source.split(":", 1)[1]
+    rows = [r for r in ((found.get("tables") or {}).get(table, {}).get("rows", {})).values()
             if "scores" in r]
     metric = tuple(tuple(tuple(x) for x in m) if isinstance(m, list) else m for m in spec["metric"])
-    per_position = (results.get(name + "_per_position") or {}).get("bcmt", {})
+    per_position = (results.get(name + "_per_position") or {}).get(table, {})
     for model in (spec["a"], spec["b"]):
       mine = sorted((r for r in rows if r["config_key"] == model), key=lambda r: r["seed"])
       v = metric_values(mine, metric, per_position) if mine else None
       for r, x in zip(mine, v if v is not None else []):
         values[model][r["seed"]] = x
         codes.setdefault(r["seed"], []).append(r.get("code"))
-  elif name == "needle_reach":  # experiments/needle_study.py rows: one per model and seed
+  elif source == "needle_study":  # experiments/needle_study.py rows: one per model and seed
     rows = found.get("rows", [])
     for r in rows:
       if r["model"] in (spec["a"], spec.get("b")) and r.get(spec["metric"]) is not None:
         values[r["model"]][r["seed"]] = r[spec["metric"]]
         codes.setdefault(r["seed"], []).append(r.get("code"))
-  else:  # pi_window_code: context_ablation rows
+  else:  # context_ablation rows (pi_window_code)
     rows = [r for r in found.get("rows", []) if r.get("method") == "swap"]
     for r in rows:
       if spec.get("b") is None and r["model"] == spec["a"]:  # the swap delta: full vs ablated
@@ -274,7 +306,7 @@ def _study_values(name: str, spec: dict, results: dict) -> tuple[dict, dict, lis
       else:
         continue
       codes.setdefault(r["seed"], []).append(r.get("code"))
-  return values, codes, rows
+  return values, codes, rows, True
 
 
 def registered_claims(results: dict[str, dict | None]) -> list[dict]:
@@ -289,7 +321,7 @@ def registered_claims(results: dict[str, dict | None]) -> list[dict]:
     specs = study["claims"] + study.get("secondary", [])
     tested = []
     for spec in specs:
-      values, codes, rows = _study_values(name, spec, results)
+      values, codes, rows, comparable = _study_values(name, spec, results, study)
       excluded = []
       for seed in sorted(codes):  # only runs after the registration, only the registered seeds
         if seed not in study["seeds"] or not all(registration.ran_after(commit, c) for c in codes[seed]):
@@ -300,8 +332,13 @@ def registered_claims(results: dict[str, dict | None]) -> list[dict]:
       # full loss and B the ablated one, so a positive difference is a gain from the far context,
       # as in `ablation_claims`.
       a, b = values[spec["a"]], values[spec.get("b")]
-      result = stats.paired_t_test(a, b, higher_is_better=bool(spec.get("higher_is_better")))
-      claim = stats.Claim(spec["text"], spec["kind"], result, len(set(a) & set(b)), len(study["seeds"]))
+      higher = bool(spec.get("higher_is_better"))
+      if spec["kind"] == "equivalence":  # TOST against the margin the registration states
+        result = stats.equivalence_test(a, b, margin=spec["margin"], higher_is_better=higher)
+      else:
+        result = stats.paired_t_test(a, b, higher_is_better=higher)
+      claim = stats.Claim(spec["text"], spec["kind"], result, len(set(a) & set(b)), len(study["seeds"]),
+                          comparable)
       tested.append((spec, claim, rows, excluded, a, b))
     primaries = [t for t in tested if t[0] in study["claims"]]
     decided = dict(zip((id(t[0]) for t in primaries),
@@ -318,11 +355,14 @@ def registered_claims(results: dict[str, dict | None]) -> list[dict]:
         unvalidated = any(not e.get("placebo", {"validated": True})["validated"] for e in per_seed)
         row.update(verdict="reported (secondary)", note="a secondary measure: never a verdict"
                    + ("; the placebo gate does not validate every row" if unvalidated else ""))
-      # The labels read from A's side (confirmed: A ahead; refuted: B ahead), so a claim that two
-      # arms differ, borne out in B's favour, reads "refuted": `ahead` names the arm either way.
+      # A two-sided difference decided either way reads "differ", with the arm it puts ahead
+      # (stats' labels read from A's side: confirmed for A ahead, refuted for B ahead, which
+      # reads as the opposite of "they differ" when B is ahead).
       ahead = {stats.CONFIRMED: spec["a"], stats.REFUTED: spec.get("b")}.get(row["verdict"])
+      if ahead is not None and spec["kind"] == "difference" and spec.get("sides", 2) == 2:
+        row["verdict"] = DIFFER
       out.append({**row, "study": name, "id": spec["id"], "primary": primary,
-                  "ahead": ahead,
+                  "ahead": ahead, "measured": MEASURED.get(spec["id"]),
                   "registered_in": commit[:7] if commit else None,
                   "seeds_excluded": excluded, "per_seed": per_seed})
   return out
@@ -338,8 +378,8 @@ def registered_controls(results: dict[str, dict | None]) -> list[dict]:
   for name, study in registration.studies().items():
     commit = registration.study_commit(study)
     for control in study.get("controls", []):
-      values, codes, _ = _study_values(name, {"a": control["model"], "metric": control["metric"]},
-                                       results)
+      values, codes, _, _ = _study_values(name, {"a": control["model"], "metric": control["metric"]},
+                                          results, study)
       rows = {r["seed"]: r for r in (results.get(name) or {}).get("rows", [])
               if r["model"] == control["model"]}
       seeds = [s for s in sorted(values[control["model"]]) if s in study["seeds"]
@@ -351,6 +391,14 @@ def registered_controls(results: dict[str, dict | None]) -> list[dict]:
         ok = value >= bound if control["direction"] == "at_least" else value <= bound
         per_seed.append({"seed": s, "value": value, "bound": bound, "meets": ok})
       missed = [e["seed"] for e in per_seed if not e["meets"]]
+      power = None
+      if control["metric"].startswith("min_cell_") and rows and all("cells" in r for r in rows.values()):
+        # the lowest of many small cells: how often a model that truly meets it would
+        cells, per_cell = len(next(iter(rows.values()))["cells"]), needle_study.GRID["needles_per_cell"]
+        truth = round(control["bound"] + 0.05, 4)
+        power = {"true_share": truth, "cells": cells, "per_cell": per_cell, "seeds": len(study["seeds"]),
+                 "holds": stats.every_cell_power(per_cell, cells, truth, control["bound"])
+                 ** len(study["seeds"])}
       if missed:
         verdict = "fails" if len(per_seed) == len(study["seeds"]) else (
             f"fails (seed{'s' if len(missed) > 1 else ''} {', '.join(map(str, missed))} of "
@@ -360,7 +408,7 @@ def registered_controls(results: dict[str, dict | None]) -> list[dict]:
       else:
         verdict = "holds"
       out.append({"study": name, "id": control["id"], "claim": control["text"],
-                  "verdict": verdict, "per_seed": per_seed,
+                  "verdict": verdict, "per_seed": per_seed, "power": power,
                   "registered_in": commit[:7] if commit else None})
   return out
 
@@ -462,6 +510,8 @@ def render_registered(verdicts: dict) -> str:
   for row in rows:
     diff, ci = _diff_ci(row)
     kind = "" if row["primary"] else " (secondary)"
+    if row.get("measured"):
+      kind += f"; what it measured: {row['measured']}"
     lines.append(f"| `{row['study']}` | {row['claim']}{kind} | `{row['registered_in']}` | {row['seeds']} of "
                  f"{row['planned_seeds']} | {diff} | {ci} | {_p(row['p_value'])} | "
                  f"{_p(row.get('p_adjusted'))} | {_p(row.get('p_adjusted_by'))} | {verdict_cell(row)} |")
@@ -469,12 +519,17 @@ def render_registered(verdicts: dict) -> str:
   if controls:
     lines += ["", "Controls (a threshold every seed must meet; so a seed that misses it fails the "
                   "control before the rest have run):", "",
-              "| study | control | registered in | per seed: value (bound) | verdict |",
-              "| --- | --- | --- | --- | --- |"]
+              "| study | control | registered in | per seed: value (bound) | verdict | chance it holds "
+              "for a model that truly meets it |",
+              "| --- | --- | --- | --- | --- | --- |"]
     for c in controls:
       seeds = ", ".join(f"{e['seed']}: {e['value']:.3f} ({e['bound']:.3f})" for e in c["per_seed"])
+      power = c.get("power")
+      chance = "-" if not power else (f"{power['holds']:.3f} (a share of {power['true_share']:.2f} in "
+                                      f"each of {power['cells']} cells of {power['per_cell']}, "
+                                      f"{power['seeds']} seeds)")
       lines.append(f"| `{c['study']}` | {c['claim']} | `{c['registered_in']}` | {seeds or '-'} | "
-                   f"{c['verdict']} |")
+                   f"{c['verdict']} | {chance} |")
   return "\n".join(lines)
 
 

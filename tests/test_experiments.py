@@ -935,9 +935,10 @@ def test_readme_quotes_the_needle_claims_as_verdicts_decides_them():
     assert row["primary"] and row["seeds"] == row["planned_seeds"] == 3
     per_seed = [f"{s['a']:.3f} against {s['b']:.3f}" for s in row["per_seed"]]
     assert f"({_and_list(per_seed)})" in paragraph, claim
+    ahead = {"pi_attention": "π", "bcmt": "BCMT", "perceiver_ar": "Perceiver-AR"}[row["ahead"]]
     assert (f"{row['difference']:+.3f} (95% interval {row['ci_low']:+.3f} to {row['ci_high']:+.3f}; "
             f"p {row['p_value']:.3f}, BH {row['p_adjusted']:.3f}, BY {row['p_adjusted_by']:.3f}): "
-            f"**{row['verdict']}**") in paragraph, claim
+            f"**{row['verdict']}**, {ahead} ahead") in paragraph, claim
   for claim in ("needle_pi_past_window_exact", "needle_bcmt_past_block_exact",
                 "needle_ecp_vs_perceiver_exact"):
     row = rows[claim]
@@ -959,9 +960,11 @@ def test_readme_quotes_the_needle_claims_as_verdicts_decides_them():
   assert len(table_row) == 1
   pi, bcmt, ecp = (rows[c] for c in ("needle_pi_past_window", "needle_bcmt_past_block",
                                       "needle_ecp_vs_perceiver"))
-  assert f"past the window's reach ({pi['difference']:+.2f}, **{pi['verdict']}**)" in table_row[0]
-  assert f"past its block ({bcmt['difference']:+.2f} over HOnly, **{bcmt['verdict']}**)" in table_row[0]
-  assert f"Perceiver-AR ahead of ECP ({ecp['difference']:+.2f} for ECP, **{ecp['verdict']}**)" in table_row[0]
+  assert f"past the window's reach ({pi['difference']:+.2f}, **{pi['verdict']}**, π ahead)" in table_row[0]
+  assert (f"past its block ({bcmt['difference']:+.2f} over HOnly, which did not learn the task, "
+          f"**{bcmt['verdict']}**, BCMT ahead)") in table_row[0]
+  assert f"Perceiver-AR ahead of ECP ({ecp['difference']:+.2f} for ECP, **{ecp['verdict']}**," in table_row[0]
+  assert (pi["ahead"], bcmt["ahead"], ecp["ahead"]) == ("pi_attention", "bcmt", "perceiver_ar")
 
 
 def test_readme_quotes_the_multikey_rows_from_their_committed_files():
@@ -1005,12 +1008,14 @@ def test_needle_study_claims_and_controls_are_decided_from_its_registered_rows()
   pi = found["needle_pi_past_window"]
   assert pi["primary"] and pi["seeds"] == 3 and pi["difference"] == pytest.approx(0.68)
   assert pi["verdict"] != "pending" and found["needle_ecp_vs_perceiver"]["difference"] < 0
-  # A claim's verdict names the arm it puts ahead (the labels read from A's side).
-  assert found["needle_bcmt_past_block"]["verdict"] == "confirmed"
+  # A two-sided claim decided either way reads "differ" and names the arm it puts ahead.
+  assert found["needle_bcmt_past_block"]["verdict"] == "differ"
   assert found["needle_bcmt_past_block"]["ahead"] == "bcmt"
+  assert found["needle_ecp_vs_perceiver"]["verdict"] == "differ"
+  assert found["needle_ecp_vs_perceiver"]["ahead"] == "perceiver_ar"
   from experiments import claims  # pylint: disable=import-outside-toplevel
-  assert claims.verdict_cell(dict(found["needle_bcmt_past_block"], ahead="honly")) == \
-      "**confirmed** (honly ahead)"
+  assert claims.verdict_cell(found["needle_ecp_vs_perceiver"]) == "**differ**, perceiver_ar ahead"
+  assert "not looking a key up" in found["needle_pi_past_window"]["measured"]
   assert found["needle_pi_past_window_exact"]["ahead"] is None
   assert not found["needle_pi_past_window_exact"]["primary"]
   controls = {c["id"]: c for c in verdicts.registered_controls({"needle_reach": {"rows": rows}})
