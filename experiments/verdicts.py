@@ -498,7 +498,9 @@ def render_verdicts(verdicts: dict) -> str:
 
 
 def render_registered(verdicts: dict) -> str:
-  """The confirmatory studies (experiments/registered/): each claim, its seeds so far, raw and
+  """The confirmatory studies (experiments/registered/): each claim (its registered text, quoted:
+  never edited after its registration; where it says more than its test measured, `MEASURED`
+  beside it), its seeds so far, raw and
   adjusted p (Benjamini-Hochberg, which decides, and Benjamini-Yekutieli beside it; over the
   study's primary claims, a secondary measure alone), verdict."""
   rows = verdicts.get("registered") or []
@@ -512,7 +514,7 @@ def render_registered(verdicts: dict) -> str:
     kind = "" if row["primary"] else " (secondary)"
     if row.get("measured"):
       kind += f"; what it measured: {row['measured']}"
-    lines.append(f"| `{row['study']}` | {row['claim']}{kind} | `{row['registered_in']}` | {row['seeds']} of "
+    lines.append(f"| `{row['study']}` | \"{row['claim']}\"{kind} | `{row['registered_in']}` | {row['seeds']} of "
                  f"{row['planned_seeds']} | {diff} | {ci} | {_p(row['p_value'])} | "
                  f"{_p(row.get('p_adjusted'))} | {_p(row.get('p_adjusted_by'))} | {verdict_cell(row)} |")
   controls = verdicts.get("registered_controls") or []
@@ -578,7 +580,7 @@ def render_summary(verdicts: dict) -> str:
   if registered:
     lines += [f"- registered before their runs, {len(registered)} claims of "
               f"{len({r['study'] for r in registered})} confirmatory studies: "
-              + "; ".join(f"{r['claim']} ({r['seeds']} of {r['planned_seeds']} seeds: {r['verdict']}"
+              + "; ".join(f"\"{r['claim']}\" ({r['seeds']} of {r['planned_seeds']} seeds: {r['verdict']}"
                           + (f", {r['ahead']} ahead" if r.get("ahead") else "") + ")"
                           for r in registered if r["primary"]) + "."]
   return "\n".join(lines)

@@ -788,7 +788,8 @@ def test_readme_quotes_the_replication_as_verdicts_decides_it():
                                                        "never a verdict)")
   main, gain = rows["bcmt_replication"], rows["bcmt_replication_block_start_gain"]
   assert main["seeds"] == main["planned_seeds"] == 6 and main["verdict"] == "not decided"
-  assert "finds no difference" in sentence and f"{main['seeds']} seeds" in sentence
+  assert "does not decide a difference (**not decided**" in sentence and f"{main['seeds']} seeds" in sentence
+  assert "no difference:" not in sentence  # "not decided" is never "no difference"
   for row in (main, gain):
     assert f"by {row['difference']:.4f} nats" in sentence and row["difference"] > 0  # A ahead
     assert f"{row['ci_low']:+.4f} to {row['ci_high']:+.4f}".lstrip("+") in sentence
@@ -805,7 +806,8 @@ def test_readme_quotes_pi_against_the_window_on_code_as_verdicts_decides_it():
                                                        "what they reach.")
   main, swap = rows["pi_window_code"], rows["pi_window_code_swap"]
   assert main["seeds"] == main["planned_seeds"] == 5 and main["verdict"] == "not decided"
-  assert "finds no difference" in sentence and "5 seeds" in sentence and main["difference"] > 0
+  assert "does not decide it (**not decided**" in sentence and "5 seeds" in sentence
+  assert main["difference"] > 0 and "finds no difference" not in sentence
   assert f"by {main['difference']:.4f} nats" in sentence and f"p {main['p_value']:.3f}" in sentence
   assert f"interval {main['ci_low']:+.4f} to {main['ci_high']:+.4f}".replace("interval +", "interval ") \
       in sentence
