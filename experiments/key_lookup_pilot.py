@@ -54,8 +54,9 @@ FIGURES = os.path.join(REPO, "experiments", "results", "key_lookup_pilot")
 
 
 def grid(seq_len: int) -> dict:
-  """The needle grid at a row's length: 3 lengths up to it, 3 depths, 10 needles a cell."""
-  lengths = ",".join(str(seq_len * f // 4) for f in (2, 3, 4))
+  """The needle grid at a row's length: lengths up to it (half, three quarters, all of it; at
+  least 192, which a multikey prompt needs), 3 depths, 10 needles a cell."""
+  lengths = ",".join(str(n) for n in sorted({max(192, seq_len * f // 4) for f in (2, 3, 4)}))
   return {"lengths": lengths, "depths": "0,0.5,1", "needles_per_cell": 10, "distractors": 9,
           "seed": 0}
 
