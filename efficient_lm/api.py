@@ -39,9 +39,7 @@ class LoadError(ValueError):
   the model of its config.json); the message names the first problem and the fix."""
 
 
-def is_export(path: str) -> bool:
-  return any(os.path.isfile(os.path.join(path, name))
-             for name in (export_lib.WEIGHTS, export_lib.INDEX))
+is_export = export_lib.is_export  # (the format's reader beside its writer)
 
 
 def load(path: str, *, step: int | None = None) -> "LoadedModel":

@@ -11,17 +11,29 @@ Writes into `--out`: `model.safetensors` (or, past `--max_shard_bytes`,
 module path (the dot-joined nnx state path, e.g. `blocks.mixer.attn.qkv.kernel`); the layers,
 stacked by `nnx.scan`, are one tensor each with the layer axis first. The checkpoint (latest, or
 `--step`) is restored onto one CPU device whatever mesh or host count wrote it; shapes come from
-the config. Everything is written into a temporary folder beside `--out` and renamed into place: a
-failed or stopped export leaves nothing half-written. One `error: ...` line and exit status 2 for
-input it cannot use (no checkpoint, a non-empty `--out` without `--overwrite`).
+the config.
+
+An export never replaces what it did not write. `--out` must be new, empty, or (with
+`--overwrite`) hold exactly a previous export: nothing but the names above and a config.json whose
+`format` block names `efficient_lm.safetensors` (`is_previous_export`). A training workdir (the
+one exported or any other), a folder inside one, and a folder holding anything else are refused
+with or without `--overwrite`. Everything is written into a temporary folder beside `--out`
+(`.<name>.<host>.<pid>.<random>.tmp`) and renamed into place; a previous export is renamed aside
+(`... .old`) for that moment and removed once the new one is in place, so a failed or stopped
+export leaves the previous one whole and nothing half-written. What an export stopped at once
+(SIGKILL) left beside `--out` is set right by the next export of it (`_clean_stale`). One
+`error: ...` line and exit status 2 for input it cannot use (no checkpoint, an export given as
+`--workdir`, an `--out` it may not write).
 Only light modules are imported before the flags are checked.
 """
 
 import json
+import logging
 import os
+import re
 import shutil
+import socket
 import sys
-import tempfile
 
 from absl import flags
 from absl import logging as absl_logging
@@ -39,6 +51,15 @@ WEIGHTS = "model.safetensors"
 INDEX = "model.safetensors.index.json"
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_MAX_SHARD_BYTES = 5_000_000_000
+README = "README.md"
+# What a folder an export wrote holds: nothing else (`is_previous_export`).
+EXPORT_NAMES = (WEIGHTS, INDEX, workdir_lib.CONFIG, README, *workdir_lib.TOKENIZER_FILES)
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+# A training workdir's entries beside its config.json (`workdir_at`); a tokenizer file is not one:
+# weights written elsewhere come with config.json and the tokenizer too.
+_RUN_ENTRIES = (workdir_lib.DATA, workdir_lib.CHECKPOINTS, "metrics.jsonl", "tensorboard")
+
+log = logging.getLogger(__name__)
 
 
 class ExportError(ValueError):
@@ -121,6 +142,184 @@ def restore(workdir: str, step: int | None = None, device=None):
   finally:
     ckpt.close()
   return built.graphdef, state.params, config, int(step)
+
+
+# ----------------------------------------------------------------------------------------------
+# Folders: what an export is, and where one may go (it never replaces what it did not write).
+
+
+def is_export(path: str) -> bool:
+  """Whether `path` holds weights to load (`model.safetensors` or the index): an export, or weights
+  written elsewhere (`efficient_lm.load` reads both)."""
+  return any(os.path.isfile(os.path.join(path, name)) for name in (WEIGHTS, INDEX))
+
+
+def export_format(path: str) -> dict | None:
+  """The `format` block of the folder's config.json when it names this format (what an export
+  writes), else None."""
+  try:
+    with open(os.path.join(path, workdir_lib.CONFIG), encoding="utf-8") as f:
+      fmt = json.load(f).get("format")
+  except (OSError, ValueError, AttributeError):
+    return None
+  return fmt if isinstance(fmt, dict) and fmt.get("name") == FORMAT else None
+
+
+def is_export_name(name: str) -> bool:
+  return name in EXPORT_NAMES or _SHARD.fullmatch(name) is not None
+
+
+def is_previous_export(path: str) -> bool:
+  """Whether the folder `path` holds exactly an export's files: nothing but `EXPORT_NAMES` and
+  shards, and a config.json whose `format` block names `FORMAT`. Only such a folder is replaced."""
+  return (os.path.isdir(path) and all(is_export_name(n) for n in os.listdir(path))
+          and export_format(path) is not None)
+
+
+def _is_workdir(folder: str) -> bool:
+  """A training workdir: config.json (not an export's) and a run's own entries beside it."""
+  return (os.path.isfile(os.path.join(folder, workdir_lib.CONFIG))
+          and any(os.path.exists(os.path.join(folder, n)) for n in _RUN_ENTRIES)
+          and export_format(folder) is None)
+
+
+def workdir_at(path: str) -> str | None:
+  """The training workdir `path` is, or lies inside (the nearest), or None."""
+  for start in dict.fromkeys((os.path.abspath(path), os.path.realpath(path))):
+    folder = start
+    while True:
+      if os.path.isdir(folder) and _is_workdir(folder):
+        return folder
+      parent = os.path.dirname(folder)
+      if parent == folder:
+        break
+      folder = parent
+  return None
+
+
+def check_out(out: str, overwrite: bool) -> str:
+  """The real path of --out (a link to a folder: that folder), or an ExportError when it cannot
+  take the export: a file, a training workdir or a folder inside one, a folder holding anything
+  but a previous export (with or without `overwrite`), a previous export without `overwrite`.
+  Stale temporary folders of a stopped export are cleaned first (`_clean_stale`)."""
+  shown = out
+  out = os.path.realpath(os.path.abspath(os.path.expanduser(out)))
+  _clean_stale(out)
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise ExportError(f"--out={shown} is a file; give a folder path (it is created)")
+  workdir = workdir_at(out)
+  if workdir is not None:
+    base = os.path.basename(workdir)
+    instead = os.path.join(os.path.dirname(workdir), f"{base}_export")
+    where = ("is a training workdir" if workdir == out else
+             f"is inside the training workdir {workdir}")
+    raise ExportError(f"--out={shown} {where}: an export never writes into a workdir (its "
+                      "checkpoints, metrics.jsonl and data.json are the run's), with or without "
+                      f"--overwrite; give a folder outside it, e.g. --out={instead}")
+  entries = sorted(os.listdir(out)) if os.path.isdir(out) else []
+  if not entries:
+    return out
+  if not is_previous_export(out):
+    others = [n for n in entries if not is_export_name(n)]
+    held = (f"holds {', '.join(others[:3])}{', ...' if len(others) > 3 else ''} ("
+            f"{len(others)} of its {len(entries)} entries are not an export's)" if others else
+            f"holds a {workdir_lib.CONFIG} that no export wrote (no format block naming {FORMAT})")
+    raise ExportError(f"--out={shown} {held}: --overwrite replaces only a folder that holds "
+                      "exactly a previous export, and this one is left as it is; give a new or "
+                      "empty folder")
+  if not overwrite:
+    raise ExportError(f"--out={shown} holds an export already; give a new folder, or add "
+                      "--overwrite to replace it")
+  return out
+
+
+def check_workdir(workdir: str) -> None:
+  """An ExportError for an export given as --workdir, a WorkdirError for any other folder that is
+  not a trained workdir."""
+  path = os.path.abspath(os.path.expanduser(workdir))
+  wd = workdir_lib.Workdir(path)
+  if is_export(path) and not wd.has_checkpoints():
+    what = "an export" if export_format(path) is not None else "a folder of weights"
+    raise ExportError(f"--workdir={workdir} is {what} (it holds {WEIGHTS} or {INDEX}), not a "
+                      "training workdir: there is nothing to export, efficient_lm.load("
+                      f"{workdir!r}) reads it as it is; to export another step or dtype, give "
+                      "--workdir the training workdir it came from")
+  wd.require_trained()
+
+
+# Temporary folders beside --out: `.<name>.<host>.<pid>.<random>.tmp` (the export being written)
+# and `.<name>.<host>.<pid>.<random>.old` (the export it replaces, for the moment of the swap).
+
+
+def _aside(out: str, kind: str) -> str:
+  return os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.{unique_suffix()}.{kind}")
+
+
+def _alive(host: str, pid: int) -> bool:
+  """Whether the process `pid` of `host` may still run (another host's: it may)."""
+  if host != socket.gethostname() or pid == os.getpid():
+    return True
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except OSError:  # (another user's process)
+    return True
+  return True
+
+
+def _clean_stale(out: str) -> None:
+  """What an export of `out` stopped at once (SIGKILL, a second signal, a power cut) left beside
+  it, set right: a previous export renamed aside for the swap goes back to `out` when `out` is
+  missing (else it is removed: it was replaced); a half-written new export is removed. Only
+  folders of this naming, of a process of this host that no longer runs, and holding nothing but
+  an export's files; anything else is left alone."""
+  parent, base = os.path.split(out)
+  pattern = re.compile(rf"\.{re.escape(base)}\.(.+)\.(\d+)\.[0-9a-f]{{8}}\.(old|tmp)")
+  try:
+    names = sorted(os.listdir(parent))
+  except OSError:
+    return
+  stale = {"old": [], "tmp": []}
+  for name in names:
+    match = pattern.fullmatch(name)
+    path = os.path.join(parent, name)
+    if (match and not _alive(match[1], int(match[2])) and os.path.isdir(path)
+        and all(is_export_name(n) for n in os.listdir(path))):
+      stale[match[3]].append(path)
+  for path in stale["old"]:
+    if not os.path.exists(out) and export_format(path) is not None:
+      os.rename(path, out)
+      log.warning("put back %s: the export a stopped export was replacing, renamed aside as %s",
+                  out, os.path.basename(path))
+    else:
+      shutil.rmtree(path, ignore_errors=True)
+  for path in stale["tmp"]:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _put_in_place(tmp: str, out: str, overwrite: bool) -> None:
+  """Renames the finished folder `tmp` to `out` (an empty `out` removed first; a previous export,
+  with `overwrite`, renamed aside and removed once the new one is in place). A first stop signal
+  waits for the two renames (`signals.deferred`); an error between them puts the old one back."""
+  check_out(out, overwrite)  # again: something may have appeared since the first check
+  with signals.deferred("putting the export in place"):
+    old = None
+    if os.path.isdir(out):
+      if os.listdir(out):
+        old = _aside(out, "old")
+        os.rename(out, old)
+      else:
+        os.rmdir(out)
+    try:
+      os.rename(tmp, out)
+    except BaseException:
+      if old is not None:
+        os.rename(old, out)
+      raise
+    if old is not None:
+      shutil.rmtree(old, ignore_errors=True)
+    signals.check()  # a stop asked for meanwhile: the export is whole, the command stops now
 
 
 # ----------------------------------------------------------------------------------------------
@@ -222,17 +421,6 @@ Made with `{command}`.
 """
 
 
-def check_out(out: str, overwrite: bool) -> str:
-  """The absolute --out, or an ExportError when it cannot take an export."""
-  out = os.path.abspath(os.path.expanduser(out))
-  if os.path.exists(out) and not os.path.isdir(out):
-    raise ExportError(f"--out={out} is a file; give a folder path (it is created)")
-  if os.path.isdir(out) and os.listdir(out) and not overwrite:
-    raise ExportError(f"--out={out} exists and is not empty; give a new folder, or add --overwrite "
-                      "to replace it")
-  return out
-
-
 def check_args(*, dtype: str | None, max_shard_bytes: int, step: int | None) -> None:
   if dtype is not None and dtype not in DTYPES:
     raise ExportError(f"--dtype={dtype} is not an export dtype; use one of {', '.join(DTYPES)} "
@@ -253,7 +441,7 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
   check_args(dtype=dtype, max_shard_bytes=max_shard_bytes, step=step)
   workdir = os.path.abspath(os.path.expanduser(workdir))
   out = check_out(out, overwrite)
-  workdir_lib.Workdir(workdir).require_trained()
+  check_workdir(workdir)
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   asked = step
@@ -271,9 +459,9 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
   command = command or (f"python -m efficient_lm.export --workdir={workdir} --out={out}"
                         + (f" --step={asked}" if asked is not None else "")
                         + (f" --dtype={dtype}" if dtype else ""))
-  parent = os.path.dirname(out)
-  os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", suffix=".tmp", dir=parent)
+  os.makedirs(os.path.dirname(out), exist_ok=True)
+  tmp = _aside(out, "tmp")  # beside --out: the rename into place stays on one filesystem
+  os.mkdir(tmp)
   try:
     files = write_weights(tensors, tmp, max_shard_bytes)
     tokenizer = workdir_lib.Workdir(workdir).tokenizer_file()  # tokenizer.model or .json
@@ -287,11 +475,11 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
     card = model_card(config, step=step, num_params=num_params, dtype="/".join(dtypes),
                       files=files, tokenizer_files=copied, evaluation=last_eval(workdir, step),
                       command=command, shapes={k: v.shape for k, v in tensors.items()})
-    with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
+    with open(os.path.join(tmp, README), "w", encoding="utf-8") as f:
       f.write(card)
     umask = os.umask(0)
     os.umask(umask)
-    for name in os.listdir(tmp):  # mkdtemp's and safetensors' private modes: the usual ones
+    for name in os.listdir(tmp):  # safetensors' private modes: the usual ones
       os.chmod(os.path.join(tmp, name), 0o666 & ~umask)
     os.chmod(tmp, 0o777 & ~umask)
     _put_in_place(tmp, out, overwrite)
@@ -301,22 +489,6 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
   return {"out": out, "step": step, "files": files, "num_params": num_params,
           "total_size": sum(v.nbytes for v in tensors.values()), "dtype": "/".join(dtypes),
           "tokenizer": copied}
-
-
-def _put_in_place(tmp: str, out: str, overwrite: bool) -> None:
-  """Renames the finished folder `tmp` to `out` (an empty `out` removed first; a non-empty one,
-  with `overwrite`, renamed aside and removed once the new one is in place)."""
-  check_out(out, overwrite)  # again: something may have appeared since the first check
-  old = None
-  if os.path.isdir(out):
-    if os.listdir(out):
-      old = f"{out}.{unique_suffix()}.old"
-      os.rename(out, old)
-    else:
-      os.rmdir(out)
-  os.rename(tmp, out)
-  if old is not None:
-    shutil.rmtree(old, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -331,7 +503,7 @@ def cli(*, workdir: str, out: str, step: int | None = None, dtype: str | None = 
   try:  # the refusals that need no jax first
     check_args(dtype=dtype, max_shard_bytes=max_shard_bytes, step=step)
     check_out(out, overwrite)
-    workdir_lib.Workdir(workdir).require_trained()
+    check_workdir(workdir)
   except (ExportError, workdir_lib.WorkdirError) as e:
     print(f"error: {e}", file=sys.stderr)
     return exit_codes.USAGE
@@ -362,15 +534,16 @@ def main(argv) -> None:
 
 def _define_flags() -> None:
   flags.DEFINE_string("workdir", None, "A training workdir (config.json, tokenizer, checkpoints).")
-  flags.DEFINE_string("out", None, "The folder to write (created; must be new or empty unless "
-                      "--overwrite).")
+  flags.DEFINE_string("out", None, "The folder to write (created; new or empty, or a previous "
+                      "export with --overwrite; never a workdir).")
   flags.DEFINE_integer("step", None, "The checkpoint to export; default the latest.")
   flags.DEFINE_string("dtype", None, f"Store floating tensors as this ({', '.join(DTYPES)}); "
                       "default the dtype trained.")
   flags.DEFINE_integer("max_shard_bytes", DEFAULT_MAX_SHARD_BYTES, "Bytes per safetensors file; "
                        "past it the weights are sharded (model-00001-of-0000K.safetensors and "
                        "model.safetensors.index.json).")
-  flags.DEFINE_bool("overwrite", False, "Replace a non-empty --out.")
+  flags.DEFINE_bool("overwrite", False, "Replace the previous export at --out (a folder holding "
+                    "anything else is refused).")
   flags.mark_flags_as_required(["workdir", "out"])
 
 

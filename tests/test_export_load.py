@@ -1,9 +1,11 @@
 """`python -m efficient_lm.export` and `efficient_lm.load`: safetensors out, the same model in."""
 
+import hashlib
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -21,6 +23,7 @@ from efficient_lm import export
 from efficient_lm import generation
 from efficient_lm import models
 from efficient_lm import scoring
+from efficient_lm import signals
 from efficient_lm import train
 from efficient_lm import train_state
 from efficient_lm import workdir as workdir_lib
@@ -300,49 +303,185 @@ def test_bad_input_is_one_clear_error(loaded):
 # The command line and the docs.
 
 
+def _one_error_line(capsys) -> str:
+  captured = capsys.readouterr()
+  lines = captured.err.strip().splitlines()
+  assert captured.out == "" and len(lines) == 1 and lines[0].startswith("error: "), lines
+  return lines[0]
+
+
 def test_refused_exports_are_one_line_and_status_2_and_write_nothing(run, tmp_path, capsys,
                                                                     monkeypatch):
-  occupied = tmp_path / "occupied"
-  occupied.mkdir()
-  (occupied / "keep.txt").write_text("mine")
   untrained = tmp_path / "untrained"
   untrained.mkdir()
   for name in ("config.json", "tokenizer.model"):
     shutil.copy(os.path.join(run["workdir"], name), untrained / name)
+  previous = tmp_path / "previous"
+  export.export(run["workdir"], str(previous), step=3)
   new = str(tmp_path / "new")
   cases = [
-      (dict(workdir=run["workdir"], out=str(occupied)), "exists and is not empty; give a new "
-       "folder, or add --overwrite to replace it"),
+      (dict(workdir=run["workdir"], out=str(previous)), f"--out={previous} holds an export "
+       "already; give a new folder, or add --overwrite to replace it"),
       (dict(workdir=str(untrained), out=new), "has no checkpoints yet"),
+      (dict(workdir=run["export"], out=new), f"--workdir={run['export']} is an export (it holds "
+       "model.safetensors or model.safetensors.index.json), not a training workdir: there is "
+       f"nothing to export, efficient_lm.load('{run['export']}') reads it as it is"),
       (dict(workdir=run["workdir"], out=new, step=4), "--step=4 is not a committed checkpoint of "
        f"{run['workdir']}/checkpoints (it has 3, 6)"),
       (dict(workdir=run["workdir"], out=new, dtype="int8"), "--dtype=int8 is not an export dtype"),
       (dict(workdir=run["workdir"], out=new, max_shard_bytes=0), "--max_shard_bytes=0 must be at "
        "least 1"),
   ]
+  before = _snapshot(tmp_path)
   for kwargs, message in cases:
     assert export.cli(**kwargs) == 2, kwargs
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert captured.out == "" and len(lines) == 1 and lines[0].startswith("error: "), lines
-    assert message in lines[0], (kwargs, lines)
-  assert sorted(os.listdir(tmp_path)) == ["occupied", "untrained"]  # no temporary folder left
-  assert os.listdir(occupied) == ["keep.txt"]
+    assert message in _one_error_line(capsys), kwargs
+  assert _snapshot(tmp_path) == before  # nothing written, no temporary folder left
   # An export that fails once the weights are written leaves nothing behind, the old folder kept.
   def fail(*args, **kwargs):
     raise OSError("disk full")
   monkeypatch.setattr(export, "model_card", fail)
-  for target, overwrite in ((new, False), (str(occupied), True)):
+  for target, overwrite in ((new, False), (str(previous), True)):
     with pytest.raises(OSError, match="disk full"):
       export.export(run["workdir"], target, overwrite=overwrite)
   monkeypatch.undo()
-  assert sorted(os.listdir(tmp_path)) == ["occupied", "untrained"]
-  assert os.listdir(occupied) == ["keep.txt"]
-  # --overwrite replaces it, once the new export is complete.
-  export.export(run["workdir"], str(occupied), overwrite=True)
-  assert sorted(os.listdir(occupied)) == ["README.md", "config.json", "model.safetensors",
-                                          "tokenizer.model"]
-  assert sorted(os.listdir(tmp_path)) == ["occupied", "untrained"]
+  assert _snapshot(tmp_path) == before
+
+
+def _snapshot(folder) -> dict:
+  """{path under `folder`: the sha256 of a file, '/' for a folder}, of everything in it."""
+  out = {}
+  for root, dirs, files in os.walk(folder):
+    for name in dirs:
+      out[os.path.relpath(os.path.join(root, name), folder)] = "/"
+    for name in files:
+      with open(os.path.join(root, name), "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+      out[os.path.relpath(os.path.join(root, name), folder)] = digest
+  return out
+
+
+def test_an_export_never_deletes_what_it_did_not_write(run, tmp_path, capsys):
+  """The issue's case (`--out=<the workdir> --overwrite` deleted the run) and a user's folder,
+  through the command itself: status 2, one line, both folders byte-identical."""
+  workdir = run["workdir"]
+  mine = tmp_path / "mine"
+  (mine / "notes").mkdir(parents=True)
+  (mine / "keep.txt").write_text("mine")
+  (mine / "notes" / "a.md").write_text("also mine")
+  (mine / "README.md").write_text("an export's name, a user's file")
+  state = lambda: {"workdir": _snapshot(workdir), "mine": _snapshot(mine),
+                   "tmp": sorted(os.listdir(tmp_path)),
+                   "parent": sorted(os.listdir(os.path.dirname(workdir)))}
+  before = state()
+  assert "checkpoints/6" in before["workdir"] and "metrics.jsonl" in before["workdir"]
+  commands = [
+      ([f"--out={workdir}"], f"--out={workdir} is a training workdir: an export never writes into "
+       "a workdir (its checkpoints, metrics.jsonl and data.json are the run's), with or without "
+       f"--overwrite; give a folder outside it, e.g. --out={workdir}_export"),
+      ([f"--out={workdir}/checkpoints"], f"--out={workdir}/checkpoints is inside the training "
+       f"workdir {workdir}: an export never writes"),
+      ([f"--out={workdir}/exported"], f"--out={workdir}/exported is inside the training workdir"),
+      ([f"--out={mine}"], f"--out={mine} holds keep.txt, notes (2 of its 3 entries are not an "
+       "export's): --overwrite replaces only a folder that holds exactly a previous export, and "
+       "this one is left as it is; give a new or empty folder"),
+  ]
+  for args, message in commands:
+    for overwrite in ("--overwrite", "--nooverwrite"):
+      done = subprocess.run([sys.executable, "-m", "efficient_lm.export", f"--workdir={workdir}",
+                             *args, overwrite], cwd=REPO, capture_output=True, text=True,
+                            timeout=120, env=subprocess_env(), check=False)
+      lines = [l for l in done.stderr.splitlines() if l.strip()]
+      assert done.returncode == 2 and done.stdout == "", (args, done.stderr[-2000:])
+      assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), (args, lines)
+  assert state() == before
+  # Another run's workdir, and a folder of weights no export wrote (a config.json without the
+  # format block), are refused the same way from the library call.
+  other = tmp_path / "other_run"
+  other.mkdir()
+  for name in ("config.json", "data.json", "metrics.jsonl"):
+    shutil.copy(os.path.join(workdir, name), other / name)
+  foreign = tmp_path / "foreign"
+  foreign.mkdir()
+  for name in ("config.json", "tokenizer.model"):
+    shutil.copy(os.path.join(workdir, name), foreign / name)
+  shutil.copy(os.path.join(run["export"], "model.safetensors"), foreign / "model.safetensors")
+  for out, message in ((other, f"--out={other} is a training workdir"),
+                       (foreign, f"--out={foreign} holds a config.json that no export wrote (no "
+                        "format block naming efficient_lm.safetensors)")):
+    held = _snapshot(out)
+    with pytest.raises(export.ExportError, match=re.escape(message)):
+      export.export(workdir, str(out), overwrite=True)
+    assert _snapshot(out) == held
+  assert sorted(os.listdir(tmp_path)) == ["foreign", "mine", "other_run"]
+
+
+def test_overwrite_replaces_a_previous_export_and_a_stop_keeps_it_whole(run, tmp_path, capsys,
+                                                                       monkeypatch):
+  out = tmp_path / "pi"
+  export.export(run["workdir"], str(out), step=3, max_shard_bytes=40_000)  # sharded, step 3
+  previous = _snapshot(out)
+  assert "model.safetensors.index.json" in previous
+  # A stop while the new weights are written (after the first file): the previous export whole.
+  from safetensors import numpy as safetensors_numpy  # pylint: disable=import-outside-toplevel
+  save_file_before = safetensors_numpy.save_file
+  written = []
+
+  def stopped_after_one(tensors, path, **kwargs):
+    if written:
+      raise signals.Interrupted("SIGTERM", "exporting")
+    save_file_before(tensors, path, **kwargs)
+    written.append(path)
+
+  monkeypatch.setattr(safetensors_numpy, "save_file", stopped_after_one)
+  with pytest.raises(signals.Interrupted):
+    export.export(run["workdir"], str(out), overwrite=True, max_shard_bytes=40_000)
+  monkeypatch.undo()
+  assert len(written) == 1 and os.path.dirname(written[0]) != str(out)  # written beside it
+  assert _snapshot(out) == previous and os.listdir(tmp_path) == ["pi"]
+  # A failure at the rename into place: the previous export is put back.
+  rename = os.rename
+
+  def fails_into_place(src, dst):
+    if str(dst) == str(out) and src.endswith(".tmp"):
+      raise OSError("stopped at the swap")
+    rename(src, dst)
+
+  monkeypatch.setattr(os, "rename", fails_into_place)
+  with pytest.raises(OSError, match="stopped at the swap"):
+    export.export(run["workdir"], str(out), overwrite=True)
+  monkeypatch.undo()
+  assert _snapshot(out) == previous and os.listdir(tmp_path) == ["pi"]
+  # --overwrite replaces it: one file now, step 6, nothing of the sharded one left.
+  assert export.cli(workdir=run["workdir"], out=str(out), overwrite=True) == 0
+  summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert summary["step"] == 6 and summary["out"] == str(out)
+  assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors",
+                                     "tokenizer.model"]
+  assert _snapshot(out) == _snapshot(run["export"]) | {"README.md": _snapshot(out)["README.md"]}
+  assert os.listdir(tmp_path) == ["pi"]
+
+
+def test_what_an_export_stopped_at_once_left_is_set_right_by_the_next(run, tmp_path, capsys):
+  """A SIGKILL between the two renames leaves the previous export renamed aside (.old) and the new
+  one unfinished or unrenamed (.tmp): the next export of that --out puts the old one back and
+  removes the other. Folders of a live process, another host, or holding a stranger's file stay."""
+  dead = subprocess.Popen(["true"])  # a process id that no longer runs
+  dead.wait()
+  host = socket.gethostname()
+  out = tmp_path / "pi"
+  aside = lambda pid, kind, who=host, tag="0123abcd": tmp_path / f".pi.{who}.{pid}.{tag}.{kind}"
+  shutil.copytree(run["export"], aside(dead.pid, "old"))
+  shutil.copytree(run["export"], aside(dead.pid, "tmp"))
+  kept = [aside(dead.pid, "tmp", who="otherhost"), aside(os.getpid(), "tmp"),
+          aside(dead.pid, "tmp", tag="4567cdef")]
+  for folder in kept:
+    shutil.copytree(run["export"], folder)
+  (kept[-1] / "keep.txt").write_text("mine")
+  assert export.cli(workdir=run["workdir"], out=str(out)) == 2
+  assert "holds an export already" in _one_error_line(capsys)  # the previous one, back in place
+  assert _snapshot(out) == _snapshot(run["export"])
+  assert sorted(os.listdir(tmp_path)) == sorted(["pi"] + [f.name for f in kept])
 
 
 def _code_blocks(section: str, language: str) -> list[str]:
@@ -380,7 +519,7 @@ def test_the_docs_commands(run, tmp_path):
                          timeout=300, env=subprocess_env(), check=False)
   assert again.returncode == 2 and again.stdout == ""
   assert [l for l in again.stderr.splitlines() if l.strip()] == [
-      f"error: --out={where['exports/pi_attention']} exists and is not empty; give a new folder, "
+      f"error: --out={where['exports/pi_attention']} holds an export already; give a new folder, "
       "or add --overwrite to replace it"]
   for section in ("Load", "Export", "Generate"):
     for code in _code_blocks(section, "python"):
@@ -445,3 +584,36 @@ def test_a_tokenizer_json_travels_with_the_export(shakespeare_archive, tiny_data
   assert from_export.eos_id == from_workdir.eos_id and from_export.tokenizer.decode(ids) == text
   row = [[from_export.eos_id, *ids][:from_export.seq_len]]
   assert float(np.abs(from_export.logits(row) - from_workdir.logits(row)).max()) == 0.0
+
+
+@pytest.mark.slow  # five fresh processes (one imports jax): 15 s
+def test_what_opens_a_bfloat16_export_is_what_the_docs_say(run, tmp_path):
+  """docs/using_a_model.md: numpy's readers open float32 and float16 exports as they are; a
+  bfloat16 one, in a fresh process, only after `import ml_dtypes` (the docs' code), or through
+  safetensors.flax."""
+  (code,) = [c for c in _code_blocks("Export", "python") if "ml_dtypes" in c]
+  folders = {"float32": run["export"]}
+  for dtype in ("float16", "bfloat16"):
+    folders[dtype] = str(tmp_path / dtype)
+    export.export(run["workdir"], folders[dtype], dtype=dtype)
+
+  def fresh(code):
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          check=False, env=subprocess_env())
+
+  plain = ("from safetensors.numpy import load_file\n"
+           "print(load_file({!r})['embed.embedding'].dtype)")
+  for dtype, folder in folders.items():
+    done = fresh(plain.format(os.path.join(folder, "model.safetensors")))
+    if dtype == "bfloat16":
+      assert done.returncode == 1
+      assert "TypeError: data type 'bfloat16' not understood" in done.stderr.splitlines()[-1]
+    else:
+      assert done.returncode == 0 and done.stdout.strip() == dtype, done.stderr[-2000:]
+  bf16 = os.path.join(folders["bfloat16"], "model.safetensors")
+  docs = fresh(code.replace("exports/pi_attention/model.safetensors", bf16)
+               + "\nprint(sorted({str(t.dtype) for t in tensors.values()}))")
+  assert docs.returncode == 0 and docs.stdout.strip() == "['bfloat16']", docs.stderr[-2000:]
+  flax = fresh(f"from safetensors.flax import load_file\nprint(load_file({bf16!r})"
+               "['embed.embedding'].dtype)")
+  assert flax.returncode == 0 and flax.stdout.strip() == "bfloat16", flax.stderr[-2000:]
