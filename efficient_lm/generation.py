@@ -85,6 +85,33 @@ def context_room(model: nnx.Module, prompt_len: int) -> int:
   return max_positions - max(prompt_len + 1, window)
 
 
+def _no_room(model: nnx.Module, longest: int, num_tokens: int, room: int) -> str:
+  """Why `num_tokens` new tokens do not fit after a prompt of `longest` tokens (`room` do) in the
+  learned position table, and the fix: fewer new tokens, a shorter prompt (with its length)."""
+  total = model.max_positions
+  window = getattr(model, "prompt_window", None) or 0  # (a prompt never takes less)
+  shorter = total - 1 - num_tokens  # the longest prompt num_tokens fit after
+  helps = shorter >= 1 and window + num_tokens <= total
+  table = (f"the model's learned positions (model.seq_len={total} in all, the end-of-document "
+           "token that starts the context included)")
+  rope = "or train with model.position='rope'"
+  if room >= 1:
+    prompt = f", or give a prompt of at most {_tokens(shorter)}" if helps else ""
+    return (f"{num_tokens} new tokens after a prompt of {longest} do not fit {table}: generate at "
+            f"most {room}{prompt}, {rope}")
+  if helps:
+    return (f"a prompt of {longest} tokens leaves no room for new tokens in {table}: give a "
+            f"prompt of at most {_tokens(shorter)} for {_tokens(num_tokens, 'new ')}, {rope}")
+  most = total - max(2, window)  # after a one-token prompt
+  return (f"a prompt of {longest} tokens leaves no room for new tokens in {table}, and "
+          f"{num_tokens} would not fit after any prompt: give a shorter prompt and at most "
+          f"{_tokens(max(most, 0), 'new ')}, {rope}")
+
+
+def _tokens(count: int, kind: str = "") -> str:
+  return f"{count} {kind}token{'' if count == 1 else 's'}"
+
+
 def prefill(model: nnx.Module, tokens_BT: jax.Array, cache, chunk: int | None = None,
             segment_ids_BT: jax.Array | None = None):
   """(logits at the last prompt position `[B, V]`, cache): one parallel pass, or chunks of `chunk`
@@ -119,10 +146,7 @@ def _contexts(model: nnx.Module, prompts_ids, num_tokens: int, eos_id: int) -> l
   longest = max(len(p) for p in prompts)
   room = context_room(model, longest)
   if num_tokens > room:
-    raise ValueError(f"{num_tokens} new tokens after a prompt of {longest} do not fit the "
-                     f"model's learned positions (model.seq_len={model.max_positions} in all, the "
-                     f"end-of-document token that starts the context included): generate at most "
-                     f"{max(room, 0)}, or train with model.position='rope'")
+    raise ValueError(_no_room(model, longest, num_tokens, room))
   contexts = [[eos_id] + p for p in prompts]
   window = getattr(model, "prompt_window", None)
   if window:  # left-padded with end-of-document tokens (or cut) to the model's window
