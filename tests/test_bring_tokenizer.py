@@ -127,6 +127,20 @@ def test_a_document_never_forges_the_separator_even_where_the_model_can_reach_it
                               r'control piece'),
     ('not a tokenizer', r"^data\.tokenizer='.*junk\.model': .* is neither a sentencepiece model "
                         r'nor a Hugging Face tokenizer\.json'),
+    ('json not a tokenizer', r"^data\.tokenizer='.*vocab\.json': .*vocab\.json is a JSON object "
+                             r"with the keys 'name', 'vocab', not a Hugging Face tokenizer\.json: "
+                             r'it has no "model" section'),
+    ('a run config', r"^data\.tokenizer='.*config\.json': .* is a JSON object with the keys "
+                     r"'model', 'data', not a Hugging Face tokenizer\.json: its \"model\" section "
+                     r"has no \"vocab\" \(its keys: 'name', 'd_model'\)"),
+    ('truncated', r"^data\.tokenizer='.*cut\.json': .*cut\.json is not valid JSON \(Unterminated "
+                  r'string starting at line \d+ column \d+\); it ends mid-way, after [\d,]+ '
+                  r'bytes: truncated\? copy the whole file again$'),
+    ('truncated mid-character', r"^data\.tokenizer='.*cut_utf8\.json': .*cut_utf8\.json is not "
+                                r'valid JSON \(invalid UTF-8 at byte [\d,]+\); it ends mid-way'),
+    ('large and truncated', r"^data\.tokenizer='.*cut_large\.json': .*cut_large\.json is not "
+                            r'valid JSON \(invalid UTF-8 at byte \d+,\d{3},\d{3}\); it ends '
+                            r'mid-way, after \d+,\d{3},\d{3} bytes: truncated\?'),
     ('missing file', r"^data\.tokenizer='.*absent\.model' is not an existing file"),
     ('generated dataset', r"^data\.tokenizer='.*' does not apply to the generated dataset"),
     ('separator alone', r"^data\.separator_token='</s>' only applies to a data\.tokenizer"),
@@ -139,6 +153,16 @@ def test_an_unusable_tokenizer_is_one_config_error(own, tmp_path, case, match):
           str(tmp_path / 'plain.json'), ('<mask>',))),
       'separator not special': lambda: dict(tokenizer=own['sp'], separator_token='thou'),
       'not a tokenizer': lambda: dict(tokenizer=_write(tmp_path / 'junk.model', b'\x08\x01junk')),
+      'json not a tokenizer': lambda: dict(tokenizer=_write(
+          tmp_path / 'vocab.json', json.dumps({'name': 'mine', 'vocab': ['a', 'b']}).encode())),
+      'a run config': lambda: dict(tokenizer=_write(tmp_path / 'config.json', json.dumps(
+          {'model': {'name': 'pi_attention', 'd_model': 64}, 'data': {}}).encode())),
+      'truncated': lambda: dict(tokenizer=_cut(own['hf'], tmp_path / 'cut.json', at='"<|endo')),
+      'truncated mid-character': lambda: dict(
+          tokenizer=_cut(own['hf'], tmp_path / 'cut_utf8.json', at='\u0120'.encode()[:1])),
+      'large and truncated': lambda: dict(tokenizer=_cut(
+          _large(own['hf'], tmp_path / 'large.json'), tmp_path / 'cut_large.json',
+          at='\u0120'.encode()[:1], last=True)),
       'missing file': lambda: dict(tokenizer=str(tmp_path / 'absent.model')),
       'generated dataset': lambda: dict(tokenizer=own['sp'], dataset='mqar:'),
       'separator alone': lambda: dict(separator_token='</s>'),
@@ -150,6 +174,31 @@ def test_an_unusable_tokenizer_is_one_config_error(own, tmp_path, case, match):
 
 def _write(path, payload: bytes) -> str:
   path.write_bytes(payload)
+  return str(path)
+
+
+def _cut(source: str, path, at, last: bool = False) -> str:
+  """A copy of `source` cut just after the first (or `last`) occurrence of `at` (a copy that
+  stopped part way)."""
+  with open(source, 'rb') as f:
+    payload = f.read()
+  at = at.encode() if isinstance(at, str) else at
+  end = (payload.rindex(at) if last else payload.index(at)) + len(at)
+  return _write(path, payload[:end])
+
+
+def _large(source: str, path) -> str:
+  """`source` with 20,000 added tokens: a tokenizer.json over 1 MiB (the size past which the file
+  goes to the tokenizers library unparsed), its added tokens' 'Ġ' two UTF-8 bytes each."""
+  with open(source, encoding='utf-8') as f:
+    record = json.load(f)
+  base = max(t['id'] for t in record['added_tokens']) + len(record['model']['vocab'])
+  record['added_tokens'] += [dict(id=base + i, content=f'\u0120added{i}', single_word=False,
+                                  lstrip=False, rstrip=False, normalized=True, special=False)
+                             for i in range(20_000)]
+  payload = json.dumps(record, ensure_ascii=False).encode()
+  assert len(payload) > 1 << 20
+  open_tokenizer(_write(path, payload))  # whole, it opens
   return str(path)
 
 

@@ -34,6 +34,9 @@ class HFTokenizer:
     try:
       self._tok = tokenizers.Tokenizer.from_file(self.model_path)
     except Exception as e:  # pylint: disable=broad-except  (the library's own exception type)
+      from efficient_lm.data import tokenizer  # pylint: disable=g-import-not-at-top
+      # A file cut short, or JSON of another kind: said so, not as the library's parse error.
+      tokenizer.check_tokenizer_json(self.model_path, tokenizer.read_json(self.model_path))
       raise ValueError(f'{self.model_path} is not a Hugging Face tokenizer.json the tokenizers '
                        f'library can read ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})'
                        ) from e

@@ -239,18 +239,59 @@ class Tokenizer:
     return f'Tokenizer({self.model_path!r}, vocab_size={self.vocab_size})'
 
 
-def _is_hf_json(path: str) -> bool:
-  """Whether a JSON file is a Hugging Face tokenizer.json (a `model` section), not a task's (a
-  generated task's description is a few hundred bytes: a file over 1 MiB is not parsed here)."""
+_PARSED_LIMIT = 1 << 20  # a generated task's description is a few hundred bytes: larger JSON
+                         # files go to the tokenizers library unparsed (it reads them anyway)
+
+
+def read_json(path: str):
+  """The JSON value in `path`; a ValueError, one line, naming the file when it is not valid JSON
+  (a file cut short, a copy or download that stopped, says so)."""
   import json  # pylint: disable=g-import-not-at-top
-  if os.path.getsize(path) > 1 << 20:
-    return True
+  with open(path, 'rb') as f:
+    raw = f.read()
   try:
-    with open(path, encoding='utf-8') as f:
-      record = json.load(f)
-  except (OSError, ValueError):
-    return False
-  return isinstance(record, dict) and isinstance(record.get('model'), dict)
+    return json.loads(raw.decode('utf-8'))
+  except UnicodeDecodeError as e:
+    cut = e.reason == 'unexpected end of data'
+    detail = f'invalid UTF-8 at byte {e.start:,}'
+  except ValueError as e:  # json.JSONDecodeError
+    cut = e.pos >= len(e.doc.rstrip()) or e.msg.startswith('Unterminated string')
+    detail = f'{e.msg.removesuffix(" at")} at line {e.lineno} column {e.colno}'
+  ending = (f'it ends mid-way, after {len(raw):,} bytes: truncated? copy the whole file again'
+            if cut else 'give the file the tokenizers library saved (Tokenizer.save)')
+  raise ValueError(f'{path} is not valid JSON ({detail}); {ending}') from None
+
+
+def _json_kind(path: str) -> str:
+  """'huggingface' or 'generated' for a JSON file (`open_file`); a ValueError, one line, saying
+  what the file is and what it lacks when it is neither."""
+  if os.path.getsize(path) > _PARSED_LIMIT:
+    return 'huggingface'
+  record = read_json(path)
+  if isinstance(record, dict) and 'kind' in record and 'model' not in record:
+    return 'generated'  # (its loader names a kind it does not know)
+  check_tokenizer_json(path, record)
+  return 'huggingface'
+
+
+def check_tokenizer_json(path: str, record) -> None:
+  """A ValueError, one line, saying what the JSON value `record` (of the file `path`) is and
+  which part of a Hugging Face tokenizer.json it lacks: a "model" section with a "vocab"."""
+  model = record.get('model') if isinstance(record, dict) else None
+  if isinstance(model, dict) and 'vocab' in model:
+    return
+  if isinstance(model, dict):
+    keys = ', '.join(map(repr, list(model)[:6])) or 'none'
+    lacks = f'its "model" section has no "vocab" (its keys: {keys})'
+  else:
+    lacks = 'it has no "model" section (the tokenizer\'s kind and vocabulary)'
+  if isinstance(record, dict):
+    keys = ', '.join(map(repr, list(record)[:6])) + (', ...' if len(record) > 6 else '')
+    what = f'a JSON object with the keys {keys}' if record else 'an empty JSON object'
+  else:
+    what = f'a JSON {"list" if isinstance(record, list) else "value"}'
+  raise ValueError(f'{path} is {what}, not a Hugging Face tokenizer.json: {lacks}; give the '
+                   'tokenizer.json the tokenizers library saved (Tokenizer.save)')
 
 
 FILES = (FILE_NAME, 'tokenizer.json')  # the copy a run's folder (a workdir, an export) keeps
@@ -310,8 +351,8 @@ def open_file(path: str, separator_token: str = ''):
   end-of-text token. ValueError, one line, for a file that is none of these or has no separator."""
   with open(path, 'rb') as f:
     head = f.read(64).lstrip()
-  if head[:1] == b'{':
-    if _is_hf_json(path):
+  if head[:1] in (b'{', b'['):
+    if _json_kind(path) == 'huggingface':
       from efficient_lm.data import hf_tokenizer  # pylint: disable=g-import-not-at-top
       return hf_tokenizer.HFTokenizer(path, separator_token)
     from efficient_lm.data import mqar  # pylint: disable=g-import-not-at-top
