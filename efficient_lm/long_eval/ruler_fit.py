@@ -4,8 +4,8 @@ RULER grows a prompt's haystack in steps until the prompt fills the target lengt
 tokenizer's tokens. Here the count is the model's tokenizer's, and the step is one token: a
 haystack is a list of units (sentences of held-out text, repeats of the noise sentence, distractor
 needles), each with its tokens; `Filler.take(h)` keeps the whole units that fit in h tokens and
-the first tokens of the next one. `fit` finds the largest value of such a parameter whose prompt
-still fits: the prompt is then the target length, or a token or two short of it where the
+the first tokens of the next one. `fit` finds the value of such a parameter whose prompt is the
+longest that fits: the prompt is then the target length, or a token or two short of it where the
 tokenizer merges across a boundary. The prompt is text, and its tokens are `encode(text)`: what a
 model fed the text (here or through lm-eval) reads.
 """
@@ -65,9 +65,9 @@ def weave(units: list[str], partial: str, inserts: list[tuple[float, str]], sep:
 
 def fit(render: Callable[[int], str], encode, target: int, most: int, what: str
         ) -> tuple[int, str, np.ndarray]:
-  """(h, text, tokens) for the largest h in [0, most] whose prompt `render(h)` encodes to at most
-  `target` tokens, the tokens growing with h (a search that starts where the slope points and
-  bisects). A `RulerError` naming `what` when even h = 0 is too long."""
+  """(h, text, tokens) of the longest prompt `render(h)`, h in [0, most], that encodes to at most
+  `target` tokens (the least such h), the tokens growing with h: a search that starts where the
+  slope points and bisects. A `RulerError` naming `what` when even h = 0 is too long."""
   seen: dict[int, tuple[str, np.ndarray]] = {}
 
   def size(h: int) -> int:

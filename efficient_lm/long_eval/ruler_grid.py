@@ -156,8 +156,7 @@ def write(record: dict, out: str) -> tuple[str, str]:
   grid = np.asarray([[np.nan if table[r][str(n)] is None else table[r][str(n)] for n in lengths]
                      for r in rows], np.float64)
   fig, ax = plt.subplots(figsize=(3.5 + 1.1 * len(lengths), 1.2 + 0.38 * len(rows)))
-  cmap = plt.get_cmap("RdYlGn").copy()
-  cmap.set_bad("#cccccc")
+  cmap = plt.get_cmap("RdYlGn").with_extremes(bad="#cccccc")  # skipped cells grey
   image = ax.imshow(np.ma.masked_invalid(grid), vmin=0.0, vmax=1.0, cmap=cmap, aspect="auto")
   for i in range(len(rows)):
     for j in range(len(lengths)):
