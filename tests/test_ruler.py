@@ -204,6 +204,13 @@ def test_a_length_too_short_for_a_task_is_one_error_naming_the_least(run):
     ruler.build(lm.tokenizer, "niah_multiquery", length=300, index=0, haystack=haystack)
 
 
+def test_a_length_past_what_cwes_words_fill_is_one_error(run):
+  lm, _ = run
+  with pytest.raises(ruler_fit.RulerError, match=r"ruler_cwe at 40000 tokens: the prompt holds "
+                     r"\d+ tokens .* its list of words .* ran out\); give a shorter length"):
+    ruler.build(lm.tokenizer, "ruler_cwe", length=40_000, index=0)
+
+
 def test_fit_finds_the_largest_haystack_that_fits():
   encode = lambda text: list(text)  # one token a character
   h, text, ids = ruler_fit.fit(lambda h: "ab" + "x" * (h // 3), encode, 50, 1000, "t")

@@ -25,6 +25,7 @@ prompts share one shape (one compile); else the longest of `ATTEMPTS` draws is k
 
 import dataclasses
 import math
+import re
 import uuid
 
 import numpy as np
@@ -42,7 +43,8 @@ VT_HEAD = "Memorize and track the chain(s) of variable assignment hidden in the 
 VT_TAIL = ("\nQuestion: Find all variables that are assigned the value {value} in the text above. "
            "Answer: According to the chain(s) of variable assignment in the text above, {count} "
            "variables are assgined the value {value}, they are:")  # sic: RULER's wording
-VT_HOPS, VT_NAME_LETTERS, VT_EXAMPLE_NOISE = 4, 5, 5
+VT_HOPS, VT_NAME_LETTERS = 4, 5
+VT_EXAMPLE_LETTERS, VT_EXAMPLE_NOISE = 3, 5  # the worked example: shorter names, 5 noise repeats
 CWE_HEAD = ("Below is a numbered list of words. In these words, some appear more often than "
             "others. Memorize the ones that appear most often.\n")
 CWE_TAIL = ("\nQuestion: What are the 10 most common words in the above list? Answer: The top 10 "
@@ -103,7 +105,6 @@ def _essay_units(tokenizer, haystack: np.ndarray, rng, need: int) -> list[str]:
   """Sentences (each with its trailing whitespace) of held-out text from a random offset, at least
   `need` tokens of them: the text decoded from the token stream, the first (cut) sentence
   dropped; the stream repeated when it is shorter, as RULER repeats its essays."""
-  import re  # pylint: disable=import-outside-toplevel
   window = need * 2 + 256
   if len(haystack) < window:
     haystack = np.tile(haystack, -(-window // max(1, len(haystack))))
@@ -174,7 +175,7 @@ def _vt(tokenizer, spec: Spec, target: int, rng, haystack, what: str):
     return VT_HEAD + context + VT_TAIL.format(value=value, count=len(names))
 
   # RULER's worked example (3-letter names, its answer after it), when it is short enough.
-  ex_names, ex_value, ex_statements = _vt_chain(rng, 3)
+  ex_names, ex_value, ex_statements = _vt_chain(rng, VT_EXAMPLE_LETTERS)
   example = (prompt(ex_names, ex_value, ex_statements, [NOISE] * VT_EXAMPLE_NOISE, "",
                     sorted(_depths(rng, VT_HOPS + 1))) + " " + " ".join(ex_names) + "\n\n")
   if len(tokenizer.encode(example)) > target // EXAMPLE_SHARE:
@@ -288,9 +289,11 @@ def build(tokenizer, task: str, *, length: int, index: int, seed: int = 0,
     drawn = _BUILDERS[spec.kind](tokenizer, spec, length - 1, rng, haystack, what)
     if best is None or len(drawn[1]) > len(best[1]):
       best = drawn
-    if len(best[1]) == length - 1:
-      break
+    if len(best[1]) == length - 1 or len(drawn[1]) + 1 < length * (1 - ruler_fit.TOLERANCE):
+      break  # exact, or what fills it ran out (as it will again)
   text, ids, outputs, details = best
-  ruler_fit.check_length(len(ids) + 1, length, what)
+  ruler_fit.check_length(len(ids) + 1, length, what, {
+      "cwe": "its list of words (long_eval/ruler_words.py)", "fwe": "its coded words"}.get(
+          spec.kind, "its haystack"))
   return Item(task=task, length=length, index=index, text=text, ids=np.asarray(ids, np.int32),
               outputs=[str(o) for o in outputs], new_tokens=spec.new_tokens, details=details)

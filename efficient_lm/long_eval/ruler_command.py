@@ -20,7 +20,7 @@ def run(lm, haystack, *, source: str, tasks, lengths, samples: int, batch_size: 
     cells = ruler_grid.draw(lm.tokenizer, haystack, tasks=tasks, lengths=lengths,
                             samples=samples, seed=seed)
     paths = ruler_export.write(cells, lm_eval_out)
-    log(f"wrote {len(paths)} lm-eval tasks ({samples} prompts a length, lengths "
+    log(f"wrote {len(paths)} lm-eval tasks ({samples} prompt(s) a task and length, lengths "
         f"{','.join(map(str, lengths))} in {lm.path}'s tokens) to {lm_eval_out}; run them with "
         f"python -m efficient_lm.harness --include_path={lm_eval_out} --noinclude_defaults "
         f"--tasks={ruler_export.GROUP}")

@@ -100,9 +100,9 @@ def fit(render: Callable[[int], str], encode, target: int, most: int, what: str
   return best, seen[best][0], seen[best][1]
 
 
-def check_length(tokens: int, target: int, what: str) -> None:
-  """A `RulerError` when a fitted prompt is more than TOLERANCE short of its target."""
+def check_length(tokens: int, target: int, what: str, filler: str) -> None:
+  """A `RulerError` when a fitted prompt is more than TOLERANCE short of its target (`filler`:
+  what ran out)."""
   if tokens < target * (1 - TOLERANCE) or tokens > target:
-    raise RulerError(f"{what}: the prompt fits {tokens} tokens of the {target} asked (more than "
-                     f"{TOLERANCE:.0%} short: its haystack ran out); give a longer --haystack "
-                     "text or a shorter length")
+    raise RulerError(f"{what}: the prompt holds {tokens} tokens of the {target} asked (more than "
+                     f"{TOLERANCE:.0%} short: {filler} ran out); give a shorter length")
