@@ -7,6 +7,8 @@
         --needles_per_cell=20 --variant=single|multikey|multivalue|multiquery --distractors=9
         --haystack=FILE]
     python -m efficient_lm.evaluate --workdir=W --task=extrapolate [--factors=1,2,4,8]
+    python -m efficient_lm.evaluate --workdir=W --task=ruler [--ruler_tasks=niah_single_1,...
+        --lengths=256,512 --samples=20 --haystack=FILE --ruler_out_lm_eval=DIR]
 
 Prints one line on stderr and the figures as one JSON object, the last line of stdout; one
 `error: ...` line and exit status 2 for input it cannot use. Ctrl-C (SIGINT) stops it at once with
@@ -24,6 +26,7 @@ from efficient_lm import cli as cli_lib
 from efficient_lm import exit_codes
 from efficient_lm import output
 from efficient_lm import signals
+from efficient_lm.long_eval import ruler_tasks
 
 
 def _summary_line(result: dict) -> str:
@@ -96,7 +99,9 @@ def main(argv) -> None:
           needles_per_cell=FLAGS.needles_per_cell, variant=FLAGS.variant,
           distractors=FLAGS.distractors, haystack=FLAGS.haystack, factors=FLAGS.factors,
           split=FLAGS.split, text_file=FLAGS.text_file, batch_size=FLAGS.batch_size,
-          out=FLAGS.out, max_tokens=FLAGS.max_tokens, seed=FLAGS.seed, keys=FLAGS.keys)
+          out=FLAGS.out, max_tokens=FLAGS.max_tokens, seed=FLAGS.seed, keys=FLAGS.keys,
+          ruler_tasks=FLAGS.ruler_tasks, samples=FLAGS.samples,
+          ruler_out_lm_eval=FLAGS.ruler_out_lm_eval)
     else:
       status = cli(workdir=FLAGS.workdir, split=FLAGS.split, text_file=FLAGS.text_file,
                    context=FLAGS.context, stride=FLAGS.stride, batch_size=FLAGS.batch_size,
@@ -130,12 +135,12 @@ def _define_flags() -> None:
                        "to a multiple of the device count.")
   flags.DEFINE_string("out", None, "Where --per_position writes; default <workdir>/eval/<split or "
                       "file stem>/.")
-  flags.DEFINE_enum("task", "score", ["score", "needle", "extrapolate"], "score: loss, "
+  flags.DEFINE_enum("task", "score", ["score", "needle", "extrapolate", "ruler"], "score: loss, "
                     "perplexity, bits per byte (above); needle: needle-in-a-haystack grid; "
-                    "extrapolate: loss by position at --factors x seq_len "
-                    "(docs/long_context_evals.md).")
-  flags.DEFINE_list("lengths", ["256", "512", "768", "1024"], "--task=needle: prompt lengths "
-                    "(tokens), comma-separated.")
+                    "extrapolate: loss by position at --factors x seq_len; ruler: RULER's 11 "
+                    "synthetic tasks (docs/long_context_evals.md).")
+  flags.DEFINE_list("lengths", ["256", "512", "768", "1024"], "--task=needle, ruler: prompt "
+                    "lengths (tokens), comma-separated.")
   flags.DEFINE_list("depths", ["0", "0.25", "0.5", "0.75", "1"], "--task=needle: needle depths "
                     "(fractions of the haystack, 0 = its start), comma-separated.")
   flags.DEFINE_integer("needles_per_cell", 20, "--task=needle: needles per (length, depth) cell.")
@@ -143,11 +148,18 @@ def _define_flags() -> None:
                     "--task=needle: RULER's needle variants.")
   flags.DEFINE_integer("distractors", 9, "--task=needle: random 7-digit answers the true one is "
                        "ranked among.")
-  flags.DEFINE_string("haystack", None, "--task=needle: a UTF-8 text file for the haystacks; "
+  flags.DEFINE_string("haystack", None, "--task=needle, ruler: a UTF-8 text file for the haystacks; "
                       "default the workdir corpus's --split (default test).")
   flags.DEFINE_list("factors", ["1", "2", "4", "8"], "--task=extrapolate: window lengths as "
                     "multiples of the trained seq_len, comma-separated.")
-  flags.DEFINE_integer("seed", 0, "--task=needle: the seed of the needles, keys and haystacks.")
+  flags.DEFINE_integer("seed", 0, "--task=needle, ruler: the seed of the needles, keys and "
+                       "haystacks.")
+  flags.DEFINE_list("ruler_tasks", list(ruler_tasks.TASKS), "--task=ruler: the tasks (lm-eval's "
+                    "names), comma-separated.")
+  flags.DEFINE_integer("samples", 20, "--task=ruler: prompts per task and length.")
+  flags.DEFINE_string("ruler_out_lm_eval", None, "--task=ruler: write the prompts as lm-eval task "
+                      "files into this folder (for `efficient_lm.harness --include_path`) instead "
+                      "of answering them.")
   flags.DEFINE_enum("keys", "auto", ["auto", "pairs", "words"], "--task=needle: the needles' "
                     "keys: two random words (pairs), the needle: training source's key words "
                     "(words), or auto: words for a workdir trained on needle:, else pairs.")

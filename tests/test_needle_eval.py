@@ -371,8 +371,8 @@ def test_the_docs_commands_use_the_evaluators_flags():
     defined = set(re.findall(r'flags\.DEFINE_\w+\(\s*"(\w+)"', f.read()))
   commands = [c.replace("\\\n", " ") for c in re.findall(r"```\n(python -m efficient_lm\.evaluate[^`]*)```",
                                                           doc)]
-  assert len(commands) == 2
+  assert len(commands) == 4
   for command_line in commands:
     names = re.findall(r"--(\w+)", command_line)
     assert names and set(names) <= defined, (set(names) - defined, command_line)
-    assert re.search(r"--task=(needle|extrapolate)\b", command_line)
+    assert re.search(r"--task=(needle|extrapolate|ruler)\b", command_line)

@@ -1,4 +1,4 @@
-"""`python -m efficient_lm.evaluate --task=needle | extrapolate`: the flags read, the model and
+"""`python -m efficient_lm.evaluate --task=needle | extrapolate | ruler`: the flags read, the model and
 its held-out text loaded, the figures written (docs/long_context_evals.md)."""
 
 import os
@@ -7,7 +7,7 @@ import sys
 from efficient_lm import exit_codes
 from efficient_lm import output
 
-TASKS = ("score", "needle", "extrapolate")
+TASKS = ("score", "needle", "extrapolate", "ruler")
 
 
 class UsageError(ValueError):
@@ -73,25 +73,27 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
         variant: str = "single", distractors: int = 9, haystack: str | None = None,
         factors=(), split: str | None = None, text_file: str | None = None,
         batch_size: int | None = None, out: str | None = None, max_tokens: int = 0,
-        seed: int = 0, keys: str = "auto") -> int:
+        seed: int = 0, keys: str = "auto", ruler_tasks=(), samples: int = 20,
+        ruler_out_lm_eval: str | None = None) -> int:
   """What the command does for `task`: lines on stderr, the one-line summary on stdout; returns
   the exit status (2 and one `error: ...` line for input it cannot use)."""
   from efficient_lm import api  # pylint: disable=import-outside-toplevel
   from efficient_lm import data  # pylint: disable=import-outside-toplevel
   from efficient_lm import scoring  # pylint: disable=import-outside-toplevel
   from efficient_lm.long_eval import extrapolate, needle, needle_grid, reach  # pylint: disable=import-outside-toplevel
+  from efficient_lm.long_eval import ruler_fit  # pylint: disable=import-outside-toplevel
   from efficient_lm.validation import ConfigError  # pylint: disable=import-outside-toplevel
   try:
-    if task == "needle":
+    if task in ("needle", "ruler"):
       lengths = parse_list("lengths", lengths, int)
-      depths = parse_list("depths", depths, float)
+      depths = parse_list("depths", depths, float) if task == "needle" else depths
       if text_file is not None:
-        raise UsageError("--text_file is for --task=score and extrapolate; give the needle task's "
-                         "haystack as --haystack=FILE")
+        raise UsageError(f"--text_file is for --task=score and extrapolate; give the {task} "
+                         "task's haystack as --haystack=FILE")
     else:
       factors = parse_list("factors", factors, int)
       if haystack is not None:
-        raise UsageError("--haystack is for --task=needle; give extrapolate's text as "
+        raise UsageError("--haystack is for --task=needle and ruler; give extrapolate's text as "
                          "--text_file=FILE or --split")
     if batch_size is not None and batch_size < 1:
       raise UsageError(f"--batch_size={batch_size} must be at least 1")
@@ -106,6 +108,13 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
       out = out or os.path.join(lm.path, "eval", f"needle_{variant}")
       json_path, png_path = needle_grid.write(record, out)
       line = needle_grid.summary(record, json_path)
+    elif task == "ruler":
+      tokens, source = _held_out(lm, split, haystack, "--haystack")
+      from efficient_lm.long_eval import ruler_command  # pylint: disable=import-outside-toplevel
+      return ruler_command.run(lm, needle.haystack_stream(tokens, lm.eos_id), source=source,
+                               tasks=list(ruler_tasks), lengths=lengths, samples=samples,
+                               batch_size=batch_size, seed=seed, out=out,
+                               lm_eval_out=ruler_out_lm_eval, log=_stderr)
     else:
       tokens, source = _held_out(lm, split, text_file, "--text_file")
       record = extrapolate.run(lm, tokens, factors=factors, batch_size=batch_size, source=source,
@@ -114,8 +123,8 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
       json_path, png_path = extrapolate.write(record, out)
       line = extrapolate.summary(record, json_path)
   except (UsageError, api.LoadError, needle.NeedleError, extrapolate.ExtrapolateError,
-          reach.LengthError, scoring.EvalError, ConfigError, data.DataError,
-          data.DownloadError) as e:
+          reach.LengthError, ruler_fit.RulerError, scoring.EvalError, ConfigError,
+          data.DataError, data.DownloadError) as e:
     print(f"error: {e}", file=sys.stderr)
     return exit_codes.USAGE
   _stderr(f"wrote {json_path} and {png_path}")
