@@ -32,7 +32,8 @@ from efficient_lm import output
 
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/dense.py or "
                                 "configs/bcmt.py:128, or a shipped config by name (pi_attention, "
-                                "bcmt:128).", lock_config=True)
+                                "bcmt:128); required unless --workdir holds a run to continue.",
+                                lock_config=True)
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics and logs; default runs/<config name>. "
                     "Alone (no --config): continues the run it holds from its config.json, "
                     "--config.<field> overrides on top.")

@@ -98,14 +98,22 @@ def run_main(*args, timeout=600) -> subprocess.CompletedProcess:
 
 
 def test_without_config_a_workdir_alone_is_needed_and_must_hold_a_run(tmp_path):
+  """Each mistake is one line, status 2, before jax starts; an override is checked against the
+  workdir's config as against a config file."""
+  empty, run = tmp_path / "empty", tmp_path / "run"
+  empty.mkdir()
+  fake_workdir(run, asked_vocab=384, trained_vocab=323)
   for args, message in (([], "error: --config is missing: give a config file or a shipped config"),
-                        ([f"--workdir={tmp_path}"], f"error: --workdir={tmp_path} has no "
-                         "config.json: there is no run to continue; give --config=")):
+                        ([f"--workdir={empty}"], f"error: --workdir={empty} has no config.json: "
+                         "there is no run to continue; give --config="),
+                        ([f"--workdir={run}", "--config.train.num_step=5"],
+                         "error: --config.train.num_step is not a config field; did you mean "
+                         "train.num_steps")):
     done = run_main(*args)
     assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stderr.strip().splitlines() == [done.stderr.strip().splitlines()[0]]
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert done.stderr.startswith(message), done.stderr
-  assert os.listdir(tmp_path) == []
+  assert os.listdir(empty) == []
 
 
 def plant_tokenizer(data_config) -> str:
@@ -145,6 +153,13 @@ def test_a_workdir_resumes_under_an_empty_data_dir_with_workdir_alone(
   assert sha256(os.path.join(never_stopped, "tokenizer.model")) == planted
   shutil.copytree(never_stopped, stopped)  # the same run, stopped after its checkpoint 10
   shutil.rmtree(os.path.join(stopped, "checkpoints", "20"))
+  before = {name: sha256(os.path.join(stopped, name)) for name in ("config.json", "data.json")}
+  for override, message in (("--config.data.vocab_size=1024", "was trained on another tokenizer"),
+                            ("--config.model.d_model=64", "holds checkpoints of another model")):
+    done = run_main(f"--workdir={stopped}", f"--config.data.data_dir={data_b}", override)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2 and len(errors) == 1 and message in errors[0], done.stderr[-2000:]
+  assert before == {name: sha256(os.path.join(stopped, name)) for name in before}
   done = run_main(f"--workdir={stopped}", f"--config.data.data_dir={data_b}")
   assert done.returncode == 0, done.stderr[-3000:]
   assert "resumed from" in done.stderr and "at step 10" in done.stderr
