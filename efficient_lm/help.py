@@ -375,7 +375,7 @@ def _flag_lines(width: int) -> list[str]:
       continue
     for flag in sorted(defined, key=lambda f: f.name):
       default = "" if flag.default is None else f" (default: {flag.default!r})"
-      if flag.name == "config" or flags.FLAGS[flag.name].validators and flag.default is None:
+      if flags.FLAGS[flag.name].validators and flag.default is None:
         default = " (required)"
       lines += textwrap.wrap(f"{flag.help}{default}", width=max(width, 70),
                              initial_indent=f"  --{flag.name}".ljust(26),

@@ -2,7 +2,8 @@
 
 Any config field can be overridden, e.g. `--config.train.num_steps=100`.
 `--workdir` defaults to `runs/<config name>[_<preset>]`; a run resumes from the
-latest checkpoint in its workdir. Several processes (hosts, or one per GPU) train one
+latest checkpoint in its workdir. `--workdir=DIR` alone (no --config) continues the run DIR holds
+from its config.json, overrides applied on top. Several processes (hosts, or one per GPU) train one
 job when each runs the same command with `--coordinator_address`, `--num_processes`
 and its own `--process_id`, or under SLURM / Open MPI / a Cloud TPU slice with none.
 
@@ -31,8 +32,11 @@ from efficient_lm import output
 
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/dense.py or "
                                 "configs/bcmt.py:128, or a shipped config by name (pi_attention, "
-                                "bcmt:128).", lock_config=True)
-flags.DEFINE_string("workdir", None, "Checkpoints, metrics and logs; default runs/<config name>.")
+                                "bcmt:128); required unless --workdir holds a run to continue.",
+                                lock_config=True)
+flags.DEFINE_string("workdir", None, "Checkpoints, metrics and logs; default runs/<config name>. "
+                    "Alone (no --config): continues the run it holds from its config.json, "
+                    "--config.<field> overrides on top.")
 flags.DEFINE_string("coordinator_address", None, "HOST:PORT of process 0, for a multi-process job; "
                     "default $JAX_COORDINATOR_ADDRESS or the cluster's (SLURM, Open MPI, Cloud TPU).")
 flags.DEFINE_integer("num_processes", None, "Processes in the job; default $JAX_NUM_PROCESSES or the "
@@ -50,7 +54,6 @@ flags.DEFINE_string("target", None, "With --compile_only: compile for an acceler
                     "(needs the tpu / gpu extra); memory and compilation only, never speed.")
 flags.DEFINE_integer("num_slices", 1, "With --target: slices joined by the data-center network "
                      "(mesh.dcn_data / mesh.dcn_fsdp split them).")
-flags.mark_flags_as_required(["config"])
 FLAGS = flags.FLAGS
 logger = std_logging.getLogger("efficient_lm.main")
 
@@ -144,7 +147,7 @@ def _run(workdir: str) -> None:
     except ConfigError as e:
       _fail(exit_codes.USAGE, str(e))
   what = "compiling" if FLAGS.compile_only else f"training into {workdir}"
-  logger.info("%s (%s): %s; starting jax", config.model.name, FLAGS["config"].config_filename, what)
+  logger.info("%s (%s): %s; starting jax", config.model.name, config_source(), what)
   from efficient_lm import distributed, jax_devices, step_memory, train  # pylint: disable=import-outside-toplevel
   try:
     with signals.phase("starting jax"):
@@ -187,9 +190,52 @@ def _compile_only(config) -> None:
           f"lower it with {step_memory.fix_hint(memory)}")
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+  """`cli.parse_flags`, where `--workdir=W` without --config continues W: its own config
+  (`workdir_config`: config.json, as the run asked for it) stands for the config file, and
+  `--config.<field>` overrides apply on top. Neither: one `error:` line, status 2."""
+  from efficient_lm import help as help_lib  # pylint: disable=import-outside-toplevel
+  if help_lib.requested(argv) is None and not any(a.startswith("--config=") for a in argv[1:]):
+    given = _workdir_arg(argv[1:])
+    if not given:
+      _fail(exit_codes.USAGE, "--config is missing: give a config file or a shipped config (e.g. "
+            "--config=configs/pi_attention.py, --config=bcmt:128) to start a run, or "
+            "--workdir=<a workdir a run wrote> alone to continue the run it holds")
+    from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+    from efficient_lm import workdir_config  # pylint: disable=import-outside-toplevel
+    try:
+      workdir_lib.Workdir(given).resume_config()
+    except workdir_lib.WorkdirError as e:
+      _fail(exit_codes.USAGE, str(e))
+    argv = [argv[0], f"--config={workdir_config.__file__}:{given}", *argv[1:]]
+  return cli.parse_flags(argv)
+
+
+def _workdir_arg(args: list[str]) -> str | None:
+  """The value of `--workdir=W` (or `--workdir W`) in `args`, the last one given; None if none."""
+  found = None
+  for i, arg in enumerate(args):
+    if arg == "--":
+      break
+    if arg.startswith("--workdir="):
+      found = arg[len("--workdir="):]
+    elif arg == "--workdir" and i + 1 < len(args):
+      found = args[i + 1]
+  return found
+
+
+def config_source() -> str:
+  """What the run's config came from: the config file (`:preset`), or the workdir's config.json."""
+  from efficient_lm import workdir_config  # pylint: disable=import-outside-toplevel
+  path, _, rest = FLAGS["config"].config_filename.partition(":")
+  if os.path.abspath(path) == os.path.abspath(workdir_config.__file__):
+    return os.path.join(rest, "config.json")
+  return FLAGS["config"].config_filename
+
+
 def run() -> None:
   """The `efficient-lm-train` console script."""
-  signals.run_command(main, cli.parse_flags, line=stopped_line)
+  signals.run_command(main, parse_flags, line=stopped_line)
 
 
 if __name__ == "__main__":

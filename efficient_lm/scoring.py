@@ -440,7 +440,9 @@ def _source(config, tokenizer, split: str | None, text_file: str | None):
     tokens, num_bytes = read_text_file(text_file, tokenizer)
     return os.path.splitext(os.path.basename(text_file))[0] or "text", tokens, num_bytes
   from efficient_lm import data  # pylint: disable=import-outside-toplevel
-  corpus = data.load(data.validate(config.data))  # typed here: the workdir's config.json
+  # typed here: the workdir's config.json; tokenized by the workdir's tokenizer, whatever the
+  # data cache holds
+  corpus = data.load(data.validate(config.data), tokenizer_file=tokenizer.model_path)
   split = split or config.train.eval_split
   if split not in corpus.splits:
     raise EvalError(f"--split={split} is not a split of {corpus.name}; use one of "

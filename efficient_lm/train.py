@@ -205,8 +205,9 @@ def setup(config: ml_collections.ConfigDict, workdir: str, typed: sections.Typed
                                           others=lambda: data.preflight(asked, read=False))
   # Compile the step first, from shapes only: a step that cannot fit stops here, before any data.
   compiled = _compiled_step(typed, abstract)
+  own = wd.resume_tokenizer(asked)  # resuming: the workdir's tokenizer, whatever the cache holds
   with progress_lib.phase("preparing the data"), output.library_prints_discarded():
-    corpus = distributed.primary_first(lambda: data.load(asked, data_checks), "data prepared")
+    corpus = distributed.primary_first(lambda: data.load(asked, data_checks, own), "data prepared")
   _check_same_corpus(corpus)
   check_eval_split(typed, corpus.splits)
   vocab = _vocab_size(typed, corpus.tokenizer, wd)

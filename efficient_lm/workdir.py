@@ -189,6 +189,28 @@ class Workdir:
       config.data.tokenizer = self.tokenizer_file()
     return config
 
+  def resume_config(self) -> ml_collections.ConfigDict:
+    """The config that continues this workdir's run (`python -m efficient_lm.main --workdir=W`
+    without --config): its config.json (`saved_config`) with data.vocab_size as the run asked for
+    it (data.json's settings: config.json holds a small corpus's tokenizer size), and
+    model.vocab_size and model.seq_len following the data's again, as in a config file, so that
+    overrides apply on top as they would to one. WorkdirError when it holds no run's config."""
+    try:
+      config = self.saved_config()
+      identity = self.saved_identity() or {}
+    except (OSError, ValueError) as e:
+      raise WorkdirError(f"--workdir={self.path}: its {CONFIG} or {DATA} cannot be read ({e}); "
+                         "give --config=<the config file> it was trained with") from None
+    if config is None:
+      raise WorkdirError(f"--workdir={self.path} has no {CONFIG}: there is no run to continue; "
+                         "give --config=<a config file> to start one there")
+    settings = identity.get("settings") if isinstance(identity, dict) else None
+    if isinstance(settings, dict) and not config.data.tokenizer and "vocab_size" in settings:
+      config.data.vocab_size = settings["vocab_size"]
+    config.model.vocab_size = config.data.get_ref("vocab_size")
+    config.model.seq_len = config.data.get_ref("seq_len")
+    return config
+
   def saved_identity(self) -> dict | None:
     if not os.path.isfile(self.file(DATA)):
       return None
@@ -228,29 +250,10 @@ class Workdir:
     another corpus or tokenizer: the corpus-deciding fields of the typed data section against those
     data.json recorded (older workdirs: the dataset of config.json). Runs before any data is
     prepared."""
-    if not self.has_checkpoints():
-      return
-    identity = self.saved_identity() or {}
-    saved = identity.get("settings")
-    if saved is None:
-      config = self.saved_config()
-      if config is None:
-        return
-      saved = {"dataset": config.data.dataset}
-    current = corpus_settings(data_config)
-    saved = dict(saved, tokenizer=saved.get("tokenizer", ""))  # (written before the field: '')
-    differs = []
-    if current.get("tokenizer"):
-      for key in _SET_BY_TOKENIZER:  # the file decides them
-        current.pop(key, None)
-      if saved["tokenizer"]:  # its content is what is compared, wherever it lies now
-        current["tokenizer"] = saved["tokenizer"]
-        differs = self._other_tokenizer_file(identity, data_config)
-    if "tokenizer" in current and current["tokenizer"] != saved["tokenizer"]:
-      differs.append("tokenizer")  # one's own tokenizer against a trained one: named first
-    differs += [k for k in CORPUS_SETTINGS if k in saved and k in current and saved[k] != current[k]]
+    differs, saved, current = self._settings_differing(data_config)
     if not differs or allow_new_data:
       return  # (allow_new_data: the loaded corpus's check warns)
+    identity = self.saved_identity() or {}
     first = differs[0]
     if first == "tokenizer_sha256":
       raise WorkdirMismatchError(
@@ -267,6 +270,49 @@ class Workdir:
         f"its {DATA if 'settings' in identity else CONFIG}, the config gives {current[first]!r}); "
         "use a new --workdir, or set train.allow_new_data=True to train these checkpoints further "
         "on the new data (the old tokenizer is kept beside the new one)")
+
+  def _settings_differing(self, data_config: DataConfig) -> tuple[list, dict, dict]:
+    """(the corpus-deciding fields in which the typed data section differs from what the
+    checkpoints were trained on, the tokenizer's first; the recorded settings; the config's). No
+    difference where the workdir has no checkpoints or records nothing to compare."""
+    if not self.has_checkpoints():
+      return [], {}, {}
+    identity = self.saved_identity() or {}
+    saved = identity.get("settings")
+    if saved is None:
+      config = self.saved_config()
+      if config is None:
+        return [], {}, {}
+      saved = {"dataset": config.data.dataset}
+    current = corpus_settings(data_config)
+    saved = dict(saved, tokenizer=saved.get("tokenizer", ""))  # (written before the field: '')
+    differs = []
+    if current.get("tokenizer"):
+      for key in _SET_BY_TOKENIZER:  # the file decides them
+        current.pop(key, None)
+      if saved["tokenizer"]:  # its content is what is compared, wherever it lies now
+        current["tokenizer"] = saved["tokenizer"]
+        differs = self._other_tokenizer_file(identity, data_config)
+    if "tokenizer" in current and current["tokenizer"] != saved["tokenizer"]:
+      differs.append("tokenizer")  # one's own tokenizer against a trained one: named first
+    differs += [k for k in CORPUS_SETTINGS if k in saved and k in current and saved[k] != current[k]]
+    return differs, saved, current
+
+  def resume_tokenizer(self, data_config: DataConfig) -> str:
+    """The tokenizer file a run of the typed data section tokenizes with when it resumes this
+    workdir: the workdir's own copy, where it has checkpoints trained on the corpus and tokenizer
+    the config asks for (`check_settings` finds no difference) and the copy is the file data.json
+    records (its sha256); '' otherwise (a new run, or new data under train.allow_new_data: the
+    config's tokenizer). The workdir is the source of truth: it resumes under any data.data_dir,
+    on any machine, whatever tokenizer a cache there holds (the token streams, keyed by the
+    file's sha256, are made where missing)."""
+    path = self.tokenizer_file()
+    if (not self.has_checkpoints() or not os.path.isfile(path)
+        or self._settings_differing(data_config)[0]):
+      return ""
+    from efficient_lm.data import archives  # pylint: disable=import-outside-toplevel  (light module)
+    recorded = (self.saved_identity() or {}).get("tokenizer_sha256")
+    return path if recorded is None or archives.sha256_of(path) == recorded else ""
 
   @staticmethod
   def _other_tokenizer_file(identity: dict, data_config: DataConfig) -> list:

@@ -368,6 +368,8 @@ def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch, shakespeare_ar
                           resources={"metadata": {"path": str(tmp_path)}}).execute()
   outputs = "".join(o.get("text", "") for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", []))
   assert "efficient_lm from" in outputs
+  if name == "quickstart.ipynb":  # the run continued from its workdir under an empty data cache
+    assert f"continued {tmp_path / 'run'} to step 8:" in outputs
   if name == "multi_device.ipynb":
     assert "context-parallel" in outputs
 

@@ -317,6 +317,36 @@ def test_per_host_data_dirs_must_hold_the_same_corpus(tmp_path, shakespeare_arch
   assert not os.path.exists(tmp_path / "w" / "checkpoints")
 
 
+@pytest.mark.slow  # two gloo processes train, then resume: ~2 min
+def test_per_host_data_dirs_prepared_apart_give_every_process_the_same_token_ids(
+    tmp_path, shakespeare_archive):
+  """Two hosts each with an empty `data.data_dir=~/data` of their own ($HOME differs): each trains
+  the library's tokenizer, byte for byte the same, so the job trains on the same token ids.
+  Continued with `--workdir` alone under two more empty data_dirs, every process tokenizes with
+  the workdir's tokenizer: none trains one."""
+  workdir = str(tmp_path / "w")
+  args = cli_args(shakespeare_archive, "~/data", workdir, num_steps=4, eval_every=4,
+                  checkpoint_every=4, sample_tokens=0)
+  for run, more in (("first", args), ("later", [f"--workdir={workdir}",
+                                                "--config.train.num_steps=8"])):
+    os.makedirs(tmp_path / run)
+    results = launch(more, tmp_path / run, num_processes=2, devices_per_process=2,
+                     envs={i: {"HOME": str(tmp_path / run / f"home{i}")} for i in range(2)})
+    assert [rc for rc, _ in results] == [0, 0], results[0][1][-2000:] + results[1][1][-2000:]
+  trained = [os.path.join(root, "spm.model") for i in range(2) for root, _, files in
+             os.walk(tmp_path / "first" / f"home{i}" / "data" / "tokenizers") if "spm.model" in files]
+  assert len(trained) == 2
+  with open(os.path.join(workdir, "tokenizer.model"), "rb") as f:
+    kept = f.read()
+  for path in trained:
+    with open(path, "rb") as f:
+      assert f.read() == kept
+  for i in range(2):
+    assert os.path.isdir(tmp_path / "later" / f"home{i}" / "data" / "tokens")
+    assert not os.path.exists(tmp_path / "later" / f"home{i}" / "data" / "tokenizers")
+  assert max(losses(workdir)) == 8
+
+
 # ---------------------------------------------------------------------------------------------
 # Joining a job: flags, their environment fallbacks, cluster detection; a plain process is left alone.
 

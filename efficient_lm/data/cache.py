@@ -15,7 +15,8 @@ another tokenizer (even a swapped `spm.model` under the same settings) always to
 
 How a source gets its key: it describes its documents in a JSON-able `corpus_id` (a name, a
 version, the splits' sizes, its files' fingerprint: whatever changes when the documents may) and
-calls `load_tokenizer(data_config, builder, corpus_id, root)` for the tokenizer and the key, or
+calls `load_tokenizer(data_config, builder, corpus_id, root)` for the tokenizer and the key (a
+resumed workdir's own tokenizer file, if given, over anything cached here), or
 `stream_key(corpus_id, tokenizer)` for a tokenizer it has; `token_streams` then writes or reads
 `tokens/<corpus>-<key>/`.
 
@@ -156,10 +157,16 @@ def _write_json(path: str, obj) -> None:
       os.remove(tmp)
 
 
-def load_tokenizer(data_config, builder, corpus_id: dict, root: str):
+def load_tokenizer(data_config, builder, corpus_id: dict, root: str, tokenizer_file: str = ''):
   """(tokenizer, `stream_key`) for the corpus `corpus_id` of `builder` (`data_config`: the typed
-  data section): `data.tokenizer` as it is when it names one, else the tokenizer trained on the
+  data section): `tokenizer_file` when given (a resumed workdir's own copy, whatever this cache
+  holds), else `data.tokenizer` as it is when it names one, else the tokenizer trained on the
   train split (cached under `root`)."""
+  if tokenizer_file:
+    from efficient_lm.data import tokenizer as tok  # pylint: disable=g-import-not-at-top
+    tokenizer = tok.given_tokenizer(tokenizer_file, data_config.separator_token)
+    log.info('Using the tokenizer the run trained on: %s', tokenizer_file)
+    return tokenizer, stream_key(corpus_id, tokenizer)
   if data_config.tokenizer:
     from efficient_lm.data import config as data_config_lib  # pylint: disable=g-import-not-at-top
     tokenizer = data_config_lib.open_given(data_config)

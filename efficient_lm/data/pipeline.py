@@ -7,6 +7,7 @@ section (`data.validate(config.data)`, or the edge's `config_check.prepare(confi
 Everything is cached under `data.data_dir`; a second call only memory-maps the token files.
 """
 
+import functools
 import logging
 import os
 import time
@@ -83,12 +84,15 @@ def preflight(data_config: DataConfig, read: bool = True):
 _UNCHECKED = object()  # `load` without what `preflight` returned (which may be None)
 
 
-def load(data_config: DataConfig, checked=_UNCHECKED) -> corpus_lib.Corpus:
+def load(data_config: DataConfig, checked=_UNCHECKED,
+         tokenizer_file: str = '') -> corpus_lib.Corpus:
   """Prepares the dataset of the typed data section (its fields checked: `data.validate`),
   trains/loads the tokenizer, tokenizes splits.
 
   Everything is cached under data.data_dir; a second call only memory-maps the token files.
-  `checked`: what `preflight` returned for this config (else it runs here).
+  `checked`: what `preflight` returned for this config (else it runs here). `tokenizer_file`:
+  a tokenizer file to use instead of the config's (a resumed workdir's own copy:
+  `workdir.Workdir.resume_tokenizer`); its token streams are made here where missing.
   """
   data_config_lib.check_typed(data_config, 'data.load')
   source = registry.lookup(data_config.dataset)
@@ -97,7 +101,8 @@ def load(data_config: DataConfig, checked=_UNCHECKED) -> corpus_lib.Corpus:
   if data_config.dataset.startswith(registry.NEEDLE_PREFIX):  # windows of a base corpus's text
     from efficient_lm.data import needle  # pylint: disable=g-import-not-at-top
     return needle.load(data_config, checked if checked is not _UNCHECKED
-                       else preflight(data_config), load)
+                       else preflight(data_config),
+                       functools.partial(load, tokenizer_file=tokenizer_file))
   text_scan = checked if checked is not _UNCHECKED else preflight(data_config)
   root = os.path.abspath(os.path.expanduser(data_config.data_dir))
   try:
@@ -123,7 +128,8 @@ def load(data_config: DataConfig, checked=_UNCHECKED) -> corpus_lib.Corpus:
                           for s in sorted(info.splits)}}
   if text_scan is not None:  # the files' paths, sizes, mtimes and the fractions: one cache per folder state
     corpus_id['files'] = text_scan.cache_key
-  tokenizer, key = cache.load_tokenizer(data_config, builder, corpus_id, root)
+  tokenizer, key = cache.load_tokenizer(data_config, builder, corpus_id, root,
+                                        tokenizer_file)
   splits = cache.token_streams(root, name, key, tokenizer, list(info.splits),
                                lambda split: cache.documents(builder, split, text_key))
   order = [s for s in ('train', 'validation', 'test') if s in splits]

@@ -15,6 +15,7 @@ Ids: 0 <pad>, 1 <unk>, 2 </s> (end of document), 3 '\\n', 4..259 the byte pieces
 """
 
 import functools
+import io
 import os
 import tempfile
 import threading
@@ -30,7 +31,12 @@ NEWLINE = '\n'
 _MARKER = '\u2581'  # sentencepiece's whitespace marker
 _MAX_LINE_CHARS = 8192  # longer lines are cut into pieces for training
 
-# Everything that changes the trained model; part of the cache key.
+# Everything that changes the trained model; part of the cache key. The trainer is deterministic
+# under them: it reads every line in order (no sampling: `input_sentence_size` 0), and
+# `num_threads` is fixed because it is how sentencepiece splits its sums, not only how many
+# threads run them (each thread sums its share of the lines; the float scores depend on the
+# split). So the same text gives a byte-identical model whatever the host's cores, folder or
+# run (`Tokenizer.train`).
 TRAINER_SETTINGS = dict(
     model_type='unigram',
     byte_fallback=True,
@@ -47,6 +53,8 @@ TRAINER_SETTINGS = dict(
     eos_id=EOS_ID,
     bos_id=-1,
     max_sentence_length=4 * _MAX_LINE_CHARS,
+    input_sentence_size=0,
+    num_threads=16,
 )
 
 # The fewest pieces a model can have: specials, '\n' and the 256 byte pieces.
@@ -138,32 +146,29 @@ class Tokenizer:
 
   @classmethod
   def train(cls, texts: Iterable[str], *, vocab_size: int, model_path: str,
-            max_bytes: int = 0, fraction: float = 1.0,
-            num_threads: int | None = None) -> 'Tokenizer':
+            max_bytes: int = 0, fraction: float = 1.0) -> 'Tokenizer':
     """Trains on `texts` (at most `max_bytes` UTF-8 bytes, 0 = all; `fraction` of each text) and
     writes `model_path`.
 
-    The file appears atomically (written beside it, then renamed). The model may hold
-    fewer than `vocab_size` pieces when the text is too small to fill it. Training runs in a
-    thread while this one waits, so a stop signal is honoured at once (`signals`: the temporary
-    folder is removed, nothing is written), and a progress line every 20 s says how far it is.
+    Deterministic: the same texts and settings give a byte-identical file on every run, in any
+    folder, on any number of cores (`TRAINER_SETTINGS`; the model is taken from the trainer as
+    bytes, so no temporary path is recorded in it). The file appears atomically (written beside
+    it, then renamed). The model may hold fewer than `vocab_size` pieces when the text is too
+    small to fill it. Training runs in a thread while this one waits, so a stop signal is
+    honoured at once (`signals`: nothing is written), and a progress line every 20 s says how
+    far it is.
     """
     model_path = os.fspath(model_path)
     directory = os.path.dirname(os.path.abspath(model_path))
     os.makedirs(directory, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
-      prefix = os.path.join(tmp, 'spm')
-      outcome, counts = {}, {'documents': 0, 'bytes': 0}
+      outcome, counts, model = {}, {'documents': 0, 'bytes': 0}, io.BytesIO()
 
       def work():
         try:
           spm.SentencePieceTrainer.train(
               sentence_iterator=training_lines(texts, max_bytes, fraction, counts),
-              model_prefix=prefix,
-              vocab_size=vocab_size,
-              num_threads=num_threads or os.cpu_count() or 1,
-              minloglevel=2,
-              **TRAINER_SETTINGS)
+              model_writer=model, vocab_size=vocab_size, minloglevel=2, **TRAINER_SETTINGS)
         except BaseException as e:  # pylint: disable=broad-except  (re-raised by the caller)
           outcome['error'] = e
 
@@ -184,7 +189,10 @@ class Tokenizer:
             f'{NUM_RESERVED_PIECES} reserved pieces plus one per distinct character') from error
       if error is not None:
         raise error
-      os.replace(prefix + '.model', model_path)
+      written = os.path.join(tmp, 'spm.model')
+      with open(written, 'wb') as f:
+        f.write(model.getvalue())
+      os.replace(written, model_path)
     return cls(model_path, own=True)
 
   @property

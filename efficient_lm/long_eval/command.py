@@ -37,7 +37,8 @@ def _held_out(lm, split: str | None, text_file: str | None, flag: str):
     raise UsageError(f"{lm.path} is an MQAR workdir (synthetic tokens, no text); give {flag}=FILE "
                      "of text, or evaluate a text-trained workdir")
   from efficient_lm import data  # pylint: disable=import-outside-toplevel
-  corpus = data.load(data.validate(lm.config.data))  # typed here: the run's config.json
+  # typed here: the run's config.json; tokenized by the run's tokenizer, whatever the cache holds
+  corpus = data.load(data.validate(lm.config.data), tokenizer_file=lm.tokenizer.model_path)
   split = split or "test"
   if split not in corpus.splits:
     raise UsageError(f"--split={split} is not a split of {corpus.name}; use one of "
