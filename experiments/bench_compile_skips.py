@@ -18,9 +18,9 @@ their steps called in turn, so the ratio holds on a loaded machine:
     nice -n 5 python -m experiments.bench_compile_skips --repeats=0 --runtime=1024,2048 \
         --steps=7 --against=/work/main
 
-`--ways=3,4,5,8` times the stride's two ways (`xla.SHIFT_SKIPS`: shifts or the row call) against
-each other on the XLA core's forward + backward of π (window 128, period 128, that many skips, both
-priors; `[1, 2048, 4, 64]` float32), their calls alternated, the median of --steps each:
+`--ways=3,4,5,8` times the stride's two ways (`xla.stride.SHIFT_SKIPS`: shifts or the row call)
+against each other on the XLA core's forward + backward of π (window 128, period 128, that many
+skips, both priors; `[1, 2048, 4, 64]` float32), their calls alternated, the median of --steps each:
 
     nice -n 5 python -m experiments.bench_compile_skips --repeats=0 --train_step=0 --ways=3,4,5,8 \
         --steps=31 --json=experiments/results/stride_ways.json
@@ -120,8 +120,8 @@ def worker(seq_len: int) -> None:
 
 def ways_seconds(num_skips: int, steps: int, seq_len: int = 2048) -> dict:
   """Median seconds of π's core forward + backward with the stride as shifts and as the row call,
-  their calls alternated (`xla.SHIFT_SKIPS` is read when a call is traced)."""
-  from efficient_lm.ops.core import xla
+  their calls alternated (`xla.stride.SHIFT_SKIPS` is read when a call is traced)."""
+  from efficient_lm.ops.core.xla import stride
   rng = np.random.default_rng(0)
   q, k, v, do = (jnp.asarray(rng.normal(size=(1, seq_len, 4, 64)), jnp.float32) for _ in range(4))
   prior = jnp.asarray(rng.normal(size=(1, seq_len, 4)), jnp.float32)
@@ -132,14 +132,14 @@ def ways_seconds(num_skips: int, steps: int, seq_len: int = 2048) -> dict:
     return jnp.sum(o * do) + jnp.sum(lse)
 
   compiled = {}
-  saved = xla.SHIFT_SKIPS
+  saved = stride.SHIFT_SKIPS
   for way, limit in (("shifts", num_skips), ("rows", 0)):
-    xla.SHIFT_SKIPS = limit
+    stride.SHIFT_SKIPS = limit
     try:
       step = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))
       compiled[way] = step.lower(q, k, v, prior, -prior).compile()
     finally:
-      xla.SHIFT_SKIPS = saved
+      stride.SHIFT_SKIPS = saved
     jax.block_until_ready(compiled[way](q, k, v, prior, -prior))
   times = {way: [] for way in compiled}
   for _ in range(steps):

@@ -253,17 +253,17 @@ def test_wide_window_skips_keep_documents(wide_windows):
 
 
 # π's stride: the skips as one piece (`xla.stride_attend`), run either way: as one shifted view of
-# the keys per skip distance (a static key offset and at most `xla.SHIFT_SKIPS` skips that land), or
-# as the row call (keys viewed as `[T / period, period]`, a window of rows per column). Periods not
-# dividing T, more skips than T / period, back to the sequence start (num_skips None), offsets
-# (static and traced), keys before the sequence start.
+# the keys per skip distance (a static key offset and at most `xla.stride.SHIFT_SKIPS` skips that
+# land), or as the row call (keys viewed as `[T / period, period]`, a window of rows per column).
+# Periods not dividing T, more skips than T / period, back to the sequence start (num_skips None),
+# offsets (static and traced), keys before the sequence start.
 
 
 @pytest.fixture(params=["shifts", "rows"])
 def stride_way(request, monkeypatch):
   """Every stride as shifts (any skip count), or every one as the row call."""
-  from efficient_lm.ops.core import xla
-  monkeypatch.setattr(xla, "SHIFT_SKIPS", 10 ** 6 if request.param == "shifts" else 0)
+  from efficient_lm.ops.core.xla import stride
+  monkeypatch.setattr(stride, "SHIFT_SKIPS", 10 ** 6 if request.param == "shifts" else 0)
   return request.param
 
 STRIDE_CASES = [
@@ -304,24 +304,24 @@ def _stride_program(pattern, T):
 
 
 def test_stride_program_does_not_grow_with_skips():
-  """Past `xla.SHIFT_SKIPS`, 60 skips compile to about the program of SHIFT_SKIPS + 1 (one row
-  call, not one piece per skip)."""
-  from efficient_lm.ops.core import xla
-  few = _stride_program(Pattern.pi(4, 2, xla.SHIFT_SKIPS + 2), 128).count("\n")
+  """Past `xla.stride.SHIFT_SKIPS`, 60 skips compile to about the program of SHIFT_SKIPS + 1 (one
+  row call, not one piece per skip)."""
+  from efficient_lm.ops.core.xla import stride
+  few = _stride_program(Pattern.pi(4, 2, stride.SHIFT_SKIPS + 2), 128).count("\n")
   many = _stride_program(Pattern.pi(4, 2, 60), 128).count("\n")
   assert many < 1.2 * few, (few, many)
 
 
 def test_stride_way_per_call():
   """A few skips (π's default: 3) run as shifts, many as the row call; a traced key offset too."""
-  from efficient_lm.ops.core import xla
+  from efficient_lm.ops.core.xla import stride
   call = lambda pattern, T, **kw: core._call(jnp.zeros((1, T, 1, 8)), jnp.zeros((1, T, 1, 8)),
                                              pattern, None, kw.get("q_start", 0), 0, None, 1,
                                              None, None, None, None, "BTHK")[0]
-  assert xla._shift_skips(call(Pattern.pi(128, 128, 3), 1024)) == (1, 2, 3)
-  assert xla._shift_skips(call(Pattern.pi(128, 128, 3), 200)) == (1,)  # the skips that land
-  assert xla._shift_skips(call(Pattern.pi(32, 16, 63), 1024)) is None
-  assert xla._shift_skips(call(Pattern.pi(4, 2, 3), 64, q_start=jnp.int32(5))) is None
+  assert stride._shift_skips(call(Pattern.pi(128, 128, 3), 1024)) == (1, 2, 3)
+  assert stride._shift_skips(call(Pattern.pi(128, 128, 3), 200)) == (1,)  # the skips that land
+  assert stride._shift_skips(call(Pattern.pi(32, 16, 63), 1024)) is None
+  assert stride._shift_skips(call(Pattern.pi(4, 2, 3), 64, q_start=jnp.int32(5))) is None
 
 
 def test_stride_piece_keeps_only_inputs_outputs_and_lse(stride_way):
@@ -357,7 +357,7 @@ def test_stride_builds_no_quadratic_array():
 def test_looped_schedule_visits_only_seen_key_blocks(q_start, wide_windows):
   """Each query block's key-block loop covers only blocks holding a key one of its queries sees
   locally (π's skips come as the stride piece), and every such block: O(T (W + S)), not O(T S P)."""
-  from efficient_lm.ops.core import xla
+  from efficient_lm.ops.core.xla import looped
   pattern, Tq, Tk = Pattern.pi(40, 64, 3), 96, 96 + q_start
   plan = core.plan_for(pattern, Tq, Tk, q_start=q_start, k_start=0)
   assert plan.schedule == "loop" and not plan.pattern.has_skips
@@ -366,7 +366,7 @@ def test_looped_schedule_visits_only_seen_key_blocks(q_start, wide_windows):
   for i in range(-(-Tq // plan.q_block)):
     rows = local[i * plan.q_block:(i + 1) * plan.q_block]
     seen = {j for j in range(NK) if rows[:, j * plan.k_block:(j + 1) * plan.k_block].any()}
-    lo, hi = xla._key_blocks(plan, q_start, 0, i, NK)
+    lo, hi = looped._key_blocks(plan, q_start, 0, i, NK)
     assert set(range(lo, hi)) == seen, (i, lo, hi, sorted(seen))
 
 

@@ -11,7 +11,7 @@ all that apply (the *local* keys), or when j is one of π's periodic skip keys
 (the *stride*): j = p - m * period for m = skip_from..skip_to (skip_to None:
 back to the sequence start), each at least `window` back, so never a local key
 too. The stride is one term whatever its count: the backends run it as one
-piece (`core/xla.py`'s `stride_attend`: a shifted view of the keys per skip for
+piece (`core/xla/stride.py`'s `stride_attend`: a shifted view of the keys per skip for
 a few, else keys `[T / period, period]`, a band along the row axis per column),
 and ask the pattern for what they need through its methods (`has_skips`,
 `skip_offsets`, `key_range`, `reach`, `local`) rather than reading its fields.

@@ -12,7 +12,7 @@ their union.
     plan.py      the plan: the pattern cut into blocks (the XLA core's schedules)
     call.py      what a backend is given (`Call`), what it provides (`Backend`), the counters
     backends.py  the backends behind `attend` and how one is chosen (`impl=`)
-    xla.py       the blockwise loop core, every platform (the default)
+    xla/         the blockwise loop core, every platform (the default)
     splash.py    TPU: Pallas splash-attention kernels
     gpu.py       GPU: cuDNN and a Pallas kernel
     reference.py the plain masked softmax (tests)

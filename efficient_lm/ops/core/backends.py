@@ -3,7 +3,7 @@
 Every attention call reaches one backend through the same front door
 (`core.attend`): the call's static description (`call.Call`) and its arrays.
 
-    xla        the blockwise loop core (`xla.py`): every pattern, every platform
+    xla        the blockwise loop core (`xla/`): every pattern, every platform
     splash     TPU: jax's Pallas splash-attention kernels, masks from the `Pattern`
     gpu        GPU: cuDNN where the call fits it, a Pallas (Triton) kernel otherwise
     reference  the plain masked softmax over a `[Tq, Tk]` matrix: O(T^2), tests only

@@ -11,8 +11,8 @@ pattern only: its skips (one stride term) run beside it as one more piece
 (`xla.stride_attend`: a shifted view of the keys per skip for a few, else one
 call of the core over the keys viewed as `[T / period, period]`), except with
 explicit key positions, where the loop masks them (`Pattern.skip_visible`).
-The plan is static and hashable (the custom VJP's static argument); `xla.py`
-runs it.
+The plan is static and hashable (the custom VJP's static argument); `xla/`
+runs it (`xla/schedule.py`).
 """
 
 import dataclasses
