@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+import efficient_lm
 from conftest import REPO, SHAKESPEARE_WORKS, TINY, fake_work_text, subprocess_env
 from efficient_lm import data
 from efficient_lm import figures
@@ -378,3 +379,8 @@ def test_a_lossy_tokenizer_trains_without_a_numeric_bits_per_byte(tokenizers, ti
   on_text = scoring.evaluate_workdir(str(workdir), text_file=str(text))
   assert on_text['bits_per_byte'] is None and 'comes back as' in on_text['bits_per_byte_reason']
   assert math.isfinite(on_text['loss'])
+  scored = efficient_lm.load(str(workdir)).score([CYRILLIC, 'thou art the lord'])
+  lost, kept = scored['texts']
+  assert lost['bits_per_byte'] is None and 'Жизнь' in lost['bits_per_byte_reason']
+  assert 0 < kept['bits_per_byte'] < 30 and 'bits_per_byte_reason' not in kept  # it comes back
+  assert scored['bits_per_byte'] is None and '1 of the 2 scored' in scored['bits_per_byte_reason']

@@ -13,10 +13,10 @@ from efficient_lm.data.archives import DownloadError
 from efficient_lm.data.config import (DataError, MIN_VOCAB_SIZE, has_document_ids, known_splits,
                                       validate)
 from efficient_lm.data.corpus import Corpus, bits_per_byte_withheld, document_ids, without_text
-from efficient_lm.data.pipeline import check_splits, check_train_split, load, preflight
+from efficient_lm.data.pipeline import check_splits, load, preflight
 from efficient_lm.data.registry import BUILT_IN as KNOWN_DATASETS
 from efficient_lm.data.tokenizer import Tokenizer
 
 __all__ = ['Corpus', 'DataError', 'DownloadError', 'bits_per_byte_withheld', 'check_splits',
-           'check_train_split', 'document_ids', 'KNOWN_DATASETS', 'MIN_VOCAB_SIZE', 'Tokenizer',
+           'document_ids', 'KNOWN_DATASETS', 'MIN_VOCAB_SIZE', 'Tokenizer',
            'has_document_ids', 'known_splits', 'load', 'preflight', 'validate', 'without_text']

@@ -175,10 +175,10 @@ def bits_per_byte_withheld(corpus, split: str) -> str | None:
   the tokenizer does not give its documents back (`round_trip`; docs/data.md, Bits per byte); None
   when it is reported. A generated task's corpus (MQAR, needle) measures no round trip: its own
   figure stands."""
-  measured = getattr(corpus, 'round_trip', None)
   empty = without_text(corpus, split)
   if empty:
     return f'the {split} split {empty}'
+  measured = getattr(corpus, 'round_trip', None)
   return round_trip_lib.withheld(measured(split), split) if measured else None
 
 

@@ -3,8 +3,7 @@ each document of a split (docs/data.md, "Bits per byte").
 
 Bits per byte divides the NLL of a split's tokens by the UTF-8 bytes of its text. That is the
 text's figure only when the tokens hold the text: a tokenizer that lowercases, maps characters to
-an unknown token or normalizes whitespace scores a simpler text than the bytes counted (a BERT
-WordPiece scored Cyrillic it maps to `[UNK]` at 0.669 bits per byte, English at 4.15), so its
+an unknown token or folds whitespace is scored on a simpler text than the bytes counted, so its
 figure compares with nothing. The rule is strict: a split's bits per byte is reported only when
 every one of its documents comes back exactly; else it is null with the reason, and the loss per
 token and the perplexity stay.
