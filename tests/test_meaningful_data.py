@@ -312,7 +312,9 @@ def test_main_refuses_a_train_split_of_empty_rows_before_any_compile(tmp_path, h
   assert done.returncode == 2 and len(errors) == 1, done.stderr[-3000:]
   assert f"data.dataset='hf:{tmp_path}/c': its train split has no text" in errors[0]
   assert 'compiling' not in done.stderr and done.stdout == '' and not (tmp_path / 'w').exists()
-  assert seconds < 30, seconds
+  # The goal is 30 s (12.7-14.2 s measured alone, docs/data.md); under a parallel test run on 2
+  # busy cores jax's start alone has taken 30 s: the bound here catches a compile or a hang.
+  assert seconds < 60, seconds
 
 
 @pytest.mark.slow  # a tiny training run, then `evaluate` twice (~40 s on 2 cores)
