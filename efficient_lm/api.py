@@ -32,6 +32,7 @@ from efficient_lm import scoring
 from efficient_lm import train_state
 from efficient_lm import workdir as workdir_lib
 from efficient_lm.data import corpus as corpus_lib
+from efficient_lm.data import round_trip
 
 
 class LoadError(ValueError):
@@ -260,7 +261,8 @@ class LoadedModel:
     once, through `scoring`'s windows and score step (compiled once for all the texts; the
     windows are built a batch at a time, so any number of texts fits).
     Returns {"texts": [{loss, perplexity, bits_per_byte, tokens, bytes}, ...], and the same
-    figures over all texts}; `tokens` counts the scored targets."""
+    figures over all texts}; `tokens` counts the scored targets. Bits per byte is None, with
+    `bits_per_byte_reason`, where the tokenizer does not give the text back (`data.round_trip`)."""
     if isinstance(texts, str):
       raise ValueError("texts must be a list of strings; wrap one text as [text]")
     texts = list(texts)
@@ -282,7 +284,7 @@ class LoadedModel:
         raise ValueError(f"texts[{i}] is {'empty' if text == '' else type(text).__name__}; give "
                          "non-empty strings")
     nll_N, scored_N = np.zeros(len(texts)), np.zeros(len(texts))  # per text, float64 on the host
-    targets, num_bytes = [], []
+    targets, num_bytes, measured = [], [], []
     pending, owners = [], []  # rows not yet scored, a batch at a time, and their texts
 
     def run(rows: dict, owner_R: np.ndarray) -> None:
@@ -304,6 +306,7 @@ class LoadedModel:
       owners.append(np.full(windows, i))
       targets.append(len(tokens) - 1)
       num_bytes.append(len(text.encode("utf-8")))
+      measured.append(round_trip.measure(self.tokenizer, tokens, [text]))
       while sum(map(len, owners)) >= batch_size or (i == len(texts) - 1 and owners):
         rows = {k: np.concatenate([b[k] for b in pending]) for k in pending[0]}
         owner_R = np.concatenate(owners)
@@ -315,11 +318,14 @@ class LoadedModel:
     for i in range(len(texts)):
       nll, scored = float(nll_N[i]), float(scored_N[i])
       charged = num_bytes[i] * scored / targets[i]  # bytes of the scored share (latents only)
-      per_text.append({**metrics_lib.loss_figures(nll, scored, charged),
+      per_text.append({**metrics_lib.loss_figures(nll, scored, charged,
+                                                  round_trip.withheld(measured[i], "scored")),
                        "tokens": int(round(scored)), "bytes": num_bytes[i]})
       total_nll, total_scored, total_bytes = (total_nll + nll, total_scored + scored,
                                               total_bytes + charged)
-    return {"texts": per_text, **metrics_lib.loss_figures(total_nll, total_scored, total_bytes),
+    withheld = round_trip.withheld(round_trip.total(measured), "scored")
+    return {"texts": per_text, **metrics_lib.loss_figures(total_nll, total_scored, total_bytes,
+                                                          withheld),
             "tokens": int(round(total_scored)), "bytes": int(sum(num_bytes))}
 
   # Generation.

@@ -16,7 +16,6 @@ exit status 130, SIGTERM with 143 (`signals`; nothing is half-written). Only lig
 imported before the flags are checked.
 """
 
-import json
 import sys
 
 from absl import flags
@@ -41,7 +40,9 @@ def _summary_line(result: dict) -> str:
   latents = "" if result["scored_tokens"] == result["target_tokens"] else (
       f" (the model predicts only its latents: {result['scored_tokens']:,} of "
       f"{result['target_tokens']:,} targets scored, charged that share of the bytes)")
-  line = (f"{head}, perplexity {result['perplexity']:.2f}, {result['bits_per_byte']:.4f} bits/byte "
+  bits = (f"{result['bits_per_byte']:.4f} bits/byte" if result["bits_per_byte"] is not None else
+          f"no bits/byte ({result['bits_per_byte_reason']})")
+  line = (f"{head}, perplexity {result['perplexity']:.2f}, {bits} "
           f"over {result['scored_tokens']:,} tokens (context {result['context']}, stride "
           f"{result['stride']}, {result['devices']} device(s)){latents}")
   if "ablation" in result:
@@ -82,7 +83,7 @@ def cli(*, workdir: str, split: str | None = None, text_file: str | None = None,
     print(f"per-position loss: {result['out']}/per_position.json and per_position.png",
           file=sys.stderr)
   figures = {k: v for k, v in result.items() if not k.startswith("per_position")}
-  output.result(json.dumps(figures))
+  output.result_json(figures)
   return exit_codes.SUCCESS
 
 

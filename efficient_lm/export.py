@@ -40,6 +40,7 @@ from absl import logging as absl_logging
 
 from efficient_lm import cli as cli_lib
 from efficient_lm import exit_codes
+from efficient_lm import figures
 from efficient_lm import output
 from efficient_lm import signals
 from efficient_lm import workdir as workdir_lib
@@ -372,7 +373,7 @@ def last_eval(workdir: str, step: int) -> dict | None:
           record = json.loads(line)
         except ValueError:
           continue  # a line torn by a kill
-        if "eval_loss" in record and record.get("step", 0) <= step:
+        if record.get("eval_loss") is not None and record.get("step", 0) <= step:
           found = record
   except OSError:
     return None
@@ -392,9 +393,10 @@ def model_card(config, *, step: int, num_params: int, dtype: str, files: list[st
   if evaluation is None:
     scored = "no evaluation in the workdir's metrics.jsonl"
   else:
-    bpb = evaluation.get("eval_bits_per_byte")
+    bpb, why = evaluation.get("eval_bits_per_byte"), evaluation.get("eval_bits_per_byte_reason")
     scored = (f"{config.train.eval_split} loss {evaluation['eval_loss']:.4f} nats/token"
-              + (f", {bpb:.4f} bits per byte" if bpb is not None else "")
+              + (f", {bpb:.4f} bits per byte" if bpb is not None and not figures.not_finite(bpb)
+                 else f", no bits per byte ({why})" if why else "")
               + f" at step {evaluation['step']} (metrics.jsonl)")
   weights = ", ".join(f"`{f}`" for f in files)
   return f"""# {m.name} (efficient_lm)
@@ -517,7 +519,7 @@ def cli(*, workdir: str, out: str, step: int | None = None, dtype: str | None = 
   print(f"exported step {result['step']} of {workdir} to {result['out']}: "
         f"{result['num_params']:,} parameters ({result['dtype']}, {result['total_size']:,} bytes) "
         f"in {', '.join(result['files'])}", file=sys.stderr)
-  output.result(json.dumps(result))
+  output.result_json(result)
   return exit_codes.SUCCESS
 
 

@@ -22,7 +22,6 @@ What each request type does (docs/using_a_model.md):
   seq_len).
 """
 
-import json
 import logging
 import os
 import sys
@@ -32,6 +31,7 @@ from absl import logging as absl_logging
 
 from efficient_lm import cli as cli_lib
 from efficient_lm import exit_codes
+from efficient_lm import figures
 from efficient_lm import output
 from efficient_lm import signals
 
@@ -114,7 +114,7 @@ def cli(*, workdir: str, tasks: str, output_file: str, include_path: str | None 
     print(f"error: {e}", file=sys.stderr)
     return exit_codes.USAGE
   from lm_eval.utils import handle_non_serializable, make_table  # pylint: disable=import-outside-toplevel
-  text = json.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
+  text = figures.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
   folder = os.path.dirname(os.path.abspath(output_file))
   os.makedirs(folder, exist_ok=True)
   tmp = f"{output_file}.{os.getpid()}.tmp"
@@ -123,7 +123,7 @@ def cli(*, workdir: str, tasks: str, output_file: str, include_path: str | None 
   os.replace(tmp, output_file)
   print(make_table(results), file=sys.stderr)
   print(f"results: {output_file}", file=sys.stderr)
-  output.result(json.dumps(results["results"], default=handle_non_serializable))
+  output.result_json(results["results"], default=handle_non_serializable)
   return exit_codes.SUCCESS
 
 

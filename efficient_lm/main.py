@@ -17,7 +17,6 @@ from efficient_lm import signals
 signals.install()  # first: Ctrl-C works while the rest is imported
 
 # pylint: disable=wrong-import-position
-import json
 import logging as std_logging
 import os
 import sys
@@ -174,14 +173,14 @@ def _run(workdir: str) -> None:
     print(summary["preempted_line"], file=sys.stderr)
     signals.flush()
     sys.exit(signals.status_of(summary["preempted"]))
-  output.result(json.dumps({k: v for k, v in summary.items() if k != "sample"}))
+  output.result_json({k: v for k, v in summary.items() if k != "sample"})
 
 
 def _compile_only(config) -> None:
   from efficient_lm import step_memory, train  # pylint: disable=import-outside-toplevel
   memory = train.compile_only(config, FLAGS.target, FLAGS.num_slices)
   output.result(step_memory.describe(memory) + ("" if memory["fits"] else " -- does not fit"))
-  output.result(json.dumps(memory))
+  output.result_json(memory)
   if not memory["fits"]:
     _fail(exit_codes.DOES_NOT_FIT,
           f"the train step does not fit: it needs "

@@ -7,18 +7,35 @@ import time
 
 import tensorboardX
 
+from efficient_lm import figures
+
 
 def bits_per_byte(sum_nll_nats: float, num_bytes: int) -> float:
   """Summed NLL (nats) of every target token of a split / (ln 2 * the split's UTF-8 bytes)."""
   return sum_nll_nats / (math.log(2.0) * num_bytes)
 
 
-def loss_figures(sum_nll_nats: float, scored: float, num_bytes: float) -> dict[str, float]:
+def loss_figures(sum_nll_nats: float, scored: float, num_bytes: float,
+                 withheld: str | None = None) -> dict:
   """The three figures of an evaluation: loss (nats per scored token), perplexity and bits per
-  byte (`num_bytes`: the UTF-8 bytes of what was scored)."""
-  loss = sum_nll_nats / max(scored, 1.0)
+  byte (`num_bytes`: the UTF-8 bytes of what was scored). Bits per byte is null, with
+  `bits_per_byte_reason`, where `withheld` says why (a tokenizer that does not give the scored
+  text back: `data.round_trip`) or no byte was scored; all three are null where no token was."""
+  if not scored > 0:
+    return {**figures.withheld("loss", "no token was scored"),
+            **figures.withheld("perplexity", "no token was scored"),
+            **figures.withheld("bits_per_byte", withheld or "no token was scored")}
+  loss = sum_nll_nats / scored
+  withheld = withheld or (None if num_bytes > 0 else "no byte of text was scored")
   return {"loss": loss, "perplexity": math.exp(min(loss, 80.0)),
-          "bits_per_byte": bits_per_byte(sum_nll_nats, num_bytes) if num_bytes else float("nan")}
+          **(figures.withheld("bits_per_byte", withheld) if withheld else
+             {"bits_per_byte": bits_per_byte(sum_nll_nats, num_bytes)})}
+
+
+def not_evaluated(reason: str, prefix: str = "eval_") -> dict:
+  """An evaluation's figures where it could not run (a split with no text): each null, and why."""
+  return {k: v for name in ("loss", "perplexity", "bits_per_byte")
+          for k, v in figures.withheld(prefix + name, reason).items()}
 
 
 SUPERSEDED = "metrics.superseded.jsonl"
@@ -59,12 +76,13 @@ class MetricWriter:
     self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
     self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tensorboard"))
 
-  def write(self, step: int, metrics: dict[str, float]) -> None:
-    record = {"step": int(step), **{k: float(v) for k, v in metrics.items()}}
-    self._jsonl.write(json.dumps(record) + "\n")
+  def write(self, step: int, metrics: dict) -> None:
+    """One line of `metrics` at `step` (strict JSON: a null figure has its reason beside it); its
+    finite numbers to TensorBoard."""
+    self._jsonl.write(figures.dumps({"step": int(step), **metrics}) + "\n")
     self._jsonl.flush()
-    for name, value in metrics.items():
-      self._tb.add_scalar(name, float(value), int(step))
+    for name, value in figures.numbers(metrics).items():
+      self._tb.add_scalar(name, value, int(step))
     self._tb.flush()
 
   def close(self) -> None:

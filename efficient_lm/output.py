@@ -2,6 +2,7 @@
 
     output.reserve_stdout()   # a command's first step: file descriptor 1 now goes to stderr
     output.result(line)       # a result line, on the real stdout
+    output.result_json(record)   # a result as one line of strict JSON (`figures`: null, not NaN)
     with output.library_prints_discarded(): ...   # TFDS's announcements dropped
 
 Native libraries and Python ones print on stdout now and then (gloo's "[Gloo] Rank 0 is connected
@@ -13,6 +14,8 @@ import contextlib
 import io
 import os
 import sys
+
+from efficient_lm import figures
 
 _results = None  # the real stdout, once reserved
 
@@ -34,6 +37,12 @@ def result(line: str) -> None:
   stream = _results if _results is not None else sys.stdout
   stream.write(line + "\n")
   stream.flush()
+
+
+def result_json(record, **kwargs) -> None:
+  """`record` as one line of JSON on stdout that strict parsers read (`figures.dumps`: a figure
+  that is not finite is null, its reason beside it); `kwargs` go to json.dumps."""
+  result(figures.dumps(record, **kwargs))
 
 
 def library_prints_discarded():

@@ -13,7 +13,6 @@ string. Ctrl-C (SIGINT) stops it at once with exit status 130, SIGTERM with 143 
 light modules are imported before the flags are checked.
 """
 
-import json
 import re
 import sys
 
@@ -92,8 +91,8 @@ def _sample(FLAGS) -> None:  # pylint: disable=invalid-name
     sys.exit(exit_codes.USAGE)
   for r in results:
     if FLAGS.json:
-      output.result(json.dumps({"prompt": r.prompt, "text": r.text, "tokens": r.tokens,
-                                "seconds": round(r.seconds, 3)}, ensure_ascii=False))
+      output.result_json({"prompt": r.prompt, "text": r.text, "tokens": r.tokens,
+                          "seconds": round(r.seconds, 3)}, ensure_ascii=False)
     else:
       output.result(r.text)
 

@@ -13,7 +13,6 @@ a split of its corpus or a UTF-8 file. Details (windows, the Perceiver-AR layout
 recall): docs/evaluation.md.
 """
 
-import json
 import math
 import os
 from typing import Any
@@ -24,6 +23,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from efficient_lm import figures
 from efficient_lm import metrics as metrics_lib
 from efficient_lm import sharding
 from efficient_lm import stats
@@ -201,11 +201,13 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
                  num_bytes: int, eos_id: int, pad_id: int, per_position: bool = False,
                  mesh: jax.sharding.Mesh | None = None, seq_len: int | None = None,
                  loss_chunk: int = 0, ablate_context: int = 0, ablate_method: str = "swap",
-                 buckets: int = 4, bootstrap_seed: int = 0, document_mask: bool = False) -> dict:
+                 buckets: int = 4, bootstrap_seed: int = 0, document_mask: bool = False,
+                 bits_per_byte_withheld: str | None = None) -> dict:
   """Scores every target of the 1-D token stream `tokens` once (docs/evaluation.md, Windows).
 
   `num_bytes`: the UTF-8 bytes the stream's text holds (bits per byte's
-  denominator). `seq_len`: the model's input length (default `model.seq_len`
+  denominator); `bits_per_byte_withheld`: why bits per byte is null instead
+  (a tokenizer that does not give the text back: `data.round_trip`). `seq_len`: the model's input length (default `model.seq_len`
   where the model has it, else `context`). `mesh`: a mesh with a `data` axis
   (and a `context` axis of size 1, as `sharding.shard_batch` expects) to shard
   batch rows over; `batch_size` must then be a multiple of its data size.
@@ -227,7 +229,8 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
     raise EvalError(f"tokens must be a 1-D stream of at least 2 ids (got shape {tokens.shape})")
   _check_positive_int("batch_size", batch_size)
   if not num_bytes > 0:
-    raise EvalError(f"num_bytes={num_bytes!r} must be positive (the text's UTF-8 bytes)")
+    raise EvalError(f"num_bytes={num_bytes!r}: the text scored has no bytes, nothing to score; "
+                    "give a stream of some text and its UTF-8 bytes")
   seq_len = seq_len or getattr(model, "seq_len", None) or context
   graphdef, params = nnx.split(model)
   num_logits = predicted_positions(model, seq_len)
@@ -295,7 +298,8 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
   for outputs in pending:
     collect(outputs)
   total_nll, scored = float(sums["nll"]), float(sums["scored"])
-  result = {**metrics_lib.loss_figures(total_nll, scored, num_bytes * scored / n),
+  result = {**metrics_lib.loss_figures(total_nll, scored, num_bytes * scored / n,
+                                       bits_per_byte_withheld),
             "scored_tokens": int(round(scored)), "target_tokens": n, "num_windows": total,
             "context": int(context), "stride": int(stride)}
   if per_position:
@@ -375,7 +379,9 @@ def score_recall(model: nnx.Module, corpus, split: str, *, batch_size: int, loss
       queries["position"].append(columns_BT[answer_BT])
       queries["distance"].append(distances[:, -T:][answer_BT])
       queries["correct"].append((out["predicted"] == batch["targets"][:, -T:])[answer_BT])
-  result = {**metrics_lib.loss_figures(total_nll, scored, 0), "scored_tokens": int(scored),
+  result = {**metrics_lib.loss_figures(total_nll, scored, 0, "an MQAR task has no text: its "
+                                       "figures are per answer (loss, recall)"),
+            "scored_tokens": int(scored),
             "recall": accuracy.result()}
   if per_query:
     result["queries"] = {k: np.concatenate(v) for k, v in queries.items()}
@@ -435,10 +441,16 @@ def _load(workdir: str):
 
 
 def _source(config, tokenizer, split: str | None, text_file: str | None):
-  """(name, token stream, bytes) of what to score."""
+  """(name, token stream, bytes, why bits per byte is withheld or None) of what to score: a split
+  with no text is an EvalError; bits per byte is withheld where the tokenizer does not give the
+  text back (`data.round_trip`)."""
+  from efficient_lm.data import round_trip  # pylint: disable=import-outside-toplevel
   if text_file is not None:
     tokens, num_bytes = read_text_file(text_file, tokenizer)
-    return os.path.splitext(os.path.basename(text_file))[0] or "text", tokens, num_bytes
+    with open(text_file, "rb") as f:  # (read_text_file checked it is UTF-8)
+      measured = round_trip.measure(tokenizer, tokens, [f.read().decode("utf-8")])
+    return (os.path.splitext(os.path.basename(text_file))[0] or "text", tokens, num_bytes,
+            round_trip.withheld(measured, "--text_file"))
   from efficient_lm import data  # pylint: disable=import-outside-toplevel
   # typed here: the workdir's config.json; tokenized by the workdir's tokenizer, whatever the
   # data cache holds
@@ -447,7 +459,14 @@ def _source(config, tokenizer, split: str | None, text_file: str | None):
   if split not in corpus.splits:
     raise EvalError(f"--split={split} is not a split of {corpus.name}; use one of "
                     f"{', '.join(corpus.splits)}")
-  return split, corpus.tokens(split), corpus.num_bytes(split)
+  empty = data.without_text(corpus, split)
+  if empty:
+    others = [s for s in corpus.splits if s != split and not data.without_text(corpus, s)]
+    raise EvalError(f"--split={split}: the {split} split of {corpus.name} {empty}, nothing to "
+                    f"score; give --split another split ({', '.join(others) or 'none has text'}) "
+                    "or a --text_file")
+  return (split, corpus.tokens(split), corpus.num_bytes(split),
+          data.bits_per_byte_withheld(corpus, split))
 
 
 def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str | None = None,
@@ -479,7 +498,7 @@ def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str |
   stride = stride or context
   check_windows(context, stride, seq_len=seq_len, num_logits=predicted_positions(model, seq_len),
                 model_name=f"model.name={config.model.name!r}")
-  name, tokens, num_bytes = _source(config, tokenizer, split, text_file)
+  name, tokens, num_bytes, withheld = _source(config, tokenizer, split, text_file)
   if max_tokens and max_tokens < len(tokens) - 1:  # the first documents holding max_tokens
     ends = np.flatnonzero(np.asarray(tokens) == tokenizer.eos_id)
     cut = int(ends[np.searchsorted(ends, max_tokens)]) if ends[-1] >= max_tokens else len(tokens) - 1
@@ -496,7 +515,7 @@ def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str |
                         per_position=per_position, mesh=mesh, seq_len=seq_len,
                         loss_chunk=config.train.loss_chunk,
                         ablate_context=ablate_context or 0, ablate_method=ablate_method,
-                        document_mask=config.data.document_mask)
+                        document_mask=config.data.document_mask, bits_per_byte_withheld=withheld)
   where = {"text_file": os.path.abspath(text_file)} if text_file is not None else {"split": name}
   result = {"model": config.model.name, "step": int(step), **where, **result,
             "num_bytes": int(num_bytes), "devices": devices}
@@ -532,7 +551,7 @@ def write_per_position(result: dict, out: str) -> None:
                  "loss_at_position": result["per_position_loss"],
                  "count_at_position": result["per_position_count"]})
   with open(os.path.join(out, "per_position.json"), "w", encoding="utf-8") as f:
-    json.dump(record, f, indent=1)
+    figures.dump(record, f, indent=1)
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=import-outside-toplevel

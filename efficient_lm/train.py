@@ -27,6 +27,7 @@ from efficient_lm import checkpoint
 from efficient_lm import config_check
 from efficient_lm import data
 from efficient_lm import distributed
+from efficient_lm import figures as figures_lib
 from efficient_lm import flops as flops_lib
 from efficient_lm import metrics as metrics_lib
 from efficient_lm import models
@@ -43,10 +44,8 @@ from efficient_lm import train_step as train_step_lib
 from efficient_lm import wandb_writer
 from efficient_lm import workdir as workdir_lib
 from efficient_lm.ops import ring
-from efficient_lm.validation import ConfigError
 
 log = logging.getLogger(__name__)
-EPOCHS_WARNING = 20  # more passes over the train windows than this: one warning line
 PROGRESS_SECONDS = 30.0  # a progress line at least this often, besides every train.log_every steps
 
 # Kept importable from here: tests and experiments use them.
@@ -88,8 +87,13 @@ def evaluate(eval_step, params, corpus, split: str, batch_size: int, mesh,
   is charged the bytes of the tokens it scored: the split's bytes times the
   fraction of target tokens scored (an estimate; exact when all are scored).
   A long evaluation says how far it is about every 30 s. `should_stop()` is asked before every
-  batch (by every process alike); when it says so the evaluation stops and returns None.
+  batch (by every process alike); when it says so the evaluation stops and returns None. A split
+  with no text is not scored (its figures null, with the reason); bits per byte is null where the
+  tokenizer does not give the split's text back (`data.bits_per_byte_withheld`).
   """
+  empty = data.without_text(corpus, split)
+  if empty:
+    return metrics_lib.not_evaluated(f"not evaluated: the {split} split {empty}")
   total_nll, scored, targets = 0.0, 0.0, 0.0
   truncated = False
   last_note = time.monotonic()
@@ -114,7 +118,8 @@ def evaluate(eval_step, params, corpus, split: str, batch_size: int, mesh,
       break
   share = targets / corpus.num_tokens(split) if truncated else 1.0  # of the split's bytes
   num_bytes = corpus.num_bytes(split) * share * (scored / targets if targets else 1.0)
-  figures = metrics_lib.loss_figures(total_nll, scored, num_bytes)
+  figures = metrics_lib.loss_figures(total_nll, scored, num_bytes,
+                                     data.bits_per_byte_withheld(corpus, split))
   return {f"eval_{name}": value for name, value in figures.items()}
 
 
@@ -157,14 +162,6 @@ def compile_only(config: ml_collections.ConfigDict, target: str | None = None,
   return step_memory.report(compiled, typed, built, accelerator)
 
 
-def check_eval_split(config: "ml_collections.ConfigDict | sections.Typed", splits) -> None:
-  """`train.eval_split` against the corpus's splits (before any step runs)."""
-  split = config.train.eval_split
-  if split not in splits:
-    raise ConfigError(f"train.eval_split={split!r} is not a split of {config.data.dataset}; "
-                      f"set train.eval_split to one of {', '.join(splits)}")
-
-
 @dataclasses.dataclass
 class Run:
   """What the step loop works with; built by `setup`."""
@@ -183,6 +180,7 @@ class Run:
   meta: dict
   rows: tuple[int, int] | None = None  # this process's rows of every batch (per-host input)
   eval_pending: bool = False    # resumed from a stop during the evaluation at this step: redo it
+  eval_void: str | None = None  # why train.eval_split is left out (no text), if it is
 
 
 def setup(config: ml_collections.ConfigDict, workdir: str, typed: sections.Typed | None = None,
@@ -209,7 +207,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, typed: sections.Typed
   with progress_lib.phase("preparing the data"), output.library_prints_discarded():
     corpus = distributed.primary_first(lambda: data.load(asked, data_checks, own), "data prepared")
   _check_same_corpus(corpus)
-  check_eval_split(typed, corpus.splits)
+  eval_void = data.check_splits(corpus, asked, t.eval_split, t.num_steps)  # (empty train: refused)
   vocab = _vocab_size(typed, corpus.tokenizer, wd)
   if vocab < typed.data.vocab_size:  # a small corpus: fewer pieces
     log.info("the tokenizer has %d pieces (data.vocab_size=%d): the model's vocabulary is %d",
@@ -218,7 +216,6 @@ def setup(config: ml_collections.ConfigDict, workdir: str, typed: sections.Typed
     typed, abstract = config_check.prepare(config)  # (the job's devices, as at the edge)
     mesh = abstract.mesh
     compiled = _compiled_step(typed, abstract)
-  _warn_if_epochs_repeat(typed, corpus)
   wd.check_data(corpus.identity, allow_new_data=t.allow_new_data)
   batch_size, seq_len = typed.data.batch_size, typed.data.seq_len
   rows = sharding.process_rows(mesh, batch_size, seq_len)
@@ -267,7 +264,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str, typed: sections.Typed
   return Run(config=config, typed=typed, workdir=wd.path, corpus=corpus, mesh=mesh,
              layout=abstract.layout, built=abstract, state=state,
              train_step=compiled, ckpt=ckpt, train_iter=train_iter, writer=writer, meta=meta,
-             rows=rows, eval_pending=restored is not None and bool(saved_meta.get("eval_pending")))
+             rows=rows, eval_pending=restored is not None and bool(saved_meta.get("eval_pending")),
+             eval_void=eval_void)
 
 
 def _refuse_early(config: ml_collections.ConfigDict, typed: sections.Typed,
@@ -311,17 +309,6 @@ def _vocab_size(config: sections.Typed, tokenizer, wd: workdir_lib.Workdir) -> i
   if saved is not None:
     vocab = max(vocab, min(config.data.vocab_size, int(saved.data.vocab_size)))
   return vocab
-
-
-def _warn_if_epochs_repeat(config: sections.Typed, corpus) -> None:
-  """One warning line when the run will see its training data many times over."""
-  windows = corpus.num_windows("train", drop_remainder=True, seq_len=config.data.seq_len)
-  epochs = config.train.num_steps * config.data.batch_size / max(windows, 1)
-  if epochs > EPOCHS_WARNING:
-    log.warning("train.num_steps=%d x data.batch_size=%d windows is %.0f epochs of the %s train "
-                "windows of %s: the model will memorize it (watch the eval loss); a larger corpus, "
-                "fewer steps or a smaller model", config.train.num_steps, config.data.batch_size,
-                epochs, f"{windows:,}", corpus.name)
 
 
 def _compiled_step(config: sections.Typed, abstract: train_state.Built):
@@ -417,6 +404,8 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
 
   def evaluate_at(done: int) -> dict[str, float] | None:
     check_finite()
+    if run.eval_void:  # a split with no text: left out (said at setup); report() gives the reason
+      return {}
     final = done == t.num_steps  # the final evaluation scores the whole split
     with progress_lib.phase(f"evaluating at step {done}"):
       figures = evaluate(eval_step, run.state.params, run.corpus, t.eval_split,
@@ -425,8 +414,9 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
                          should_stop=should_stop)
     if figures is not None:
       run.writer.write(done, figures)
-      log.info("eval at step %d: loss %.4f  perplexity %.2f  bits/byte %.4f", done,
-               figures["eval_loss"], figures["eval_perplexity"], figures["eval_bits_per_byte"])
+      log.info("eval at step %d: loss %.4f  perplexity %.2f  bits/byte %s", done,
+               figures["eval_loss"], figures["eval_perplexity"],
+               figures_lib.shown(figures["eval_bits_per_byte"]))
     return figures
 
   def stop(done: int, during_eval: bool = False) -> dict:
@@ -523,8 +513,9 @@ def report(run: Run, eval_metrics: dict[str, float], seconds: float,
     if eval_metrics is None:  # the checkpoint at this step exists: it was restored
       return preempted_summary(run, step, agreement.signal)
   summary = {"step": int(run.state.step), **eval_metrics, "train_seconds": seconds}
-  log.info("done: step %d in %.0f s; %s loss %.4f, bits/byte %.4f", summary["step"], seconds,
-           t.eval_split, eval_metrics["eval_loss"], eval_metrics["eval_bits_per_byte"])
+  log.info("done: step %d in %.0f s; %s loss %s, bits/byte %s", summary["step"], seconds,
+           t.eval_split, figures_lib.shown(eval_metrics["eval_loss"]),
+           figures_lib.shown(eval_metrics["eval_bits_per_byte"]))
   return summary
 
 

@@ -11,6 +11,7 @@ import os
 
 import ml_collections
 
+from efficient_lm import figures
 from efficient_lm.train_config import TrainConfig
 from efficient_lm.validation import ConfigError
 
@@ -82,8 +83,8 @@ class WandbWriter:
     log.info("logging to W&B run %s (%s)", ident, self._run.url or
              f"offline, in {folder}; upload it with `wandb sync {folder}`")
 
-  def write(self, step: int, metrics: dict[str, float]) -> None:
-    self._run.log({k: float(v) for k, v in metrics.items()}, step=int(step))
+  def write(self, step: int, metrics: dict) -> None:
+    self._run.log(figures.numbers(metrics), step=int(step))  # (a null figure is left out)
 
   def close(self) -> None:
     self._run.finish()

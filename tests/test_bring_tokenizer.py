@@ -2,7 +2,9 @@
 it is; the token cache keyed by the tokenizer's identity; the workdir's byte-identical copy.
 
 The tokenizers are trained here, on the fixture text: a sentencepiece model shaped as published
-ones are (unk 0, bos 1, eos 2, no pad, byte fallback) and a byte-level BPE with `<|endoftext|>`.
+ones are (unk 0, bos 1, eos 2, no pad, byte fallback, identity normalization as Llama's) and a
+byte-level BPE with `<|endoftext|>`; both give the text back, so both get bits per byte
+(tests/test_meaningful_data.py: the tokenizers that do not).
 """
 
 import json
@@ -32,7 +34,8 @@ SAMPLE = 'Thou art\tÆsop’s “fable” é ▁ <|endoftext|> </s> [SEP]\n  swe
 def _train_sentencepiece(prefix: str, **overrides) -> str:
   import sentencepiece as spm  # pylint: disable=import-outside-toplevel
   settings = dict(vocab_size=320, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, byte_fallback=True,
-                  hard_vocab_limit=False, minloglevel=2)
+                  normalization_rule_name='identity', remove_extra_whitespaces=False,
+                  hard_vocab_limit=False, minloglevel=2)  # (as Llama's: it gives the text back)
   settings.update(overrides)
   spm.SentencePieceTrainer.train(sentence_iterator=iter(TEXT_LINES), model_prefix=prefix, **settings)
   return prefix + '.model'

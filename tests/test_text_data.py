@@ -317,11 +317,14 @@ def test_train_split_shorter_than_seq_len_stops_before_training(tmp_path):
     config[section].update(fields)
   config.data.update(dataset=f'text:{tmp_path}/in/*.txt', data_dir=str(tmp_path / 'd'), seq_len=512)
   workdir = tmp_path / 'run'
-  too_long = r"^data\.seq_len=512 is longer than the 'train' split \(\d+ tokens\); lower data\.seq_len"
-  with pytest.raises(ConfigError, match=too_long):
+  too_short = (r"^data\.dataset='text:.*' has \d+ tokens in its train split, fewer than one batch "
+               r"of windows \(data\.batch_size=4 x \(data\.seq_len=512 \+ 1\) = 2,052\); give it more "
+               r"text, or lower data\.batch_size or data\.seq_len$")
+  with pytest.raises(data.DataError, match=too_short):
     train.train_and_evaluate(config, str(workdir))
-  assert not (workdir / 'checkpoints').exists() or not os.listdir(workdir / 'checkpoints')
-  assert not (workdir / 'metrics.jsonl').exists() or (workdir / 'metrics.jsonl').read_text() == ''
+  assert not workdir.exists()  # refused before the workdir is written
+  with pytest.raises(ConfigError, match=r"^data\.seq_len=512 is longer than the 'train' split"):
+    data.load(data.validate(config.data)).train_iterator()  # (the iterator's own check stays)
   # Evaluation splits shorter than seq_len are fine: one padded window scores every token.
   corpus = data.load(data.validate(config.data))
   batches = list(corpus.eval_batches('validation', batch_size=2))

@@ -12,10 +12,11 @@ Heavy imports (tensorflow_datasets, grain) happen inside `load`, so `validate` s
 from efficient_lm.data.archives import DownloadError
 from efficient_lm.data.config import (DataError, MIN_VOCAB_SIZE, has_document_ids, known_splits,
                                       validate)
-from efficient_lm.data.corpus import Corpus, document_ids
-from efficient_lm.data.pipeline import load, preflight
+from efficient_lm.data.corpus import Corpus, bits_per_byte_withheld, document_ids, without_text
+from efficient_lm.data.pipeline import check_splits, load, preflight
 from efficient_lm.data.registry import BUILT_IN as KNOWN_DATASETS
 from efficient_lm.data.tokenizer import Tokenizer
 
-__all__ = ['Corpus', 'DataError', 'DownloadError', 'document_ids', 'KNOWN_DATASETS', 'MIN_VOCAB_SIZE', 'Tokenizer',
-           'has_document_ids', 'known_splits', 'load', 'preflight', 'validate']
+__all__ = ['Corpus', 'DataError', 'DownloadError', 'bits_per_byte_withheld', 'check_splits',
+           'document_ids', 'KNOWN_DATASETS', 'MIN_VOCAB_SIZE', 'Tokenizer',
+           'has_document_ids', 'known_splits', 'load', 'preflight', 'validate', 'without_text']

@@ -8,10 +8,11 @@ dict, checkpointed with the model, so a resumed run sees exactly the batches it 
 """
 
 import dataclasses
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
+from efficient_lm.data import round_trip as round_trip_lib
 from efficient_lm.validation import require, require_positive_int
 
 
@@ -36,8 +37,10 @@ class Corpus:
   """A tokenized corpus: token streams per split, the tokenizer, and batch iterators."""
 
   def __init__(self, *, name: str, tokenizer, splits: dict[str, Split], seq_len: int,
-               batch_size: int, identity: dict | None = None, document_mask: bool = False):
+               batch_size: int, identity: dict | None = None, document_mask: bool = False,
+               round_trip: Callable[[str], dict] | None = None):
     self.name = name
+    self._round_trip = round_trip  # (`data.round_trip.Measured`)
     # What the corpus is (a workdir records it: `workdir.py`): dataset, a fingerprint of its
     # source, the tokenizer's sha256 and vocabulary size.
     self.identity = identity or {}
@@ -66,6 +69,13 @@ class Corpus:
 
   def num_documents(self, split: str) -> int:
     return self._split(split).num_documents
+
+  def round_trip(self, split: str) -> dict | None:
+    """How the tokenizer gives back the split's documents (`data.round_trip.measure`: documents,
+    bytes, lost_documents, lost_bytes, example), measured once and kept beside the streams; None
+    where nothing measures it (a corpus made by hand)."""
+    self._split(split)
+    return None if self._round_trip is None else self._round_trip(split)
 
   def num_tokens(self, split: str) -> int:
     """Tokens scored over the split: each document's tokens plus its end-of-document token."""
@@ -150,6 +160,26 @@ class Corpus:
   def __repr__(self) -> str:
     sizes = ', '.join(f'{s}={self.num_tokens(s)}' for s in self.splits)
     return f'Corpus({self.name}, vocab={self.tokenizer.vocab_size}, tokens: {sizes})'
+
+
+def without_text(corpus, split: str) -> str | None:
+  """Why `split` of `corpus` cannot be scored at all, 'has no text (N documents, all empty)': none
+  of its documents has a byte; None when it can."""
+  if corpus.num_bytes(split) > 0:
+    return None
+  return f'has no text ({corpus.num_documents(split):,} documents, all empty)'
+
+
+def bits_per_byte_withheld(corpus, split: str) -> str | None:
+  """Why bits per byte of `split` is left out (null, with this reason): the split has no text, or
+  the tokenizer does not give its documents back (`round_trip`; docs/data.md, Bits per byte); None
+  when it is reported. A generated task's corpus (MQAR, needle) measures no round trip: its own
+  figure stands."""
+  empty = without_text(corpus, split)
+  if empty:
+    return f'the {split} split {empty}'
+  measured = getattr(corpus, 'round_trip', None)
+  return round_trip_lib.withheld(measured(split), split) if measured else None
 
 
 class _TrainGather:

@@ -236,6 +236,10 @@ def resolve(data_config) -> Resolved:
     log.warning('%s: split %r has no rows: left out', dataset, names[split])
     del names[split]
   num_train = len(loaded[names['train']])
+  if not _has_text(loaded[names['train']], text_key):  # (before anything compiles)
+    raise DataError(f'data.dataset={dataset!r}: its train split has no text ({num_train:,} rows, '
+                    f'{text_key!r} empty in every one), nothing to train on; give it rows with text '
+                    '(data.text_key names the column that holds it)')
   held_out = {s: float(getattr(data_config, f'{s}_fraction')) for s in HELD_OUT
               if s not in names and getattr(data_config, f'{s}_fraction') > 0}
   counts = held_out_counts(num_train, held_out)
@@ -260,6 +264,15 @@ def resolve(data_config) -> Resolved:
   return Resolved(dataset=dataset, path=path, config_name=config_name, text_key=text_key,
                   source_splits=names, held_out=held_out, num_rows=num_rows, allowed=allowed,
                   cache_key=key)
+
+
+def _has_text(rows, text_key: str) -> bool:
+  """Whether a row of `rows` (a `datasets.Dataset`) has text in `text_key`: read a batch at a
+  time, up to the first that has."""
+  for batch in rows.select_columns([text_key]).iter(batch_size=_READ_ROWS):
+    if any(batch[text_key]):
+      return True
+  return False
 
 
 class HFDataset(text_builder.Reporting, tfds.core.GeneratorBasedBuilder, skip_registration=True):

@@ -18,11 +18,13 @@ from efficient_lm.data import cache
 from efficient_lm.data import config as data_config_lib
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import registry
+from efficient_lm.data import round_trip
 from efficient_lm.data.config import DataError, TEXT_PREFIX, TFDS_PREFIX
 from efficient_lm.data_config import DataConfig
 from efficient_lm.validation import ConfigError, require
 
 log = logging.getLogger(__name__)
+EPOCHS_WARNING = 20  # more passes over the train windows than this: one warning line
 
 
 def make_builder(data_config: DataConfig, tfds_dir: str, text_scan=None):
@@ -130,15 +132,82 @@ def load(data_config: DataConfig, checked=_UNCHECKED,
     corpus_id['files'] = text_scan.cache_key
   tokenizer, key = cache.load_tokenizer(data_config, builder, corpus_id, root,
                                         tokenizer_file)
-  splits = cache.token_streams(root, name, key, tokenizer, list(info.splits),
-                               lambda split: cache.documents(builder, split, text_key))
+  documents_of = lambda split: cache.documents(builder, split, text_key)
+  splits = cache.token_streams(root, name, key, tokenizer, list(info.splits), documents_of)
   order = [s for s in ('train', 'validation', 'test') if s in splits]
   splits = {s: splits[s] for s in order + sorted(set(splits) - set(order))}
+  token_dir = os.path.join(root, 'tokens', f'{cache.slug(name)}-{key}')  # (cache.token_streams')
+  measured = round_trip.Measured(
+      tokenizer, lambda split: os.path.join(token_dir, f'{cache.slug(split)}.round_trip.json'),
+      lambda split: splits[split].tokens, documents_of)
   identity = {'dataset': name, 'source': cache.key_of(corpus_id),
               'tokenizer_sha256': archives.sha256_of(tokenizer.model_path),
-              'vocab_size': tokenizer.vocab_size}
+              'vocab_size': tokenizer.vocab_size,
+              'round_trip': _held_out_round_trip(data_config, measured, splits)}
   corpus = corpus_lib.Corpus(name=name, tokenizer=tokenizer, splits=splits,
                              seq_len=data_config.seq_len, batch_size=data_config.batch_size,
-                             identity=identity, document_mask=data_config.document_mask)
+                             identity=identity, document_mask=data_config.document_mask,
+                             round_trip=measured)
   log.info('%r', corpus)
   return corpus
+
+
+def _held_out_round_trip(data_config: DataConfig, measured: round_trip.Measured,
+                         splits: dict) -> dict:
+  """Whether the tokenizer gives back each held-out split's documents ({split: the counts,
+  without the example}: what data.json records), measured on first use and said in one line then
+  (a warning on every load where it loses any; `round_trip`). The train split is measured only if
+  it is scored (its size)."""
+  records = {s: measured(s) for s in splits if s != 'train'}
+  if not records:
+    return {}
+  name = (f'data.tokenizer={data_config.tokenizer!r}' if data_config.tokenizer else
+          f'the tokenizer trained on {data_config.dataset}/train')
+  level, line = round_trip.describe(records, name)
+  if level > logging.INFO or measured.measured_now:
+    log.log(level, '%s', line)
+  return {s: {k: v for k, v in r.items() if k != 'example'} for s, r in records.items()}
+
+
+def check_splits(corpus, data_config: DataConfig, eval_split: str, num_steps: int) -> str | None:
+  """A run's splits, before any step: `eval_split` (`train.eval_split`) must be a split of the
+  corpus (ConfigError), its train split must hold a batch of text (`check_train_split`); one
+  warning line when `num_steps` (`train.num_steps`) pass over the train windows more than
+  EPOCHS_WARNING times. Returns why the evaluation split is left out (it has no text: one warning
+  line here; the run's eval figures are then null with this reason), else None."""
+  if eval_split not in corpus.splits:
+    raise ConfigError(f"train.eval_split={eval_split!r} is not a split of {data_config.dataset}; "
+                      f"set train.eval_split to one of {', '.join(corpus.splits)}")
+  check_train_split(corpus, data_config)
+  windows = corpus.num_windows('train', drop_remainder=True, seq_len=data_config.seq_len)
+  epochs = num_steps * data_config.batch_size / max(windows, 1)
+  if epochs > EPOCHS_WARNING:
+    log.warning('train.num_steps=%d x data.batch_size=%d windows is %.0f epochs of the %s train '
+                'windows of %s: the model will memorize it (watch the eval loss); a larger corpus, '
+                'fewer steps or a smaller model', num_steps, data_config.batch_size, epochs,
+                f'{windows:,}', corpus.name)
+  empty = corpus_lib.without_text(corpus, eval_split)
+  if empty is None:
+    return None
+  log.warning('train.eval_split=%r of %s %s: it is left out (no evaluation runs; the eval figures '
+              'are null, with the reason); give it text, or set train.eval_split to another split '
+              '(%s)', eval_split, data_config.dataset, empty, ', '.join(corpus.splits))
+  return f'not evaluated: the {eval_split} split {empty}'
+
+
+def check_train_split(corpus, data_config: DataConfig) -> None:
+  """DataError, one line naming the dataset, the split and the fix, when the train split of a text
+  corpus holds no text or fewer tokens than one batch of windows (data.batch_size x
+  (data.seq_len + 1)): a run on it would learn nothing of the data. Before any step."""
+  if not isinstance(corpus, corpus_lib.Corpus):  # a generated task: its own checks
+    return
+  empty = corpus_lib.without_text(corpus, 'train')
+  if empty:
+    raise DataError(f'data.dataset={data_config.dataset!r}: its train split {empty}, nothing to '
+                    'train on; give it some text (data.text_key names the field that holds it)')
+  tokens, batch, seq_len = corpus.num_tokens('train'), data_config.batch_size, data_config.seq_len
+  if tokens < batch * (seq_len + 1):
+    raise DataError(f'data.dataset={data_config.dataset!r} has {tokens:,} tokens in its train '
+                    f'split, fewer than one batch of windows (data.batch_size={batch} x '
+                    f'(data.seq_len={seq_len} + 1) = {batch * (seq_len + 1):,}); give it more '
+                    'text, or lower data.batch_size or data.seq_len')

@@ -1,10 +1,11 @@
 """What the long-context evaluations share: intervals, chance levels, the figures' files."""
 
-import json
 import math
 import os
 
 import numpy as np
+
+from efficient_lm import figures
 
 Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
 
@@ -45,7 +46,7 @@ def chance(num_true: int, num_distractors: int) -> dict:
 def write_json(record: dict, path: str) -> None:
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
-    json.dump(record, f, indent=1)
+    figures.dump(record, f, indent=1)
 
 
 def pyplot():
