@@ -15,6 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
+from efficient_lm.data import tokenizer_json
+
 # End-of-text tokens, in the order they are looked for when `data.separator_token` is ''.
 END_OF_TEXT = ('<|endoftext|>', '<|end_of_text|>', '</s>', '<eos>', '<|eos|>', '[SEP]', '<|im_end|>')
 PAD_TOKENS = ('<pad>', '[PAD]', '<|pad|>', '<|padding|>')
@@ -34,9 +36,8 @@ class HFTokenizer:
     try:
       self._tok = tokenizers.Tokenizer.from_file(self.model_path)
     except Exception as e:  # pylint: disable=broad-except  (the library's own exception type)
-      from efficient_lm.data import tokenizer  # pylint: disable=g-import-not-at-top
       # A file cut short, or JSON of another kind: said so, not as the library's parse error.
-      tokenizer.check_tokenizer_json(self.model_path, tokenizer.read_json(self.model_path))
+      tokenizer_json.check_tokenizer_json(self.model_path, tokenizer_json.read_json(self.model_path))
       raise ValueError(f'{self.model_path} is not a Hugging Face tokenizer.json the tokenizers '
                        f'library can read ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})'
                        ) from e

@@ -25,6 +25,7 @@ import numpy as np
 import sentencepiece as spm
 
 from efficient_lm import progress
+from efficient_lm.data.tokenizer_json import check_tokenizer_json, read_json
 
 PAD_ID, UNK_ID, EOS_ID = 0, 1, 2
 NEWLINE = '\n'
@@ -251,25 +252,6 @@ _PARSED_LIMIT = 1 << 20  # a generated task's description is a few hundred bytes
                          # files go to the tokenizers library unparsed (it reads them anyway)
 
 
-def read_json(path: str):
-  """The JSON value in `path`; a ValueError, one line, naming the file when it is not valid JSON
-  (a file cut short, a copy or download that stopped, says so)."""
-  import json  # pylint: disable=g-import-not-at-top
-  with open(path, 'rb') as f:
-    raw = f.read()
-  try:
-    return json.loads(raw.decode('utf-8'))
-  except UnicodeDecodeError as e:
-    cut = e.reason == 'unexpected end of data'
-    detail = f'invalid UTF-8 at byte {e.start:,}'
-  except ValueError as e:  # json.JSONDecodeError
-    cut = e.pos >= len(e.doc.rstrip()) or e.msg.startswith('Unterminated string')
-    detail = f'{e.msg.removesuffix(" at")} at line {e.lineno} column {e.colno}'
-  ending = (f'it ends mid-way, after {len(raw):,} bytes: truncated? copy the whole file again'
-            if cut else 'give the file the tokenizers library saved (Tokenizer.save)')
-  raise ValueError(f'{path} is not valid JSON ({detail}); {ending}') from None
-
-
 def _json_kind(path: str) -> str:
   """'huggingface' or 'generated' for a JSON file (`open_file`); a ValueError, one line, saying
   what the file is and what it lacks when it is neither."""
@@ -280,26 +262,6 @@ def _json_kind(path: str) -> str:
     return 'generated'  # (its loader names a kind it does not know)
   check_tokenizer_json(path, record)
   return 'huggingface'
-
-
-def check_tokenizer_json(path: str, record) -> None:
-  """A ValueError, one line, saying what the JSON value `record` (of the file `path`) is and
-  which part of a Hugging Face tokenizer.json it lacks: a "model" section with a "vocab"."""
-  model = record.get('model') if isinstance(record, dict) else None
-  if isinstance(model, dict) and 'vocab' in model:
-    return
-  if isinstance(model, dict):
-    keys = ', '.join(map(repr, list(model)[:6])) or 'none'
-    lacks = f'its "model" section has no "vocab" (its keys: {keys})'
-  else:
-    lacks = 'it has no "model" section (the tokenizer\'s kind and vocabulary)'
-  if isinstance(record, dict):
-    keys = ', '.join(map(repr, list(record)[:6])) + (', ...' if len(record) > 6 else '')
-    what = f'a JSON object with the keys {keys}' if record else 'an empty JSON object'
-  else:
-    what = f'a JSON {"list" if isinstance(record, list) else "value"}'
-  raise ValueError(f'{path} is {what}, not a Hugging Face tokenizer.json: {lacks}; give the '
-                   'tokenizer.json the tokenizers library saved (Tokenizer.save)')
 
 
 FILES = (FILE_NAME, 'tokenizer.json')  # the copy a run's folder (a workdir, an export) keeps
