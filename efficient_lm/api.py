@@ -330,7 +330,9 @@ class LoadedModel:
     `generation.generate_batch` (the cached decoder): up to `max_new_tokens` tokens, `temperature`
     0 = greedy, `top_k` 0 and `top_p` 1 = no cut; each prompt a document's start. A continuation
     ends at the end-of-document token (not in the text) or once it holds a string of `stop` (cut
-    before it). A list of prompts gives a list of texts; one string, one text."""
+    before it: `generation.generate_texts`, whose `tokens` end with the token that completed it).
+    A list of prompts gives a list of texts; one string, one text. A call longer than 20 s says
+    how far it is on stderr (`progress.phase`)."""
     one = isinstance(prompts, str)
     prompts = [prompts] if one else list(prompts)
     if not prompts or not all(isinstance(p, str) for p in prompts):
@@ -341,24 +343,10 @@ class LoadedModel:
     stop = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not isinstance(s, str) or not s for s in stop):
       raise ValueError(f"stop={stop!r} must be non-empty strings")
-    prompts_ids = [[int(t) for t in self.tokenizer.encode(p)] for p in prompts]
-
-    def new_text(row: int, ids) -> str:  # decoded with the prompt, as a word's leading space needs
-      head = self.tokenizer.decode(prompts_ids[row])
-      whole = self.tokenizer.decode(prompts_ids[row] + [int(t) for t in ids if t != self.eos_id])
-      return whole[len(head):] if whole.startswith(head) else self.tokenizer.decode(ids)
-
-    new_ids = generation.generate_batch(
-        self.model, prompts_ids, num_tokens=max_new_tokens, eos_id=self.eos_id,
-        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-        vocab_size=self.tokenizer.vocab_size, document_mask=bool(self.config.data.document_mask),
-        stop_ids=None, until=(lambda row, ids: any(s in new_text(row, ids) for s in stop))
-        if stop else None)
-    texts = []
-    for row, ids in enumerate(new_ids):
-      text = new_text(row, ids)
-      cuts = [text.find(s) for s in stop if s in text]
-      texts.append(text[:min(cuts)] if cuts else text)
+    texts = [g.continuation for g in generation.generate_texts(
+        self.model, self.tokenizer, prompts, num_tokens=max_new_tokens,
+        document_mask=bool(self.config.data.document_mask), seed=seed, temperature=temperature,
+        top_k=top_k, top_p=top_p, stop=stop)]
     return texts[0] if one else texts
 
 
