@@ -28,6 +28,7 @@ from efficient_lm import config_base
 from efficient_lm import export as export_lib
 from efficient_lm import generation
 from efficient_lm import metrics as metrics_lib
+from efficient_lm import progress
 from efficient_lm import scoring
 from efficient_lm import train_state
 from efficient_lm import workdir as workdir_lib
@@ -260,7 +261,8 @@ class LoadedModel:
     once, through `scoring`'s windows and score step (compiled once for all the texts; the
     windows are built a batch at a time, so any number of texts fits).
     Returns {"texts": [{loss, perplexity, bits_per_byte, tokens, bytes}, ...], and the same
-    figures over all texts}; `tokens` counts the scored targets."""
+    figures over all texts}; `tokens` counts the scored targets. A call longer than 20 s says how
+    far it is on stderr (`progress.phase`)."""
     if isinstance(texts, str):
       raise ValueError("texts must be a list of strings; wrap one text as [text]")
     texts = list(texts)
@@ -297,20 +299,23 @@ class LoadedModel:
       np.add.at(nll_N, owner_R, (token_nll_RT * weights_RT).sum(1))
       np.add.at(scored_N, owner_R, weights_RT.sum(1))
 
-    for i, text in enumerate(texts):
-      tokens = np.concatenate([[eos], self.tokenizer.encode(text), [eos]]).astype(np.int32)
-      windows = scoring.num_windows(len(tokens) - 1, seq_len)
-      pending.append(scoring.window_batch(tokens, np.arange(windows), **layout))
-      owners.append(np.full(windows, i))
-      targets.append(len(tokens) - 1)
-      num_bytes.append(len(text.encode("utf-8")))
-      while sum(map(len, owners)) >= batch_size or (i == len(texts) - 1 and owners):
-        rows = {k: np.concatenate([b[k] for b in pending]) for k in pending[0]}
-        owner_R = np.concatenate(owners)
-        run({k: v[:batch_size] for k, v in rows.items()}, owner_R[:batch_size])
-        rest = {k: v[batch_size:] for k, v in rows.items()}
-        left = len(owner_R) > batch_size
-        pending, owners = ([rest], [owner_R[batch_size:]]) if left else ([], [])
+    status = lambda: (f"{len(targets):,} of {len(texts):,} texts read, "
+                      f"{int(scored_N.sum()):,} tokens scored")
+    with progress.phase(f"scoring {len(texts):,} text(s)", status=status):
+      for i, text in enumerate(texts):
+        tokens = np.concatenate([[eos], self.tokenizer.encode(text), [eos]]).astype(np.int32)
+        windows = scoring.num_windows(len(tokens) - 1, seq_len)
+        pending.append(scoring.window_batch(tokens, np.arange(windows), **layout))
+        owners.append(np.full(windows, i))
+        targets.append(len(tokens) - 1)
+        num_bytes.append(len(text.encode("utf-8")))
+        while sum(map(len, owners)) >= batch_size or (i == len(texts) - 1 and owners):
+          rows = {k: np.concatenate([b[k] for b in pending]) for k in pending[0]}
+          owner_R = np.concatenate(owners)
+          run({k: v[:batch_size] for k, v in rows.items()}, owner_R[:batch_size])
+          rest = {k: v[batch_size:] for k, v in rows.items()}
+          left = len(owner_R) > batch_size
+          pending, owners = ([rest], [owner_R[batch_size:]]) if left else ([], [])
     per_text, total_nll, total_scored, total_bytes = [], 0.0, 0.0, 0.0
     for i in range(len(texts)):
       nll, scored = float(nll_N[i]), float(scored_N[i])

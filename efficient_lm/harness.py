@@ -29,11 +29,11 @@ import os
 import sys
 
 from absl import flags
-from absl import logging as absl_logging
 
 from efficient_lm import cli as cli_lib
 from efficient_lm import exit_codes
 from efficient_lm import output
+from efficient_lm import progress
 from efficient_lm import signals
 
 
@@ -190,7 +190,7 @@ def main(argv) -> None:
   del argv
   FLAGS = flags.FLAGS
   output.reserve_stdout()
-  absl_logging.set_verbosity(absl_logging.WARNING)
+  progress.setup_command_logging()  # our progress on stderr; the libraries' warnings only
   with signals.phase(f"evaluating {FLAGS.workdir} with lm-eval"):
     status = cli(workdir=FLAGS.workdir, tasks=FLAGS.tasks, output_file=FLAGS.output,
                  include_path=FLAGS.include_path, limit=FLAGS.limit,
