@@ -130,6 +130,8 @@ class _Ticker(threading.Thread):
   def run(self) -> None:
     while not self._done.wait(self._every):
       frames, parts = list(self._frames), []
+      if not frames or self._done.is_set():  # the phase ended as this line came due
+        return
       for i, (what, status) in enumerate(frames):
         extra = ""
         if status is not None:
