@@ -28,6 +28,7 @@ from efficient_lm import config_base
 from efficient_lm import export as export_lib
 from efficient_lm import generation
 from efficient_lm import metrics as metrics_lib
+from efficient_lm import progress
 from efficient_lm import scoring
 from efficient_lm import train_state
 from efficient_lm import workdir as workdir_lib
@@ -262,7 +263,8 @@ class LoadedModel:
     windows are built a batch at a time, so any number of texts fits).
     Returns {"texts": [{loss, perplexity, bits_per_byte, tokens, bytes}, ...], and the same
     figures over all texts}; `tokens` counts the scored targets. Bits per byte is None, with
-    `bits_per_byte_reason`, where the tokenizer does not give the text back (`data.round_trip`)."""
+    `bits_per_byte_reason`, where the tokenizer does not give the text back (`data.round_trip`).
+    A call longer than 20 s says how far it is on stderr (`progress.phase`)."""
     if isinstance(texts, str):
       raise ValueError("texts must be a list of strings; wrap one text as [text]")
     texts = list(texts)
@@ -299,21 +301,24 @@ class LoadedModel:
       np.add.at(nll_N, owner_R, (token_nll_RT * weights_RT).sum(1))
       np.add.at(scored_N, owner_R, weights_RT.sum(1))
 
-    for i, text in enumerate(texts):
-      tokens = np.concatenate([[eos], self.tokenizer.encode(text), [eos]]).astype(np.int32)
-      windows = scoring.num_windows(len(tokens) - 1, seq_len)
-      pending.append(scoring.window_batch(tokens, np.arange(windows), **layout))
-      owners.append(np.full(windows, i))
-      targets.append(len(tokens) - 1)
-      num_bytes.append(len(text.encode("utf-8")))
-      measured.append(round_trip.measure(self.tokenizer, tokens, [text]))
-      while sum(map(len, owners)) >= batch_size or (i == len(texts) - 1 and owners):
-        rows = {k: np.concatenate([b[k] for b in pending]) for k in pending[0]}
-        owner_R = np.concatenate(owners)
-        run({k: v[:batch_size] for k, v in rows.items()}, owner_R[:batch_size])
-        rest = {k: v[batch_size:] for k, v in rows.items()}
-        left = len(owner_R) > batch_size
-        pending, owners = ([rest], [owner_R[batch_size:]]) if left else ([], [])
+    status = lambda: (f"{len(targets):,} of {len(texts):,} texts read, "
+                      f"{int(scored_N.sum()):,} tokens scored")
+    with progress.phase(f"scoring {len(texts):,} text(s)", status=status):
+      for i, text in enumerate(texts):
+        tokens = np.concatenate([[eos], self.tokenizer.encode(text), [eos]]).astype(np.int32)
+        windows = scoring.num_windows(len(tokens) - 1, seq_len)
+        pending.append(scoring.window_batch(tokens, np.arange(windows), **layout))
+        owners.append(np.full(windows, i))
+        targets.append(len(tokens) - 1)
+        num_bytes.append(len(text.encode("utf-8")))
+        measured.append(round_trip.measure(self.tokenizer, tokens, [text]))
+        while sum(map(len, owners)) >= batch_size or (i == len(texts) - 1 and owners):
+          rows = {k: np.concatenate([b[k] for b in pending]) for k in pending[0]}
+          owner_R = np.concatenate(owners)
+          run({k: v[:batch_size] for k, v in rows.items()}, owner_R[:batch_size])
+          rest = {k: v[batch_size:] for k, v in rows.items()}
+          left = len(owner_R) > batch_size
+          pending, owners = ([rest], [owner_R[batch_size:]]) if left else ([], [])
     per_text, total_nll, total_scored, total_bytes = [], 0.0, 0.0, 0.0
     for i in range(len(texts)):
       nll, scored = float(nll_N[i]), float(scored_N[i])
@@ -336,7 +341,9 @@ class LoadedModel:
     `generation.generate_batch` (the cached decoder): up to `max_new_tokens` tokens, `temperature`
     0 = greedy, `top_k` 0 and `top_p` 1 = no cut; each prompt a document's start. A continuation
     ends at the end-of-document token (not in the text) or once it holds a string of `stop` (cut
-    before it). A list of prompts gives a list of texts; one string, one text."""
+    before it: `generation.generate_texts`, whose `tokens` end with the token that completed it).
+    A list of prompts gives a list of texts; one string, one text. A call longer than 20 s says
+    how far it is on stderr (`progress.phase`)."""
     one = isinstance(prompts, str)
     prompts = [prompts] if one else list(prompts)
     if not prompts or not all(isinstance(p, str) for p in prompts):
@@ -347,24 +354,10 @@ class LoadedModel:
     stop = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not isinstance(s, str) or not s for s in stop):
       raise ValueError(f"stop={stop!r} must be non-empty strings")
-    prompts_ids = [[int(t) for t in self.tokenizer.encode(p)] for p in prompts]
-
-    def new_text(row: int, ids) -> str:  # decoded with the prompt, as a word's leading space needs
-      head = self.tokenizer.decode(prompts_ids[row])
-      whole = self.tokenizer.decode(prompts_ids[row] + [int(t) for t in ids if t != self.eos_id])
-      return whole[len(head):] if whole.startswith(head) else self.tokenizer.decode(ids)
-
-    new_ids = generation.generate_batch(
-        self.model, prompts_ids, num_tokens=max_new_tokens, eos_id=self.eos_id,
-        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-        vocab_size=self.tokenizer.vocab_size, document_mask=bool(self.config.data.document_mask),
-        stop_ids=None, until=(lambda row, ids: any(s in new_text(row, ids) for s in stop))
-        if stop else None)
-    texts = []
-    for row, ids in enumerate(new_ids):
-      text = new_text(row, ids)
-      cuts = [text.find(s) for s in stop if s in text]
-      texts.append(text[:min(cuts)] if cuts else text)
+    texts = [g.continuation for g in generation.generate_texts(
+        self.model, self.tokenizer, prompts, num_tokens=max_new_tokens,
+        document_mask=bool(self.config.data.document_mask), seed=seed, temperature=temperature,
+        top_k=top_k, top_p=top_p, stop=stop)]
     return texts[0] if one else texts
 
 

@@ -10,20 +10,20 @@
     python -m efficient_lm.evaluate --workdir=W --task=ruler [--ruler_tasks=niah_single_1,...
         --lengths=256,512 --samples=20 --haystack=FILE --ruler_out_lm_eval=DIR]
 
-Prints one line on stderr and the figures as one JSON object, the last line of stdout; one
-`error: ...` line and exit status 2 for input it cannot use. Ctrl-C (SIGINT) stops it at once with
-exit status 130, SIGTERM with 143 (`signals`; nothing is half-written). Only light modules are
-imported before the flags are checked.
+Prints progress and a summary line on stderr and the figures as one JSON object, the one line of
+stdout, for every --task; one `error: ...` line and exit status 2 for input it cannot use. Ctrl-C
+(SIGINT) stops it at once with exit status 130, SIGTERM with 143 (`signals`; nothing is
+half-written). Only light modules are imported before the flags are checked.
 """
 
 import sys
 
 from absl import flags
-from absl import logging as absl_logging
 
 from efficient_lm import cli as cli_lib
 from efficient_lm import exit_codes
 from efficient_lm import output
+from efficient_lm import progress
 from efficient_lm import signals
 from efficient_lm.long_eval import ruler_tasks
 
@@ -59,18 +59,21 @@ def cli(*, workdir: str, split: str | None = None, text_file: str | None = None,
         context: int | None = None, stride: int | None = None, batch_size: int | None = None,
         per_position: bool = False, out: str | None = None, ablate_context: int = 0,
         ablate_method: str = "swap", per_query_out: str | None = None, max_tokens: int = 0) -> int:
-  """What the command does: a human line on stderr, the figures as the last stdout line (JSON);
-  returns the exit status (2 and one `error: ...` line for input it cannot use)."""
+  """What the command does: a human line on stderr (and how far it is every 20 s:
+  `progress.phase`), the figures as the last stdout line (JSON); returns the exit status (2 and one
+  `error: ...` line for input it cannot use)."""
   import numpy as np  # pylint: disable=import-outside-toplevel
   from efficient_lm import data, scoring  # pylint: disable=import-outside-toplevel
   from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   from efficient_lm.validation import ConfigError  # pylint: disable=import-outside-toplevel
   try:
-    result = scoring.evaluate_workdir(workdir, split=split, text_file=text_file, context=context,
-                                      stride=stride, batch_size=batch_size,
-                                      per_position=per_position, out=out,
-                                      ablate_context=ablate_context, ablate_method=ablate_method,
-                                      per_query=bool(per_query_out), max_tokens=max_tokens)
+    with progress.phase(f"scoring {workdir} on {text_file or split or 'its eval split'}"):
+      result = scoring.evaluate_workdir(workdir, split=split, text_file=text_file,
+                                        context=context, stride=stride, batch_size=batch_size,
+                                        per_position=per_position, out=out,
+                                        ablate_context=ablate_context,
+                                        ablate_method=ablate_method,
+                                        per_query=bool(per_query_out), max_tokens=max_tokens)
   except (scoring.EvalError, workdir_lib.WorkdirError, ConfigError, data.DataError,
           data.DownloadError) as e:
     print(f"error: {e}", file=sys.stderr)
@@ -91,7 +94,7 @@ def main(argv) -> None:
   del argv
   FLAGS = flags.FLAGS
   output.reserve_stdout()
-  absl_logging.set_verbosity(absl_logging.WARNING)  # the libraries' (Orbax) warnings only
+  progress.setup_command_logging()  # our progress on stderr; the libraries' warnings only
   with signals.phase(f"evaluating {FLAGS.workdir}"), output.library_prints_discarded():
     if FLAGS.task != "score":  # the long-context evaluations (efficient_lm.long_eval)
       from efficient_lm.long_eval import command  # pylint: disable=import-outside-toplevel

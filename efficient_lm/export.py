@@ -36,12 +36,12 @@ import socket
 import sys
 
 from absl import flags
-from absl import logging as absl_logging
 
 from efficient_lm import cli as cli_lib
 from efficient_lm import exit_codes
 from efficient_lm import figures
 from efficient_lm import output
+from efficient_lm import progress
 from efficient_lm import signals
 from efficient_lm import workdir as workdir_lib
 from efficient_lm.files import unique_suffix
@@ -527,7 +527,7 @@ def main(argv) -> None:
   del argv
   FLAGS = flags.FLAGS
   output.reserve_stdout()
-  absl_logging.set_verbosity(absl_logging.WARNING)  # the libraries' (Orbax) warnings only
+  progress.setup_command_logging()  # our progress on stderr; the libraries' warnings only
   with signals.phase(f"exporting {FLAGS.workdir}"):
     status = cli(workdir=FLAGS.workdir, out=FLAGS.out, step=FLAGS.step, dtype=FLAGS.dtype,
                  max_shard_bytes=FLAGS.max_shard_bytes, overwrite=FLAGS.overwrite)

@@ -41,6 +41,7 @@ from flax import nnx
 
 from efficient_lm import checkpoint
 from efficient_lm import models
+from efficient_lm import progress
 from efficient_lm import train_state
 from efficient_lm import workdir as workdir_lib
 from efficient_lm.data import corpus as corpus_lib
@@ -272,16 +273,21 @@ def generate_batch(model: nnx.Module, prompts_ids, *, num_tokens: int, eos_id: i
   """Up to `num_tokens` new token ids for each prompt of `prompts_ids` (a list of 1-D id lists, any
   lengths; each a document's start), decoded together (module docstring).
 
-  A row stops after a token of `stop_ids` (None: the end-of-document token `eos_id`; () or []:
-  never), which is kept as its last id, or after `num_tokens`. `until(row, new_ids) -> bool`, asked
-  on the host after every `steps_per_call` decoding steps, stops a row too (the text-level stop
-  strings); the ids a stopped row drew after that call's last check are returned as well. With
-  `vocab_size` (the tokenizer's) no id at or past it is ever drawn, even from a model whose
-  vocabulary is larger. `document_mask`: the model was trained within documents
-  (`data.document_mask`): an end-of-document token, in a prompt or drawn, opens a new one.
+  Each row's ids end at its first stop, which is its last id: a token of `stop_ids` (None: the
+  end-of-document token `eos_id`; () or []: never), the `num_tokens`-th id, or the id after which
+  `until(row, new_ids) -> bool` first holds (the text-level stop strings: the token that completed
+  the string). `until` is asked on the host after the prefill and after every call of up to
+  `steps_per_call` decoding steps, with the row's ids so far; when it holds, the row stops and the
+  fewest of the ids drawn in that call for which it holds are kept (a row may stop inside a call:
+  the ids it drew after that are dropped). The text-level wrappers keep neither the
+  end-of-document token nor a stop string in their text. With `vocab_size` (the tokenizer's) no
+  id at or past it is ever drawn, even from a model whose vocabulary is larger. `document_mask`:
+  the model was trained within documents (`data.document_mask`): an end-of-document token, in a
+  prompt or drawn, opens a new one.
   Sampling: row b draws its n-th token with the key (seed, b, n); temperature 0 is greedy.
   `timings` (a dict, for benchmarks) gets the seconds of the prefill (`prefill_s`) and of the
   decoding calls (`decode_s`, host checks excluded) and the decoding steps taken (`steps`).
+  A call longer than `progress.EVERY_SECONDS` says how far it is (`progress.phase`).
   """
   check_sampling(temperature, top_k, top_p)
   if prefill_chunk is not None and prefill_chunk < 1:
@@ -305,40 +311,74 @@ def generate_batch(model: nnx.Module, prompts_ids, *, num_tokens: int, eos_id: i
   graphdef, params = nnx.split(model)
   key, count = jax.random.key(seed), jnp.asarray(num_tokens, jnp.int32)
   lengths_B = jnp.asarray(lengths)
-  clock = time.perf_counter()
-  cache, last_B, done_B = _prefill_rows(
-      params, jnp.asarray(context_BM[:, :L]),
-      None if ids_BM is None else jnp.asarray(ids_BM[:, :L]),
-      lengths_B, key, count, graphdef=graphdef, max_len=M + num_tokens,
-      prefill_chunk=prefill_chunk, settings=settings)
-  id_B = None if ids_BM is None else jnp.asarray(ids_BM[:, L - 1])
-  samples = [np.asarray(last_B)[:, None]]  # samples[.][b, j]: row b's token at position L + j
-  done = np.asarray(done_B)
-  spent = {"prefill_s": time.perf_counter() - clock, "decode_s": 0.0, "steps": 0}
   limit = M + num_tokens - 1  # the last position whose input is needed, plus one
-  steps = max(1, min(steps_per_call, limit - L))
-  position = L
-  context = jnp.asarray(context_BM)
-  while position < limit and not done.all():
+  spent = {"prefill_s": 0.0, "decode_s": 0.0, "steps": 0}
+  status = lambda: (f"decoding step {spent['steps']:,} of at most {limit - L:,}"
+                    if spent["prefill_s"] else "prefilling (compiling first)")
+  with progress.phase(f"generating {B} row(s) of up to {num_tokens:,} tokens", status=status):
     clock = time.perf_counter()
-    cache, last_B, id_B, done_B, out_SB, taken = _decode_rows(
-        params, cache, last_B, id_B, jnp.asarray(done), context, lengths_B, position, limit, key,
-        count, graphdef=graphdef, steps=steps, settings=settings)
-    taken = int(taken)
-    samples.append(np.asarray(out_SB)[:taken].T)
-    done = np.asarray(done_B)
-    spent["decode_s"] += time.perf_counter() - clock
-    spent["steps"] += taken
-    position += taken
-    if until is not None and not done.all():
-      sampled = np.concatenate(samples, axis=1)
-      done = done | np.asarray([not done[b] and bool(until(b, _new_ids(sampled[b], lengths[b] - L,
-                                                                          num_tokens, stop_ids)))
-                                for b in range(B)])
+    cache, last_B, done_B = _prefill_rows(
+        params, jnp.asarray(context_BM[:, :L]),
+        None if ids_BM is None else jnp.asarray(ids_BM[:, :L]),
+        lengths_B, key, count, graphdef=graphdef, max_len=M + num_tokens,
+        prefill_chunk=prefill_chunk, settings=settings)
+    id_B = None if ids_BM is None else jnp.asarray(ids_BM[:, L - 1])
+    samples = [np.asarray(last_B)[:, None]]  # samples[.][b, j]: row b's token at position L + j
+    spent["prefill_s"] = time.perf_counter() - clock
+    rows = _Rows(lengths - L, num_tokens, stop_ids, until)
+    done = rows.ask(samples, np.asarray(done_B))
+    steps = max(1, min(steps_per_call, limit - L))
+    position = L
+    context = jnp.asarray(context_BM)
+    while position < limit and not done.all():
+      clock = time.perf_counter()
+      cache, last_B, id_B, done_B, out_SB, taken = _decode_rows(
+          params, cache, last_B, id_B, jnp.asarray(done), context, lengths_B, position, limit, key,
+          count, graphdef=graphdef, steps=steps, settings=settings)
+      taken = int(taken)
+      samples.append(np.asarray(out_SB)[:taken].T)
+      done_B = np.asarray(done_B)
+      spent["decode_s"] += time.perf_counter() - clock
+      spent["steps"] += taken
+      position += taken
+      done = rows.ask(samples, done_B)
   if timings is not None:
     timings.update(spent)
-  sampled = np.concatenate(samples, axis=1)
-  return [_new_ids(sampled[b], lengths[b] - L, num_tokens, stop_ids) for b in range(B)]
+  return rows.ids(samples)
+
+
+class _Rows:
+  """Each row's new ids from the samples so far, and where `until` stopped it (host side)."""
+
+  def __init__(self, offsets: np.ndarray, num_tokens: int, stop_ids: tuple, until):
+    self.offsets, self.num_tokens, self.stop_ids, self.until = offsets, num_tokens, stop_ids, until
+    self.cut = np.full(len(offsets), -1)     # the ids `until` kept (-1: it has not held)
+    self.asked = np.zeros(len(offsets), int)  # the ids `until` last said no to
+
+  def _row(self, sampled: np.ndarray, b: int) -> np.ndarray:
+    return _new_ids(sampled[b], int(self.offsets[b]), self.num_tokens, self.stop_ids)
+
+  def ask(self, samples: list, done_B: np.ndarray) -> np.ndarray:
+    """`done_B` (rows the device ended) and the rows `until` ends now: asked once for each row
+    it has not ended that has new ids (a row the device ended included: its last ids may hold the
+    stop string); where it holds, the fewest ids since its last no for which it holds."""
+    if self.until is None:
+      return done_B
+    sampled = np.concatenate(samples, axis=1)
+    for b in range(len(self.cut)):
+      if self.cut[b] >= 0:
+        continue
+      ids = self._row(sampled, b)
+      if len(ids) > self.asked[b] and self.until(b, ids):
+        self.cut[b] = next((n for n in range(self.asked[b] + 1, len(ids))
+                            if self.until(b, ids[:n])), len(ids))
+      self.asked[b] = len(ids)
+    return done_B | (self.cut >= 0)
+
+  def ids(self, samples: list) -> list[np.ndarray]:
+    sampled = np.concatenate(samples, axis=1)
+    return [self._row(sampled, b)[:self.cut[b]] if self.cut[b] >= 0 else self._row(sampled, b)
+            for b in range(len(self.cut))]
 
 
 def _new_ids(samples: np.ndarray, offset: int, num_tokens: int, stop_ids: tuple) -> np.ndarray:
@@ -366,14 +406,17 @@ def generate(model: nnx.Module, prompt_ids, *, num_tokens: int, eos_id: int,
 
 @dataclasses.dataclass
 class Generated:
-  """One prompt's continuation: `text` is the prompt and its continuation (cut before a stop
-  string), `tokens` the new ids, `seconds` the time from the call's start (compilation included)
-  until the host saw the row done: the host check that found its stop string, else the call's end
-  (rows ending at their count or end-of-document token end on the device, untimed)."""
+  """One prompt's continuation: `text` is the prompt and its continuation, `continuation` the new
+  text alone (cut before a stop string; never the end-of-document token), `tokens` the new ids (up
+  to the stop: the end-of-document token, or the token that completed a stop string), `seconds`
+  the time from the call's start (compilation included) until the host saw the row done: the
+  host check that found its stop string, else the call's end (rows ending at their count or
+  end-of-document token end on the device, untimed)."""
   prompt: str
   text: str
   tokens: list[int]
   seconds: float
+  continuation: str = ""
 
 
 def generate_texts(model: nnx.Module, tokenizer, prompts: list[str], *, num_tokens: int,
@@ -381,22 +424,25 @@ def generate_texts(model: nnx.Module, tokenizer, prompts: list[str], *, num_toke
                    top_p: float = 1.0, prefill_chunk: int | None = None, stop=(),
                    steps_per_call: int = 64) -> list[Generated]:
   """Every prompt continued in one batched call (`generate_batch`): a row stops at the
-  end-of-document token (kept in `tokens`, not in `text`), after `num_tokens`, or once its new text
-  contains a string of `stop` (the text is cut before it; `tokens` end with the token that
-  completed it). `document_mask`: the workdir's `data.document_mask`."""
+  end-of-document token (kept in `tokens`, not in the text), after `num_tokens`, or once its new
+  text contains a string of `stop` (`generate_batch`'s `until`: `tokens` end with the token that
+  completed it; the text is cut before it). `document_mask`: the workdir's
+  `data.document_mask`. The one stop-string mechanism: `efficient_lm.load(...).generate` is this."""
   stop = [s for s in stop if s]
   prompts_ids = [[int(t) for t in tokenizer.encode(p)] for p in prompts]
+  heads = [tokenizer.decode(ids) for ids in prompts_ids]
   start = time.perf_counter()
   finished = [None] * len(prompts)
 
   def new_text(row: int, ids) -> str:  # decoded with the prompt, as a word's leading space needs
-    base = tokenizer.decode(prompts_ids[row])
-    text = tokenizer.decode(prompts_ids[row] + [int(t) for t in ids if t != tokenizer.eos_id])
-    return text[len(base):] if text.startswith(base) else text
+    whole = tokenizer.decode(prompts_ids[row] + [int(t) for t in ids if t != tokenizer.eos_id])
+    return whole[len(heads[row]):] if whole.startswith(heads[row]) else tokenizer.decode(
+        [int(t) for t in ids if t != tokenizer.eos_id])
 
   def until(row: int, new_ids: np.ndarray) -> bool:
     if any(s in new_text(row, new_ids) for s in stop):
-      finished[row] = time.perf_counter() - start
+      if finished[row] is None:
+        finished[row] = time.perf_counter() - start
       return True
     return False
 
@@ -410,11 +456,8 @@ def generate_texts(model: nnx.Module, tokenizer, prompts: list[str], *, num_toke
   for row, ids in enumerate(new_ids):
     text = new_text(row, ids)
     cuts = [text.find(s) for s in stop if s in text]
-    if cuts:  # the fewest tokens whose text holds the stop string, and the text before it
-      ids = next(ids[:n] for n in range(1, len(ids) + 1)
-                 if any(s in new_text(row, ids[:n]) for s in stop))
-      text = text[:min(cuts)]
-    out.append(Generated(prompt=prompts[row], text=tokenizer.decode(prompts_ids[row]) + text,
+    text = text[:min(cuts)] if cuts else text
+    out.append(Generated(prompt=prompts[row], text=heads[row] + text, continuation=text,
                          tokens=[int(t) for t in ids],
                          seconds=end if finished[row] is None else finished[row]))
   return out

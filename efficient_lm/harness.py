@@ -5,8 +5,9 @@
 
 Writes lm-eval's results json (`results.<task>.<metric>,<filter>`, the task configs, versions)
 to --output, prints lm-eval's table on stderr and the results as one JSON line on stdout; one
-`error: ...` line and exit status 2 for an unknown task, a folder that is not a model or a request
-the model cannot score. In Python, `EfficientLM(path)` (registered as "efficient_lm") can be
+`error: ...` line and exit status 2 for an unknown task, a task whose data cannot be had (offline
+and not in the local Hugging Face cache, or the hub out of reach), a folder that is not a model or
+a request the model cannot score. In Python, `EfficientLM(path)` (registered as "efficient_lm") can be
 given to `lm_eval.simple_evaluate(model=...)` (`efficient_lm.harness_model`).
 
 What each request type does (docs/using_a_model.md):
@@ -27,12 +28,12 @@ import os
 import sys
 
 from absl import flags
-from absl import logging as absl_logging
 
 from efficient_lm import cli as cli_lib
 from efficient_lm import exit_codes
 from efficient_lm import figures
 from efficient_lm import output
+from efficient_lm import progress
 from efficient_lm import signals
 
 
@@ -46,12 +47,69 @@ def tasks_missing(task_names: list[str], include_path: str | None,
   return [t for t in task_names if t not in known], manager
 
 
+OFFLINE_FLAGS = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")
+LOCAL_TASKS = ('give a task over local files with --include_path (docs/using_a_model.md, "Your own '
+               'task, offline")')
+
+
+def build_tasks(tasks: list[str], manager) -> list:
+  """Each task built alone, as lm-eval builds it (its data downloaded once into the Hugging Face
+  cache, or read from there), before the model loads: a task whose data cannot be had is a
+  `HarnessError` naming the task and why (offline, the hub out of reach, not in the local cache).
+  Returns what `simple_evaluate` is given: the built tasks and groups (lm-eval's
+  `TaskManager.load`), or with an lm-eval without it the names (built again, from the cache)."""
+  import datasets  # pylint: disable=import-outside-toplevel
+  from efficient_lm import harness_model  # pylint: disable=import-outside-toplevel
+  built = []
+  for name in tasks:
+    try:
+      if hasattr(manager, "load"):
+        loaded = manager.load([name])
+        group = loaded["groups"].get(name)
+        built.extend([group] if group is not None else loaded["tasks"].values())
+      else:
+        from lm_eval.tasks import get_task_dict  # pylint: disable=import-outside-toplevel
+        get_task_dict([name], manager)
+        built.append(name)
+    except (OSError, datasets.exceptions.DatasetsError) as e:
+      raise harness_model.HarnessError(unavailable(name, e)) from e
+  return built
+
+
+def unavailable(task: str, error: BaseException) -> str:
+  """The one line for a task whose data `error` kept from being read."""
+  import datasets  # pylint: disable=import-outside-toplevel
+  detail = " ".join(str(error).split())[:300] or type(error).__name__
+  cache = datasets.config.HF_DATASETS_CACHE
+  chain, cause = [], error
+  while cause is not None and len(chain) < 10:
+    chain.append(cause)
+    cause = cause.__cause__ or cause.__context__
+  names = " ".join(type(c).__name__ for c in chain) + " " + " ".join(map(str, chain))
+  offline = [f for f in OFFLINE_FLAGS
+             if os.environ.get(f, "").strip().upper() in ("1", "ON", "YES", "TRUE")]
+  blocked = "OfflineModeIsEnabled" in names
+  if blocked or any(isinstance(c, ConnectionError) for c in chain) or "LocalEntryNotFound" in names:
+    if offline or blocked:
+      flags_set = "=1, ".join(offline) + "=1" if offline else "offline mode"
+      return (f"--tasks: {task} needs data that is not in the local Hugging Face cache ({cache}) "
+              f"and cannot be downloaded offline ({flags_set}): {detail}; run it once online to "
+              f"cache the data, or {LOCAL_TASKS}")
+    return (f"--tasks: {task} needs data that is not in the local Hugging Face cache ({cache}), "
+            f"and the Hugging Face Hub cannot be reached to download it: {detail}; run it where "
+            f"the hub can be reached once, or {LOCAL_TASKS}")
+  return (f"--tasks: {task}'s data cannot be read ({type(error).__name__}: {detail}); check the "
+          "task's dataset_path and data_files (a path is relative to the folder the command runs "
+          "in)")
+
+
 def evaluate(model, tasks: list[str], *, include_path: str | None = None, limit=None,
              num_fewshot: int | None = None, batch_size: int = 8, seed: int = 0,
              include_defaults: bool = True) -> dict:
   """lm-eval's `simple_evaluate` of `model` (a folder, or a `harness_model.EfficientLM`) on
   `tasks`: its results dict (json-serialisable with `lm_eval.utils.handle_non_serializable`). An
-  unknown task is a `HarnessError` before the model loads."""
+  unknown task, or one whose data cannot be had (`build_tasks`), is a `HarnessError` before the
+  model loads."""
   import lm_eval  # pylint: disable=import-outside-toplevel
   from efficient_lm import harness_model  # pylint: disable=import-outside-toplevel
   missing, manager = tasks_missing(tasks, include_path, include_defaults)
@@ -64,9 +122,10 @@ def evaluate(model, tasks: list[str], *, include_path: str | None = None, limit=
     raise harness_model.HarnessError(
         f"--tasks: {', '.join(missing)} is not among {where}; check the name with `lm_eval ls "
         "tasks`, or give the folder of your task YAML files with --include_path")
+  built = build_tasks(tasks, manager)
   lm = model if isinstance(model, harness_model.EfficientLM) else harness_model.EfficientLM(
       str(model), batch_size=batch_size, seed=seed)
-  results = lm_eval.simple_evaluate(model=lm, tasks=tasks, task_manager=manager, limit=limit,
+  results = lm_eval.simple_evaluate(model=lm, tasks=built, task_manager=manager, limit=limit,
                                     num_fewshot=num_fewshot, log_samples=False,
                                     random_seed=seed, numpy_random_seed=seed,
                                     torch_random_seed=None, fewshot_random_seed=seed)
@@ -131,7 +190,7 @@ def main(argv) -> None:
   del argv
   FLAGS = flags.FLAGS
   output.reserve_stdout()
-  absl_logging.set_verbosity(absl_logging.WARNING)
+  progress.setup_command_logging()  # our progress on stderr; the libraries' warnings only
   with signals.phase(f"evaluating {FLAGS.workdir} with lm-eval"):
     status = cli(workdir=FLAGS.workdir, tasks=FLAGS.tasks, output_file=FLAGS.output,
                  include_path=FLAGS.include_path, limit=FLAGS.limit,

@@ -22,12 +22,12 @@ import os
 import sys
 
 from absl import flags
-from absl import logging
 from ml_collections import config_flags
 
 from efficient_lm import cli
 from efficient_lm import exit_codes
 from efficient_lm import output
+from efficient_lm import progress
 
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/dense.py or "
                                 "configs/bcmt.py:128, or a shipped config by name (pi_attention, "
@@ -63,26 +63,10 @@ def default_workdir(config_arg: str) -> str:
   return os.path.join("runs", f"{name}_{preset}" if preset else name)
 
 
-class _LibraryChatter(std_logging.Filter):
-  """TFDS's warnings about its own folders ("Variant folder ... has no dataset_info.json"): not
-  the run's business. Errors still pass."""
-
-  def filter(self, record: std_logging.LogRecord) -> bool:
-    return record.levelno >= std_logging.ERROR or "tensorflow_datasets" not in record.pathname
-
-
 def setup_logging(primary: bool = True) -> None:
-  """Our progress at INFO on stderr (process 0 only; others warnings); the libraries' warnings only."""
-  logging.set_verbosity(logging.WARNING)
-  absl_logger = std_logging.getLogger("absl")
-  if not any(isinstance(f, _LibraryChatter) for f in absl_logger.filters):
-    absl_logger.addFilter(_LibraryChatter())
-  handler = std_logging.StreamHandler(sys.stderr)
-  handler.setFormatter(std_logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
-  ours = std_logging.getLogger("efficient_lm")
-  ours.handlers = [handler]
-  ours.setLevel(std_logging.INFO if primary else std_logging.WARNING)
-  ours.propagate = False
+  """Our progress at INFO on stderr (process 0 only; others warnings); the libraries' warnings
+  only (`progress.setup_command_logging`, which every command runs first)."""
+  progress.setup_command_logging(primary)
 
 
 def _fail(status: int, message: str) -> None:

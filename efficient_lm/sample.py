@@ -17,11 +17,11 @@ import re
 import sys
 
 from absl import flags
-from absl import logging as absl_logging
 
 from efficient_lm import cli
 from efficient_lm import exit_codes
 from efficient_lm import output
+from efficient_lm import progress
 from efficient_lm import signals
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
@@ -37,7 +37,7 @@ def main(argv) -> None:
   del argv
   FLAGS = flags.FLAGS
   output.reserve_stdout()
-  absl_logging.set_verbosity(absl_logging.WARNING)  # the libraries' (Orbax) warnings only
+  progress.setup_command_logging()  # our progress on stderr; the libraries' warnings only
   with signals.phase(f"sampling from {FLAGS.workdir}"):
     _sample(FLAGS)
 

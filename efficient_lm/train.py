@@ -565,7 +565,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   A stop signal (SIGINT, SIGTERM: `signals`) during the steps or an evaluation ends the run with
   a committed checkpoint at the step reached and returns a preemption summary (`preempted`, the
   signal; `preempted_line`); during the final sample (the checkpoint committed) it raises
-  `signals.Interrupted`."""
+  `signals.Interrupted`. From Python its progress shows without any set-up (`progress.show`)."""
+  progress_lib.show()
   if typed is None or built is None:
     typed, built = config_check.prepare(config)
   if typed.train.wandb:  # (its fields are TrainConfig's checks)

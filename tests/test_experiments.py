@@ -372,6 +372,32 @@ def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch, shakespeare_ar
     assert f"continued {tmp_path / 'run'} to step 8:" in outputs
   if name == "multi_device.ipynb":
     assert "context-parallel" in outputs
+  if name == "quickstart.ipynb":
+    check_training_progress(notebook)
+
+
+PROGRESS_SECONDS = 30  # a progress line at least this often (train.PROGRESS_SECONDS, the phases' 20 s)
+
+
+def check_training_progress(notebook) -> None:
+  """The quickstart's training cell shows the library's progress lines with no logging set up in
+  the notebook: `HH:MM:SS ...` lines on stderr, the training steps among them, none further apart
+  than PROGRESS_SECONDS (+ 2 s: the stamps' whole seconds and the thread's wake-up), nor the last
+  from the cell's end."""
+  import datetime  # pylint: disable=import-outside-toplevel
+  (cell,) = [c for c in notebook.cells
+             if c.cell_type == "code" and "train.train_and_evaluate(" in c.source]
+  text = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stderr")
+  lines = [l for l in text.splitlines() if re.match(r"\d\d:\d\d:\d\d ", l)]
+  assert any(re.search(r" step \d+/\d+ +loss ", l) for l in lines), text[-3000:]
+  assert any(" compiling the train step" in l for l in lines), text[-3000:]
+  seconds = [int(l[:2]) * 3600 + int(l[3:5]) * 60 + int(l[6:8]) for l in lines]
+  end = datetime.datetime.fromisoformat(
+      cell.metadata.execution["shell.execute_reply"].replace("Z", "+00:00")).astimezone()
+  seconds.append(end.hour * 3600 + end.minute * 60 + end.second)
+  gaps = [(b - a) % 86400 for a, b in zip(seconds, seconds[1:])]
+  assert max(gaps) <= PROGRESS_SECONDS + 2, (gaps, lines)
+  assert len(set(lines)) == len(lines), "a line shown twice"
 
 
 def test_write_json_replaces_results_whole_or_not_at_all(tmp_path):

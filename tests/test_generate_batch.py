@@ -119,6 +119,47 @@ def test_rows_stop_at_their_first_stop_id_which_is_kept(pi_model):
   assert [len(row) for row in cut[:2]] == [12, 12]
 
 
+def test_until_returns_the_ids_up_to_where_it_first_held(pi_model):
+  """The issue's case (two rows, `until` true for row 0 after 2 ids, num_tokens 8, one step a
+  call): row 0 comes back with its first 2 ids, row 1 whole; and with several steps a call, rows
+  stopping at different steps inside a call while others run, and a stop id before `until`."""
+  prompts = [[5, 9, 11], [6, 6]]
+  full = generation.generate_batch(pi_model, prompts, num_tokens=8, eos_id=1, temperature=0.0,
+                                   stop_ids=(), steps_per_call=1)
+  asked = []
+
+  def until(row, ids):
+    asked.append((row, len(ids)))
+    return row == 0 and len(ids) >= 2
+
+  cut = generation.generate_batch(pi_model, prompts, num_tokens=8, eos_id=1, temperature=0.0,
+                                  stop_ids=(), steps_per_call=1, until=until)
+  assert [len(r) for r in cut] == [2, 8]
+  np.testing.assert_array_equal(cut[0], full[0][:2])
+  np.testing.assert_array_equal(cut[1], full[1])
+  assert max(n for row, n in asked if row == 0) == 2  # row 0 is not asked again once stopped
+  # Several steps a call: rows 0, 1, 2 stop after 3, 6 and 1 ids (inside the calls of 4 steps),
+  # row 3 runs to its count; the stops land on their own ids, whatever the call boundaries.
+  prompts = [[5, 9, 11], [6, 6], [30, 31, 32, 33, 34, 35], [7, 8]]
+  full = generation.generate_batch(pi_model, prompts, num_tokens=12, eos_id=1, temperature=0.0,
+                                   stop_ids=(), steps_per_call=4)
+  want = {0: 3, 1: 6, 2: 1}
+  for steps in (1, 4, 5, 64):
+    cut = generation.generate_batch(
+        pi_model, prompts, num_tokens=12, eos_id=1, temperature=0.0, stop_ids=(),
+        steps_per_call=steps, until=lambda row, ids: len(ids) >= want.get(row, 99))
+    assert [len(r) for r in cut] == [3, 6, 1, 12], steps
+    for row, out in zip(full, cut):
+      np.testing.assert_array_equal(out, row[:len(out)])
+  # A stop id that comes first ends the row there (kept); `until` ends it only if it held before.
+  stop = int(full[1][2])
+  first = np.flatnonzero(full[1] == stop)[0]
+  cut = generation.generate_batch(pi_model, prompts, num_tokens=12, eos_id=1, temperature=0.0,
+                                  stop_ids=[stop], steps_per_call=4,
+                                  until=lambda row, ids: row == 1 and len(ids) >= first + 2)
+  np.testing.assert_array_equal(cut[1], full[1][:first + 1])
+
+
 class CharTokenizer:
   """A test double of the tokenizer interface: one id per character of a small alphabet."""
   ALPHABET = " abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.,;:!?'-0"  # ids 2..63

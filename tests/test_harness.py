@@ -209,10 +209,12 @@ def _docs_blocks() -> dict[str, list[str]]:
 
 
 def test_the_docs_task_and_command_write_lm_evals_results_json(workdir, offline, tmp_path):
-  """docs/using_a_model.md's own task YAML, data and command, on the tiny run."""
+  """docs/using_a_model.md's own task YAML, data and command, on the tiny run: its first example,
+  which runs offline."""
   blocks = _docs_blocks()
   (yaml,) = [b for b in blocks["yaml"] if "task: capitals" in b]
-  (command,) = [b.strip() for b in blocks["bash"] if "--tasks=capitals" in b]
+  command = blocks["bash"][0].strip()
+  assert "--tasks=capitals" in command
   os.makedirs(tmp_path / "my_tasks")
   (tmp_path / "my_tasks" / "capitals.yaml").write_text(yaml)
   (tmp_path / "my_tasks" / "capitals.jsonl").write_text(blocks["json"][0])
@@ -238,6 +240,50 @@ def test_an_unknown_task_is_one_error_line(task_dir, tmp_path, capsys):
   assert status == 2 and len(err) == 1, err
   assert err[0].startswith("error: --tasks: no_such_task is not among") and "--include_path" in err[0]
   assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.slow  # (lm-eval indexes its few thousand task files: 20 s on a quiet CPU, 50 s loaded)
+def test_a_task_whose_data_cannot_be_had_offline_is_one_error_line(tmp_path):
+  """The docs' hub task with the hub offline and an empty cache: one line naming the task and
+  why, status 2, before the model loads (the workdir here is not even a model)."""
+  env = subprocess_env(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+  done = subprocess.run([sys.executable, "-m", "efficient_lm.harness", f"--workdir={tmp_path}",
+                         "--tasks=lambada_openai", f"--output={tmp_path / 'r.json'}"], cwd=REPO,
+                        env=env, capture_output=True, text=True, timeout=300, check=False)
+  lines = done.stderr.strip().splitlines()
+  assert done.returncode == 2 and len(lines) == 1, done.stderr[-3000:]
+  assert lines[0].startswith("error: --tasks: lambada_openai needs data that is not in the local "
+                             "Hugging Face cache (" + str(tmp_path / "hf"))
+  assert "offline (HF_DATASETS_OFFLINE=1, HF_HUB_OFFLINE=1)" in lines[0] and "--include_path" in lines[0]
+  assert done.stdout == "" and not (tmp_path / "r.json").exists()
+
+
+def test_a_local_task_whose_file_is_missing_is_one_error_line(tmp_path, capsys, offline):
+  from efficient_lm import harness  # pylint: disable=import-outside-toplevel
+  del offline
+  (tmp_path / "lost.yaml").write_text(
+      "task: lost\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+      f"    test: {tmp_path / 'no_such.jsonl'}\ntest_split: test\noutput_type: multiple_choice\n"
+      'doc_to_text: "{{q}}"\ndoc_to_choice: "{{c}}"\ndoc_to_target: 0\n')
+  status = harness.cli(workdir=str(tmp_path), tasks="lost", include_path=str(tmp_path),
+                       include_defaults=False, output_file=str(tmp_path / "r.json"))
+  err = capsys.readouterr().err.strip().splitlines()
+  assert status == 2 and len(err) == 1, err
+  assert err[0].startswith("error: --tasks: lost's data cannot be read (") and "data_files" in err[0]
+
+
+def test_the_hub_cannot_be_reached_and_offline_are_told_apart(monkeypatch):
+  from efficient_lm import harness  # pylint: disable=import-outside-toplevel
+  for flag in harness.OFFLINE_FLAGS:
+    monkeypatch.delenv(flag, raising=False)
+  error = ConnectionError("Couldn't reach 'EleutherAI/lambada_openai' on the Hub (LocalEntryNotFoundError)")
+  line = harness.unavailable("lambada_openai", error)
+  assert "the Hugging Face Hub cannot be reached" in line and "downloaded offline" not in line
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  assert "cannot be downloaded offline (HF_HUB_OFFLINE=1)" in harness.unavailable("lambada_openai", error)
+  # A local file that is not there is not the network's fault, offline or not.
+  line = harness.unavailable("lost", FileNotFoundError("Unable to find '/data/lost.jsonl'"))
+  assert line.startswith("--tasks: lost's data cannot be read (FileNotFoundError: Unable to find")
 
 
 @pytest.mark.slow  # (another family compiled: ~15 s)

@@ -3,6 +3,7 @@ against `.logits`, each family's length rule, the files, and the extrapolation c
 library's own scorer."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -281,17 +282,27 @@ def test_lengths_past_seq_len_refused_for_learned_positions_and_latents_accepted
 
 # The command: files, one line, bad input.
 
-def test_needle_grid_past_seq_len_writes_json_and_heatmap(window_run, tmp_path, capsys):
+def test_needle_grid_past_seq_len_writes_json_and_heatmap(window_run, tmp_path, capsys, caplog):
   lm, _, _ = window_run
   out = str(tmp_path / "needle")
-  status = command.run("needle", workdir=lm.path, lengths=["160", "192"], depths=["0", "1"],
-                       needles_per_cell=2, variant="single", distractors=5, batch_size=4,
-                       out=out)
+  with caplog.at_level(logging.INFO, logger="efficient_lm.long_eval.needle_grid"):
+    status = command.run("needle", workdir=lm.path, lengths=["160", "192"], depths=["0", "1"],
+                         needles_per_cell=2, variant="single", distractors=5, batch_size=4,
+                         out=out)
+  said = [r.getMessage() for r in caplog.records if r.name.endswith("needle_grid")]
+  assert [l.split(",")[0] for l in said] == ["needle grid: length 160 done", "needle grid: length 192 done"]
+  assert said[-1].endswith("(8 of 8)")
   captured = capsys.readouterr()
   assert status == 0, captured.err
-  line = captured.out.strip()
-  assert "\n" not in line and line.startswith("needle (single)") and "leading digits right" in line
+  (line,) = captured.out.strip().splitlines()  # one JSON line, as every command's result
+  summary = json.loads(line, parse_constant=pytest.fail)  # strict: no NaN or Infinity
+  assert any(l.startswith("needle (single)") and "leading digits right" in l
+             for l in captured.err.splitlines())
   record = json.load(open(os.path.join(out, "needle.json")))
+  assert summary == {**summary, "task": "needle", "variant": "single", "lengths": [160, 192],
+                     "depths": [0.0, 1.0], "exact": record["all"]["exact"],
+                     "mrr": record["all"]["mrr"], "chance": record["chance"],
+                     "json": os.path.abspath(os.path.join(out, "needle.json"))}
   assert [(c["length"], c["depth"]) for c in record["cells"]] == [(160, 0.0), (160, 1.0),
                                                                    (192, 0.0), (192, 1.0)]
   for cell in record["cells"]:
@@ -358,7 +369,14 @@ def test_extrapolate_1x_equals_the_scorer_and_runs_past_seq_len(window_run, tmp_
   assert record["curves"][1]["buckets"][-1] == {**record["curves"][1]["buckets"][-1],
                                                 "low": SEQ_LEN, "high": 2 * SEQ_LEN}
   assert os.path.getsize(os.path.join(out, "extrapolate.png")) > 1000
-  assert capsys.readouterr().out.startswith("extrapolate sliding_window")
+  captured = capsys.readouterr()
+  (line,) = captured.out.strip().splitlines()
+  summary = json.loads(line, parse_constant=pytest.fail)
+  assert summary["task"] == "extrapolate" and summary["factors"] == [1, 2]
+  assert [(c["factor"], c["loss"]) for c in summary["curves"]] == [
+      (c["factor"], c["loss"]) for c in record["curves"]]
+  assert summary["png"] == os.path.abspath(os.path.join(out, "extrapolate.png"))
+  assert any(l.startswith("extrapolate sliding_window") for l in captured.err.splitlines())
 
 
 def test_the_docs_commands_use_the_evaluators_flags():

@@ -1,11 +1,13 @@
 """`python -m efficient_lm.evaluate --task=needle | extrapolate | ruler`: the flags read, the model and
 its held-out text loaded, the figures written (docs/long_context_evals.md)."""
 
+import json
 import os
 import sys
 
 from efficient_lm import exit_codes
 from efficient_lm import output
+from efficient_lm import progress
 
 TASKS = ("score", "needle", "extrapolate", "ruler")
 
@@ -76,8 +78,9 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
         batch_size: int | None = None, out: str | None = None, max_tokens: int = 0,
         seed: int = 0, keys: str = "auto", ruler_tasks=(), samples: int = 20,
         ruler_out_lm_eval: str | None = None) -> int:
-  """What the command does for `task`: lines on stderr, the one-line summary on stdout; returns
-  the exit status (2 and one `error: ...` line for input it cannot use)."""
+  """What the command does for `task`: progress and the summary line on stderr, the figures as one
+  JSON line on stdout (each grid's `result`); returns the exit status (2 and
+  one `error: ...` line for input it cannot use)."""
   from efficient_lm import api  # pylint: disable=import-outside-toplevel
   from efficient_lm import data  # pylint: disable=import-outside-toplevel
   from efficient_lm import scoring  # pylint: disable=import-outside-toplevel
@@ -112,10 +115,11 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
     elif task == "ruler":
       tokens, source = _held_out(lm, split, haystack, "--haystack")
       from efficient_lm.long_eval import ruler_command  # pylint: disable=import-outside-toplevel
-      return ruler_command.run(lm, needle.haystack_stream(tokens, lm.eos_id), source=source,
-                               tasks=list(ruler_tasks), lengths=lengths, samples=samples,
-                               batch_size=batch_size, seed=seed, out=out,
-                               lm_eval_out=ruler_out_lm_eval, log=_stderr)
+      with progress.phase(f"ruler: {len(ruler_tasks)} task(s) x {len(lengths)} length(s)"):
+        return ruler_command.run(lm, needle.haystack_stream(tokens, lm.eos_id), source=source,
+                                 tasks=list(ruler_tasks), lengths=lengths, samples=samples,
+                                 batch_size=batch_size, seed=seed, out=out,
+                                 lm_eval_out=ruler_out_lm_eval, log=_stderr)
     else:
       tokens, source = _held_out(lm, split, text_file, "--text_file")
       record = extrapolate.run(lm, tokens, factors=factors, batch_size=batch_size, source=source,
@@ -128,6 +132,9 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
           data.DataError, data.DownloadError) as e:
     print(f"error: {e}", file=sys.stderr)
     return exit_codes.USAGE
+  _stderr(line)
   _stderr(f"wrote {json_path} and {png_path}")
-  output.result(line)
+  figures = (needle_grid if task == "needle" else extrapolate).result(record, json_path, png_path)
+  output.result(json.dumps(figures))
   return exit_codes.SUCCESS
+

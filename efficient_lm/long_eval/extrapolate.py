@@ -12,6 +12,7 @@ import os
 import numpy as np
 from flax import nnx
 
+from efficient_lm import progress
 from efficient_lm import scoring
 from efficient_lm.long_eval import reach
 from efficient_lm.long_eval import report
@@ -81,7 +82,8 @@ def curve(model: nnx.Module, tokens, *, length: int, eos_id: int, pad_id: int, b
 def run(lm, tokens, *, factors, batch_size: int, source: str, max_tokens: int = 0,
         log=print) -> dict:
   """Every factor's curve on `lm` (an `efficient_lm.load` model); lengths past the trained one
-  only where the model's structure allows them (`reach`)."""
+  only where the model's structure allows them (`reach`). How far it is goes to stderr every
+  20 s (`progress.phase`)."""
   if not factors or any(not isinstance(f, int) or f < 1 for f in factors):
     raise ExtrapolateError(f"--factors={','.join(map(str, factors))} must be integers >= 1 "
                            "(multiples of model.seq_len), comma-separated")
@@ -91,13 +93,16 @@ def run(lm, tokens, *, factors, batch_size: int, source: str, max_tokens: int = 
   if warning:
     log(warning)
   curves = []
-  for factor, length in zip(factors, lengths):
-    rows = max(1, batch_size * seq_len // length)  # about the tokens of a training batch
-    curves.append({"factor": factor, **curve(
-        lm.model, tokens, length=length, eos_id=lm.eos_id, pad_id=int(lm.tokenizer.pad_id),
-        batch_size=rows, document_mask=bool(lm.config.data.document_mask),
-        loss_chunk=int(lm.config.train.loss_chunk),
-        max_windows=max_tokens // length if max_tokens else 0)})
+  status = lambda: f"{len(curves)} of {len(factors)} factors done"
+  with progress.phase(f"loss by position at {','.join(map(str, factors))} x seq_len",
+                      status=status):
+    for factor, length in zip(factors, lengths):
+      rows = max(1, batch_size * seq_len // length)  # about the tokens of a training batch
+      curves.append({"factor": factor, **curve(
+          lm.model, tokens, length=length, eos_id=lm.eos_id, pad_id=int(lm.tokenizer.pad_id),
+          batch_size=rows, document_mask=bool(lm.config.data.document_mask),
+          loss_chunk=int(lm.config.train.loss_chunk),
+          max_windows=max_tokens // length if max_tokens else 0)})
   return {"task": "extrapolate", "model": lm.config.model.name, "step": lm.step,
           "seq_len": seq_len, "path": lm.path, "what": source, "factors": list(factors),
           "curves": curves, "warning": warning}
@@ -126,6 +131,16 @@ def write(record: dict, out: str) -> tuple[str, str]:
   fig.savefig(png_path, dpi=110)
   plt.close(fig)
   return json_path, png_path
+
+
+def result(record: dict, json_path: str, png_path: str) -> dict:
+  """The stdout line's figures: each factor's overall loss and its last bucket (extrapolate.json
+  holds every bucket and position), the files' paths."""
+  curves = [{**{k: c[k] for k in ("factor", "length", "windows", "tokens", "loss")},
+             "last_bucket": c["buckets"][-1]} for c in record["curves"]]
+  return {**{k: record[k] for k in ("task", "model", "step", "seq_len", "what", "factors")},
+          "curves": curves, "warning": record["warning"], "json": os.path.abspath(json_path),
+          "png": os.path.abspath(png_path)}
 
 
 def summary(record: dict, json_path: str) -> str:

@@ -1,15 +1,18 @@
 """The needle grid: prompts for every (length, depth) cell, scored in fixed-size batches (one compile
 per length), the figures per cell with their intervals, needle.json and the heatmap needle.png."""
 
+import logging
 import os
 import time
 
 import numpy as np
 
+from efficient_lm import progress
 from efficient_lm.long_eval import needle as needle_lib
 from efficient_lm.long_eval import reach
 from efficient_lm.long_eval import report
 
+log_progress = logging.getLogger(__name__)
 
 def _check(lengths, depths, needles_per_cell: int, variant: str, distractors: int,
            batch_size: int) -> None:
@@ -60,7 +63,8 @@ def run(lm, haystack, *, lengths, depths, needles_per_cell: int = 20, variant: s
         key_words=None, log=print) -> dict:
   """Scores the grid on `lm` (an `efficient_lm.load` model) with haystack tokens `haystack` (one
   document: no end-of-document token); keys from `key_words` when given, else two random words.
-  Returns the record needle.json holds."""
+  Returns the record needle.json holds. Progress (a line a length, and how far it is every 20 s)
+  goes to stderr (`progress.phase`); `log` gets the reach warning."""
   from efficient_lm import generation  # pylint: disable=import-outside-toplevel
   _check(lengths, depths, needles_per_cell, variant, distractors, batch_size)
   eos = int(lm.tokenizer.eos_id)
@@ -77,31 +81,40 @@ def run(lm, haystack, *, lengths, depths, needles_per_cell: int = 20, variant: s
   document_mask = bool(lm.config.data.document_mask)
   results = {key: [] for key in cells}
   seconds = {}
-  for length in lengths:
-    began = time.time()
-    rows = [(key, row) for key, cell in cells.items() if key[0] == length for row in cell]
-    for first in range(0, len(rows), batch_size):
-      batch = rows[first:first + batch_size]
-      real = len(batch)
-      batch = batch + [batch[0]] * (batch_size - real)  # a fixed shape: one compile per length
-      prompts = [row[0] for _, row in batch]
-      new_ids = generation.generate_batch(
-          lm.model, [p.ids[1:] for p in prompts], num_tokens=width + 1, eos_id=eos,
-          temperature=0.0, vocab_size=lm.tokenizer.vocab_size, document_mask=document_mask)
-      scores = needle_lib.rank_scores(lm.model, prompts, [row[1] for _, row in batch],
-                                      [row[2] for _, row in batch], width, eos_id=eos,
-                                      document_mask=document_mask)
-      for b in range(real):
-        key, (prompt, _, _) = batch[b]
-        text = lm.tokenizer.decode([t for t in new_ids[b] if t != eos])
-        results[key].append({
-            "exact": needle_lib.is_exact(text, prompt.answers),
-            "digits": needle_lib.leading_digits(text, prompt.answers),
-            "rank": needle_lib.rank_of(scores[b], len(prompt.answers)),
-            "answer": text[:24], "expected": prompt.answers[0], "group": prompt.group,
-            "needle_start": int(prompt.needle_starts[0]),
-            "needle_end": int(prompt.needle_starts[0] + len(prompt.needle_ids[0]))})
-    seconds[length] = time.time() - began
+  total = sum(len(cell) for cell in cells.values())
+  done = {"length": lengths[0], "prompts": 0}
+  status = lambda: f"length {done['length']:,}: {done['prompts']:,} of {total:,} prompts scored"
+  with progress.phase(f"needle grid ({variant}): {len(lengths)} length(s) x {len(depths)} "
+                      f"depth(s)", status=status):
+    for length in lengths:
+      began, done["length"] = time.time(), length
+      rows = [(key, row) for key, cell in cells.items() if key[0] == length for row in cell]
+      for first in range(0, len(rows), batch_size):
+        batch = rows[first:first + batch_size]
+        real = len(batch)
+        batch = batch + [batch[0]] * (batch_size - real)  # a fixed shape: one compile per length
+        prompts = [row[0] for _, row in batch]
+        new_ids = generation.generate_batch(
+            lm.model, [p.ids[1:] for p in prompts], num_tokens=width + 1, eos_id=eos,
+            temperature=0.0, vocab_size=lm.tokenizer.vocab_size, document_mask=document_mask)
+        scores = needle_lib.rank_scores(lm.model, prompts, [row[1] for _, row in batch],
+                                        [row[2] for _, row in batch], width, eos_id=eos,
+                                        document_mask=document_mask)
+        for b in range(real):
+          key, (prompt, _, _) = batch[b]
+          text = lm.tokenizer.decode([t for t in new_ids[b] if t != eos])
+          results[key].append({
+              "exact": needle_lib.is_exact(text, prompt.answers),
+              "digits": needle_lib.leading_digits(text, prompt.answers),
+              "rank": needle_lib.rank_of(scores[b], len(prompt.answers)),
+              "answer": text[:24], "expected": prompt.answers[0], "group": prompt.group,
+              "needle_start": int(prompt.needle_starts[0]),
+              "needle_end": int(prompt.needle_starts[0] + len(prompt.needle_ids[0]))})
+        done["prompts"] += real
+      seconds[length] = time.time() - began
+      log_progress.info("needle grid: length %s done, %s prompts in %s (%s of %s)", f"{length:,}",
+                        f"{len(rows):,}", progress.duration(seconds[length]),
+                        f"{done['prompts']:,}", f"{total:,}")
   return _record(lm, results, lengths=lengths, depths=depths, needles_per_cell=needles_per_cell,
                  variant=variant, distractors=distractors, source=source, seconds=seconds,
                  warning=warning, keys="words" if key_words else "pairs")
@@ -168,6 +181,15 @@ def write(record: dict, out: str) -> tuple[str, str]:
   fig.savefig(png_path, dpi=110)
   plt.close(fig)
   return json_path, png_path
+
+
+def result(record: dict, json_path: str, png_path: str) -> dict:
+  """The stdout line's figures: the settings and the figures over all cells (needle.json holds
+  every cell and answer), the files' paths."""
+  keys = ("task", "model", "step", "seq_len", "variant", "haystack", "lengths", "depths",
+          "needles_per_cell", "distractors", "keys", "chance")
+  return {**{k: record[k] for k in keys}, **record["all"], "warning": record["warning"],
+          "json": os.path.abspath(json_path), "png": os.path.abspath(png_path)}
 
 
 def summary(record: dict, json_path: str) -> str:
