@@ -1,7 +1,6 @@
 """`python -m efficient_lm.evaluate --task=needle | extrapolate | ruler`: the flags read, the model and
 its held-out text loaded, the figures written (docs/long_context_evals.md)."""
 
-import json
 import os
 import sys
 
@@ -135,6 +134,6 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
   _stderr(line)
   _stderr(f"wrote {json_path} and {png_path}")
   figures = (needle_grid if task == "needle" else extrapolate).result(record, json_path, png_path)
-  output.result(json.dumps(figures))
+  output.result_json(figures)
   return exit_codes.SUCCESS
 
