@@ -17,9 +17,11 @@ def read_version() -> str:
 
 
 def read_jax_requirement() -> str:
-  """The jax versions the library is tested with: `JAX_REQUIREMENT` in efficient_lm/jax_compat.py
-  (the one module that touches jax's private API), read as text."""
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "efficient_lm", "jax_compat.py")
+  """The jax versions the library is tested with: `JAX_REQUIREMENT` in
+  efficient_lm/runtime/jax_compat.py (the one module that touches jax's private API), read as
+  text."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "efficient_lm", "runtime",
+                      "jax_compat.py")
   with open(path, encoding="utf-8") as f:
     match = re.search(r'^JAX_REQUIREMENT = "([^"]+)"$', f.read(), re.MULTILINE)
   if match is None:

@@ -28,7 +28,7 @@ from efficient_lm import config_base
 from efficient_lm import export as export_lib
 from efficient_lm import generation
 from efficient_lm import metrics as metrics_lib
-from efficient_lm import progress
+from efficient_lm.runtime import progress
 from efficient_lm import scoring
 from efficient_lm import train_state
 from efficient_lm import workdir as workdir_lib

@@ -35,9 +35,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from efficient_lm import exit_codes
-from efficient_lm import jax_compat
-from efficient_lm import signals
+from efficient_lm.runtime import exit_codes
+from efficient_lm.runtime import jax_compat
+from efficient_lm.runtime import signals
 from efficient_lm.validation import ConfigError
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
   # All three given: take them as they are. (JAX's cluster detection would otherwise also pin a
   # SLURM or Open MPI process to one local device, its local rank: one process per GPU.)
   explicit = all(v is not None for v in given.values())
-  from efficient_lm import jax_devices  # pylint: disable=import-outside-toplevel
+  from efficient_lm.runtime import jax_devices  # pylint: disable=import-outside-toplevel
   error = None
   with jax_devices.native_stderr_captured() as captured:  # the service's "experimental" warning
     try:

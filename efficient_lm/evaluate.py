@@ -21,10 +21,10 @@ import sys
 from absl import flags
 
 from efficient_lm import cli as cli_lib
-from efficient_lm import exit_codes
-from efficient_lm import output
-from efficient_lm import progress
-from efficient_lm import signals
+from efficient_lm.runtime import exit_codes
+from efficient_lm.runtime import output
+from efficient_lm.runtime import progress
+from efficient_lm.runtime import signals
 from efficient_lm.long_eval import ruler_tasks
 
 

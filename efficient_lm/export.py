@@ -38,13 +38,13 @@ import sys
 from absl import flags
 
 from efficient_lm import cli as cli_lib
-from efficient_lm import exit_codes
-from efficient_lm import figures
-from efficient_lm import output
-from efficient_lm import progress
-from efficient_lm import signals
+from efficient_lm.runtime import exit_codes
+from efficient_lm.runtime import figures
+from efficient_lm.runtime import output
+from efficient_lm.runtime import progress
+from efficient_lm.runtime import signals
 from efficient_lm import workdir as workdir_lib
-from efficient_lm.files import unique_suffix
+from efficient_lm.runtime.files import unique_suffix
 
 FORMAT = "efficient_lm.safetensors"  # config.json's format.name
 FORMAT_VERSION = 1

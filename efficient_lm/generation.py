@@ -41,7 +41,7 @@ from flax import nnx
 
 from efficient_lm import checkpoint
 from efficient_lm import models
-from efficient_lm import progress
+from efficient_lm.runtime import progress
 from efficient_lm import train_state
 from efficient_lm import workdir as workdir_lib
 from efficient_lm.data import corpus as corpus_lib

@@ -30,11 +30,11 @@ import sys
 from absl import flags
 
 from efficient_lm import cli as cli_lib
-from efficient_lm import exit_codes
-from efficient_lm import figures
-from efficient_lm import output
-from efficient_lm import progress
-from efficient_lm import signals
+from efficient_lm.runtime import exit_codes
+from efficient_lm.runtime import figures
+from efficient_lm.runtime import output
+from efficient_lm.runtime import progress
+from efficient_lm.runtime import signals
 
 
 def tasks_missing(task_names: list[str], include_path: str | None,

@@ -32,7 +32,7 @@ from efficient_lm import config_base
 from efficient_lm import config_files
 from efficient_lm import data_config
 from efficient_lm import mesh_config
-from efficient_lm import exit_codes
+from efficient_lm.runtime import exit_codes
 from efficient_lm import model_config
 from efficient_lm import train_config
 

@@ -12,7 +12,7 @@ it cleanly in every phase; the exit statuses are `exit_codes`' (docs/operations.
 modules are imported here: a mistake on the command line answers before jax starts.
 """
 
-from efficient_lm import signals
+from efficient_lm.runtime import signals
 
 signals.install()  # first: Ctrl-C works while the rest is imported
 
@@ -25,9 +25,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from efficient_lm import cli
-from efficient_lm import exit_codes
-from efficient_lm import output
-from efficient_lm import progress
+from efficient_lm.runtime import exit_codes
+from efficient_lm.runtime import output
+from efficient_lm.runtime import progress
 
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/dense.py or "
                                 "configs/bcmt.py:128, or a shipped config by name (pi_attention, "
@@ -131,7 +131,8 @@ def _run(workdir: str) -> None:
       _fail(exit_codes.USAGE, str(e))
   what = "compiling" if FLAGS.compile_only else f"training into {workdir}"
   logger.info("%s (%s): %s; starting jax", config.model.name, config_source(), what)
-  from efficient_lm import distributed, jax_devices, step_memory, train  # pylint: disable=import-outside-toplevel
+  from efficient_lm import distributed, step_memory, train  # pylint: disable=import-outside-toplevel
+  from efficient_lm.runtime import jax_devices  # pylint: disable=import-outside-toplevel
   try:
     with signals.phase("starting jax"):
       # Before anything touches devices; then only process 0 logs progress.

@@ -7,7 +7,7 @@ import time
 
 import tensorboardX
 
-from efficient_lm import figures
+from efficient_lm.runtime import figures
 
 
 def bits_per_byte(sum_nll_nats: float, num_bytes: int) -> float:

@@ -19,10 +19,10 @@ import sys
 from absl import flags
 
 from efficient_lm import cli
-from efficient_lm import exit_codes
-from efficient_lm import output
-from efficient_lm import progress
-from efficient_lm import signals
+from efficient_lm.runtime import exit_codes
+from efficient_lm.runtime import output
+from efficient_lm.runtime import progress
+from efficient_lm.runtime import signals
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 

@@ -23,7 +23,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from efficient_lm import figures
+from efficient_lm.runtime import figures
 from efficient_lm import metrics as metrics_lib
 from efficient_lm import sharding
 from efficient_lm import stats

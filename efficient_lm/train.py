@@ -27,16 +27,16 @@ from efficient_lm import checkpoint
 from efficient_lm import config_check
 from efficient_lm import data
 from efficient_lm import distributed
-from efficient_lm import figures as figures_lib
+from efficient_lm.runtime import figures as figures_lib
 from efficient_lm import flops as flops_lib
 from efficient_lm import metrics as metrics_lib
 from efficient_lm import models
 from efficient_lm import generation
-from efficient_lm import output
-from efficient_lm import progress as progress_lib
+from efficient_lm.runtime import output
+from efficient_lm.runtime import progress as progress_lib
 from efficient_lm import sections
 from efficient_lm import sharding
-from efficient_lm import signals
+from efficient_lm.runtime import signals
 from efficient_lm import step_memory
 from efficient_lm import targets
 from efficient_lm import train_state

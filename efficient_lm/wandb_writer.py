@@ -11,7 +11,7 @@ import os
 
 import ml_collections
 
-from efficient_lm import figures
+from efficient_lm.runtime import figures
 from efficient_lm.train_config import TrainConfig
 from efficient_lm.validation import ConfigError
 

@@ -27,7 +27,7 @@ import ml_collections
 
 from efficient_lm import config_base
 from efficient_lm.data_config import DataConfig
-from efficient_lm.files import unique_suffix
+from efficient_lm.runtime.files import unique_suffix
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ Steps, each written as it completes (the JSON file is rewritten whole, atomicall
 row, so a run cut short keeps what finished; `status` stays "running" then):
 
 1. versions: Python, jax, jaxlib, the accelerator plugins, and the private jax features this
-   jax lacks (`efficient_lm.jax_compat.report_line`), in one line.
+   jax lacks (`efficient_lm.runtime.jax_compat.report_line`), in one line.
 2. the device: the first of cuda, rocm, tpu that jax starts (`--platform` / the environment's
    ACCELERATOR_CHECK_PLATFORM picks one, `cpu` included).
 3. backends (`accelerator_backends.backend_rows`), then cudnn (`cudnn_rows`; on CPU also
@@ -243,7 +243,7 @@ def main(argv=None) -> int:
   except Exception as error:  # pylint: disable=broad-except
     say(f"accelerator_check: FAIL: jax cannot be imported by {sys.executable}: {one_line(error)}")
     return EXIT_CANNOT_START
-  from efficient_lm import jax_compat  # pylint: disable=import-outside-toplevel
+  from efficient_lm.runtime import jax_compat  # pylint: disable=import-outside-toplevel
   versions = jax_compat.report()
   say(f"accelerator_check: {jax_compat.report_line(versions)}")
   summary, failures = None, []

@@ -39,17 +39,17 @@ LAYER_NAMES = ("config", "data", "model", "train", "checkpoint/metrics")
 LAYERS = {
     "efficient_lm": 0,  # anything not listed below: main, cli, config_*, *_config, validation...
     "efficient_lm.sharding": 0, "efficient_lm.axes": 0, "efficient_lm.targets": 0,
-    "efficient_lm.jax_devices": 0, "efficient_lm.distributed": 0,
+    "efficient_lm.runtime.jax_devices": 0, "efficient_lm.distributed": 0,
     "efficient_lm.data": 1,
     "efficient_lm.models": 2, "efficient_lm.ops": 2, "efficient_lm.flops": 2,
     "efficient_lm.step_memory": 2,
     "efficient_lm.train": 3, "efficient_lm.train_step": 3, "efficient_lm.train_state": 3,
     "efficient_lm.optimizer": 3, "efficient_lm.harness": 3, "efficient_lm.harness_model": 3,
-    "efficient_lm.progress": 3, "efficient_lm.signals": 3, "efficient_lm.stats": 3,
+    "efficient_lm.runtime.progress": 3, "efficient_lm.runtime.signals": 3, "efficient_lm.stats": 3,
     "efficient_lm.checkpoint": 4, "efficient_lm.metrics": 4, "efficient_lm.wandb_writer": 4,
-    "efficient_lm.workdir": 4, "efficient_lm.output": 4, "efficient_lm.sample": 4,
+    "efficient_lm.workdir": 4, "efficient_lm.runtime.output": 4, "efficient_lm.sample": 4,
     "efficient_lm.generation": 4, "efficient_lm.evaluate": 4, "efficient_lm.scoring": 4,
-    "efficient_lm.export": 4, "efficient_lm.files": 4,
+    "efficient_lm.export": 4, "efficient_lm.runtime.files": 4,
 }
 GOAL_CLIMBS, GOAL_VISITS = 10, 5
 

@@ -19,7 +19,7 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # 283 s), the same fusions and buffers (`test_core.py` checks this too), where this jaxlib has
 # them (before 0.11; an unknown XLA flag aborts the process). Subprocesses get these flags
 # through `subprocess_env`.
-from efficient_lm import jax_compat  # pylint: disable=wrong-import-position  (imports no jax)
+from efficient_lm.runtime import jax_compat  # pylint: disable=wrong-import-position  (imports no jax)
 
 TEST_XLA_FLAGS = jax_compat.classic_cpu_emitters_flag()
 

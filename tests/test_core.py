@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import fast_first
-from efficient_lm import jax_compat
+from efficient_lm.runtime import jax_compat
 from efficient_lm.ops import attention
 from efficient_lm.ops import core
 from efficient_lm.ops import priors

@@ -23,7 +23,7 @@ from efficient_lm import export
 from efficient_lm import generation
 from efficient_lm import models
 from efficient_lm import scoring
-from efficient_lm import signals
+from efficient_lm.runtime import signals
 from efficient_lm import train
 from efficient_lm import train_state
 from efficient_lm import workdir as workdir_lib

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from efficient_lm import jax_compat
+from efficient_lm.runtime import jax_compat
 from efficient_lm import models
 from efficient_lm.ops import core
 from efficient_lm.ops.core import backends

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import REPO
 from efficient_lm import checkpoint
-from efficient_lm import exit_codes
+from efficient_lm.runtime import exit_codes
 from efficient_lm import train
 
 # The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).

@@ -16,7 +16,7 @@ import pytest
 from conftest import fast_first, subprocess_env
 from flax import nnx
 
-from efficient_lm import exit_codes
+from efficient_lm.runtime import exit_codes
 from efficient_lm import models
 from efficient_lm import train_step
 from efficient_lm.models import decoder

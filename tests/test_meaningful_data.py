@@ -22,7 +22,7 @@ import pytest
 import efficient_lm
 from conftest import REPO, SHAKESPEARE_WORKS, TINY, fake_work_text, subprocess_env
 from efficient_lm import data
-from efficient_lm import figures
+from efficient_lm.runtime import figures
 from efficient_lm import metrics
 from efficient_lm import scoring
 from efficient_lm.data import corpus as corpus_lib

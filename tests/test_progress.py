@@ -12,16 +12,16 @@ import time
 import numpy as np
 import pytest
 
-from efficient_lm import files
+from efficient_lm.runtime import files
 from efficient_lm import metrics
-from efficient_lm import progress
-from efficient_lm import signals
+from efficient_lm.runtime import progress
+from efficient_lm.runtime import signals
 from efficient_lm import train
 
 
 def test_a_phase_says_how_far_it_is_while_it_lasts(caplog):
   done = {"n": 0}
-  with caplog.at_level(logging.INFO, logger="efficient_lm.progress"):
+  with caplog.at_level(logging.INFO, logger="efficient_lm.runtime.progress"):
     with progress.phase("tokenizing the train split", status=lambda: f"{done['n']} documents",
                         every=0.05):
       assert signals.current_phase() == "tokenizing the train split"
@@ -134,7 +134,7 @@ def test_a_level_the_user_set_is_kept_and_commands_are_not_doubled(capsys):
 
 
 def test_a_phase_inside_a_phase_adds_its_status_to_the_outer_line(caplog):
-  with caplog.at_level(logging.INFO, logger="efficient_lm.progress"):
+  with caplog.at_level(logging.INFO, logger="efficient_lm.runtime.progress"):
     with progress.phase("needle grid", status=lambda: "length 160", every=0.05):
       with progress.phase("generating 4 rows", status=lambda: "decoding step 3"):
         assert signals.current_phase() == "generating 4 rows"  # what a stop names

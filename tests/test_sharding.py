@@ -7,7 +7,7 @@ import pytest
 
 from efficient_lm import axes
 from efficient_lm import config_check
-from efficient_lm import jax_compat
+from efficient_lm.runtime import jax_compat
 from efficient_lm import models
 from efficient_lm import sharding
 from efficient_lm import train

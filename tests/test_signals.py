@@ -21,8 +21,8 @@ import zipfile
 import pytest
 
 from conftest import REPO, fake_work_text, fast_first, subprocess_env
-from efficient_lm import exit_codes
-from efficient_lm import signals
+from efficient_lm.runtime import exit_codes
+from efficient_lm.runtime import signals
 
 # Names that only a file or folder on its way somewhere leaves (ours, TFDS's, tempfile's).
 TEMPORARY = (".tmp", ".part", ".incomplete", ".pip.", ".write_test", "tmp")

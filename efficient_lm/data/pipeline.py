@@ -12,7 +12,7 @@ import logging
 import os
 import time
 
-from efficient_lm import files
+from efficient_lm.runtime import files
 from efficient_lm.data import archives
 from efficient_lm.data import cache
 from efficient_lm.data import config as data_config_lib

@@ -4,9 +4,9 @@ its held-out text loaded, the figures written (docs/long_context_evals.md)."""
 import os
 import sys
 
-from efficient_lm import exit_codes
-from efficient_lm import output
-from efficient_lm import progress
+from efficient_lm.runtime import exit_codes
+from efficient_lm.runtime import output
+from efficient_lm.runtime import progress
 
 TASKS = ("score", "needle", "extrapolate", "ruler")
 

@@ -12,7 +12,7 @@ import os
 import numpy as np
 from flax import nnx
 
-from efficient_lm import progress
+from efficient_lm.runtime import progress
 from efficient_lm import scoring
 from efficient_lm.long_eval import reach
 from efficient_lm.long_eval import report

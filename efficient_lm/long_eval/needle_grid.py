@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from efficient_lm import progress
+from efficient_lm.runtime import progress
 from efficient_lm.long_eval import needle as needle_lib
 from efficient_lm.long_eval import reach
 from efficient_lm.long_eval import report

@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from efficient_lm import figures
+from efficient_lm.runtime import figures
 
 Z95 = 1.959963984540054  # the normal quantile of a two-sided 95% interval
 

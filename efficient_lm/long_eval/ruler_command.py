@@ -4,8 +4,8 @@ lm-eval task files instead (docs/long_context_evals.md, "RULER's synthetic tasks
 
 import os
 
-from efficient_lm import exit_codes
-from efficient_lm import output
+from efficient_lm.runtime import exit_codes
+from efficient_lm.runtime import output
 from efficient_lm.long_eval import ruler_export
 from efficient_lm.long_eval import ruler_grid
 

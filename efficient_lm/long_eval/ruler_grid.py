@@ -50,7 +50,7 @@ def skipped_cells(config, tasks, lengths) -> tuple[dict, str | None]:
 
 def draw(tokenizer, haystack, *, tasks, lengths, samples: int, seed: int = 0, skip=()) -> dict:
   """{(task, length): [Item, ...]}: `samples` prompts a cell, the cells of `skip` left out."""
-  from efficient_lm import progress  # pylint: disable=import-outside-toplevel
+  from efficient_lm.runtime import progress  # pylint: disable=import-outside-toplevel
   cells, done = {}, [0]
   total = len(tasks) * len(lengths) - len(skip)
   with progress.phase("drawing RULER prompts", status=lambda: f"{done[0]} of {total} cells"):
@@ -67,7 +67,8 @@ def answer(lm, items: list, *, batch_size: int) -> list[str]:
   """The greedy answer text of each item (its first `new_tokens` new tokens, up to the
   end-of-document token), batches of `batch_size` rows of one token count (the last padded with
   copies: one compiled shape for the prompts of a length that fill it exactly)."""
-  from efficient_lm import generation, progress  # pylint: disable=import-outside-toplevel
+  from efficient_lm import generation  # pylint: disable=import-outside-toplevel
+  from efficient_lm.runtime import progress  # pylint: disable=import-outside-toplevel
   eos = int(lm.tokenizer.eos_id)
   budget = max(item.new_tokens for item in items)
   texts: list = [None] * len(items)

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from efficient_lm import jax_compat
+from efficient_lm.runtime import jax_compat
 from efficient_lm.ops.core import kernel_mesh, skips
 from efficient_lm.ops.core.call import KERNEL_CALLS, Backend, Call
 from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE, cdiv

@@ -30,7 +30,7 @@ import sys
 import threading
 from typing import Callable, Iterator
 
-from efficient_lm import exit_codes
+from efficient_lm.runtime import exit_codes
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

@@ -19,9 +19,9 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from efficient_lm import signals
+from efficient_lm.runtime import signals
 
-log = logging.getLogger("efficient_lm.progress")
+log = logging.getLogger("efficient_lm.runtime.progress")
 EVERY_SECONDS = 20.0  # a phase that lasts longer says how far it is this often
 LIBRARY_LOGGER = "efficient_lm"
 FORMAT, TIME_FORMAT = "%(asctime)s %(message)s", "%H:%M:%S"  # "05:25:30 step 40/700 ..."

@@ -15,7 +15,7 @@ import io
 import os
 import sys
 
-from efficient_lm import figures
+from efficient_lm.runtime import figures
 
 _results = None  # the real stdout, once reserved
 
