@@ -11,10 +11,10 @@ All default runs side by side: docs/running.md, "Training", "Default runs".
 
 import ml_collections
 
-from efficient_lm.config_base import base_config
+from efficient_lm.config.base import base_config
 
 
 def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
-  """No presets: every field is the shared default of efficient_lm/config_base.py."""
+  """No presets: every field is the shared default of efficient_lm/config/base.py."""
   del config_string
   return base_config("dense")

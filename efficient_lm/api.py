@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from efficient_lm import config_base
+from efficient_lm.config import base as config_base
 from efficient_lm import export as export_lib
 from efficient_lm import generation
 from efficient_lm import metrics as metrics_lib

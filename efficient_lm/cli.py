@@ -17,9 +17,9 @@ import sys
 import ml_collections
 from absl import flags
 
-from efficient_lm import config_files
+from efficient_lm.config import files as config_files
 from efficient_lm import help as help_lib
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 
 EXIT_USAGE = 2
 

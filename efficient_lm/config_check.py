@@ -11,18 +11,18 @@ import dataclasses
 import jax
 import ml_collections
 
-from efficient_lm import config_base
+from efficient_lm.config import base as config_base
 from efficient_lm import data
 from efficient_lm import models
-from efficient_lm import sections
+from efficient_lm.config import sections
 from efficient_lm import sharding
 from efficient_lm import targets
 from efficient_lm import train_state
-from efficient_lm.validation import require
+from efficient_lm.config.errors import require
 
 
 Typed = sections.Typed  # (re-exported: what `validate` returns)
-typed = sections.typed
+typed = train_state.typed
 
 
 def prepare(config: ml_collections.ConfigDict,
@@ -39,7 +39,7 @@ def prepare(config: ml_collections.ConfigDict,
   # The four typed sections, each through its edge (`Section.from_mapping`: every declared check
   # and rule of the section alone), then the rules that involve the devices or other sections:
   # the mesh's, the data's (the registry, the disk), the model's on the platform and the ring.
-  data_cfg, model, train, mesh_cfg = sections.typed(config)
+  data_cfg, model, train, mesh_cfg = train_state.typed(config)
   sizes = sharding.validate(mesh_cfg, data_cfg, devices=devices,
                             grad_accum_steps=train.grad_accum_steps)
   rules = sharding.parse_rules(mesh_cfg, known=models.logical_axes())

@@ -38,7 +38,7 @@ from jax.experimental import multihost_utils
 from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import jax_compat
 from efficient_lm.runtime import signals
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -65,7 +65,7 @@ def cli(*, workdir: str, split: str | None = None, text_file: str | None = None,
   import numpy as np  # pylint: disable=import-outside-toplevel
   from efficient_lm import data, scoring  # pylint: disable=import-outside-toplevel
   from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
-  from efficient_lm.validation import ConfigError  # pylint: disable=import-outside-toplevel
+  from efficient_lm.config.errors import ConfigError  # pylint: disable=import-outside-toplevel
   try:
     with progress.phase(f"scoring {workdir} on {text_file or split or 'its eval split'}"):
       result = scoring.evaluate_workdir(workdir, split=split, text_file=text_file,

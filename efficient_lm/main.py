@@ -78,7 +78,7 @@ def _known_errors() -> tuple[type[BaseException], ...]:
   """The errors that are the user's to fix: one `error:` line and exit status 2."""
   from efficient_lm import checkpoint, data, targets, train  # pylint: disable=import-outside-toplevel
   from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
-  from efficient_lm.validation import ConfigError  # pylint: disable=import-outside-toplevel
+  from efficient_lm.config.errors import ConfigError  # pylint: disable=import-outside-toplevel
   return (ConfigError, data.DataError, data.DownloadError, workdir_lib.WorkdirError,
           checkpoint.NoRestorableCheckpointError, checkpoint.CheckpointRestoreError,
           train.NonFiniteError, targets.TargetError)
@@ -115,7 +115,7 @@ def _run(workdir: str) -> None:
     except targets.TargetError as e:
       _fail(exit_codes.USAGE, str(e))
     targets.prepare_host()  # before anything starts a backend
-  from efficient_lm.validation import ConfigError  # pylint: disable=import-outside-toplevel
+  from efficient_lm.config.errors import ConfigError  # pylint: disable=import-outside-toplevel
   if not FLAGS.compile_only:  # the folder, then what config.json and data.json answer: before jax
     from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
     try:

@@ -27,9 +27,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from efficient_lm import models
-from efficient_lm import sections
+from efficient_lm.config import sections
 from efficient_lm import sharding
 from efficient_lm import targets
+from efficient_lm import train_state
 from efficient_lm import train_step as train_step_lib
 from efficient_lm.ops.core import backends
 
@@ -54,7 +55,7 @@ def abstract_batch(config: ml_collections.ConfigDict, built) -> dict:
 
 def make_train_step(config: ml_collections.ConfigDict, built):
   """The jitted train step of `config` for `built` (`train_state.build`)."""
-  config = config if isinstance(config, sections.Typed) else sections.typed(config)
+  config = config if isinstance(config, sections.Typed) else train_state.typed(config)
   return train_step_lib.make_train_step(
       built.graphdef, built.tx, built.schedule, config.train.seed,
       state_shardings=built.shardings, batch_sharding=sharding.batch_sharding(built.mesh),
@@ -70,7 +71,7 @@ def compile_train_step(config: ml_collections.ConfigDict, built):
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), built.state)
   backends.FALLBACKS.clear()  # what this step's trace records (the compile report reads them)
   backends.KERNEL_CALLS.clear()
-  config = config if isinstance(config, sections.Typed) else sections.typed(config)  # once
+  config = config if isinstance(config, sections.Typed) else train_state.typed(config)  # once
   lowered = make_train_step(config, built).lower(abstract_state, abstract_batch(config, built))
   try:
     return lowered.compile()

@@ -34,7 +34,7 @@ from efficient_lm import models
 from efficient_lm import generation
 from efficient_lm.runtime import output
 from efficient_lm.runtime import progress as progress_lib
-from efficient_lm import sections
+from efficient_lm.config import sections
 from efficient_lm import sharding
 from efficient_lm.runtime import signals
 from efficient_lm import step_memory
@@ -134,7 +134,7 @@ def _targets_in_batch(corpus, split: str, index: int, global_batch: int) -> floa
 def make_sharded_eval_step(config: "ml_collections.ConfigDict | sections.Typed",
                            built: train_state.Built):
   """The eval step with the train state's parameter shardings and the batch's."""
-  config = config if isinstance(config, sections.Typed) else sections.typed(config)
+  config = config if isinstance(config, sections.Typed) else train_state.typed(config)
   return train_step_lib.make_eval_step(built.graphdef, params_shardings=built.shardings.params,
                                        batch_sharding=sharding.batch_sharding(built.mesh),
                                        loss_chunk=config.train.loss_chunk,

@@ -20,10 +20,27 @@ from flax import nnx
 from flax import struct
 
 from efficient_lm import models
-from efficient_lm import sections
+from efficient_lm.config import sections
 from efficient_lm import optimizer
 from efficient_lm import sharding
+from efficient_lm.config.data import DataConfig
+from efficient_lm.config.mesh import MeshConfig
+from efficient_lm.config.train import TrainConfig
 from efficient_lm.data import config as data_config
+from efficient_lm.models import registry
+
+
+def typed(config) -> sections.Typed:
+  """The typed sections of `config` (a ConfigDict; a `Typed` as it is), each through its edge
+  (`Section.from_mapping`; the model's through its family's class, `registry.family`)."""
+  if isinstance(config, sections.Typed):
+    return config
+  name = config.model.get("name")
+  return sections.Typed(
+      DataConfig.from_mapping(config.data),
+      registry.family(name).from_mapping(config.model, owner=f"model.name={name!r}"),
+      TrainConfig.from_mapping(config.train),
+      MeshConfig.from_mapping(config.mesh))
 
 
 @struct.dataclass
@@ -74,7 +91,7 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
   structure and the shapes are taken from it, and an abstract state builds no model at all.
   `document_ids`: `data.has_document_ids(config.data)`, where the caller knows it.
   """
-  config = config if isinstance(config, sections.Typed) else sections.typed(config)  # once
+  config = config if isinstance(config, sections.Typed) else typed(config)  # once
   seed = config.train.seed if seed is None else seed
   mesh = sharding.single_device_mesh() if mesh is None else mesh
   rules = config.mesh.rule_axes
@@ -101,7 +118,7 @@ def initialize(config, built: Built, seed: int | None = None) -> TrainState:
   """The real train state of an abstract `built` (`build(..., abstract=True)`): the model's
   parameters from `train.seed` (or `seed`) and the optimizer's state, made by one jitted
   initializer whose outputs land in `built.shardings` (never a full host copy first)."""
-  config = config if isinstance(config, sections.Typed) else sections.typed(config)
+  config = config if isinstance(config, sections.Typed) else typed(config)
   seed = config.train.seed if seed is None else seed
 
   def init() -> TrainState:

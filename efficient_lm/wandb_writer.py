@@ -12,8 +12,8 @@ import os
 import ml_collections
 
 from efficient_lm.runtime import figures
-from efficient_lm.train_config import TrainConfig
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.train import TrainConfig
+from efficient_lm.config.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

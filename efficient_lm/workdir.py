@@ -25,8 +25,8 @@ import tempfile
 
 import ml_collections
 
-from efficient_lm import config_base
-from efficient_lm.data_config import DataConfig
+from efficient_lm.config import base as config_base
+from efficient_lm.config.data import DataConfig
 from efficient_lm.runtime.files import unique_suffix
 
 log = logging.getLogger(__name__)

@@ -38,7 +38,7 @@ LAYER_NAMES = ("config", "data", "model", "train", "checkpoint/metrics")
 # (checkpoints, metrics, W&B, the sample, the workdir's records) is the last layer.
 LAYERS = {
     "efficient_lm": 0,  # anything not listed below: main, cli, config_*, *_config, validation...
-    "efficient_lm.sharding": 0, "efficient_lm.axes": 0, "efficient_lm.targets": 0,
+    "efficient_lm.sharding": 0, "efficient_lm.config.axes": 0, "efficient_lm.targets": 0,
     "efficient_lm.runtime.jax_devices": 0, "efficient_lm.distributed": 0,
     "efficient_lm.data": 1,
     "efficient_lm.models": 2, "efficient_lm.ops": 2, "efficient_lm.flops": 2,
@@ -87,7 +87,7 @@ class Recorder:
 
   def __init__(self):
     import ml_collections  # pylint: disable=import-outside-toplevel
-    from efficient_lm import typed_config  # pylint: disable=import-outside-toplevel
+    from efficient_lm.config import fields as typed_config  # pylint: disable=import-outside-toplevel
     self.kinds = (ml_collections.ConfigDict, typed_config.Section)
     self.section = typed_config.Section
     self.root = os.path.dirname(os.path.abspath(sys.modules[PACKAGE].__file__)) + os.sep

@@ -21,7 +21,7 @@ from flax import nnx
 
 from efficient_lm import config_check
 from efficient_lm import models
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 import test_documents
 import test_kernel_models
 import test_ring

@@ -25,7 +25,7 @@ from efficient_lm.data import archives
 from efficient_lm.data import cache
 from efficient_lm.data import config as data_config_lib
 from efficient_lm.data.tokenizer import Tokenizer, open_tokenizer
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 
 TEXT_LINES = ''.join(fake_work_text(w) for w in SHAKESPEARE_WORKS).splitlines()
 SAMPLE = 'Thou art\tÆsop’s “fable” é ▁ <|endoftext|> </s> [SEP]\n  sweet prince\n'

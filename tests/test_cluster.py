@@ -14,7 +14,7 @@ from efficient_lm import config_check
 from efficient_lm import sharding
 from efficient_lm import train
 from efficient_lm import train_state
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 
 
 def state_bytes(state) -> int:

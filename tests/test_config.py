@@ -8,7 +8,7 @@ import pytest
 
 from conftest import REPO, load_config
 from efficient_lm import config_check
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 
 
 def test_dense_config_is_valid_and_linked():

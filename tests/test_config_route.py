@@ -15,7 +15,7 @@ def test_visits_and_climbs_of_a_hand_made_trace():
   trace = [("efficient_lm.main", "_run"), ("efficient_lm.workdir", "check_usable"),
            ("efficient_lm.train", "train_and_evaluate"), ("efficient_lm.train", "setup"),
            ("efficient_lm.config_check", "validate"), ("efficient_lm.data.config", "validate"),
-           ("efficient_lm.typed_config", "Section.from_mapping"),
+           ("efficient_lm.config.fields", "Section.from_mapping"),
            ("efficient_lm.models.decoder", "Decoder.__init__"),
            ("efficient_lm.models.pi_attention", "make_pi_mixer"),
            ("efficient_lm.models.decoder", "Block.__init__"),
@@ -24,7 +24,7 @@ def test_visits_and_climbs_of_a_hand_made_trace():
   assert counted["visits"] == {"efficient_lm.train": 2, "efficient_lm.models.decoder": 2,
                                "efficient_lm.main": 1, "efficient_lm.workdir": 1,
                                "efficient_lm.config_check": 1, "efficient_lm.data.config": 1,
-                               "efficient_lm.typed_config": 1,
+                               "efficient_lm.config.fields": 1,
                                "efficient_lm.models.pi_attention": 1}
   # workdir (4) -> train (3), train -> config_check (0), data.config (1) -> typed_config (0);
   # the calls inside one module (train_and_evaluate, setup) are one visit, and the model's
@@ -32,7 +32,7 @@ def test_visits_and_climbs_of_a_hand_made_trace():
   assert [(c["from"], c["to"]) for c in counted["climbs"]] == [
       ("efficient_lm.workdir", "efficient_lm.train"),
       ("efficient_lm.train", "efficient_lm.config_check"),
-      ("efficient_lm.data.config", "efficient_lm.typed_config")]
+      ("efficient_lm.data.config", "efficient_lm.config.fields")]
   assert counted["climbs"][1]["from_function"] == "setup"
   assert (counted["num_climbs"], counted["most_visits"], counted["meets_goal"]) == (3, 2, True)
   assert not config_route.count(trace * 4)["meets_goal"]  # 8 visits to train, 15 climbs

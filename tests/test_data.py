@@ -18,7 +18,7 @@ from efficient_lm.data import shakespeare
 from efficient_lm.data import wikitext103
 from efficient_lm.data.tokenizer import Tokenizer
 from efficient_lm.data.tokenizer import training_lines
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 
 VOCAB = 384
 SEQ_LEN = 16

@@ -23,7 +23,7 @@ from efficient_lm.ops import core
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.core import xla
 from efficient_lm.ops.pattern import Pattern
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 from test_models import tiny_model_config
 
 KERNELS = ("splash", "gpu")

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REPO
 from efficient_lm import cli
-from efficient_lm import config_base
+from efficient_lm.config import base as config_base
 from efficient_lm import help as help_lib
 
 COMMANDS = {"efficient_lm.main": "Trains a model", "efficient_lm.sample": "Samples text",

@@ -20,7 +20,7 @@ from efficient_lm.runtime import exit_codes
 from efficient_lm import models
 from efficient_lm import train_step
 from efficient_lm.models import decoder
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 from tests.test_models import tiny_model_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

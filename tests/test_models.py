@@ -12,7 +12,7 @@ from flax import nnx
 
 from efficient_lm import models
 from efficient_lm.models import decoder
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 
 
 # Each model's own fields at tiny sizes (seq_len 32), chosen so that every part of the model is

@@ -14,7 +14,7 @@ from efficient_lm.ops import attention
 from efficient_lm.ops.attention import causal_cross_attention, segment_attention
 from efficient_lm.ops.route import Route
 from conftest import load_config, fast_first
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 from test_models import tiny_model_config
 
 VARIANTS = ("perceiver_ar", "double_attention", "compressed_double_attention",

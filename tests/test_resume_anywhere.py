@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from conftest import REPO, SHAKESPEARE_WORKS, fake_work_text, subprocess_env
-from efficient_lm import config_base
+from efficient_lm.config import base as config_base
 from efficient_lm import workdir as workdir_lib
 from efficient_lm.data import tokenizer as tok
 
@@ -78,7 +78,7 @@ def test_the_resume_config_is_the_run_as_asked_with_overrides_following(tmp_path
 def test_the_workdir_tokenizer_is_used_only_to_resume_the_corpus_it_was_trained_on(tmp_path):
   wd = fake_workdir(tmp_path, asked_vocab=384, trained_vocab=323)
   data_config = wd.resume_config().data
-  from efficient_lm.data_config import DataConfig  # pylint: disable=import-outside-toplevel
+  from efficient_lm.config.data import DataConfig  # pylint: disable=import-outside-toplevel
   typed = DataConfig.from_mapping(data_config)
   assert wd.resume_tokenizer(typed) == ""  # no tokenizer file in it
   tok.Tokenizer.train(texts()[:4], vocab_size=320, model_path=str(tmp_path / "tokenizer.model"))

@@ -27,7 +27,7 @@ from efficient_lm.ops import memory
 from efficient_lm.ops import ring
 from efficient_lm.ops import route
 from efficient_lm.ops.pattern import Pattern
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")
 

@@ -5,13 +5,13 @@ import ml_collections
 import numpy as np
 import pytest
 
-from efficient_lm import axes
+from efficient_lm.config import axes
 from efficient_lm import config_check
 from efficient_lm.runtime import jax_compat
 from efficient_lm import models
 from efficient_lm import sharding
 from efficient_lm import train
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 from tests.conftest import load_config
 from tests.test_models import tiny_model_config
 
@@ -415,6 +415,6 @@ def test_no_involuntary_full_rematerialization(name, mesh, capfd):
 
 
 def test_the_config_s_axes_are_the_registry_s():
-  """`config_base` fills `mesh.rules` from efficient_lm/axes.py (read without jax); every axis a
+  """`config_base` fills `mesh.rules` from efficient_lm/config/axes.py (read without jax); every axis a
   registry entry declares is there, with the same size and rule, and no other."""
   assert axes.all_axes() == models.logical_axes()

@@ -271,9 +271,10 @@ def test_training_on_a_tpu_reports_mfu():
   """The training loop's progress on an accelerator: the step's model FLOPs from the config and
   the devices' peak (4 v5e chips: 4 x 197 TFLOP/s); nothing on a CPU."""
   import types  # pylint: disable=import-outside-toplevel
-  from efficient_lm import flops, models, sections, train  # pylint: disable=import-outside-toplevel
+  from efficient_lm import flops, models, train  # pylint: disable=import-outside-toplevel
+  from efficient_lm.config import sections  # pylint: disable=import-outside-toplevel
   config = small("pi_attention", seq_len=1024)
-  typed = sections.typed(config)  # (the run reads the typed sections)
+  typed = train_state.typed(config)  # (the run reads the typed sections)
   target = targets.load("tpu:v5e:2x2")
   mesh = sharding.make_mesh(config.mesh, target.devices)
   run = types.SimpleNamespace(mesh=mesh, typed=typed, built=types.SimpleNamespace(num_params=10**6))

@@ -13,7 +13,7 @@ import pytest
 from efficient_lm import metrics as metrics_lib
 from efficient_lm import train
 from efficient_lm import wandb_writer
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from efficient_lm import scoring
 from efficient_lm import generation
 from efficient_lm import train
 from efficient_lm import workdir as workdir_lib
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 
 
 def snapshot(path) -> dict[str, str]:

@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from efficient_lm.data import round_trip as round_trip_lib
-from efficient_lm.validation import require, require_positive_int
+from efficient_lm.config.errors import require, require_positive_int
 
 
 def _is_int(v) -> bool:

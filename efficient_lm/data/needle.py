@@ -31,8 +31,8 @@ from efficient_lm.data import config as data_config_lib
 from efficient_lm.data import registry
 from efficient_lm.data import sequence_iterator
 from efficient_lm.data.config import DataError
-from efficient_lm.data_config import DataConfig
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.data import DataConfig
+from efficient_lm.config.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

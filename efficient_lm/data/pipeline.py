@@ -20,8 +20,8 @@ from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import registry
 from efficient_lm.data import round_trip
 from efficient_lm.data.config import DataError, TEXT_PREFIX, TFDS_PREFIX
-from efficient_lm.data_config import DataConfig
-from efficient_lm.validation import ConfigError, require
+from efficient_lm.config.data import DataConfig
+from efficient_lm.config.errors import ConfigError, require
 
 log = logging.getLogger(__name__)
 EPOCHS_WARNING = 20  # more passes over the train windows than this: one warning line

@@ -85,7 +85,7 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
   from efficient_lm import scoring  # pylint: disable=import-outside-toplevel
   from efficient_lm.long_eval import extrapolate, needle, needle_grid, reach  # pylint: disable=import-outside-toplevel
   from efficient_lm.long_eval import ruler_fit  # pylint: disable=import-outside-toplevel
-  from efficient_lm.validation import ConfigError  # pylint: disable=import-outside-toplevel
+  from efficient_lm.config.errors import ConfigError  # pylint: disable=import-outside-toplevel
   try:
     if task in ("needle", "ruler"):
       lengths = parse_list("lengths", lengths, int)

@@ -14,7 +14,7 @@ import jax
 from flax import nnx
 
 from efficient_lm import targets
-from efficient_lm.model_config import ModelConfig
+from efficient_lm.config.model import ModelConfig
 from efficient_lm.models import decoder
 from efficient_lm.models import placement
 from efficient_lm.models import registry
@@ -23,7 +23,7 @@ from efficient_lm.models.registry import REGISTRY, ModelEntry, logical_axes, mod
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import Route
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 
 registry.discover()
 

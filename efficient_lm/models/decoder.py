@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from efficient_lm import sharding
-from efficient_lm.model_config import ModelConfig
+from efficient_lm.config.model import ModelConfig
 from efficient_lm.models import chunking
 from efficient_lm.models import layers
 from efficient_lm.ops import precision

@@ -14,8 +14,8 @@ import pkgutil
 from typing import Any, Callable, Mapping
 
 from efficient_lm import sharding
-from efficient_lm.model_config import ModelConfig
-from efficient_lm.validation import ConfigError, require
+from efficient_lm.config.model import ModelConfig
+from efficient_lm.config.errors import ConfigError, require
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,7 +16,7 @@ from efficient_lm.data import sequence_iterator
 from efficient_lm.data.mqar.sequences import batch, sequence
 from efficient_lm.data.mqar.task import (EOS_ID, PAD_ID, QUERY_ID, SPLITS, MqarTask, parse,
                                          require_int, validate)
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 
 
 class MqarTokenizer:

@@ -16,7 +16,7 @@ import dataclasses
 import re
 from typing import Any, Callable, ClassVar
 
-from efficient_lm.validation import ConfigError, is_int, require
+from efficient_lm.config.errors import ConfigError, is_int, require
 
 
 @dataclasses.dataclass(frozen=True)

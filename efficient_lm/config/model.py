@@ -12,7 +12,7 @@ model section. This module imports no jax (`--help` and `config_base` read it).
 import dataclasses
 import math
 
-from efficient_lm import typed_config as tc
+from efficient_lm.config import fields as tc
 
 POSITIONS = ("rope", "learned")
 DTYPES = ("float32", "bfloat16")

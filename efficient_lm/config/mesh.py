@@ -13,8 +13,8 @@ import dataclasses
 import functools
 from typing import Any
 
-from efficient_lm import axes
-from efficient_lm import typed_config as tc
+from efficient_lm.config import axes
+from efficient_lm.config import fields as tc
 
 AXES = ("data", "fsdp", "tensor", "context")
 DCN_AXES = ("data", "fsdp")  # the axes that may also run across slices: `mesh.dcn_data`, `dcn_fsdp`
@@ -45,7 +45,7 @@ def _free(cfg) -> list[str]:
 
 def _mapping(what: str) -> tc.Check:
   return tc.Check(lambda v: hasattr(v, "items"), f"must map {what} to mesh axes",
-                  "set {field} as in efficient_lm/config_base.py's defaults")
+                  "set {field} as in efficient_lm/config/base.py's defaults")
 
 
 def _names(value: str) -> tuple[str, ...]:
@@ -93,7 +93,7 @@ class MeshConfig(tc.Section):
       tc.number_in(0.0, 1.0, fix="set mesh.max_replicated_fraction to e.g. 0.05"))
   rules: dict = tc.setting(
       doc="logical parameter axes -> mesh axes ('' = replicated; 'data,fsdp' = both): the "
-      "decoder's and every model's own, at their defaults (efficient_lm/axes.py)",
+      "decoder's and every model's own, at their defaults (efficient_lm/config/axes.py)",
       check=(_mapping("logical parameter axes"), _RULE_VALUES, _RULE_AXES,
              tc.Each(lambda name, value: name != "layers" or not _names(value or ""),
                      "must be '': the stacked layers of nnx.scan are never sharded",

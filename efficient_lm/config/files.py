@@ -13,7 +13,7 @@ import os
 
 import ml_collections
 
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 
 
 def config_names() -> tuple[str, ...]:

@@ -11,7 +11,7 @@ import dataclasses
 import numbers
 import re
 
-from efficient_lm import typed_config as tc
+from efficient_lm.config import fields as tc
 
 
 def _text(requirement: str, fix: str, *, empty: bool = True) -> tc.Check:

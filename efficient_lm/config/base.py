@@ -10,10 +10,10 @@ references to the data's, so one override changes both.
 
 import ml_collections
 
-from efficient_lm import data_config
-from efficient_lm import mesh_config
-from efficient_lm import model_config
-from efficient_lm import train_config
+from efficient_lm.config import data as data_config
+from efficient_lm.config import mesh as mesh_config
+from efficient_lm.config import model as model_config
+from efficient_lm.config import train as train_config
 
 
 def base_config(model_name: str) -> ml_collections.ConfigDict:
@@ -39,7 +39,7 @@ def base_config(model_name: str) -> ml_collections.ConfigDict:
     train[field] = default
 
   # The mesh section's fields, their defaults, meanings and checks: mesh_config.MeshConfig (the
-  # rules: every model's logical axes at their defaults, efficient_lm/axes.py).
+  # rules: every model's logical axes at their defaults, efficient_lm/config/axes.py).
   config.mesh = mesh = ml_collections.ConfigDict()
   for field, default in mesh_config.MeshConfig.defaults().items():
     mesh[field] = default

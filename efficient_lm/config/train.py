@@ -8,7 +8,7 @@ which runs every check. This module imports no jax.
 import dataclasses
 import math
 
-from efficient_lm import typed_config as tc
+from efficient_lm.config import fields as tc
 
 SCHEDULES = ("cosine", "wsd")  # `optimizer.SCHEDULES` (tested equal)
 _ANY = math.inf
