@@ -42,7 +42,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["efficient_lm", "efficient_lm.*"]) + [
         "efficient_lm.configs"],
     package_dir={"efficient_lm.configs": "configs"},
-    package_data={"efficient_lm.targets": ["gpu/*.txtpb"]},  # GPU descriptions for --target
+    package_data={"efficient_lm.parallel.targets": ["gpu/*.txtpb"]},  # GPU descriptions for --target
     python_requires=">=3.10",
     install_requires=[
         f"jax{JAX}",

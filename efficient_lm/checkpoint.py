@@ -30,7 +30,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from efficient_lm import distributed
+from efficient_lm.parallel import distributed
 
 log = logging.getLogger(__name__)
 AGREED_STEPS = 64  # the newest checkpoints the processes compare before a restore

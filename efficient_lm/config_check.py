@@ -15,8 +15,8 @@ from efficient_lm.config import base as config_base
 from efficient_lm import data
 from efficient_lm import models
 from efficient_lm.config import sections
-from efficient_lm import sharding
-from efficient_lm import targets
+from efficient_lm.parallel import sharding
+from efficient_lm.parallel import targets
 from efficient_lm import train_state
 from efficient_lm.config.errors import require
 

@@ -107,7 +107,7 @@ def runnable_config(config, platform: str):
 def one_device_mesh(device):
   """A mesh of `device` alone with the four axes (`sharding.single_device_mesh`, on any device)."""
   import jax  # pylint: disable=import-outside-toplevel
-  from efficient_lm import sharding  # pylint: disable=import-outside-toplevel
+  from efficient_lm.parallel import sharding  # pylint: disable=import-outside-toplevel
   return jax.make_mesh((1, 1, 1, 1), sharding.AXES,
                        axis_types=(jax.sharding.AxisType.Auto,) * 4, devices=[device])
 

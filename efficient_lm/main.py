@@ -76,7 +76,8 @@ def _fail(status: int, message: str) -> None:
 
 def _known_errors() -> tuple[type[BaseException], ...]:
   """The errors that are the user's to fix: one `error:` line and exit status 2."""
-  from efficient_lm import checkpoint, data, targets, train  # pylint: disable=import-outside-toplevel
+  from efficient_lm import checkpoint, data, train  # pylint: disable=import-outside-toplevel
+  from efficient_lm.parallel import targets  # pylint: disable=import-outside-toplevel
   from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   from efficient_lm.config.errors import ConfigError  # pylint: disable=import-outside-toplevel
   return (ConfigError, data.DataError, data.DownloadError, workdir_lib.WorkdirError,
@@ -109,7 +110,7 @@ def main(argv):
 def _run(workdir: str) -> None:
   config = FLAGS.config
   if FLAGS.target:  # the extra and the topology checked before the accelerator's plugin loads
-    from efficient_lm import targets  # pylint: disable=import-outside-toplevel
+    from efficient_lm.parallel import targets  # pylint: disable=import-outside-toplevel
     try:
       targets.check(FLAGS.target)
     except targets.TargetError as e:
@@ -131,7 +132,8 @@ def _run(workdir: str) -> None:
       _fail(exit_codes.USAGE, str(e))
   what = "compiling" if FLAGS.compile_only else f"training into {workdir}"
   logger.info("%s (%s): %s; starting jax", config.model.name, config_source(), what)
-  from efficient_lm import distributed, step_memory, train  # pylint: disable=import-outside-toplevel
+  from efficient_lm.parallel import distributed  # pylint: disable=import-outside-toplevel
+  from efficient_lm import step_memory, train  # pylint: disable=import-outside-toplevel
   from efficient_lm.runtime import jax_devices  # pylint: disable=import-outside-toplevel
   try:
     with signals.phase("starting jax"):

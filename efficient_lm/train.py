@@ -26,7 +26,7 @@ import numpy as np
 from efficient_lm import checkpoint
 from efficient_lm import config_check
 from efficient_lm import data
-from efficient_lm import distributed
+from efficient_lm.parallel import distributed
 from efficient_lm.runtime import figures as figures_lib
 from efficient_lm import flops as flops_lib
 from efficient_lm import metrics as metrics_lib
@@ -35,10 +35,10 @@ from efficient_lm import generation
 from efficient_lm.runtime import output
 from efficient_lm.runtime import progress as progress_lib
 from efficient_lm.config import sections
-from efficient_lm import sharding
+from efficient_lm.parallel import sharding
 from efficient_lm.runtime import signals
 from efficient_lm import step_memory
-from efficient_lm import targets
+from efficient_lm.parallel import targets
 from efficient_lm import train_state
 from efficient_lm import train_step as train_step_lib
 from efficient_lm import wandb_writer

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from efficient_lm import sharding
+from efficient_lm.parallel import sharding
 from efficient_lm.train_state import TrainState
 
 # Dropout draws from its own stream: `nnx.Rngs(seed)` hands out fold_in(key(seed), i) for

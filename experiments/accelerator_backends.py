@@ -177,7 +177,7 @@ def cudnn_aot_rows(quick: bool, emit) -> None:
   """`emit(row)` for each call of `cudnn_rows` compiled (not run) for an H200 from this host:
   the cuDNN custom calls its forward + backward hold. One row saying why when the CUDA plugin
   is missing."""
-  from efficient_lm import targets  # pylint: disable=import-outside-toplevel
+  from efficient_lm.parallel import targets  # pylint: disable=import-outside-toplevel
   try:
     target = targets.load("gpu:h200:1x1x1")
   except targets.TargetError as error:

@@ -169,7 +169,7 @@ def attention_part(args) -> int:
   if device is None:
     say(f"NONE jax devices: {', '.join(sorted({d.platform for d in jax.devices()}))}")
     return 0
-  from efficient_lm import targets  # pylint: disable=import-outside-toplevel
+  from efficient_lm.parallel import targets  # pylint: disable=import-outside-toplevel
   from experiments import accelerator_backends  # pylint: disable=import-outside-toplevel
   platform = targets.platform_of([device])
   say("DEVICE " + json.dumps({"device": device.device_kind, "platform": platform}))

@@ -38,7 +38,7 @@ import time
 
 import jax
 
-from efficient_lm import sharding
+from efficient_lm.parallel import sharding
 from efficient_lm import step_memory
 from efficient_lm import train_state
 from experiments.common import REPO, load_config, write_json

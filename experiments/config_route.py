@@ -38,8 +38,8 @@ LAYER_NAMES = ("config", "data", "model", "train", "checkpoint/metrics")
 # (checkpoints, metrics, W&B, the sample, the workdir's records) is the last layer.
 LAYERS = {
     "efficient_lm": 0,  # anything not listed below: main, cli, config_*, *_config, validation...
-    "efficient_lm.sharding": 0, "efficient_lm.config.axes": 0, "efficient_lm.targets": 0,
-    "efficient_lm.runtime.jax_devices": 0, "efficient_lm.distributed": 0,
+    "efficient_lm.parallel.sharding": 0, "efficient_lm.config.axes": 0, "efficient_lm.parallel.targets": 0,
+    "efficient_lm.runtime.jax_devices": 0, "efficient_lm.parallel.distributed": 0,
     "efficient_lm.data": 1,
     "efficient_lm.models": 2, "efficient_lm.ops": 2, "efficient_lm.flops": 2,
     "efficient_lm.step_memory": 2,

@@ -317,7 +317,7 @@ def test_kernel_kinds_counts_splash_compiled_for_a_tpu():
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from efficient_lm import targets  # pylint: disable=import-outside-toplevel
+  from efficient_lm.parallel import targets  # pylint: disable=import-outside-toplevel
   from efficient_lm.ops import core  # pylint: disable=import-outside-toplevel
   from efficient_lm.ops.pattern import Pattern  # pylint: disable=import-outside-toplevel
   from efficient_lm.step_memory import kernel_kinds  # pylint: disable=import-outside-toplevel

@@ -11,7 +11,7 @@ import pytest
 from conftest import load_config
 from efficient_lm import checkpoint
 from efficient_lm import config_check
-from efficient_lm import sharding
+from efficient_lm.parallel import sharding
 from efficient_lm import train
 from efficient_lm import train_state
 from efficient_lm.config.errors import ConfigError

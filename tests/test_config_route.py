@@ -41,7 +41,7 @@ def test_visits_and_climbs_of_a_hand_made_trace():
 def test_layers():
   assert config_route.layer_of("efficient_lm.models.decoder") == 2
   assert config_route.layer_of("efficient_lm.data.config") == 1
-  assert config_route.layer_of("efficient_lm.sharding") == 0
+  assert config_route.layer_of("efficient_lm.parallel.sharding") == 0
   assert config_route.layer_of("efficient_lm.checkpoint") == 4
   with pytest.raises(KeyError, match="numpy has no layer"):
     config_route.layer_of("numpy")

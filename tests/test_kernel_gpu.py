@@ -23,7 +23,7 @@ import pytest
 
 from conftest import fast_first
 
-from efficient_lm import targets
+from efficient_lm.parallel import targets
 from efficient_lm.ops import core
 from efficient_lm.ops.core import backends, gpu
 from efficient_lm.ops.pattern import Pattern

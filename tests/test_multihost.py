@@ -14,7 +14,7 @@ import jax
 import pytest
 
 from conftest import REPO, fake_work_text, subprocess_env
-from efficient_lm import distributed
+from efficient_lm.parallel import distributed
 from efficient_lm.runtime import exit_codes
 from efficient_lm.config.errors import ConfigError
 

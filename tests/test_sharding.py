@@ -9,7 +9,7 @@ from efficient_lm.config import axes
 from efficient_lm import config_check
 from efficient_lm.runtime import jax_compat
 from efficient_lm import models
-from efficient_lm import sharding
+from efficient_lm.parallel import sharding
 from efficient_lm import train
 from efficient_lm.config.errors import ConfigError
 from tests.conftest import load_config

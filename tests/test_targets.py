@@ -17,7 +17,8 @@ import sys
 import pytest
 
 from conftest import REPO, load_config
-from efficient_lm import config_check, sharding, step_memory, targets, train_state
+from efficient_lm import config_check, step_memory, train_state
+from efficient_lm.parallel import sharding, targets
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 needs_tpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: pip install -e '.[tpu]'")

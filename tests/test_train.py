@@ -12,7 +12,7 @@ import pytest
 
 
 from efficient_lm import metrics
-from efficient_lm import sharding
+from efficient_lm.parallel import sharding
 from efficient_lm import train
 
 

@@ -272,7 +272,7 @@ def test_a_partial_mesh_section_takes_the_class_defaults():
   `MeshConfig`'s default: `fsdp=-1` takes every device the others leave (`sharding` used to
   read 1 for a missing axis, unlike config_base's -1)."""
   import ml_collections  # pylint: disable=import-outside-toplevel
-  from efficient_lm import sharding  # pylint: disable=import-outside-toplevel
+  from efficient_lm.parallel import sharding  # pylint: disable=import-outside-toplevel
   assert sharding.mesh_sizes(ml_collections.ConfigDict(dict(data=2)), num_devices=8) == dict(
       data=2, fsdp=4, tensor=1, context=1)
   assert sharding.dcn_sizes({}, slices=4) == {"data": 4, "fsdp": 1}

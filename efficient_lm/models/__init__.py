@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import jax
 from flax import nnx
 
-from efficient_lm import targets
+from efficient_lm.parallel import targets
 from efficient_lm.config.model import ModelConfig
 from efficient_lm.models import decoder
 from efficient_lm.models import placement
@@ -97,7 +97,7 @@ def create(cfg: Any, *, rngs: nnx.Rngs, mesh: jax.sharding.Mesh | None = None,
 
   `T'` is T for every causal LM; a model that predicts only some positions
   (Perceiver-AR) returns the last `T'` of them. Every parameter carries its
-  logical axis names (`out_sharding` metadata, see `efficient_lm.sharding`);
+  logical axis names (`out_sharding` metadata, see `efficient_lm.parallel.sharding`);
   the model itself is created unplaced (`train_state.build` places it). With a
   `mesh` whose `context` axis has several devices the route shards the
   sequence (`ops.ring`); the batch must then come in

@@ -13,7 +13,7 @@ import importlib
 import pkgutil
 from typing import Any, Callable, Mapping
 
-from efficient_lm import sharding
+from efficient_lm.parallel import sharding
 from efficient_lm.config.model import ModelConfig
 from efficient_lm.config.errors import ConfigError, require
 

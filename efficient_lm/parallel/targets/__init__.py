@@ -63,14 +63,15 @@ class Target:
 
 def gpu_devices() -> tuple[str, ...]:
   """The GPU names with a shipped description."""
-  folder = importlib.resources.files("efficient_lm.targets") / "gpu"
+  folder = importlib.resources.files("efficient_lm.parallel.targets") / "gpu"
   return tuple(sorted(p.name[:-len(".txtpb")] for p in folder.iterdir()
                       if p.name.endswith(".txtpb")))
 
 
 def gpu_description(device: str) -> str:
   """The text of `targets/gpu/<device>.txtpb` (a GpuTargetConfigProto)."""
-  return (importlib.resources.files("efficient_lm.targets") / "gpu" / f"{device}.txtpb").read_text()
+  return (importlib.resources.files("efficient_lm.parallel.targets") / "gpu"
+          / f"{device}.txtpb").read_text()
 
 
 def parse(spec: str) -> tuple[str, str, str]:
