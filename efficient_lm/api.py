@@ -30,8 +30,8 @@ from efficient_lm import generation
 from efficient_lm import metrics as metrics_lib
 from efficient_lm.runtime import progress
 from efficient_lm import scoring
-from efficient_lm import train_state
-from efficient_lm import workdir as workdir_lib
+from efficient_lm.state import train_state
+from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import round_trip
 
@@ -58,7 +58,7 @@ def load(path: str, *, step: int | None = None) -> "LoadedModel":
                       "load the workdir it came from")
     return _load_export(path)
   if os.path.isfile(os.path.join(path, workdir_lib.CONFIG)):
-    from efficient_lm import checkpoint  # pylint: disable=import-outside-toplevel
+    from efficient_lm.state import checkpoint  # pylint: disable=import-outside-toplevel
     try:
       graphdef, params, config, step = export_lib.restore(path, step)
     except (workdir_lib.WorkdirError, export_lib.ExportError,

@@ -17,7 +17,7 @@ from efficient_lm import models
 from efficient_lm.config import sections
 from efficient_lm.parallel import sharding
 from efficient_lm.parallel import targets
-from efficient_lm import train_state
+from efficient_lm.state import train_state
 from efficient_lm.config.errors import require
 
 

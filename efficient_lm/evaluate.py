@@ -64,7 +64,7 @@ def cli(*, workdir: str, split: str | None = None, text_file: str | None = None,
   `error: ...` line for input it cannot use)."""
   import numpy as np  # pylint: disable=import-outside-toplevel
   from efficient_lm import data, scoring  # pylint: disable=import-outside-toplevel
-  from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   from efficient_lm.config.errors import ConfigError  # pylint: disable=import-outside-toplevel
   try:
     with progress.phase(f"scoring {workdir} on {text_file or split or 'its eval split'}"):

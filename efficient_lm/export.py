@@ -43,7 +43,7 @@ from efficient_lm.runtime import figures
 from efficient_lm.runtime import output
 from efficient_lm.runtime import progress
 from efficient_lm.runtime import signals
-from efficient_lm import workdir as workdir_lib
+from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.runtime.files import unique_suffix
 
 FORMAT = "efficient_lm.safetensors"  # config.json's format.name
@@ -117,8 +117,8 @@ def restore(workdir: str, step: int | None = None, device=None):
   `device` alone (default: the first of jax's default backend), whatever mesh or host count saved
   it; the shapes come from the workdir's config.json."""
   import jax  # pylint: disable=import-outside-toplevel
-  from efficient_lm import checkpoint  # pylint: disable=import-outside-toplevel
-  from efficient_lm import train_state  # pylint: disable=import-outside-toplevel
+  from efficient_lm.state import checkpoint  # pylint: disable=import-outside-toplevel
+  from efficient_lm.state import train_state  # pylint: disable=import-outside-toplevel
   wd = workdir_lib.Workdir(workdir)
   wd.require_trained()
   steps = checkpoint.committed_steps(wd.checkpoints)
@@ -509,7 +509,7 @@ def cli(*, workdir: str, out: str, step: int | None = None, dtype: str | None = 
   except (ExportError, workdir_lib.WorkdirError) as e:
     print(f"error: {e}", file=sys.stderr)
     return exit_codes.USAGE
-  from efficient_lm import checkpoint  # pylint: disable=import-outside-toplevel
+  from efficient_lm.state import checkpoint  # pylint: disable=import-outside-toplevel
   try:
     result = export(workdir, out, step=step, dtype=dtype, max_shard_bytes=max_shard_bytes,
                     overwrite=overwrite, command=command)

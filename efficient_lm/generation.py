@@ -39,11 +39,11 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from efficient_lm import checkpoint
+from efficient_lm.state import checkpoint
 from efficient_lm import models
 from efficient_lm.runtime import progress
-from efficient_lm import train_state
-from efficient_lm import workdir as workdir_lib
+from efficient_lm.state import train_state
+from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.data import corpus as corpus_lib
 
 

@@ -76,9 +76,10 @@ def _fail(status: int, message: str) -> None:
 
 def _known_errors() -> tuple[type[BaseException], ...]:
   """The errors that are the user's to fix: one `error:` line and exit status 2."""
-  from efficient_lm import checkpoint, data, train  # pylint: disable=import-outside-toplevel
+  from efficient_lm.state import checkpoint  # pylint: disable=import-outside-toplevel
+  from efficient_lm import data, train  # pylint: disable=import-outside-toplevel
   from efficient_lm.parallel import targets  # pylint: disable=import-outside-toplevel
-  from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   from efficient_lm.config.errors import ConfigError  # pylint: disable=import-outside-toplevel
   return (ConfigError, data.DataError, data.DownloadError, workdir_lib.WorkdirError,
           checkpoint.NoRestorableCheckpointError, checkpoint.CheckpointRestoreError,
@@ -118,7 +119,7 @@ def _run(workdir: str) -> None:
     targets.prepare_host()  # before anything starts a backend
   from efficient_lm.config.errors import ConfigError  # pylint: disable=import-outside-toplevel
   if not FLAGS.compile_only:  # the folder, then what config.json and data.json answer: before jax
-    from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+    from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
     try:
       workdir_lib.check_usable(workdir, config)
       workdir_lib.Workdir(workdir).check_before_start(config)  # (types config.data: ConfigError)
@@ -187,7 +188,7 @@ def parse_flags(argv: list[str]) -> list[str]:
       _fail(exit_codes.USAGE, "--config is missing: give a config file or a shipped config (e.g. "
             "--config=configs/pi_attention.py, --config=bcmt:128) to start a run, or "
             "--workdir=<a workdir a run wrote> alone to continue the run it holds")
-    from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+    from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
     from efficient_lm import workdir_config  # pylint: disable=import-outside-toplevel
     try:
       workdir_lib.Workdir(given).resume_config()

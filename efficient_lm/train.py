@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from efficient_lm import checkpoint
+from efficient_lm.state import checkpoint
 from efficient_lm import config_check
 from efficient_lm import data
 from efficient_lm.parallel import distributed
@@ -39,10 +39,10 @@ from efficient_lm.parallel import sharding
 from efficient_lm.runtime import signals
 from efficient_lm import step_memory
 from efficient_lm.parallel import targets
-from efficient_lm import train_state
+from efficient_lm.state import train_state
 from efficient_lm import train_step as train_step_lib
 from efficient_lm import wandb_writer
-from efficient_lm import workdir as workdir_lib
+from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.ops import ring
 
 log = logging.getLogger(__name__)

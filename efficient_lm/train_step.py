@@ -13,7 +13,7 @@ import optax
 from flax import nnx
 
 from efficient_lm.parallel import sharding
-from efficient_lm.train_state import TrainState
+from efficient_lm.state.train_state import TrainState
 
 # Dropout draws from its own stream: `nnx.Rngs(seed)` hands out fold_in(key(seed), i) for
 # i = 0, 1, ... at initialization, so fold_in(key(seed), step) would repeat those keys.

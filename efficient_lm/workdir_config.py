@@ -4,7 +4,7 @@ config.json exactly as they would on top of a config file (`workdir.Workdir.resu
 
 import ml_collections
 
-from efficient_lm import workdir
+from efficient_lm.state import workdir
 
 
 def get_config(path: str) -> ml_collections.ConfigDict:

@@ -66,7 +66,8 @@ def first_line(error: BaseException) -> str:
 def run(name: str, T: int, args) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   from efficient_lm.parallel import sharding  # pylint: disable=import-outside-toplevel
-  from efficient_lm import step_memory, train_state  # pylint: disable=import-outside-toplevel
+  from efficient_lm import step_memory  # pylint: disable=import-outside-toplevel
+  from efficient_lm.state import train_state  # pylint: disable=import-outside-toplevel
   device = jax.local_devices()[0]
   row = {"model": name, "seq_len": T, "device": device.device_kind}
   config = config_for(name, T, args)

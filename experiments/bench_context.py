@@ -53,7 +53,7 @@ from efficient_lm import models as models_lib
 from efficient_lm.parallel import sharding
 from efficient_lm import step_memory
 from efficient_lm.parallel import targets
-from efficient_lm import train_state
+from efficient_lm.state import train_state
 from experiments import bench_step
 from experiments.common import REPO, load_config, paused, write_json
 

@@ -43,7 +43,7 @@ def measure(args, context: int) -> dict:
   import numpy as np
 
   from efficient_lm import train
-  from efficient_lm import train_state
+  from efficient_lm.state import train_state
   from efficient_lm import train_step
   from experiments.common import load_config
 

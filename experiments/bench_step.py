@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from efficient_lm import models
-from efficient_lm import train_state
+from efficient_lm.state import train_state
 from efficient_lm import train_step
 from experiments.common import load_config
 

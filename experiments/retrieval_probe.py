@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from efficient_lm import train_state
+from efficient_lm.state import train_state
 from efficient_lm import train_step
 from experiments.common import REPO, load_config
 

@@ -32,7 +32,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=wrong-import-position
-from efficient_lm import checkpoint
+from efficient_lm.state import checkpoint
 from efficient_lm import generation
 from efficient_lm import scoring
 from efficient_lm import step_memory

@@ -25,7 +25,7 @@ def test_missing_fields_are_filled_with_their_defaults_once(tmp_path):
   gets them at the base config's defaults, at the door, so the library reads fields only."""
   import json  # pylint: disable=import-outside-toplevel
   import ml_collections  # pylint: disable=import-outside-toplevel
-  from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   full = load_config("pi_attention")
   old = full.to_dict()
   for section, field in (("train", "loss_chunk"), ("train", "profile_steps"),

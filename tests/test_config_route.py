@@ -12,7 +12,7 @@ from experiments import config_route
 
 
 def test_visits_and_climbs_of_a_hand_made_trace():
-  trace = [("efficient_lm.main", "_run"), ("efficient_lm.workdir", "check_usable"),
+  trace = [("efficient_lm.main", "_run"), ("efficient_lm.state.workdir", "check_usable"),
            ("efficient_lm.train", "train_and_evaluate"), ("efficient_lm.train", "setup"),
            ("efficient_lm.config_check", "validate"), ("efficient_lm.data.config", "validate"),
            ("efficient_lm.config.fields", "Section.from_mapping"),
@@ -22,7 +22,7 @@ def test_visits_and_climbs_of_a_hand_made_trace():
            ("efficient_lm.train", "_compiled_step")]
   counted = config_route.count(trace)
   assert counted["visits"] == {"efficient_lm.train": 2, "efficient_lm.models.decoder": 2,
-                               "efficient_lm.main": 1, "efficient_lm.workdir": 1,
+                               "efficient_lm.main": 1, "efficient_lm.state.workdir": 1,
                                "efficient_lm.config_check": 1, "efficient_lm.data.config": 1,
                                "efficient_lm.config.fields": 1,
                                "efficient_lm.models.pi_attention": 1}
@@ -30,7 +30,7 @@ def test_visits_and_climbs_of_a_hand_made_trace():
   # the calls inside one module (train_and_evaluate, setup) are one visit, and the model's
   # modules are one layer (decoder <-> pi_attention is no climb).
   assert [(c["from"], c["to"]) for c in counted["climbs"]] == [
-      ("efficient_lm.workdir", "efficient_lm.train"),
+      ("efficient_lm.state.workdir", "efficient_lm.train"),
       ("efficient_lm.train", "efficient_lm.config_check"),
       ("efficient_lm.data.config", "efficient_lm.config.fields")]
   assert counted["climbs"][1]["from_function"] == "setup"
@@ -42,7 +42,7 @@ def test_layers():
   assert config_route.layer_of("efficient_lm.models.decoder") == 2
   assert config_route.layer_of("efficient_lm.data.config") == 1
   assert config_route.layer_of("efficient_lm.parallel.sharding") == 0
-  assert config_route.layer_of("efficient_lm.checkpoint") == 4
+  assert config_route.layer_of("efficient_lm.state.checkpoint") == 4
   with pytest.raises(KeyError, match="numpy has no layer"):
     config_route.layer_of("numpy")
 

@@ -13,7 +13,7 @@ from efficient_lm import data
 from efficient_lm.config import mesh as mesh_config
 from efficient_lm import models
 from efficient_lm.config import sections
-from efficient_lm import train_state
+from efficient_lm.state import train_state
 from efficient_lm.data import config as data_config_lib
 from efficient_lm.models import placement
 from efficient_lm.config.errors import ConfigError

@@ -25,8 +25,8 @@ from efficient_lm import models
 from efficient_lm import scoring
 from efficient_lm.runtime import signals
 from efficient_lm import train
-from efficient_lm import train_state
-from efficient_lm import workdir as workdir_lib
+from efficient_lm.state import train_state
+from efficient_lm.state import workdir as workdir_lib
 
 # The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).
 pytestmark = pytest.mark.xdist_group("export_runs")

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import REPO
-from efficient_lm import checkpoint
+from efficient_lm.state import checkpoint
 from efficient_lm.runtime import exit_codes
 from efficient_lm import train
 

@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 from efficient_lm import models
-from efficient_lm import optimizer
+from efficient_lm.state import optimizer
 from efficient_lm import train_step
 from tests.conftest import load_config
 from tests.test_models import tiny_model_config

@@ -158,7 +158,7 @@ import functools  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from efficient_lm import step_memory  # noqa: E402
-from efficient_lm import train_state  # noqa: E402
+from efficient_lm.state import train_state  # noqa: E402
 from efficient_lm import train_step  # noqa: E402
 
 T, B = 96, 8  # T appears in no parameter's shape: an all-gather of length T is a gathered sequence

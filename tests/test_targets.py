@@ -17,7 +17,8 @@ import sys
 import pytest
 
 from conftest import REPO, load_config
-from efficient_lm import config_check, step_memory, train_state
+from efficient_lm import config_check, step_memory
+from efficient_lm.state import train_state
 from efficient_lm.parallel import sharding, targets
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None

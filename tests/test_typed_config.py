@@ -190,7 +190,7 @@ def test_help_reads_every_familys_declarations():
 
 def test_the_train_section_is_typed():
   from efficient_lm import config_check  # pylint: disable=import-outside-toplevel
-  from efficient_lm import optimizer  # pylint: disable=import-outside-toplevel
+  from efficient_lm.state import optimizer  # pylint: disable=import-outside-toplevel
   from efficient_lm.config import train as train_config  # pylint: disable=import-outside-toplevel
   assert train_config.SCHEDULES == optimizer.SCHEDULES
   base = config_base.base_config("dense").train

@@ -14,7 +14,7 @@ from efficient_lm.data import archives
 from efficient_lm import scoring
 from efficient_lm import generation
 from efficient_lm import train
-from efficient_lm import workdir as workdir_lib
+from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.config.errors import ConfigError
 
 

@@ -21,7 +21,7 @@ from flax import struct
 
 from efficient_lm import models
 from efficient_lm.config import sections
-from efficient_lm import optimizer
+from efficient_lm.state import optimizer
 from efficient_lm.parallel import sharding
 from efficient_lm.config.data import DataConfig
 from efficient_lm.config.mesh import MeshConfig
