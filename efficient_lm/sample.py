@@ -1,4 +1,4 @@
-"""Samples text from a trained workdir (the library: `efficient_lm.generation`).
+"""Samples text from a trained workdir (the library: `efficient_lm.inference.generation`).
 
     python -m efficient_lm.sample --workdir=runs/pi_attention --prompt="ROMEO:\\n" --max_new_tokens=200
     python -m efficient_lm.sample --workdir=runs/pi_attention --prompt=A --prompt=B --temperature=0 --json
@@ -59,7 +59,8 @@ def _prompts(FLAGS) -> list[str]:  # pylint: disable=invalid-name
 
 
 def _sample(FLAGS) -> None:  # pylint: disable=invalid-name
-  from efficient_lm import generation, scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm.inference import generation  # pylint: disable=import-outside-toplevel
+  from efficient_lm import scoring  # pylint: disable=import-outside-toplevel
   from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   try:
     generation.check_sampling(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p)

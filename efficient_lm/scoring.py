@@ -433,7 +433,7 @@ def _load(workdir: str):
   """(model, tokenizer, config, step, mesh): the one place a workdir is loaded, its parameters
   restored straight onto the evaluation mesh (sharded as in training: a model that needed FSDP to
   train is evaluated the same way)."""
-  from efficient_lm import generation  # pylint: disable=import-outside-toplevel
+  from efficient_lm.inference import generation  # pylint: disable=import-outside-toplevel
   from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   config = workdir_lib.Workdir(workdir).saved_config()
   mesh = eval_mesh(config) if config is not None else None

@@ -31,7 +31,7 @@ from efficient_lm.runtime import figures as figures_lib
 from efficient_lm import flops as flops_lib
 from efficient_lm import metrics as metrics_lib
 from efficient_lm import models
-from efficient_lm import generation
+from efficient_lm.inference import generation
 from efficient_lm.runtime import output
 from efficient_lm.runtime import progress as progress_lib
 from efficient_lm.config import sections

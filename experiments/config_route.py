@@ -48,8 +48,8 @@ LAYERS = {
     "efficient_lm.runtime.progress": 3, "efficient_lm.runtime.signals": 3, "efficient_lm.stats": 3,
     "efficient_lm.state.checkpoint": 4, "efficient_lm.metrics": 4, "efficient_lm.wandb_writer": 4,
     "efficient_lm.state.workdir": 4, "efficient_lm.runtime.output": 4, "efficient_lm.sample": 4,
-    "efficient_lm.generation": 4, "efficient_lm.evaluate": 4, "efficient_lm.scoring": 4,
-    "efficient_lm.export": 4, "efficient_lm.runtime.files": 4,
+    "efficient_lm.inference.generation": 4, "efficient_lm.evaluate": 4, "efficient_lm.scoring": 4,
+    "efficient_lm.export": 4, "efficient_lm.inference.export": 4, "efficient_lm.runtime.files": 4,
 }
 GOAL_CLIMBS, GOAL_VISITS = 10, 5
 

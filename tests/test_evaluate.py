@@ -18,7 +18,7 @@ from efficient_lm import data
 from efficient_lm import evaluate
 from efficient_lm import scoring
 from efficient_lm import train
-from efficient_lm.generation import load_workdir
+from efficient_lm.inference.generation import load_workdir
 
 # The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).
 pytestmark = pytest.mark.xdist_group("evaluate_runs")

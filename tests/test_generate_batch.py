@@ -15,7 +15,8 @@ import pytest
 from flax import nnx
 
 from conftest import REPO, fast_first, subprocess_env
-from efficient_lm import generation, models, sample, train
+from efficient_lm.inference import generation
+from efficient_lm import models, sample, train
 from test_models import tiny_model_config
 
 # Every registered model (tiny sizes, test_models.FAMILY_FIELDS), and BCMT with learned positions.

@@ -4,7 +4,7 @@ fewer new tokens, or (when the prompt alone fills the table) a prompt of a given
 import pytest
 from flax import nnx
 
-from efficient_lm import generation
+from efficient_lm.inference import generation
 from efficient_lm import models
 from test_models import tiny_model_config
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO
 from efficient_lm.data import archives
 from efficient_lm import scoring
-from efficient_lm import generation
+from efficient_lm.inference import generation
 from efficient_lm import train
 from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.config.errors import ConfigError

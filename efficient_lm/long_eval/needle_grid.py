@@ -65,7 +65,7 @@ def run(lm, haystack, *, lengths, depths, needles_per_cell: int = 20, variant: s
   document: no end-of-document token); keys from `key_words` when given, else two random words.
   Returns the record needle.json holds. Progress (a line a length, and how far it is every 20 s)
   goes to stderr (`progress.phase`); `log` gets the reach warning."""
-  from efficient_lm import generation  # pylint: disable=import-outside-toplevel
+  from efficient_lm.inference import generation  # pylint: disable=import-outside-toplevel
   _check(lengths, depths, needles_per_cell, variant, distractors, batch_size)
   eos = int(lm.tokenizer.eos_id)
   if len(haystack) == 0:

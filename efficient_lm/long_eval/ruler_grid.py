@@ -67,7 +67,7 @@ def answer(lm, items: list, *, batch_size: int) -> list[str]:
   """The greedy answer text of each item (its first `new_tokens` new tokens, up to the
   end-of-document token), batches of `batch_size` rows of one token count (the last padded with
   copies: one compiled shape for the prompts of a length that fill it exactly)."""
-  from efficient_lm import generation  # pylint: disable=import-outside-toplevel
+  from efficient_lm.inference import generation  # pylint: disable=import-outside-toplevel
   from efficient_lm.runtime import progress  # pylint: disable=import-outside-toplevel
   eos = int(lm.tokenizer.eos_id)
   budget = max(item.new_tokens for item in items)
