@@ -27,7 +27,7 @@ from flax import nnx
 from efficient_lm.config import base as config_base
 from efficient_lm.inference import export as export_lib
 from efficient_lm.inference import generation
-from efficient_lm import metrics as metrics_lib
+from efficient_lm.training import metrics as metrics_lib
 from efficient_lm.runtime import progress
 from efficient_lm import scoring
 from efficient_lm.state import train_state

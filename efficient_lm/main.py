@@ -77,7 +77,8 @@ def _fail(status: int, message: str) -> None:
 def _known_errors() -> tuple[type[BaseException], ...]:
   """The errors that are the user's to fix: one `error:` line and exit status 2."""
   from efficient_lm.state import checkpoint  # pylint: disable=import-outside-toplevel
-  from efficient_lm import data, train  # pylint: disable=import-outside-toplevel
+  from efficient_lm import data  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import loop as train  # pylint: disable=import-outside-toplevel
   from efficient_lm.parallel import targets  # pylint: disable=import-outside-toplevel
   from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   from efficient_lm.config.errors import ConfigError  # pylint: disable=import-outside-toplevel
@@ -134,7 +135,7 @@ def _run(workdir: str) -> None:
   what = "compiling" if FLAGS.compile_only else f"training into {workdir}"
   logger.info("%s (%s): %s; starting jax", config.model.name, config_source(), what)
   from efficient_lm.parallel import distributed  # pylint: disable=import-outside-toplevel
-  from efficient_lm import step_memory, train  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import step_memory, loop as train  # pylint: disable=import-outside-toplevel
   from efficient_lm.runtime import jax_devices  # pylint: disable=import-outside-toplevel
   try:
     with signals.phase("starting jax"):
@@ -147,7 +148,7 @@ def _run(workdir: str) -> None:
     if FLAGS.compile_only:
       _compile_only(config)
       return
-    from efficient_lm import config_check  # pylint: disable=import-outside-toplevel
+    from efficient_lm.training import prepare as config_check  # pylint: disable=import-outside-toplevel
     typed, built = config_check.prepare(config)  # the edge: every check; the typed sections
     summary = train.train_and_evaluate(config, workdir, typed, built)
   except step_memory.StepTooLargeError as e:
@@ -165,7 +166,7 @@ def _run(workdir: str) -> None:
 
 
 def _compile_only(config) -> None:
-  from efficient_lm import step_memory, train  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import step_memory, loop as train  # pylint: disable=import-outside-toplevel
   memory = train.compile_only(config, FLAGS.target, FLAGS.num_slices)
   output.result(step_memory.describe(memory) + ("" if memory["fits"] else " -- does not fit"))
   output.result_json(memory)

@@ -24,10 +24,10 @@ import numpy as np
 from flax import nnx
 
 from efficient_lm.runtime import figures
-from efficient_lm import metrics as metrics_lib
+from efficient_lm.training import metrics as metrics_lib
 from efficient_lm.parallel import sharding
 from efficient_lm import stats
-from efficient_lm import train_step
+from efficient_lm.training import step as train_step
 from efficient_lm.data import corpus as corpus_lib
 
 

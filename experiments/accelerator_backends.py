@@ -25,7 +25,7 @@ import numpy as np
 from efficient_lm.ops import attention, core, priors
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.pattern import Pattern
-from efficient_lm.step_memory import kernel_kinds
+from efficient_lm.training.step_memory import kernel_kinds
 
 TOLERANCE = {"float32": 2e-4, "bfloat16": 3e-2}  # values; gradients: 5x
 

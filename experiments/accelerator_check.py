@@ -102,7 +102,7 @@ def start(platform: str | None):
     raise CannotStart(f"jax cannot be imported by {sys.executable}: {one_line(error)}") from None
   try:
     import efficient_lm.models  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    import efficient_lm.step_memory  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    import efficient_lm.training.step_memory  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     from experiments import accelerator_backends  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   except Exception as error:  # pylint: disable=broad-except
     raise CannotStart(f"the library cannot be imported: {one_line(error)}") from None

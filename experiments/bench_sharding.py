@@ -39,7 +39,7 @@ import time
 import jax
 
 from efficient_lm.parallel import sharding
-from efficient_lm import step_memory
+from efficient_lm.training import step_memory
 from efficient_lm.state import train_state
 from experiments.common import REPO, load_config, write_json
 

@@ -44,7 +44,7 @@ def measure(spec: str, args, agreement) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from efficient_lm.parallel import sharding  # pylint: disable=import-outside-toplevel
-  from efficient_lm import step_memory  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import step_memory  # pylint: disable=import-outside-toplevel
   from efficient_lm.state import train_state  # pylint: disable=import-outside-toplevel
   from experiments.common import load_config  # pylint: disable=import-outside-toplevel
   config = load_config(spec)

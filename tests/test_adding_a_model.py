@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from efficient_lm import config_check
+from efficient_lm.training import prepare as config_check
 from efficient_lm import models
 from efficient_lm.config.errors import ConfigError
 import test_documents

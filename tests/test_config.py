@@ -7,7 +7,7 @@ import time
 import pytest
 
 from conftest import REPO, load_config
-from efficient_lm import config_check
+from efficient_lm.training import prepare as config_check
 from efficient_lm.config.errors import ConfigError
 
 

@@ -8,7 +8,7 @@ import jax
 import pytest
 
 from conftest import load_config
-from efficient_lm import config_check
+from efficient_lm.training import prepare as config_check
 from efficient_lm import data
 from efficient_lm.config import mesh as mesh_config
 from efficient_lm import models

@@ -17,7 +17,7 @@ from conftest import REPO, _tiny_sections, load_config, fast_first
 from efficient_lm import data
 from efficient_lm import evaluate
 from efficient_lm import scoring
-from efficient_lm import train
+from efficient_lm.training import loop as train
 from efficient_lm.inference.generation import load_workdir
 
 # The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).

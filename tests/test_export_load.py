@@ -25,7 +25,7 @@ from efficient_lm.inference import generation
 from efficient_lm import models
 from efficient_lm import scoring
 from efficient_lm.runtime import signals
-from efficient_lm import train
+from efficient_lm.training import loop as train
 from efficient_lm.state import train_state
 from efficient_lm.state import workdir as workdir_lib
 

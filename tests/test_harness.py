@@ -90,7 +90,7 @@ def task_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def workdir(shakespeare_archive, tiny_data_dir, tmp_path_factory):
   """A tiny dense model trained 10 steps (seq_len 32)."""
-  from efficient_lm import train  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import loop as train  # pylint: disable=import-outside-toplevel
   config = load_config("dense")
   archive, sha = shakespeare_archive
   config.data.update(dict(TINY["data"], data_dir=tiny_data_dir, archive=archive, archive_sha256=sha))

@@ -18,7 +18,7 @@ from flax import nnx
 
 from efficient_lm.runtime import exit_codes
 from efficient_lm import models
-from efficient_lm import train_step
+from efficient_lm.training import step as train_step
 from efficient_lm.models import decoder
 from efficient_lm.config.errors import ConfigError
 from tests.test_models import tiny_model_config

@@ -23,7 +23,7 @@ import efficient_lm
 from conftest import REPO, SHAKESPEARE_WORKS, TINY, fake_work_text, subprocess_env
 from efficient_lm import data
 from efficient_lm.runtime import figures
-from efficient_lm import metrics
+from efficient_lm.training import metrics
 from efficient_lm import scoring
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import round_trip

@@ -17,7 +17,7 @@ from efficient_lm import api
 from efficient_lm import models
 from efficient_lm import data
 from efficient_lm import scoring
-from efficient_lm import train
+from efficient_lm.training import loop as train
 from efficient_lm.long_eval import command
 from efficient_lm.long_eval import extrapolate
 from efficient_lm.long_eval import needle

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from efficient_lm import models
-from efficient_lm import train
+from efficient_lm.training import loop as train
 from efficient_lm.models import perceiver_ar
 from efficient_lm.ops import attention
 from efficient_lm.ops.attention import causal_cross_attention, segment_attention

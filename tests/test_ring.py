@@ -18,9 +18,9 @@ import pytest
 from flax import nnx
 
 from conftest import load_config, fast_first
-from efficient_lm import config_check
+from efficient_lm.training import prepare as config_check
 from efficient_lm import models
-from efficient_lm import train
+from efficient_lm.training import loop as train
 from efficient_lm.models import chunking
 from efficient_lm.ops import attention
 from efficient_lm.ops import memory

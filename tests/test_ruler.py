@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO, _tiny_sections, load_config, subprocess_env
 from efficient_lm import api
 from efficient_lm import data
-from efficient_lm import train
+from efficient_lm.training import loop as train
 from efficient_lm.long_eval import command
 from efficient_lm.long_eval import needle
 from efficient_lm.long_eval import ruler

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from efficient_lm.config import axes
-from efficient_lm import config_check
+from efficient_lm.training import prepare as config_check
 from efficient_lm.runtime import jax_compat
 from efficient_lm import models
 from efficient_lm.parallel import sharding
-from efficient_lm import train
+from efficient_lm.training import loop as train
 from efficient_lm.config.errors import ConfigError
 from tests.conftest import load_config
 from tests.test_models import tiny_model_config
@@ -157,9 +157,9 @@ import functools  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
 
-from efficient_lm import step_memory  # noqa: E402
+from efficient_lm.training import step_memory  # noqa: E402
 from efficient_lm.state import train_state  # noqa: E402
-from efficient_lm import train_step  # noqa: E402
+from efficient_lm.training import step as train_step  # noqa: E402
 
 T, B = 96, 8  # T appears in no parameter's shape: an all-gather of length T is a gathered sequence
 FIELDS = {
@@ -224,7 +224,8 @@ def random_batch(seed: int = 0) -> dict:
 
 
 def train_losses(config, steps: int = 5) -> list[float]:
-  from efficient_lm import models, train  # pylint: disable=import-outside-toplevel
+  from efficient_lm import models  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import loop as train  # pylint: disable=import-outside-toplevel
   built, mesh = built_and_mesh(config)
   step = step_memory.make_train_step(config, built)
   layout = models.sequence_layout(config.model, mesh)
@@ -347,7 +348,7 @@ def test_resume_on_another_mesh_continues_at_the_same_losses(tiny_config, tmp_pa
   read = lambda w: {r["step"]: r["loss"] for r in map(json.loads, open(os.path.join(w, "metrics.jsonl")))
                     if "loss" in r}
   whole = str(tmp_path / "whole")
-  with caplog.at_level("INFO", logger="efficient_lm.train"):
+  with caplog.at_level("INFO", logger="efficient_lm.training.loop"):
     train.train_and_evaluate(config(fsdp=8), whole)
   assert any("per device: parameters" in r.getMessage() and "fsdp=8" in r.getMessage()
              for r in caplog.records)

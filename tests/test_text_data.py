@@ -15,7 +15,7 @@ import pytest
 
 from conftest import TINY, fake_work_text, load_config
 from efficient_lm import data
-from efficient_lm import train
+from efficient_lm.training import loop as train
 from efficient_lm.data import text_files
 from efficient_lm.config.errors import ConfigError
 

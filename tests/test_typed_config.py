@@ -189,7 +189,7 @@ def test_help_reads_every_familys_declarations():
 
 
 def test_the_train_section_is_typed():
-  from efficient_lm import config_check  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import prepare as config_check  # pylint: disable=import-outside-toplevel
   from efficient_lm.state import optimizer  # pylint: disable=import-outside-toplevel
   from efficient_lm.config import train as train_config  # pylint: disable=import-outside-toplevel
   assert train_config.SCHEDULES == optimizer.SCHEDULES
@@ -257,7 +257,7 @@ def test_one_source_for_the_data_and_mesh_defaults():
 def test_the_data_and_mesh_checks_fire_before_anything_runs(section, field, value, message):
   """Through the one edge: `config_check.validate` builds the typed sections and names the field
   (the model is never built: these fail before the parameters' shapes are traced)."""
-  from efficient_lm import config_check  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import prepare as config_check  # pylint: disable=import-outside-toplevel
   config = load_config("dense")
   with config[section].ignore_type():
     config[section][field] = value

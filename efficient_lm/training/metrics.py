@@ -130,7 +130,7 @@ def open_writers(config, workdir: str, primary: bool):
     return NullWriter()
   writers = [MetricWriter(workdir)]
   if config.train.wandb:
-    from efficient_lm import wandb_writer  # pylint: disable=import-outside-toplevel  (the extra)
+    from efficient_lm.training import wandb as wandb_writer  # pylint: disable=import-outside-toplevel  (the extra)
     try:
       writers.append(wandb_writer.WandbWriter(config, workdir))
     except BaseException:
@@ -149,7 +149,7 @@ def _duration(seconds: float) -> str:
 class Progress:
   """Console progress: step, loss, tokens/s and the time left, from a running rate; on
   accelerators (`peak_flops`: all the job's devices together) also tokens/s per device and the
-  model FLOP utilisation of `step_flops` (`efficient_lm.flops`)."""
+  model FLOP utilisation of `step_flops` (`efficient_lm.training.flops`)."""
 
   def __init__(self, first_step: int, num_steps: int, tokens_per_step: int, *,
                step_flops: float | None = None, peak_flops: float | None = None,

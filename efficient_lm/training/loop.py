@@ -24,12 +24,12 @@ import ml_collections
 import numpy as np
 
 from efficient_lm.state import checkpoint
-from efficient_lm import config_check
+from efficient_lm.training import prepare as config_check
 from efficient_lm import data
 from efficient_lm.parallel import distributed
 from efficient_lm.runtime import figures as figures_lib
-from efficient_lm import flops as flops_lib
-from efficient_lm import metrics as metrics_lib
+from efficient_lm.training import flops as flops_lib
+from efficient_lm.training import metrics as metrics_lib
 from efficient_lm import models
 from efficient_lm.inference import generation
 from efficient_lm.runtime import output
@@ -37,11 +37,11 @@ from efficient_lm.runtime import progress as progress_lib
 from efficient_lm.config import sections
 from efficient_lm.parallel import sharding
 from efficient_lm.runtime import signals
-from efficient_lm import step_memory
+from efficient_lm.training import step_memory
 from efficient_lm.parallel import targets
 from efficient_lm.state import train_state
-from efficient_lm import train_step as train_step_lib
-from efficient_lm import wandb_writer
+from efficient_lm.training import step as train_step_lib
+from efficient_lm.training import wandb as wandb_writer
 from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.ops import ring
 
@@ -478,7 +478,7 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
 
 
 def utilisation(run: Run) -> dict:
-  """What the progress line needs for MFU: the step's model FLOPs (`efficient_lm.flops`) and the
+  """What the progress line needs for MFU: the step's model FLOPs (`efficient_lm.training.flops`) and the
   job's devices' peak rate; nothing on a CPU (no meaningful peak)."""
   device = run.mesh.devices.flat[0]
   peak = flops_lib.peak_flops(device.device_kind) if device.platform != "cpu" else None

@@ -31,7 +31,7 @@ from efficient_lm.config import sections
 from efficient_lm.parallel import sharding
 from efficient_lm.parallel import targets
 from efficient_lm.state import train_state
-from efficient_lm import train_step as train_step_lib
+from efficient_lm.training import step as train_step_lib
 from efficient_lm.ops.core import backends
 
 
