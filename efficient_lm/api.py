@@ -29,7 +29,7 @@ from efficient_lm.inference import export as export_lib
 from efficient_lm.inference import generation
 from efficient_lm.training import metrics as metrics_lib
 from efficient_lm.runtime import progress
-from efficient_lm import scoring
+from efficient_lm.evaluation import scoring
 from efficient_lm.state import train_state
 from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.data import corpus as corpus_lib

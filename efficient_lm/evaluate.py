@@ -1,4 +1,4 @@
-"""Evaluates a trained workdir (the library: `efficient_lm.scoring`).
+"""Evaluates a trained workdir (the library: `efficient_lm.evaluation.scoring`).
 
     python -m efficient_lm.evaluate --workdir=runs/pi_attention [--split=test | --text_file=PATH]
         [--context=N --stride=S] [--per_position] [--ablate_context=N [--ablate_method=swap|eos]]
@@ -25,7 +25,7 @@ from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import output
 from efficient_lm.runtime import progress
 from efficient_lm.runtime import signals
-from efficient_lm.long_eval import ruler_tasks
+from efficient_lm.evaluation.long_context import ruler_tasks
 
 
 def _summary_line(result: dict) -> str:
@@ -63,7 +63,8 @@ def cli(*, workdir: str, split: str | None = None, text_file: str | None = None,
   `progress.phase`), the figures as the last stdout line (JSON); returns the exit status (2 and one
   `error: ...` line for input it cannot use)."""
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from efficient_lm import data, scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm import data  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
   from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   from efficient_lm.config.errors import ConfigError  # pylint: disable=import-outside-toplevel
   try:
@@ -96,8 +97,8 @@ def main(argv) -> None:
   output.reserve_stdout()
   progress.setup_command_logging()  # our progress on stderr; the libraries' warnings only
   with signals.phase(f"evaluating {FLAGS.workdir}"), output.library_prints_discarded():
-    if FLAGS.task != "score":  # the long-context evaluations (efficient_lm.long_eval)
-      from efficient_lm.long_eval import command  # pylint: disable=import-outside-toplevel
+    if FLAGS.task != "score":  # the long-context evaluations (efficient_lm.evaluation.long_context)
+      from efficient_lm.evaluation.long_context import command  # pylint: disable=import-outside-toplevel
       status = command.run(
           FLAGS.task, workdir=FLAGS.workdir, lengths=FLAGS.lengths, depths=FLAGS.depths,
           needles_per_cell=FLAGS.needles_per_cell, variant=FLAGS.variant,

@@ -17,7 +17,7 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 import efficient_lm
-from efficient_lm import scoring
+from efficient_lm.evaluation import scoring
 from efficient_lm.data import corpus as corpus_lib
 
 MODEL_NAME = "efficient_lm"  # lm-eval's registry key

@@ -60,7 +60,7 @@ def _prompts(FLAGS) -> list[str]:  # pylint: disable=invalid-name
 
 def _sample(FLAGS) -> None:  # pylint: disable=invalid-name
   from efficient_lm.inference import generation  # pylint: disable=import-outside-toplevel
-  from efficient_lm import scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
   from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   try:
     generation.check_sampling(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p)

@@ -45,10 +45,10 @@ LAYERS = {
     "efficient_lm.training.step_memory": 2,
     "efficient_lm.training.loop": 3, "efficient_lm.training.step": 3, "efficient_lm.state.train_state": 3,
     "efficient_lm.state.optimizer": 3, "efficient_lm.harness": 3, "efficient_lm.harness_model": 3,
-    "efficient_lm.runtime.progress": 3, "efficient_lm.runtime.signals": 3, "efficient_lm.stats": 3,
+    "efficient_lm.runtime.progress": 3, "efficient_lm.runtime.signals": 3, "efficient_lm.evaluation.stats": 3,
     "efficient_lm.state.checkpoint": 4, "efficient_lm.training.metrics": 4, "efficient_lm.training.wandb": 4,
     "efficient_lm.state.workdir": 4, "efficient_lm.runtime.output": 4, "efficient_lm.sample": 4,
-    "efficient_lm.inference.generation": 4, "efficient_lm.evaluate": 4, "efficient_lm.scoring": 4,
+    "efficient_lm.inference.generation": 4, "efficient_lm.evaluate": 4, "efficient_lm.evaluation.scoring": 4,
     "efficient_lm.export": 4, "efficient_lm.inference.export": 4, "efficient_lm.runtime.files": 4,
 }
 GOAL_CLIMBS, GOAL_VISITS = 10, 5

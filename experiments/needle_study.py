@@ -135,7 +135,7 @@ def answer_digits(row: dict) -> dict | None:
   holds in any order (`digits_in_any_order`); and `any_order_chance`, the same answers scored
   against the other prompts' values (a null that keeps each model's own digit habits: an answer
   of one digit repeated scores below uniform digits)."""
-  from efficient_lm.long_eval import needle  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation.long_context import needle  # pylint: disable=import-outside-toplevel
   path = os.path.join(REPO, row["figures"], "needle.json")
   if not os.path.isfile(path):
     return None

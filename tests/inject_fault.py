@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # pylint: disable=wrong-import-position
 from efficient_lm.state import checkpoint
 from efficient_lm.inference import generation
-from efficient_lm import scoring
+from efficient_lm.evaluation import scoring
 from efficient_lm.training import step_memory
 from efficient_lm.training import loop as train
 from efficient_lm.data import tokenizer

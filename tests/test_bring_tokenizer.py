@@ -19,7 +19,7 @@ import pytest
 
 from conftest import REPO, SHAKESPEARE_WORKS, fake_work_text, load_config, subprocess_env
 from efficient_lm import data
-from efficient_lm import scoring
+from efficient_lm.evaluation import scoring
 from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.data import archives
 from efficient_lm.data import cache

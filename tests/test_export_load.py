@@ -23,7 +23,7 @@ from efficient_lm import export as export_command
 from efficient_lm.inference import export
 from efficient_lm.inference import generation
 from efficient_lm import models
-from efficient_lm import scoring
+from efficient_lm.evaluation import scoring
 from efficient_lm.runtime import signals
 from efficient_lm.training import loop as train
 from efficient_lm.state import train_state

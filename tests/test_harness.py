@@ -151,7 +151,7 @@ def test_a_continuation_longer_than_the_window_is_refused(lm):
 
 
 def test_rolling_perplexity_equals_the_library_scorer_on_the_same_windows(lm):
-  from efficient_lm import scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
   text = (PPL_DOCS[0]["text"] + PPL_DOCS[1]["text"] + "\n") * 2
   ids = [int(t) for t in lm.lm.tokenizer.encode(text)]
   assert len(ids) > 2 * lm.seq_len  # several windows, the last one partial
@@ -292,7 +292,8 @@ def test_perceiver_ar_scores_in_its_latents(lm):
   num_latents positions: rows right-aligned, rolling windows of num_latents targets, the same
   perplexity as the library's scorer with that stride, continuations scored from those logits."""
   from flax import nnx  # pylint: disable=import-outside-toplevel
-  from efficient_lm import api, models, scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm import api, models  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
   from efficient_lm.harness_model import EfficientLM  # pylint: disable=import-outside-toplevel
   config = load_config("perceiver_ar")
   config.data.update(dict(TINY["data"], vocab_size=int(lm.lm.config.data.vocab_size)))

@@ -170,7 +170,7 @@ def test_a_workdir_resumes_under_an_empty_data_dir_with_workdir_alone(
   saved = json.load(open(os.path.join(stopped, "config.json")))
   assert saved["data"]["data_dir"] == str(data_b) and saved["train"]["num_steps"] == 20
   # Evaluation reads the workdir's tokenizer too: after its cache is cleared, the same scores.
-  from efficient_lm import scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
   shutil.rmtree(data_b)
   scores = [scoring.evaluate_workdir(w, max_tokens=2048)["loss"] for w in (stopped, never_stopped)]
   assert scores[0] == pytest.approx(scores[1], abs=1e-6)

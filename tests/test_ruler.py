@@ -1,4 +1,4 @@
-"""RULER's synthetic tasks (`efficient_lm.long_eval.ruler*`, `evaluate --task=ruler`): each
+"""RULER's synthetic tasks (`efficient_lm.evaluation.long_context.ruler*`, `evaluate --task=ruler`): each
 generator's prompt holds its answer, its distractors are distinct, its length is within 2% of the
 target in the model's tokens, its draws are seeded; the score is RULER's on hand-made answers;
 cells past the model's reach are skipped, not scored 0; the lm-eval export runs through the
@@ -20,14 +20,14 @@ from conftest import REPO, _tiny_sections, load_config, subprocess_env
 from efficient_lm import api
 from efficient_lm import data
 from efficient_lm.training import loop as train
-from efficient_lm.long_eval import command
-from efficient_lm.long_eval import needle
-from efficient_lm.long_eval import ruler
-from efficient_lm.long_eval import ruler_export
-from efficient_lm.long_eval import ruler_fit
-from efficient_lm.long_eval import ruler_grid
-from efficient_lm.long_eval import ruler_score
-from efficient_lm.long_eval import ruler_words
+from efficient_lm.evaluation.long_context import command
+from efficient_lm.evaluation.long_context import needle
+from efficient_lm.evaluation.long_context import ruler
+from efficient_lm.evaluation.long_context import ruler_export
+from efficient_lm.evaluation.long_context import ruler_fit
+from efficient_lm.evaluation.long_context import ruler_grid
+from efficient_lm.evaluation.long_context import ruler_score
+from efficient_lm.evaluation.long_context import ruler_words
 
 pytestmark = pytest.mark.xdist_group("ruler_runs")
 

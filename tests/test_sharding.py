@@ -337,7 +337,7 @@ def test_resume_on_another_mesh_continues_at_the_same_losses(tiny_config, tmp_pa
   """Saved with fsdp=8, resumed with data=2 x fsdp=2 x tensor=2: the same losses as one run;
   the sampler's loader restores the sharded checkpoint onto one device."""
   import json, os, shutil  # pylint: disable=import-outside-toplevel
-  from efficient_lm import scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
 
   def config(**mesh):
     c = tiny_config(num_steps=6, log_every=1, eval_every=6, checkpoint_every=3, sample_tokens=0)

@@ -138,7 +138,7 @@ def test_every_family_trains_through_the_loop(name, preset, fields, tiny_config,
   """The loop is model-agnostic: each family trains, checkpoints and evaluates; the final eval equals
   a fresh evaluation of the saved checkpoint (restored into a new model). Learning itself is tested
   on a task only attention solves (test_learning.py)."""
-  from efficient_lm import scoring
+  from efficient_lm.evaluation import scoring
   config = tiny_config(name, preset, num_steps=10, eval_every=10, checkpoint_every=10, sample_tokens=4)
   config.model.update(fields)
   workdir = str(tmp_path / name)

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import REPO
 from efficient_lm.data import archives
-from efficient_lm import scoring
+from efficient_lm.evaluation import scoring
 from efficient_lm.inference import generation
 from efficient_lm.training import loop as train
 from efficient_lm.state import workdir as workdir_lib

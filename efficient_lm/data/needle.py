@@ -37,7 +37,7 @@ from efficient_lm.config.errors import ConfigError
 log = logging.getLogger(__name__)
 
 PREFIX = registry.NEEDLE_PREFIX
-# The sentences, here and in the needle evaluator (`efficient_lm.long_eval.needle` imports them):
+# The sentences, here and in the needle evaluator (`efficient_lm.evaluation.long_context.needle` imports them):
 # a needle, and a question that ends where the answer's value begins (' <value>.' follows).
 NEEDLE = 'The special magic number for {key} is {value}.'
 QUESTION = 'What is the special magic number for {key}? The special magic number for {key} is'

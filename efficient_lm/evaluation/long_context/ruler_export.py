@@ -12,12 +12,12 @@ absolute: move the folder, write it again.
 import json
 import os
 
-from efficient_lm.long_eval import ruler
+from efficient_lm.evaluation.long_context import ruler
 
 GROUP = "ruler_offline"
 _UTILS = '''"""RULER's score for the tasks `python -m efficient_lm.evaluate --task=ruler --ruler_out_lm_eval`
-wrote here: the share of the expected strings in the answer (efficient_lm.long_eval.ruler_score)."""
-from efficient_lm.long_eval.ruler_score import aggregate, process_results  # noqa: F401
+wrote here: the share of the expected strings in the answer (efficient_lm.evaluation.long_context.ruler_score)."""
+from efficient_lm.evaluation.long_context.ruler_score import aggregate, process_results  # noqa: F401
 '''
 
 

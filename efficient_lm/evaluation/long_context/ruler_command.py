@@ -6,8 +6,8 @@ import os
 
 from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import output
-from efficient_lm.long_eval import ruler_export
-from efficient_lm.long_eval import ruler_grid
+from efficient_lm.evaluation.long_context import ruler_export
+from efficient_lm.evaluation.long_context import ruler_grid
 
 
 def run(lm, haystack, *, source: str, tasks, lengths, samples: int, batch_size: int, seed: int,

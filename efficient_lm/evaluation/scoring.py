@@ -26,7 +26,7 @@ from flax import nnx
 from efficient_lm.runtime import figures
 from efficient_lm.training import metrics as metrics_lib
 from efficient_lm.parallel import sharding
-from efficient_lm import stats
+from efficient_lm.evaluation import stats
 from efficient_lm.training import step as train_step
 from efficient_lm.data import corpus as corpus_lib
 

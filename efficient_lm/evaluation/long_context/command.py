@@ -30,7 +30,7 @@ def _stderr(line: str) -> None:
 
 def _held_out(lm, split: str | None, text_file: str | None, flag: str):
   """(token stream, what it is) of a split of the workdir's corpus (default test) or a file."""
-  from efficient_lm import scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
   if text_file is not None:
     tokens, _ = scoring.read_text_file(text_file, lm.tokenizer)
     return tokens, os.path.basename(text_file)
@@ -82,9 +82,9 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
   one `error: ...` line for input it cannot use)."""
   from efficient_lm import api  # pylint: disable=import-outside-toplevel
   from efficient_lm import data  # pylint: disable=import-outside-toplevel
-  from efficient_lm import scoring  # pylint: disable=import-outside-toplevel
-  from efficient_lm.long_eval import extrapolate, needle, needle_grid, reach  # pylint: disable=import-outside-toplevel
-  from efficient_lm.long_eval import ruler_fit  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation.long_context import extrapolate, needle, needle_grid, reach  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation.long_context import ruler_fit  # pylint: disable=import-outside-toplevel
   from efficient_lm.config.errors import ConfigError  # pylint: disable=import-outside-toplevel
   try:
     if task in ("needle", "ruler"):
@@ -113,7 +113,7 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
       line = needle_grid.summary(record, json_path)
     elif task == "ruler":
       tokens, source = _held_out(lm, split, haystack, "--haystack")
-      from efficient_lm.long_eval import ruler_command  # pylint: disable=import-outside-toplevel
+      from efficient_lm.evaluation.long_context import ruler_command  # pylint: disable=import-outside-toplevel
       with progress.phase(f"ruler: {len(ruler_tasks)} task(s) x {len(lengths)} length(s)"):
         return ruler_command.run(lm, needle.haystack_stream(tokens, lm.eos_id), source=source,
                                  tasks=list(ruler_tasks), lengths=lengths, samples=samples,

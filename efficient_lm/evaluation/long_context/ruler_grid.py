@@ -12,11 +12,11 @@ import time
 
 import numpy as np
 
-from efficient_lm.long_eval import reach
-from efficient_lm.long_eval import report
-from efficient_lm.long_eval import ruler
-from efficient_lm.long_eval import ruler_score
-from efficient_lm.long_eval.ruler_fit import RulerError
+from efficient_lm.evaluation.long_context import reach
+from efficient_lm.evaluation.long_context import report
+from efficient_lm.evaluation.long_context import ruler
+from efficient_lm.evaluation.long_context import ruler_score
+from efficient_lm.evaluation.long_context.ruler_fit import RulerError
 
 
 def check(tasks, lengths, samples: int, batch_size: int) -> None:

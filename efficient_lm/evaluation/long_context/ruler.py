@@ -30,10 +30,10 @@ import uuid
 
 import numpy as np
 
-from efficient_lm.long_eval import ruler_fit
-from efficient_lm.long_eval import ruler_words
-from efficient_lm.long_eval.ruler_fit import RulerError
-from efficient_lm.long_eval.ruler_tasks import SPECS, TASKS, Spec  # pylint: disable=unused-import
+from efficient_lm.evaluation.long_context import ruler_fit
+from efficient_lm.evaluation.long_context import ruler_words
+from efficient_lm.evaluation.long_context.ruler_fit import RulerError
+from efficient_lm.evaluation.long_context.ruler_tasks import SPECS, TASKS, Spec  # pylint: disable=unused-import
 
 # RULER's noise haystack (niah_single_1, variable tracking), its 40 needle depths, its templates.
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."

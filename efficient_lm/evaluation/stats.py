@@ -18,7 +18,7 @@ a few fixed runs: `paired_bootstrap` over items describes one run, it decides no
 
 numpy only, no scipy. Details: docs/evaluation.md, Statistics.
 
-    python -m efficient_lm.stats      # the false-positive rates of the rules
+    python -m efficient_lm.evaluation.stats      # the false-positive rates of the rules
 """
 
 import dataclasses

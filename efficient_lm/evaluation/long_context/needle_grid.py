@@ -8,9 +8,9 @@ import time
 import numpy as np
 
 from efficient_lm.runtime import progress
-from efficient_lm.long_eval import needle as needle_lib
-from efficient_lm.long_eval import reach
-from efficient_lm.long_eval import report
+from efficient_lm.evaluation.long_context import needle as needle_lib
+from efficient_lm.evaluation.long_context import reach
+from efficient_lm.evaluation.long_context import report
 
 log_progress = logging.getLogger(__name__)
 

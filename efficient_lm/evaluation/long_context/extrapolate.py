@@ -13,9 +13,9 @@ import numpy as np
 from flax import nnx
 
 from efficient_lm.runtime import progress
-from efficient_lm import scoring
-from efficient_lm.long_eval import reach
-from efficient_lm.long_eval import report
+from efficient_lm.evaluation import scoring
+from efficient_lm.evaluation.long_context import reach
+from efficient_lm.evaluation.long_context import report
 
 
 class ExtrapolateError(ValueError):
