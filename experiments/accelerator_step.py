@@ -44,7 +44,7 @@ def model_flops(config, num_params: int) -> float:
 
 
 def config_for(name: str, T: int, args):
-  from efficient_lm import cli  # pylint: disable=import-outside-toplevel
+  from efficient_lm.cli import common as cli  # pylint: disable=import-outside-toplevel
   path, _, preset = MODELS[name].partition(":")
   config = cli.load_config(os.path.join(REPO, "configs", path) + (f":{preset}" if preset else ""))
   config.data.update(seq_len=T, batch_size=1, vocab_size=args.vocab_size)

@@ -37,19 +37,25 @@ LAYER_NAMES = ("config", "data", "model", "train", "checkpoint/metrics")
 # the mesh and its rules) are the config layer; the training loop is train; what a run writes
 # (checkpoints, metrics, W&B, the sample, the workdir's records) is the last layer.
 LAYERS = {
-    "efficient_lm": 0,  # anything not listed below: main, cli, config_*, *_config, validation...
-    "efficient_lm.parallel.sharding": 0, "efficient_lm.config.axes": 0, "efficient_lm.parallel.targets": 0,
-    "efficient_lm.runtime.jax_devices": 0, "efficient_lm.parallel.distributed": 0,
+    "efficient_lm": 0,  # anything not listed below: main, cli/, config/, ...
+    "efficient_lm.parallel.sharding": 0, "efficient_lm.config.axes": 0,
+    "efficient_lm.parallel.targets": 0, "efficient_lm.runtime.jax_devices": 0,
+    "efficient_lm.parallel.distributed": 0,
     "efficient_lm.data": 1,
     "efficient_lm.models": 2, "efficient_lm.ops": 2, "efficient_lm.training.flops": 2,
     "efficient_lm.training.step_memory": 2,
-    "efficient_lm.training.loop": 3, "efficient_lm.training.step": 3, "efficient_lm.state.train_state": 3,
-    "efficient_lm.state.optimizer": 3, "efficient_lm.harness": 3, "efficient_lm.harness_model": 3,
-    "efficient_lm.runtime.progress": 3, "efficient_lm.runtime.signals": 3, "efficient_lm.evaluation.stats": 3,
-    "efficient_lm.state.checkpoint": 4, "efficient_lm.training.metrics": 4, "efficient_lm.training.wandb": 4,
-    "efficient_lm.state.workdir": 4, "efficient_lm.runtime.output": 4, "efficient_lm.sample": 4,
-    "efficient_lm.inference.generation": 4, "efficient_lm.evaluate": 4, "efficient_lm.evaluation.scoring": 4,
-    "efficient_lm.export": 4, "efficient_lm.inference.export": 4, "efficient_lm.runtime.files": 4,
+    "efficient_lm.training.loop": 3, "efficient_lm.training.step": 3,
+    "efficient_lm.state.train_state": 3, "efficient_lm.state.optimizer": 3,
+    "efficient_lm.harness": 3, "efficient_lm.cli.harness_command": 3,
+    "efficient_lm.cli.harness_model": 3, "efficient_lm.runtime.progress": 3,
+    "efficient_lm.runtime.signals": 3, "efficient_lm.evaluation.stats": 3,
+    "efficient_lm.state.checkpoint": 4, "efficient_lm.training.metrics": 4,
+    "efficient_lm.training.wandb": 4, "efficient_lm.state.workdir": 4,
+    "efficient_lm.runtime.output": 4, "efficient_lm.sample": 4, "efficient_lm.cli.sample_command": 4,
+    "efficient_lm.inference.generation": 4, "efficient_lm.evaluate": 4,
+    "efficient_lm.cli.evaluate_command": 4, "efficient_lm.evaluation.scoring": 4,
+    "efficient_lm.export": 4, "efficient_lm.cli.export_command": 4,
+    "efficient_lm.inference.export": 4, "efficient_lm.runtime.files": 4,
 }
 GOAL_CLIMBS, GOAL_VISITS = 10, 5
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from conftest import REPO, fast_first
-from efficient_lm import cli
+from efficient_lm.cli import common as cli
 from efficient_lm.config.errors import ConfigError
 
 

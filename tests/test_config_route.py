@@ -12,8 +12,10 @@ from experiments import config_route
 
 
 def test_visits_and_climbs_of_a_hand_made_trace():
-  trace = [("efficient_lm.main", "_run"), ("efficient_lm.state.workdir", "check_usable"),
-           ("efficient_lm.training.loop", "train_and_evaluate"), ("efficient_lm.training.loop", "setup"),
+  trace = [("efficient_lm.cli.train_command", "_run"),
+           ("efficient_lm.state.workdir", "check_usable"),
+           ("efficient_lm.training.loop", "train_and_evaluate"),
+           ("efficient_lm.training.loop", "setup"),
            ("efficient_lm.training.prepare", "validate"), ("efficient_lm.data.config", "validate"),
            ("efficient_lm.config.fields", "Section.from_mapping"),
            ("efficient_lm.models.decoder", "Decoder.__init__"),
@@ -22,12 +24,13 @@ def test_visits_and_climbs_of_a_hand_made_trace():
            ("efficient_lm.training.loop", "_compiled_step")]
   counted = config_route.count(trace)
   assert counted["visits"] == {"efficient_lm.training.loop": 2, "efficient_lm.models.decoder": 2,
-                               "efficient_lm.main": 1, "efficient_lm.state.workdir": 1,
+                               "efficient_lm.cli.train_command": 1,
+                               "efficient_lm.state.workdir": 1,
                                "efficient_lm.training.prepare": 1, "efficient_lm.data.config": 1,
                                "efficient_lm.config.fields": 1,
                                "efficient_lm.models.pi_attention": 1}
-  # workdir (4) -> train (3), train -> config_check (0), data.config (1) -> typed_config (0);
-  # the calls inside one module (train_and_evaluate, setup) are one visit, and the model's
+  # workdir (4) -> training.loop (3), loop -> training.prepare (0), data.config (1) ->
+  # config.fields (0); the calls inside one module (train_and_evaluate, setup) are one visit, and the model's
   # modules are one layer (decoder <-> pi_attention is no climb).
   assert [(c["from"], c["to"]) for c in counted["climbs"]] == [
       ("efficient_lm.state.workdir", "efficient_lm.training.loop"),

@@ -19,7 +19,7 @@ from safetensors.numpy import load_file, save_file
 import efficient_lm
 from conftest import REPO, _tiny_sections, load_config, subprocess_env
 from efficient_lm import api
-from efficient_lm import export as export_command
+from efficient_lm.cli import export_command
 from efficient_lm.inference import export
 from efficient_lm.inference import generation
 from efficient_lm import models

@@ -18,7 +18,7 @@ from efficient_lm import models
 from efficient_lm import data
 from efficient_lm.evaluation import scoring
 from efficient_lm.training import loop as train
-from efficient_lm.evaluation.long_context import command
+from efficient_lm.cli import long_context_command as command
 from efficient_lm.evaluation.long_context import extrapolate
 from efficient_lm.evaluation.long_context import needle
 from efficient_lm.evaluation.long_context import needle_grid
@@ -381,11 +381,11 @@ def test_extrapolate_1x_equals_the_scorer_and_runs_past_seq_len(window_run, tmp_
 
 def test_the_docs_commands_use_the_evaluators_flags():
   """Every `python -m efficient_lm.evaluate` command of docs/long_context_evals.md names only flags
-  evaluate.py defines, and the task values it has."""
+  the command defines (efficient_lm/cli/evaluate_command.py), and the task values it has."""
   import re  # pylint: disable=import-outside-toplevel
   with open(os.path.join(REPO, "docs", "long_context_evals.md"), encoding="utf-8") as f:
     doc = f.read()
-  with open(os.path.join(REPO, "efficient_lm", "evaluate.py"), encoding="utf-8") as f:
+  with open(os.path.join(REPO, "efficient_lm", "cli", "evaluate_command.py"), encoding="utf-8") as f:
     defined = set(re.findall(r'flags\.DEFINE_\w+\(\s*"(\w+)"', f.read()))
   commands = [c.replace("\\\n", " ") for c in re.findall(r"```\n(python -m efficient_lm\.evaluate[^`]*)```",
                                                           doc)]

@@ -267,7 +267,7 @@ def test_main_trains_on_needles(tmp_path, tiny_cli_args):
   assert os.path.isfile(workdir / 'tokenizer.model')
   # The evaluator on this workdir asks the keys it learned on, over its base corpus's held-out text
   # (the needle split's own sequences would bring their own needles into the haystack).
-  from efficient_lm.evaluation.long_context import command  # pylint: disable=import-outside-toplevel
+  from efficient_lm.cli import long_context_command as command  # pylint: disable=import-outside-toplevel
   out = str(tmp_path / 'grid')
   status = command.run('needle', workdir=str(workdir), lengths=['128'], depths=['0.5'],
                        needles_per_cell=3, distractors=3, batch_size=3, out=out)

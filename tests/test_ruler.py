@@ -20,7 +20,7 @@ from conftest import REPO, _tiny_sections, load_config, subprocess_env
 from efficient_lm import api
 from efficient_lm import data
 from efficient_lm.training import loop as train
-from efficient_lm.evaluation.long_context import command
+from efficient_lm.cli import long_context_command as command
 from efficient_lm.evaluation.long_context import needle
 from efficient_lm.evaluation.long_context import ruler
 from efficient_lm.evaluation.long_context import ruler_export
@@ -292,7 +292,7 @@ def test_export_writes_lm_eval_tasks_that_run_through_the_harness(run, tmp_path,
   doc = json.loads(open(paths["niah_multivalue"], encoding="utf-8").readline())
   answer = " and ".join(doc["outputs"][:3])
   assert utils.process_results(doc, [answer])[str(LENGTHS[0])] == 0.75
-  from efficient_lm import harness  # pylint: disable=import-outside-toplevel
+  from efficient_lm.cli import harness_command as harness  # pylint: disable=import-outside-toplevel
   results = harness.evaluate(lm.path, [ruler_export.GROUP], include_path=out,
                              include_defaults=False, batch_size=4)["results"]
   for task in ruler.TASKS:

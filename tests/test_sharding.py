@@ -416,6 +416,6 @@ def test_no_involuntary_full_rematerialization(name, mesh, capfd):
 
 
 def test_the_config_s_axes_are_the_registry_s():
-  """`config_base` fills `mesh.rules` from efficient_lm/config/axes.py (read without jax); every axis a
-  registry entry declares is there, with the same size and rule, and no other."""
+  """`config_base` fills `mesh.rules` from efficient_lm/config/axes.py (read without jax); every axis
+  a registry entry declares is there, with the same size and rule, and no other."""
   assert axes.all_axes() == models.logical_axes()

@@ -178,7 +178,7 @@ def test_the_families_register_themselves():
 def test_help_reads_every_familys_declarations():
   """`--help` reads the config classes from source (no jax): exactly each registered model's
   fields, with the classes' docs and types."""
-  from efficient_lm import help as help_lib  # pylint: disable=import-outside-toplevel
+  from efficient_lm.cli import help as help_lib  # pylint: disable=import-outside-toplevel
   docs = help_lib.family_docs()
   assert sorted(docs) == sorted(models.REGISTRY)
   for name, entry in models.REGISTRY.items():

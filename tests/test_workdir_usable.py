@@ -11,8 +11,8 @@ import time
 import pytest
 
 from conftest import REPO
-from efficient_lm import cli
-from efficient_lm import help as help_lib
+from efficient_lm.cli import common as cli
+from efficient_lm.cli import help as help_lib
 from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.state.workdir import WorkdirError, check_usable
 

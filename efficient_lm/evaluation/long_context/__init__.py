@@ -7,5 +7,7 @@
   tasks drawn on the model's own tokenizer, fitted to lengths in its tokens, answered greedily,
   scored as RULER scores them; ruler.json, ruler.png, lm-eval task files of the same prompts.
 - `reach`: how long an input each family can take (the one place the rules live).
-- `command`: `python -m efficient_lm.evaluate --task=needle | extrapolate | ruler`.
+
+The command line, `python -m efficient_lm.evaluate --task=needle | extrapolate | ruler`, is
+`efficient_lm/cli/long_context_command.py` (with `cli/ruler_command.py`).
 """

@@ -113,7 +113,7 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
       line = needle_grid.summary(record, json_path)
     elif task == "ruler":
       tokens, source = _held_out(lm, split, haystack, "--haystack")
-      from efficient_lm.evaluation.long_context import ruler_command  # pylint: disable=import-outside-toplevel
+      from efficient_lm.cli import ruler_command  # pylint: disable=import-outside-toplevel
       with progress.phase(f"ruler: {len(ruler_tasks)} task(s) x {len(lengths)} length(s)"):
         return ruler_command.run(lm, needle.haystack_stream(tokens, lm.eos_id), source=source,
                                  tasks=list(ruler_tasks), lengths=lengths, samples=samples,

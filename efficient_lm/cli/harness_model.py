@@ -1,7 +1,7 @@
 """lm-eval's `LM` over a trained model (`efficient_lm.load`), registered as "efficient_lm".
 
     import lm_eval
-    from efficient_lm.harness_model import EfficientLM
+    from efficient_lm.cli.harness_model import EfficientLM
     lm_eval.simple_evaluate(model=EfficientLM("runs/pi_attention"), tasks=["hellaswag"])
 
 What each request type does: `efficient_lm.harness` (the command) and docs/using_a_model.md.

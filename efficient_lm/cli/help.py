@@ -171,7 +171,7 @@ def _setting_of(node: ast.stmt) -> tuple[str, str, str] | None:
   return node.target.id, ast.unparse(node.annotation), text
 
 
-MODELS_DIR = os.path.join(os.path.dirname(__file__), "models")
+MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "models")
 
 
 @functools.lru_cache(maxsize=None)
