@@ -68,7 +68,8 @@ setuptools.setup(
     extras_require={
         "test": ["pytest>=8.0", "pytest-xdist>=3.5",
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",  # the notebook tests
-                 "lm-eval>=0.4.8", "wandb>=0.19"],  # the harness and W&B tests (offline)
+                 "lm-eval>=0.4.8", "wandb>=0.19",  # the harness and W&B tests (offline)
+                 "import-linter>=2.0"],  # the wings' contract (.importlinter, tests/test_layers.py)
         # python -m efficient_lm.harness: the lm-evaluation-harness (its core needs no torch).
         "eval": ["lm-eval>=0.4.8"],
         # train.wandb=True: Weights & Biases logging (WANDB_MODE=offline works with no network).
