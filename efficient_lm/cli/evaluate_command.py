@@ -26,6 +26,8 @@ from efficient_lm.runtime import output
 from efficient_lm.runtime import progress
 from efficient_lm.runtime import signals
 from efficient_lm.evaluation.long_context import ruler_tasks
+from efficient_lm.config.errors import ConfigError
+from efficient_lm.state import workdir as workdir_lib
 
 
 def _summary_line(result: dict) -> str:
@@ -63,10 +65,9 @@ def cli(*, workdir: str, split: str | None = None, text_file: str | None = None,
   `progress.phase`), the figures as the last stdout line (JSON); returns the exit status (2 and one
   `error: ...` line for input it cannot use)."""
   import numpy as np  # pylint: disable=import-outside-toplevel
+  # Imported here: jax loads only after the flags are checked.
   from efficient_lm import data  # pylint: disable=import-outside-toplevel
   from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
-  from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
-  from efficient_lm.config.errors import ConfigError  # pylint: disable=import-outside-toplevel
   try:
     with progress.phase(f"scoring {workdir} on {text_file or split or 'its eval split'}"):
       result = scoring.evaluate_workdir(workdir, split=split, text_file=text_file,
@@ -98,6 +99,7 @@ def main(argv) -> None:
   progress.setup_command_logging()  # our progress on stderr; the libraries' warnings only
   with signals.phase(f"evaluating {FLAGS.workdir}"), output.library_prints_discarded():
     if FLAGS.task != "score":  # the long-context evaluations (efficient_lm.evaluation.long_context)
+      # Imported here: jax loads only after the flags are checked.
       from efficient_lm.cli import long_context_command as command  # pylint: disable=import-outside-toplevel
       status = command.run(
           FLAGS.task, workdir=FLAGS.workdir, lengths=FLAGS.lengths, depths=FLAGS.depths,

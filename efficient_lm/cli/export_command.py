@@ -34,6 +34,7 @@ def cli(*, workdir: str, out: str, step: int | None = None, dtype: str | None = 
   except (export_lib.ExportError, workdir_lib.WorkdirError) as e:
     print(f"error: {e}", file=sys.stderr)
     return exit_codes.USAGE
+  # Imported here: Orbax loads only after the refusals that need none.
   from efficient_lm.state import checkpoint  # pylint: disable=import-outside-toplevel
   try:
     result = export_lib.export(workdir, out, step=step, dtype=dtype,

@@ -59,6 +59,7 @@ def build_tasks(tasks: list[str], manager) -> list:
   Returns what `simple_evaluate` is given: the built tasks and groups (lm-eval's
   `TaskManager.load`), or with an lm-eval without it the names (built again, from the cache)."""
   import datasets  # pylint: disable=import-outside-toplevel
+  # Imported here: lm_eval (the `eval` extra) loads only after the flags are checked.
   from efficient_lm.cli import harness_model  # pylint: disable=import-outside-toplevel
   built = []
   for name in tasks:
@@ -111,6 +112,7 @@ def evaluate(model, tasks: list[str], *, include_path: str | None = None, limit=
   unknown task, or one whose data cannot be had (`build_tasks`), is a `HarnessError` before the
   model loads."""
   import lm_eval  # pylint: disable=import-outside-toplevel
+  # Imported here: lm_eval (the `eval` extra) loads only after the flags are checked.
   from efficient_lm.cli import harness_model  # pylint: disable=import-outside-toplevel
   missing, manager = tasks_missing(tasks, include_path, include_defaults)
   if missing:
@@ -147,6 +149,7 @@ def cli(*, workdir: str, tasks: str, output_file: str, include_path: str | None 
     print(f"error: the lm-eval adapter needs the lm_eval package ({e}); install the extra with "
           "pip install -e '.[eval]'", file=sys.stderr)
     return exit_codes.USAGE
+  # Imported here: lm_eval (the `eval` extra) and jax load only after the flags are checked.
   from efficient_lm import api  # pylint: disable=import-outside-toplevel
   from efficient_lm.cli import harness_model  # pylint: disable=import-outside-toplevel
   logging.getLogger("lm_eval").setLevel(logging.WARNING)

@@ -4,6 +4,13 @@ its held-out text loaded, the figures written (docs/long_context_evals.md)."""
 import os
 import sys
 
+from efficient_lm import api
+from efficient_lm import data
+from efficient_lm.cli import ruler_command
+from efficient_lm.config.errors import ConfigError
+from efficient_lm.data import needle as needle_source
+from efficient_lm.evaluation import scoring
+from efficient_lm.evaluation.long_context import extrapolate, needle, needle_grid, reach, ruler_fit
 from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import output
 from efficient_lm.runtime import progress
@@ -30,14 +37,12 @@ def _stderr(line: str) -> None:
 
 def _held_out(lm, split: str | None, text_file: str | None, flag: str):
   """(token stream, what it is) of a split of the workdir's corpus (default test) or a file."""
-  from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
   if text_file is not None:
     tokens, _ = scoring.read_text_file(text_file, lm.tokenizer)
     return tokens, os.path.basename(text_file)
   if lm.config.data.dataset.startswith("mqar:"):
     raise UsageError(f"{lm.path} is an MQAR workdir (synthetic tokens, no text); give {flag}=FILE "
                      "of text, or evaluate a text-trained workdir")
-  from efficient_lm import data  # pylint: disable=import-outside-toplevel
   # typed here: the run's config.json; tokenized by the run's tokenizer, whatever the cache holds
   corpus = data.load(data.validate(lm.config.data), tokenizer_file=lm.tokenizer.model_path)
   split = split or "test"
@@ -62,7 +67,6 @@ def key_words(lm, keys: str):
   two random words."""
   if keys not in KEYS:
     raise UsageError(f"--keys={keys} is not one of {', '.join(KEYS)}")
-  from efficient_lm.data import needle as needle_source  # pylint: disable=import-outside-toplevel
   dataset = lm.config.data.dataset
   if keys == "pairs" or (keys == "auto" and not dataset.startswith("needle:")):
     return None
@@ -80,12 +84,6 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
   """What the command does for `task`: progress and the summary line on stderr, the figures as one
   JSON line on stdout (each grid's `result`); returns the exit status (2 and
   one `error: ...` line for input it cannot use)."""
-  from efficient_lm import api  # pylint: disable=import-outside-toplevel
-  from efficient_lm import data  # pylint: disable=import-outside-toplevel
-  from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
-  from efficient_lm.evaluation.long_context import extrapolate, needle, needle_grid, reach  # pylint: disable=import-outside-toplevel
-  from efficient_lm.evaluation.long_context import ruler_fit  # pylint: disable=import-outside-toplevel
-  from efficient_lm.config.errors import ConfigError  # pylint: disable=import-outside-toplevel
   try:
     if task in ("needle", "ruler"):
       lengths = parse_list("lengths", lengths, int)
@@ -113,7 +111,6 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
       line = needle_grid.summary(record, json_path)
     elif task == "ruler":
       tokens, source = _held_out(lm, split, haystack, "--haystack")
-      from efficient_lm.cli import ruler_command  # pylint: disable=import-outside-toplevel
       with progress.phase(f"ruler: {len(ruler_tasks)} task(s) x {len(lengths)} length(s)"):
         return ruler_command.run(lm, needle.haystack_stream(tokens, lm.eos_id), source=source,
                                  tasks=list(ruler_tasks), lengths=lengths, samples=samples,

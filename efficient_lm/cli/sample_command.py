@@ -23,6 +23,7 @@ from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import output
 from efficient_lm.runtime import progress
 from efficient_lm.runtime import signals
+from efficient_lm.state import workdir as workdir_lib
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 
@@ -59,9 +60,9 @@ def _prompts(FLAGS) -> list[str]:  # pylint: disable=invalid-name
 
 
 def _sample(FLAGS) -> None:  # pylint: disable=invalid-name
+  # Imported here: jax loads only after the flags are checked.
   from efficient_lm.inference import generation  # pylint: disable=import-outside-toplevel
   from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
-  from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   try:
     generation.check_sampling(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p)
     if FLAGS.max_new_tokens < 1:
@@ -77,6 +78,7 @@ def _sample(FLAGS) -> None:  # pylint: disable=invalid-name
     print(f"error: {e}", file=sys.stderr)
     sys.exit(exit_codes.USAGE)
   print(f"{config.model.name} at step {step} from {FLAGS.workdir}", file=sys.stderr)
+  # Imported here: jax loads only after the flags are checked.
   from efficient_lm.ops import report  # pylint: disable=import-outside-toplevel
   print("\n".join(report.prompts_lines(model, [tokenizer.encode(p) for p in prompts],
                                        num_tokens=FLAGS.max_new_tokens,

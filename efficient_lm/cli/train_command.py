@@ -28,6 +28,11 @@ from efficient_lm.cli import common as cli
 from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import output
 from efficient_lm.runtime import progress
+from efficient_lm.cli import help as help_lib
+from efficient_lm.cli import resume_file as workdir_config
+from efficient_lm.config.errors import ConfigError
+from efficient_lm.runtime import jax_devices
+from efficient_lm.state import workdir as workdir_lib
 
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/dense.py or "
                                 "configs/bcmt.py:128, or a shipped config by name (pi_attention, "
@@ -76,12 +81,11 @@ def _fail(status: int, message: str) -> None:
 
 def _known_errors() -> tuple[type[BaseException], ...]:
   """The errors that are the user's to fix: one `error:` line and exit status 2."""
+  # Imported here: they load jax, and are needed only once an error is being sorted.
   from efficient_lm.state import checkpoint  # pylint: disable=import-outside-toplevel
   from efficient_lm import data  # pylint: disable=import-outside-toplevel
   from efficient_lm.training import loop as train  # pylint: disable=import-outside-toplevel
   from efficient_lm.parallel import targets  # pylint: disable=import-outside-toplevel
-  from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
-  from efficient_lm.config.errors import ConfigError  # pylint: disable=import-outside-toplevel
   return (ConfigError, data.DataError, data.DownloadError, workdir_lib.WorkdirError,
           checkpoint.NoRestorableCheckpointError, checkpoint.CheckpointRestoreError,
           train.NonFiniteError, targets.TargetError)
@@ -112,21 +116,21 @@ def main(argv):
 def _run(workdir: str) -> None:
   config = FLAGS.config
   if FLAGS.target:  # the extra and the topology checked before the accelerator's plugin loads
+    # Imported here: it loads jax, needed only with --target.
     from efficient_lm.parallel import targets  # pylint: disable=import-outside-toplevel
     try:
       targets.check(FLAGS.target)
     except targets.TargetError as e:
       _fail(exit_codes.USAGE, str(e))
     targets.prepare_host()  # before anything starts a backend
-  from efficient_lm.config.errors import ConfigError  # pylint: disable=import-outside-toplevel
   if not FLAGS.compile_only:  # the folder, then what config.json and data.json answer: before jax
-    from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
     try:
       workdir_lib.check_usable(workdir, config)
       workdir_lib.Workdir(workdir).check_before_start(config)  # (types config.data: ConfigError)
     except (workdir_lib.WorkdirError, ConfigError) as e:
       _fail(exit_codes.USAGE, str(e))
   if config.data.get("tokenizer"):  # the given file, and a --config.data.vocab_size against it
+    # Imported here: the data package, needed only with data.tokenizer.
     from efficient_lm.data import config as data_config  # pylint: disable=import-outside-toplevel
     try:
       data_config.validate(config.data)
@@ -134,9 +138,9 @@ def _run(workdir: str) -> None:
       _fail(exit_codes.USAGE, str(e))
   what = "compiling" if FLAGS.compile_only else f"training into {workdir}"
   logger.info("%s (%s): %s; starting jax", config.model.name, config_source(), what)
+  # Imported here: jax loads only after the flags and the checks above.
   from efficient_lm.parallel import distributed  # pylint: disable=import-outside-toplevel
   from efficient_lm.training import step_memory, loop as train  # pylint: disable=import-outside-toplevel
-  from efficient_lm.runtime import jax_devices  # pylint: disable=import-outside-toplevel
   try:
     with signals.phase("starting jax"):
       # Before anything touches devices; then only process 0 logs progress.
@@ -148,6 +152,7 @@ def _run(workdir: str) -> None:
     if FLAGS.compile_only:
       _compile_only(config)
       return
+    # Imported here: jax loads only after the flags and the checks above.
     from efficient_lm.training import prepare as config_check  # pylint: disable=import-outside-toplevel
     typed, built = config_check.prepare(config)  # the edge: every check; the typed sections
     summary = train.train_and_evaluate(config, workdir, typed, built)
@@ -166,6 +171,7 @@ def _run(workdir: str) -> None:
 
 
 def _compile_only(config) -> None:
+  # Imported here: jax loads only after the flags are checked.
   from efficient_lm.training import step_memory, loop as train  # pylint: disable=import-outside-toplevel
   memory = train.compile_only(config, FLAGS.target, FLAGS.num_slices)
   output.result(step_memory.describe(memory) + ("" if memory["fits"] else " -- does not fit"))
@@ -182,15 +188,12 @@ def parse_flags(argv: list[str]) -> list[str]:
   """`cli.parse_flags`, where `--workdir=W` without --config continues W: its own config
   (`workdir_config`: config.json, as the run asked for it) stands for the config file, and
   `--config.<field>` overrides apply on top. Neither: one `error:` line, status 2."""
-  from efficient_lm.cli import help as help_lib  # pylint: disable=import-outside-toplevel
   if help_lib.requested(argv) is None and not any(a.startswith("--config=") for a in argv[1:]):
     given = _workdir_arg(argv[1:])
     if not given:
       _fail(exit_codes.USAGE, "--config is missing: give a config file or a shipped config (e.g. "
             "--config=configs/pi_attention.py, --config=bcmt:128) to start a run, or "
             "--workdir=<a workdir a run wrote> alone to continue the run it holds")
-    from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
-    from efficient_lm.cli import resume_file as workdir_config  # pylint: disable=import-outside-toplevel
     try:
       workdir_lib.Workdir(given).resume_config()
     except workdir_lib.WorkdirError as e:
@@ -214,7 +217,6 @@ def _workdir_arg(args: list[str]) -> str | None:
 
 def config_source() -> str:
   """What the run's config came from: the config file (`:preset`), or the workdir's config.json."""
-  from efficient_lm.cli import resume_file as workdir_config  # pylint: disable=import-outside-toplevel
   path, _, rest = FLAGS["config"].config_filename.partition(":")
   if os.path.abspath(path) == os.path.abspath(workdir_config.__file__):
     return os.path.join(rest, "config.json")

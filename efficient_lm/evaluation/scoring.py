@@ -29,6 +29,11 @@ from efficient_lm.parallel import sharding
 from efficient_lm.evaluation import stats
 from efficient_lm.training import step as train_step
 from efficient_lm.data import corpus as corpus_lib
+from efficient_lm import data
+from efficient_lm.data import mqar
+from efficient_lm.data import round_trip
+from efficient_lm.inference import generation
+from efficient_lm.state import workdir as workdir_lib
 
 
 class EvalError(ValueError):
@@ -354,7 +359,6 @@ def score_recall(model: nnx.Module, corpus, split: str, *, batch_size: int, loss
   queries per bin) over every sequence of `split`; with `per_query`, `queries`: every answer's
   sequence, position (its input position in the window), distance and correctness (arrays, for
   paired tests across models on the same queries)."""
-  from efficient_lm.data import mqar  # pylint: disable=import-outside-toplevel
   graphdef, params = nnx.split(model)
   if mesh is not None:
     params = _on_mesh(params, mesh)
@@ -433,8 +437,6 @@ def _load(workdir: str):
   """(model, tokenizer, config, step, mesh): the one place a workdir is loaded, its parameters
   restored straight onto the evaluation mesh (sharded as in training: a model that needed FSDP to
   train is evaluated the same way)."""
-  from efficient_lm.inference import generation  # pylint: disable=import-outside-toplevel
-  from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   config = workdir_lib.Workdir(workdir).saved_config()
   mesh = eval_mesh(config) if config is not None else None
   return (*generation.load_workdir(workdir, mesh=mesh), mesh)
@@ -444,14 +446,12 @@ def _source(config, tokenizer, split: str | None, text_file: str | None):
   """(name, token stream, bytes, why bits per byte is withheld or None) of what to score: a split
   with no text is an EvalError; bits per byte is withheld where the tokenizer does not give the
   text back (`data.round_trip`)."""
-  from efficient_lm.data import round_trip  # pylint: disable=import-outside-toplevel
   if text_file is not None:
     tokens, num_bytes = read_text_file(text_file, tokenizer)
     with open(text_file, "rb") as f:  # (read_text_file checked it is UTF-8)
       measured = round_trip.measure(tokenizer, tokens, [f.read().decode("utf-8")])
     return (os.path.splitext(os.path.basename(text_file))[0] or "text", tokens, num_bytes,
             round_trip.withheld(measured, "--text_file"))
-  from efficient_lm import data  # pylint: disable=import-outside-toplevel
   # typed here: the workdir's config.json; tokenized by the workdir's tokenizer, whatever the
   # data cache holds
   corpus = data.load(data.validate(config.data), tokenizer_file=tokenizer.model_path)
@@ -528,7 +528,6 @@ def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str |
 
 def _evaluate_recall(workdir: str, model, config, step: int, split: str | None,
                      batch_size: int | None, per_query: bool, mesh) -> dict:
-  from efficient_lm import data  # pylint: disable=import-outside-toplevel
   corpus = data.load(data.validate(config.data))  # typed here: the workdir's config.json
   split = split or config.train.eval_split
   if split not in corpus.splits or split == "train":

@@ -82,6 +82,7 @@ def runnable_config(config, platform: str):
   """`config` as `platform` ('cpu', 'gpu', 'tpu') can build it: a `model.attention_impl` whose
   kernels cannot run there (splash off TPU, gpu off GPU) is swapped for 'auto'; the parameters are
   the same."""
+  # Imported here: jax loads only after the export command's refusals.
   from efficient_lm.ops.core import backends  # pylint: disable=import-outside-toplevel
   model = config.model
   if backends.check(model.attention_impl, platform, model.kernel_interpret) is None:
@@ -95,6 +96,7 @@ def runnable_config(config, platform: str):
 def one_device_mesh(device):
   """A mesh of `device` alone with the four axes (`sharding.single_device_mesh`, on any device)."""
   import jax  # pylint: disable=import-outside-toplevel
+  # Imported here: jax loads only after the export command's refusals.
   from efficient_lm.parallel import sharding  # pylint: disable=import-outside-toplevel
   return jax.make_mesh((1, 1, 1, 1), sharding.AXES,
                        axis_types=(jax.sharding.AxisType.Auto,) * 4, devices=[device])
@@ -105,6 +107,7 @@ def restore(workdir: str, step: int | None = None, device=None):
   `device` alone (default: the first of jax's default backend), whatever mesh or host count saved
   it; the shapes come from the workdir's config.json."""
   import jax  # pylint: disable=import-outside-toplevel
+  # Imported here: jax and Orbax load only after the export command's refusals.
   from efficient_lm.state import checkpoint  # pylint: disable=import-outside-toplevel
   from efficient_lm.state import train_state  # pylint: disable=import-outside-toplevel
   wd = workdir_lib.Workdir(workdir)

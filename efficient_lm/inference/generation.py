@@ -45,6 +45,7 @@ from efficient_lm.runtime import progress
 from efficient_lm.state import train_state
 from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.data import corpus as corpus_lib
+from efficient_lm.data.tokenizer import open_tokenizer
 
 
 def sample_logits(logits_BV: jax.Array, key: jax.Array, *, temperature: float, top_k: int = 0,
@@ -521,7 +522,6 @@ def load_workdir(workdir: str, mesh: jax.sharding.Mesh | None = None
   that needed FSDP to train fits the same way), or onto one device; the model uses the
   single-device ops whatever mesh it was trained on.
   """
-  from efficient_lm.data.tokenizer import open_tokenizer  # pylint: disable=import-outside-toplevel
 
   wd = workdir_lib.Workdir(workdir)
   wd.require_trained()

@@ -37,6 +37,7 @@ from jax.experimental import multihost_utils
 
 from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import jax_compat
+from efficient_lm.runtime import jax_devices
 from efficient_lm.runtime import signals
 from efficient_lm.config.errors import ConfigError
 
@@ -116,7 +117,6 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
   # All three given: take them as they are. (JAX's cluster detection would otherwise also pin a
   # SLURM or Open MPI process to one local device, its local rank: one process per GPU.)
   explicit = all(v is not None for v in given.values())
-  from efficient_lm.runtime import jax_devices  # pylint: disable=import-outside-toplevel
   error = None
   with jax_devices.native_stderr_captured() as captured:  # the service's "experimental" warning
     try:

@@ -220,12 +220,14 @@ class Workdir:
   def tokenizer_file(self) -> str:
     """The workdir's copy of its run's tokenizer: tokenizer.model or tokenizer.json (if both are
     there, a switch cut short: the one data.json's tokenizer_sha256 names)."""
+    # Imported here: the workdir's checks before jax answer without the data package.
     from efficient_lm.data import tokenizer as tok  # pylint: disable=import-outside-toplevel
     return tok.folder_file(self.path)
 
   def open_tokenizer(self):
     """The run's tokenizer from the workdir's copy, with the separator its run used
     (`data.separator_token` in config.json): what sampling and evaluation encode with."""
+    # Imported here: the workdir's checks before jax answer without the data package.
     from efficient_lm.data import tokenizer as tok  # pylint: disable=import-outside-toplevel
     return tok.open_file(self.tokenizer_file(), tok.run_separator(self.path))
 
@@ -318,6 +320,7 @@ class Workdir:
   def _other_tokenizer_file(identity: dict, data_config: DataConfig) -> list:
     """['tokenizer_sha256', its sha256] when `data.tokenizer`'s file is not the one data.json
     records, else [] (also when it cannot be read: the config's own check answers that)."""
+    # Imported here: the workdir's checks before jax answer without the data package.
     from efficient_lm.data import archives  # pylint: disable=import-outside-toplevel
     try:
       sha = archives.sha256_of(os.path.expanduser(data_config.tokenizer))

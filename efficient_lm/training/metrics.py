@@ -8,6 +8,7 @@ import time
 import tensorboardX
 
 from efficient_lm.runtime import figures
+from efficient_lm.training import wandb as wandb_writer
 
 
 def bits_per_byte(sum_nll_nats: float, num_bytes: int) -> float:
@@ -130,7 +131,6 @@ def open_writers(config, workdir: str, primary: bool):
     return NullWriter()
   writers = [MetricWriter(workdir)]
   if config.train.wandb:
-    from efficient_lm.training import wandb as wandb_writer  # pylint: disable=import-outside-toplevel  (the extra)
     try:
       writers.append(wandb_writer.WandbWriter(config, workdir))
     except BaseException:

@@ -33,6 +33,7 @@ import numpy as np
 from flax import nnx
 
 from efficient_lm.data.needle import NEEDLE, QUESTION  # the training source's sentences
+from efficient_lm.inference import generation
 
 VARIANTS = ("single", "multikey", "multivalue", "multiquery")
 EXTRA_NEEDLES = 3  # multikey: distractor keys; multivalue: more values; multiquery: more keys
@@ -224,7 +225,6 @@ def candidate_loglik(params, context_BL, answers_BRA, mask_BRA, *, graphdef, max
   B, L = context_BL.shape
   R, A = answers_BRA.shape[1:]
   ids_BL = jnp.cumsum(context_BL == eos_id, axis=1).astype(jnp.int32) if document_mask else None
-  from efficient_lm.inference import generation  # pylint: disable=import-outside-toplevel
   logits_BV, cache = generation.prefill(model, context_BL, model.init_cache(B, max_len), None, ids_BL)
   logp_BV = jax.nn.log_softmax(logits_BV.astype(jnp.float32), axis=-1)
   total_BR = jnp.take_along_axis(logp_BV, answers_BRA[:, :, 0], axis=1) * mask_BRA[:, :, 0]

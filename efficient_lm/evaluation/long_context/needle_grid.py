@@ -11,6 +11,7 @@ from efficient_lm.runtime import progress
 from efficient_lm.evaluation.long_context import needle as needle_lib
 from efficient_lm.evaluation.long_context import reach
 from efficient_lm.evaluation.long_context import report
+from efficient_lm.inference import generation
 
 log_progress = logging.getLogger(__name__)
 
@@ -65,7 +66,6 @@ def run(lm, haystack, *, lengths, depths, needles_per_cell: int = 20, variant: s
   document: no end-of-document token); keys from `key_words` when given, else two random words.
   Returns the record needle.json holds. Progress (a line a length, and how far it is every 20 s)
   goes to stderr (`progress.phase`); `log` gets the reach warning."""
-  from efficient_lm.inference import generation  # pylint: disable=import-outside-toplevel
   _check(lengths, depths, needles_per_cell, variant, distractors, batch_size)
   eos = int(lm.tokenizer.eos_id)
   if len(haystack) == 0:

@@ -13,6 +13,9 @@
 
 import ml_collections
 
+from efficient_lm import models
+from efficient_lm.models import perceiver_ar
+
 
 class LengthError(ValueError):
   """A length the model cannot run; the message names the rule and the fix."""
@@ -21,8 +24,6 @@ class LengthError(ValueError):
 def limit(config: ml_collections.ConfigDict) -> tuple[int | None, str, str | None]:
   """(the most tokens one input may hold, or None for any; the rule in words; a warning for
   lengths past `model.seq_len`, or None)."""
-  from efficient_lm import models  # pylint: disable=import-outside-toplevel
-  from efficient_lm.models import perceiver_ar  # pylint: disable=import-outside-toplevel
   cfg = config.model
   seq_len = int(cfg.seq_len)
   if cfg.position == "learned":

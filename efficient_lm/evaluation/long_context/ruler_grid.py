@@ -17,6 +17,8 @@ from efficient_lm.evaluation.long_context import report
 from efficient_lm.evaluation.long_context import ruler
 from efficient_lm.evaluation.long_context import ruler_score
 from efficient_lm.evaluation.long_context.ruler_fit import RulerError
+from efficient_lm.inference import generation
+from efficient_lm.runtime import progress
 
 
 def check(tasks, lengths, samples: int, batch_size: int) -> None:
@@ -50,7 +52,6 @@ def skipped_cells(config, tasks, lengths) -> tuple[dict, str | None]:
 
 def draw(tokenizer, haystack, *, tasks, lengths, samples: int, seed: int = 0, skip=()) -> dict:
   """{(task, length): [Item, ...]}: `samples` prompts a cell, the cells of `skip` left out."""
-  from efficient_lm.runtime import progress  # pylint: disable=import-outside-toplevel
   cells, done = {}, [0]
   total = len(tasks) * len(lengths) - len(skip)
   with progress.phase("drawing RULER prompts", status=lambda: f"{done[0]} of {total} cells"):
@@ -67,8 +68,6 @@ def answer(lm, items: list, *, batch_size: int) -> list[str]:
   """The greedy answer text of each item (its first `new_tokens` new tokens, up to the
   end-of-document token), batches of `batch_size` rows of one token count (the last padded with
   copies: one compiled shape for the prompts of a length that fill it exactly)."""
-  from efficient_lm.inference import generation  # pylint: disable=import-outside-toplevel
-  from efficient_lm.runtime import progress  # pylint: disable=import-outside-toplevel
   eos = int(lm.tokenizer.eos_id)
   budget = max(item.new_tokens for item in items)
   texts: list = [None] * len(items)

@@ -23,6 +23,7 @@ import re
 import jax
 
 from efficient_lm.runtime import jax_compat
+from efficient_lm.runtime import jax_devices
 
 PLATFORMS = ("tpu", "gpu")
 
@@ -142,7 +143,6 @@ def load(spec: str, num_slices: int = 1) -> Target:
   if not isinstance(num_slices, int) or num_slices < 1:
     raise TargetError(f"--num_slices={num_slices!r} must be a positive integer")
   prepare_host()
-  from efficient_lm.runtime import jax_devices  # pylint: disable=import-outside-toplevel
   if platform == "tpu":  # (libtpu's probe for local chips speaks on stderr: kept back)
     devices = jax_devices.quietly(lambda: _tpu_devices(spec, device, topology, num_slices))
     chip = TPU_CHIPS[device]
