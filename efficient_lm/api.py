@@ -25,17 +25,17 @@ import numpy as np
 from flax import nnx
 
 from efficient_lm.config import base as config_base
-from efficient_lm.inference import export as export_lib
-from efficient_lm.inference import generation
-from efficient_lm.training import metrics as metrics_lib
-from efficient_lm.runtime import progress
-from efficient_lm.evaluation import scoring
-from efficient_lm.state import train_state
-from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import round_trip
 from efficient_lm.data.tokenizer import open_tokenizer
+from efficient_lm.evaluation import scoring
+from efficient_lm.inference import export as export_lib
+from efficient_lm.inference import generation
+from efficient_lm.runtime import progress
 from efficient_lm.state import checkpoint
+from efficient_lm.state import train_state
+from efficient_lm.state import workdir as workdir_lib
+from efficient_lm.training import metrics as metrics_lib
 
 
 class LoadError(ValueError):

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from efficient_lm.training import prepare as config_check
 from efficient_lm import models
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.training import prepare as config_check
 import test_documents
 import test_kernel_models
 import test_ring

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from conftest import REPO, load_config
-from efficient_lm.training import prepare as config_check
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.training import prepare as config_check
 
 
 def test_dense_config_is_valid_and_linked():

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from conftest import fast_first
-from efficient_lm.runtime import jax_compat
 from efficient_lm.ops import attention
 from efficient_lm.ops import core
 from efficient_lm.ops import priors
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.pattern import Pattern
+from efficient_lm.runtime import jax_compat
 
 
 # The reference.

@@ -8,15 +8,15 @@ import jax
 import pytest
 
 from conftest import load_config
-from efficient_lm.training import prepare as config_check
 from efficient_lm import data
-from efficient_lm.config import mesh as mesh_config
 from efficient_lm import models
+from efficient_lm.config import mesh as mesh_config
 from efficient_lm.config import sections
-from efficient_lm.state import train_state
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import config as data_config_lib
 from efficient_lm.models import placement
-from efficient_lm.config.errors import ConfigError
+from efficient_lm.state import train_state
+from efficient_lm.training import prepare as config_check
 
 
 def tiny(name: str = "pi_attention"):

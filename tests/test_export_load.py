@@ -19,15 +19,15 @@ from safetensors.numpy import load_file, save_file
 import efficient_lm
 from conftest import REPO, _tiny_sections, load_config, subprocess_env
 from efficient_lm import api
+from efficient_lm import models
 from efficient_lm.cli import export_command
+from efficient_lm.evaluation import scoring
 from efficient_lm.inference import export
 from efficient_lm.inference import generation
-from efficient_lm import models
-from efficient_lm.evaluation import scoring
 from efficient_lm.runtime import signals
-from efficient_lm.training import loop as train
 from efficient_lm.state import train_state
 from efficient_lm.state import workdir as workdir_lib
+from efficient_lm.training import loop as train
 
 # The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).
 pytestmark = pytest.mark.xdist_group("export_runs")

@@ -4,8 +4,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from efficient_lm.training import flops
 from efficient_lm.ops.pattern import Pattern
+from efficient_lm.training import flops
 from test_core import reference_masks
 
 

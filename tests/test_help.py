@@ -9,8 +9,8 @@ import pytest
 
 from conftest import REPO
 from efficient_lm.cli import common as cli
-from efficient_lm.config import base as config_base
 from efficient_lm.cli import help as help_lib
+from efficient_lm.config import base as config_base
 
 COMMANDS = {"efficient_lm.main": "Trains a model", "efficient_lm.sample": "Samples text",
             "efficient_lm.evaluate": "Evaluates a trained workdir"}  # their docstrings' first words

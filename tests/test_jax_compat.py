@@ -24,10 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from efficient_lm.runtime import jax_compat
 from efficient_lm.ops import core, precision
 from efficient_lm.ops.core import backends, splash
 from efficient_lm.ops.pattern import Pattern
+from efficient_lm.runtime import jax_compat
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -15,9 +15,9 @@ from conftest import fast_first
 from flax import nnx
 
 from efficient_lm import models
-from efficient_lm.training import step as train_step
 from efficient_lm.ops import core
 from efficient_lm.ops.core import backends
+from efficient_lm.training import step as train_step
 from test_models import tiny_model_config
 
 # Every registered model but these, whose attention patterns another case already puts on the

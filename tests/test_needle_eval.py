@@ -14,15 +14,15 @@ import pytest
 
 from conftest import REPO, _tiny_sections, fast_first, load_config, subprocess_env
 from efficient_lm import api
-from efficient_lm import models
 from efficient_lm import data
-from efficient_lm.evaluation import scoring
-from efficient_lm.training import loop as train
+from efficient_lm import models
 from efficient_lm.cli import long_context_command as command
+from efficient_lm.evaluation import scoring
 from efficient_lm.evaluation.long_context import extrapolate
 from efficient_lm.evaluation.long_context import needle
 from efficient_lm.evaluation.long_context import needle_grid
 from efficient_lm.evaluation.long_context import reach
+from efficient_lm.training import loop as train
 from test_models import CONFIG_OF, FAMILY_FIELDS
 
 # The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).

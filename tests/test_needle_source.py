@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from conftest import REPO, subprocess_env
-from efficient_lm.config import base as config_base
 from efficient_lm import data
-from efficient_lm.data import needle
+from efficient_lm.config import base as config_base
 from efficient_lm.config.data import DataConfig
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.data import needle
 
 SEQ_LEN = 384  # no model here: room for two asked needles, a distractor and a haystack
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from efficient_lm.runtime import files
-from efficient_lm.training import metrics
 from efficient_lm.runtime import progress
 from efficient_lm.runtime import signals
 from efficient_lm.training import loop as train
+from efficient_lm.training import metrics
 
 
 def test_a_phase_says_how_far_it_is_while_it_lasts(caplog):

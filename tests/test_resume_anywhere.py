@@ -14,8 +14,8 @@ import pytest
 
 from conftest import REPO, SHAKESPEARE_WORKS, fake_work_text, subprocess_env
 from efficient_lm.config import base as config_base
-from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.data import tokenizer as tok
+from efficient_lm.state import workdir as workdir_lib
 
 
 def sha256(path) -> str:

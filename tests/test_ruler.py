@@ -19,7 +19,6 @@ import pytest
 from conftest import REPO, _tiny_sections, load_config, subprocess_env
 from efficient_lm import api
 from efficient_lm import data
-from efficient_lm.training import loop as train
 from efficient_lm.cli import long_context_command as command
 from efficient_lm.evaluation.long_context import needle
 from efficient_lm.evaluation.long_context import ruler
@@ -28,6 +27,7 @@ from efficient_lm.evaluation.long_context import ruler_fit
 from efficient_lm.evaluation.long_context import ruler_grid
 from efficient_lm.evaluation.long_context import ruler_score
 from efficient_lm.evaluation.long_context import ruler_words
+from efficient_lm.training import loop as train
 
 pytestmark = pytest.mark.xdist_group("ruler_runs")
 

@@ -5,13 +5,13 @@ import ml_collections
 import numpy as np
 import pytest
 
-from efficient_lm.config import axes
-from efficient_lm.training import prepare as config_check
-from efficient_lm.runtime import jax_compat
 from efficient_lm import models
-from efficient_lm.parallel import sharding
-from efficient_lm.training import loop as train
+from efficient_lm.config import axes
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.parallel import sharding
+from efficient_lm.runtime import jax_compat
+from efficient_lm.training import loop as train
+from efficient_lm.training import prepare as config_check
 from tests.conftest import load_config
 from tests.test_models import tiny_model_config
 
@@ -157,9 +157,9 @@ import functools  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
 
-from efficient_lm.training import step_memory  # noqa: E402
 from efficient_lm.state import train_state  # noqa: E402
 from efficient_lm.training import step as train_step  # noqa: E402
+from efficient_lm.training import step_memory  # noqa: E402
 
 T, B = 96, 8  # T appears in no parameter's shape: an all-gather of length T is a gathered sequence
 FIELDS = {

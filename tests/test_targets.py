@@ -17,9 +17,9 @@ import sys
 import pytest
 
 from conftest import REPO, load_config
-from efficient_lm.training import prepare as config_check, step_memory
-from efficient_lm.state import train_state
 from efficient_lm.parallel import sharding, targets
+from efficient_lm.state import train_state
+from efficient_lm.training import prepare as config_check, step_memory
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 needs_tpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: pip install -e '.[tpu]'")

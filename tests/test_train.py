@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 
-from efficient_lm.training import metrics
 from efficient_lm.parallel import sharding
 from efficient_lm.training import loop as train
+from efficient_lm.training import metrics
 
 
 def read_metrics(workdir):

@@ -10,14 +10,14 @@ import pytest
 from flax import nnx
 
 from conftest import load_config
-from efficient_lm.config import base as config_base
-from efficient_lm.config import model as model_config
 from efficient_lm import models
+from efficient_lm.config import base as config_base
 from efficient_lm.config import fields as tc
+from efficient_lm.config import model as model_config
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.models import decoder
 from efficient_lm.models import registry
 from efficient_lm.ops import route as route_lib
-from efficient_lm.config.errors import ConfigError
 from tests.test_models import CONFIG_OF, tiny_model_config
 
 REPO = os.path.join(os.path.dirname(__file__), "..")

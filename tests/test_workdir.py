@@ -10,12 +10,12 @@ import sys
 import pytest
 
 from conftest import REPO
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import archives
 from efficient_lm.evaluation import scoring
 from efficient_lm.inference import generation
-from efficient_lm.training import loop as train
 from efficient_lm.state import workdir as workdir_lib
-from efficient_lm.config.errors import ConfigError
+from efficient_lm.training import loop as train
 
 
 def snapshot(path) -> dict[str, str]:

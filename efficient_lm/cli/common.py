@@ -17,8 +17,8 @@ import sys
 import ml_collections
 from absl import flags
 
-from efficient_lm.config import files as config_files
 from efficient_lm.cli import help as help_lib
+from efficient_lm.config import files as config_files
 from efficient_lm.config.errors import ConfigError
 
 EXIT_USAGE = 2

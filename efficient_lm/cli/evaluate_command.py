@@ -21,12 +21,12 @@ import sys
 from absl import flags
 
 from efficient_lm.cli import common as cli_lib
+from efficient_lm.config.errors import ConfigError
+from efficient_lm.evaluation.long_context import ruler_tasks
 from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import output
 from efficient_lm.runtime import progress
 from efficient_lm.runtime import signals
-from efficient_lm.evaluation.long_context import ruler_tasks
-from efficient_lm.config.errors import ConfigError
 from efficient_lm.state import workdir as workdir_lib
 
 

@@ -17,8 +17,8 @@ from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
 import efficient_lm
-from efficient_lm.evaluation import scoring
 from efficient_lm.data import corpus as corpus_lib
+from efficient_lm.evaluation import scoring
 
 MODEL_NAME = "efficient_lm"  # lm-eval's registry key
 

@@ -29,12 +29,12 @@ from absl import flags
 
 from efficient_lm.config import axes
 from efficient_lm.config import base as config_base
-from efficient_lm.config import files as config_files
 from efficient_lm.config import data as data_config
+from efficient_lm.config import files as config_files
 from efficient_lm.config import mesh as mesh_config
-from efficient_lm.runtime import exit_codes
 from efficient_lm.config import model as model_config
 from efficient_lm.config import train as train_config
+from efficient_lm.runtime import exit_codes
 
 SECTIONS = ("data", "model", "train", "mesh")
 HELP_FLAGS = ("--help", "-help", "-h", "-?", "--helpshort", "--helpfull", "-helpshort", "-helpfull")

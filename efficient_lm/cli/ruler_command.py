@@ -4,10 +4,10 @@ lm-eval task files instead (docs/long_context_evals.md, "RULER's synthetic tasks
 
 import os
 
-from efficient_lm.runtime import exit_codes
-from efficient_lm.runtime import output
 from efficient_lm.evaluation.long_context import ruler_export
 from efficient_lm.evaluation.long_context import ruler_grid
+from efficient_lm.runtime import exit_codes
+from efficient_lm.runtime import output
 
 
 def run(lm, haystack, *, source: str, tasks, lengths, samples: int, batch_size: int, seed: int,

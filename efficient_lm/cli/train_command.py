@@ -25,13 +25,13 @@ from absl import flags
 from ml_collections import config_flags
 
 from efficient_lm.cli import common as cli
-from efficient_lm.runtime import exit_codes
-from efficient_lm.runtime import output
-from efficient_lm.runtime import progress
 from efficient_lm.cli import help as help_lib
 from efficient_lm.cli import resume_file as workdir_config
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import jax_devices
+from efficient_lm.runtime import output
+from efficient_lm.runtime import progress
 from efficient_lm.state import workdir as workdir_lib
 
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/dense.py or "

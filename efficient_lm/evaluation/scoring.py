@@ -23,17 +23,17 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from efficient_lm.runtime import figures
-from efficient_lm.training import metrics as metrics_lib
-from efficient_lm.parallel import sharding
-from efficient_lm.evaluation import stats
-from efficient_lm.training import step as train_step
-from efficient_lm.data import corpus as corpus_lib
 from efficient_lm import data
+from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import mqar
 from efficient_lm.data import round_trip
+from efficient_lm.evaluation import stats
 from efficient_lm.inference import generation
+from efficient_lm.parallel import sharding
+from efficient_lm.runtime import figures
 from efficient_lm.state import workdir as workdir_lib
+from efficient_lm.training import metrics as metrics_lib
+from efficient_lm.training import step as train_step
 
 
 class EvalError(ValueError):

@@ -39,13 +39,13 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from efficient_lm.state import checkpoint
 from efficient_lm import models
-from efficient_lm.runtime import progress
-from efficient_lm.state import train_state
-from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data.tokenizer import open_tokenizer
+from efficient_lm.runtime import progress
+from efficient_lm.state import checkpoint
+from efficient_lm.state import train_state
+from efficient_lm.state import workdir as workdir_lib
 
 
 def sample_logits(logits_BV: jax.Array, key: jax.Array, *, temperature: float, top_k: int = 0,

@@ -35,11 +35,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import jax_compat
 from efficient_lm.runtime import jax_devices
 from efficient_lm.runtime import signals
-from efficient_lm.config.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

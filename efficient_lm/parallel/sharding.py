@@ -31,8 +31,8 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from efficient_lm.config.axes import Axis, SHARED_AXES, default_activation_rules, default_rules  # noqa: F401  (re-exported)
-from efficient_lm.config.mesh import ACTIVATION_AXES, AXES, DCN_AXES, MeshConfig, MeshOnDevices
 from efficient_lm.config.errors import ConfigError, require
+from efficient_lm.config.mesh import ACTIVATION_AXES, AXES, DCN_AXES, MeshConfig, MeshOnDevices
 
 BATCH_AXES = ("data", "fsdp")  # the axes the batch is split over
 

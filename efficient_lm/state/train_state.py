@@ -21,13 +21,13 @@ from flax import struct
 
 from efficient_lm import models
 from efficient_lm.config import sections
-from efficient_lm.state import optimizer
-from efficient_lm.parallel import sharding
 from efficient_lm.config.data import DataConfig
 from efficient_lm.config.mesh import MeshConfig
 from efficient_lm.config.train import TrainConfig
 from efficient_lm.data import config as data_config
 from efficient_lm.models import registry
+from efficient_lm.parallel import sharding
+from efficient_lm.state import optimizer
 
 
 def typed(config) -> sections.Typed:

@@ -23,27 +23,27 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from efficient_lm.state import checkpoint
-from efficient_lm.training import prepare as config_check
 from efficient_lm import data
-from efficient_lm.parallel import distributed
-from efficient_lm.runtime import figures as figures_lib
-from efficient_lm.training import flops as flops_lib
-from efficient_lm.training import metrics as metrics_lib
 from efficient_lm import models
+from efficient_lm.config import sections
 from efficient_lm.inference import generation
+from efficient_lm.ops import ring
+from efficient_lm.parallel import distributed
+from efficient_lm.parallel import sharding
+from efficient_lm.parallel import targets
+from efficient_lm.runtime import figures as figures_lib
 from efficient_lm.runtime import output
 from efficient_lm.runtime import progress as progress_lib
-from efficient_lm.config import sections
-from efficient_lm.parallel import sharding
 from efficient_lm.runtime import signals
-from efficient_lm.training import step_memory
-from efficient_lm.parallel import targets
+from efficient_lm.state import checkpoint
 from efficient_lm.state import train_state
-from efficient_lm.training import step as train_step_lib
-from efficient_lm.training import wandb as wandb_writer
 from efficient_lm.state import workdir as workdir_lib
-from efficient_lm.ops import ring
+from efficient_lm.training import flops as flops_lib
+from efficient_lm.training import metrics as metrics_lib
+from efficient_lm.training import prepare as config_check
+from efficient_lm.training import step as train_step_lib
+from efficient_lm.training import step_memory
+from efficient_lm.training import wandb as wandb_writer
 
 log = logging.getLogger(__name__)
 PROGRESS_SECONDS = 30.0  # a progress line at least this often, besides every train.log_every steps

@@ -11,14 +11,14 @@ import dataclasses
 import jax
 import ml_collections
 
-from efficient_lm.config import base as config_base
 from efficient_lm import data
 from efficient_lm import models
+from efficient_lm.config import base as config_base
 from efficient_lm.config import sections
+from efficient_lm.config.errors import require
 from efficient_lm.parallel import sharding
 from efficient_lm.parallel import targets
 from efficient_lm.state import train_state
-from efficient_lm.config.errors import require
 
 
 Typed = sections.Typed  # (re-exported: what `validate` returns)

@@ -28,11 +28,11 @@ import ml_collections
 
 from efficient_lm import models
 from efficient_lm.config import sections
+from efficient_lm.ops.core import backends
 from efficient_lm.parallel import sharding
 from efficient_lm.parallel import targets
 from efficient_lm.state import train_state
 from efficient_lm.training import step as train_step_lib
-from efficient_lm.ops.core import backends
 
 
 class StepTooLargeError(MemoryError):

@@ -11,9 +11,9 @@ import os
 
 import ml_collections
 
-from efficient_lm.runtime import figures
-from efficient_lm.config.train import TrainConfig
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.config.train import TrainConfig
+from efficient_lm.runtime import figures
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,10 @@ import os
 import numpy as np
 from flax import nnx
 
-from efficient_lm.runtime import progress
 from efficient_lm.evaluation import scoring
 from efficient_lm.evaluation.long_context import reach
 from efficient_lm.evaluation.long_context import report
+from efficient_lm.runtime import progress
 
 
 class ExtrapolateError(ValueError):

@@ -7,11 +7,11 @@ import time
 
 import numpy as np
 
-from efficient_lm.runtime import progress
 from efficient_lm.evaluation.long_context import needle as needle_lib
 from efficient_lm.evaluation.long_context import reach
 from efficient_lm.evaluation.long_context import report
 from efficient_lm.inference import generation
+from efficient_lm.runtime import progress
 
 log_progress = logging.getLogger(__name__)
 
