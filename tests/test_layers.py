@@ -18,6 +18,13 @@ LINT = ("import sys\nfrom importlinter.cli import lint_imports\n"
         "sys.exit(lint_imports(config_filename='.importlinter', no_cache=True, no_logo=True))\n")
 
 
+def layers() -> list[str]:
+  """The layers of the contract's layers contract, high to low (`a | b` for siblings)."""
+  (contract,) = [c for c in importlinter_api.read_configuration(CONFIG)["contracts_options"]
+                 if c["type"] == "layers"]
+  return contract["layers"]
+
+
 def lint(root: str) -> subprocess.CompletedProcess:
   """lint-imports on the package under `root` (its `efficient_lm/` and `.importlinter`)."""
   env = {**os.environ, "PYTHONPATH": root}
@@ -34,9 +41,7 @@ def test_the_contract_is_kept():
 def test_the_contract_names_every_wing_and_command():
   """Each subpackage of efficient_lm and each module beside `__init__` is a layer: a new wing or
   command cannot sit outside the contract."""
-  (contract,) = [c for c in importlinter_api.read_configuration(CONFIG)["contracts_options"]
-                 if c["type"] == "layers"]
-  named = {name.strip() for line in contract["layers"] for name in line.split("|")}
+  named = {name.strip() for line in layers() for name in line.split("|")}
   package = os.path.join(REPO, "efficient_lm")
   present = {name.removesuffix(".py") for name in os.listdir(package)
              if (name.endswith(".py") and name != "__init__.py")
@@ -64,3 +69,13 @@ def test_an_import_against_the_wings_breaks_it(tmp_path, module, line, broken):
   done = lint(str(tmp_path))
   assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
   assert "BROKEN" in done.stdout and broken in done.stdout, done.stdout[-3000:]
+
+
+def test_the_architecture_page_draws_the_contract():
+  """docs/architecture.md opens with the wings' arrows: the same layers, in the same order."""
+  with open(os.path.join(REPO, "docs", "architecture.md"), encoding="utf-8") as f:
+    page = f.read()
+  section = page.split("## The wings\n", 1)[1].split("\n## ", 1)[0]
+  drawn = " ".join(line.strip() for line in section.splitlines() if line.startswith("    "))
+  normal = lambda layer: " | ".join(name.strip() for name in layer.split("|"))  # noqa: E731
+  assert [normal(layer) for layer in drawn.split("->")] == [normal(l) for l in layers()]

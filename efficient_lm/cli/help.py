@@ -8,7 +8,7 @@ declares (`model_config.ModelConfig`: the shared model fields, a family's config
 `mesh_config.MeshConfig`), else the comment beside its
 definition in config_base.py or the family's file (read with `ast` and `tokenize`: the comment
 after the assignment with its continuation lines, indented further, joined; or, for an
-assignment with none, the comment lines just above it). A `mesh.rules` entry is described by its axis in `axes.py`. The
+assignment with none, the comment lines just above it). A `mesh.rules` entry is described by its axis in `config/axes.py`. The
 model list (`MODELS`) is each family's own `listing`, read from its `register(...)` call in
 `models/` with `ast`, and tested equal to `models.REGISTRY`'s (which imports jax: this module does
 not, so `--help` answers in a fraction of a second).

@@ -5,8 +5,8 @@ defaults every config file starts from (`base.base_config`, `base.fill_defaults`
 file by path or shipped name (`files`), and the error every config check raises (`errors`:
 `ConfigError`, `require`).
 
-It may import only `runtime` (and nothing from it at present): no jax, no data pipeline, no model.
-A model family's own config class sits beside its mixer in `models/` and registers itself there;
-building all four sections from a ConfigDict (`state.train_state.typed`) therefore lives above the
-models.
+A lowest wing, beside `runtime`: it imports no other part of efficient_lm (`runtime` included),
+and no jax. A model family's own config class sits beside its mixer in `models/` and registers
+itself there; building all four sections from a ConfigDict (`state.train_state.typed`) therefore
+lives above the models.
 """

@@ -2,10 +2,14 @@
 
 The families register themselves (`models/registry.py`: each module of this package calls
 `registry.register` at import, and the registry imports them all once), each with its typed
-config (`model_config.ModelConfig`'s subclass beside its mixer: its fields, their checks, its
+config (`config.model.ModelConfig`'s subclass beside its mixer: its fields, their checks, its
 attention patterns). Every function here takes that typed config, or a config's model section
 (a ConfigDict), which `registry.model_config` turns into it at the entry. Adding a model is a
 module beside this one and a config (docs/adding_a_model.md); no shared file changes.
+
+A wing of the package (docs/architecture.md, "The wings"): it may import `ops`, `parallel`,
+`config` and `runtime`; never `data` (declared independent: a model knows no data pipeline), nor
+the state, training, inference or evaluation built on it.
 """
 
 from typing import Any, NamedTuple

@@ -46,7 +46,7 @@ class ModelEntry:
   logical_axes: Mapping[str, sharding.Axis] = dataclasses.field(default_factory=dict)
   # `--help`'s line: the shipped config that trains it (`--config=` form) and what it is. Written
   # as literals in the `register` call (or a module-level dict indexed by the loop's name), which
-  # `help.py` reads from the source without importing jax.
+  # `cli/help.py` reads from the source without importing jax.
   listing: tuple[str, str] = ("", "")
 
 

@@ -4,7 +4,7 @@
 one folder (`files`), figures as strict JSON (`figures`), the jax versions and every private jax API
 (`jax_compat`) and jax's devices brought up quietly (`jax_devices`).
 
-The lowest wing: it imports no other part of efficient_lm, and nothing here imports jax at module
-level (a command's mistakes answer before jax starts). Every other wing may import it
-(`.importlinter` states the order; docs/architecture.md draws it).
+A lowest wing, beside `config`: it imports no other part of efficient_lm (`config` included), and
+nothing here imports jax at module level (a command's mistakes answer before jax starts). Every
+wing above the two may import it (`.importlinter` states the order; docs/architecture.md draws it).
 """

@@ -6,7 +6,7 @@
     data.json         the corpus's identity: dataset, its source's fingerprint (the archive's
                       sha256, a `text:` folder's file-list hash, a TFDS version), the tokenizer's
                       sha256 and vocabulary size; and the `config.data` settings that made them
-    checkpoints/      Orbax checkpoints (`checkpoint.py`); metrics.jsonl, tensorboard/ (`metrics.py`)
+    checkpoints/      Orbax checkpoints (`checkpoint.py`); metrics.jsonl, tensorboard/ (`training/metrics.py`)
 
 Nothing in a workdir changes until every check has passed: the checks compare the run with what
 the workdir holds (the model, through the checkpoints' metadata; the corpus and tokenizer, through

@@ -4,7 +4,7 @@
     report = step_memory.report(compiled, config, built)   # bytes per device
     step_memory.check_fits(report)                          # StepTooLargeError if it cannot
 
-`compile_train_step` lowers and compiles exactly the step `train.py` runs (the
+`compile_train_step` lowers and compiles exactly the step `training/loop.py` runs (the
 same shardings, layout, remat, loss chunking and gradient accumulation) from
 abstract arrays: no data and no parameters are needed, so
 `python -m efficient_lm.main --compile_only` answers "will this fit?" in the

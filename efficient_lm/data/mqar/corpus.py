@@ -129,7 +129,7 @@ class MqarCorpus:
     self.task = task
     self.name = task.spec
     self.tokenizer = MqarTokenizer(task)
-    # What a workdir records (`workdir.py`): the task is all there is to the data.
+    # What a workdir records (`state/workdir.py`): the task is all there is to the data.
     self.identity = {'dataset': task.spec, 'source': 'generated', 'vocab_size': task.vocab_size,
                      'tokenizer_sha256': hashlib.sha256(task.spec.encode()).hexdigest()}
     self.seq_len = task.seq_len
