@@ -6,7 +6,7 @@ The fields are the keys of the real ConfigDicts (`config_base.base_config` and e
 declares (`model_config.ModelConfig`: the shared model fields, a family's config class in
 `models/`, read from its source; `data_config.DataConfig`, `train_config.TrainConfig`,
 `mesh_config.MeshConfig`), else the comment beside its
-definition in config_base.py or the family's file (read with `ast` and `tokenize`: the comment
+definition in config/base.py or the family's file (read with `ast` and `tokenize`: the comment
 after the assignment with its continuation lines, indented further, joined; or, for an
 assignment with none, the comment lines just above it). A `mesh.rules` entry is described by its axis in `config/axes.py`. The
 model list (`MODELS`) is each family's own `listing`, read from its `register(...)` call in
@@ -141,7 +141,7 @@ TYPED = {"data": data_config.DataConfig, "model": model_config.ModelConfig,
 
 @functools.lru_cache(maxsize=None)
 def _base_meanings() -> dict[str, str]:
-  """config_base.py's comments; a typed section's fields (`TYPED`) from its class's declarations
+  """config/base.py's comments; a typed section's fields (`TYPED`) from its class's declarations
   ('(type) doc'), in the sections' order."""
   comments = _file_comments(config_base.__file__)
   out = {}
@@ -418,7 +418,7 @@ def listing(width: int | None = None) -> str:
   values = leaves(config_base.base_config("dense"))
   values["model.name"] = _Shown("<the model's; set by its config>")
   meaning = meanings()
-  fields = {k: values[k] for k in meaning}  # in the order config_base.py defines them
+  fields = {k: values[k] for k in meaning}  # in the order config/base.py defines them
   for section in SECTIONS:
     out += ["", f"{section}. ({'shared by every model' if section == 'model' else 'every model'})"]
     out += _rows({k: v for k, v in fields.items() if k.split(".")[0] == section}, meaning, width)

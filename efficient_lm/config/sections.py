@@ -1,6 +1,6 @@
 """`Typed`: a config's four typed sections, built once at the edge and passed down.
 
-`config_check.prepare(config)` returns them (every check run, the devices' included); below the
+`training.prepare.prepare(config)` returns them (every check run, the devices' included); below the
 edge the train state, the compiled step and the loop read `typed.model.d_model`,
 `typed.mesh.rule_axes`, ... and never the ConfigDict again. `train_state.typed(config)` builds them
 from a ConfigDict for a caller that has none (each section's own checks only): it lives above the

@@ -1,7 +1,7 @@
 """`TrainConfig`: the train section, typed: each field's default, meaning and check.
 
 `config_base.base_config` reads the section's defaults from here and `--help` its docs;
-`config_check.prepare` builds it from the config's train section (`TrainConfig.from_mapping`),
+`training.prepare.prepare` builds it from the config's train section (`TrainConfig.from_mapping`),
 which runs every check. This module imports no jax.
 """
 
@@ -93,7 +93,7 @@ class TrainConfig(tc.Section):
                                                     "set train.sample_prompt='' (no sample)"))
   sample_tokens: int = tc.setting(64, "tokens generated for that sample", tc.non_negative_int(
       "must be >= 0", "set train.sample_tokens to 0 to skip the final sample"))
-  # W&B (with train.wandb on, `wandb_writer.check_installed` also needs the package).
+  # W&B (with train.wandb on, `training.wandb.check_installed` also needs the package).
   wandb: bool = tc.setting(False, "also log metrics.jsonl's figures and the config to W&B (wandb "
                            "extra)", tc.boolean("set train.wandb=True to log to W&B, or False"))
   wandb_project: str = tc.setting(

@@ -28,7 +28,7 @@ def check_typed(data_config, what: str) -> None:
   `validate` returns (the config's mapping, most often), naming the fix."""
   if not isinstance(data_config, DataConfig):
     raise TypeError(f'{what} takes the typed data section (data.validate(config.data) or '
-                    f'config_check.prepare(config).data), not {type(data_config).__name__}')
+                    f'training.prepare.prepare(config).data), not {type(data_config).__name__}')
 
 
 def open_given(data_config: DataConfig):

@@ -293,7 +293,7 @@ def build(tokenizer, task: str, *, length: int, index: int, seed: int = 0,
       break  # exact, or what fills it ran out (as it will again)
   text, ids, outputs, details = best
   ruler_fit.check_length(len(ids) + 1, length, what, {
-      "cwe": "its list of words (long_eval/ruler_words.py)", "fwe": "its coded words"}.get(
+      "cwe": "its list of words (long_context/ruler_words.py)", "fwe": "its coded words"}.get(
           spec.kind, "its haystack"))
   return Item(task=task, length=length, index=index, text=text, ids=np.asarray(ids, np.int32),
               outputs=[str(o) for o in outputs], new_tokens=spec.new_tokens, details=details)

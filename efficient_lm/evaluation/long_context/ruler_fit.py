@@ -1,4 +1,4 @@
-"""Fitting a RULER prompt to a length in the model's own tokens (`long_eval.ruler`).
+"""Fitting a RULER prompt to a length in the model's own tokens (`long_context.ruler`).
 
 RULER grows a prompt's haystack in steps until the prompt fills the target length in its
 tokenizer's tokens. Here the count is the model's tokenizer's, and the step is one token: a

@@ -1,4 +1,4 @@
-"""RULER's score (`long_eval.ruler`): the share of the expected strings the answer holds.
+"""RULER's score (`long_context.ruler`): the share of the expected strings the answer holds.
 
 RULER scores each of its synthetic tasks, multi-query included, with `string_match_all`: an
 answer's score is the share of its expected strings found in it (case-insensitive substrings),

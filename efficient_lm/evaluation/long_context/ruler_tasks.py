@@ -1,4 +1,4 @@
-"""RULER's eleven synthetic tasks under lm-eval's names, and what each is (`long_eval.ruler` draws
+"""RULER's eleven synthetic tasks under lm-eval's names, and what each is (`long_context.ruler` draws
 them). No heavy import: `efficient_lm.evaluate` reads the names for its flags."""
 
 import dataclasses

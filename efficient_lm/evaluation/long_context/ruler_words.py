@@ -1,4 +1,4 @@
-"""Plain English words for RULER's tasks (`long_eval.ruler`): the NIAH word keys (`adjective-noun`,
+"""Plain English words for RULER's tasks (`long_context.ruler`): the NIAH word keys (`adjective-noun`,
 as RULER draws them from its word lists) and the common-words task's words (all three lists).
 
 RULER draws these from the `wonderwords` package's lists; this package ships its own, so the tasks
