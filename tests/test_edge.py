@@ -81,7 +81,7 @@ def test_the_data_layer_takes_the_typed_section_never_the_mapping(tmp_path):
   assert data.has_document_ids(typed) and not data.has_document_ids(
       dataclasses.replace(typed, document_mask=False))
   refused = r"takes the typed data section \(data\.validate\(config\.data\) or " \
-            r"config_check\.prepare\(config\)\.data\), not ConfigDict$"
+            r"training\.prepare\.prepare\(config\)\.data\), not ConfigDict$"
   for call in (data.known_splits, data.has_document_ids, data.preflight, data.load):
     with pytest.raises(TypeError, match=rf"^data\.{call.__name__} {refused}"):
       call(config.data)
