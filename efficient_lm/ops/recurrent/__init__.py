@@ -75,9 +75,14 @@ def gated_delta_rule(q_BTHK: jax.Array, k_BTHK: jax.Array, v_BTHV: jax.Array, g_
   B, _, H, K = q_BTHK.shape
   V = v_BTHV.shape[-1]
   scale = _scale(scale, K)
-  if mesh is not None:
-    raise NotImplementedError("gated_delta_rule: context parallelism (mesh=) is not built yet")
   scan = chunked_lib.state_scan
+  if mesh is not None:
+    from efficient_lm.ops.recurrent import ring  # pylint: disable=import-outside-toplevel
+    if ring.devices(mesh, axis_name) > 1:
+      o_BTHV, final_BHKV = ring.gated_delta_rule(
+          q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, segment_ids, initial_state, scale=scale,
+          chunk_size=chunk_size, scan=scan, mesh=mesh, axis_name=axis_name)
+      return o_BTHV.astype(q_BTHK.dtype), final_BHKV
   starts_BT = None if segment_ids is None else chunked_lib.starts_of(segment_ids)
   state_BHKV = jnp.zeros((B, H, K, V), F32) if initial_state is None else initial_state
   o_BTHV, final_BHKV = chunked_lib.chunked(q_BTHK.astype(F32) * scale, k_BTHK, v_BTHV, g_BTH,
