@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from efficient_lm.ops.recurrent import chunked as chunked_lib
 from efficient_lm.validation import is_int
 
-IMPLS = ("xla",)
+IMPLS = ("xla", "pallas")
 F32 = jnp.float32
 
 
@@ -76,6 +76,9 @@ def gated_delta_rule(q_BTHK: jax.Array, k_BTHK: jax.Array, v_BTHV: jax.Array, g_
   V = v_BTHV.shape[-1]
   scale = _scale(scale, K)
   scan = chunked_lib.state_scan
+  if impl == "pallas":
+    from efficient_lm.ops.recurrent import kernel  # pylint: disable=import-outside-toplevel
+    scan = kernel.state_scan_fn(interpret)
   if mesh is not None:
     from efficient_lm.ops.recurrent import ring  # pylint: disable=import-outside-toplevel
     if ring.devices(mesh, axis_name) > 1:
