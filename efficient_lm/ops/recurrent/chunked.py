@@ -13,7 +13,7 @@ unit-lower-triangular system (the UT transform of the delta rule's WY form)
 
 with gamma_t = exp(G_t) (0 from a document start in the chunk on: the entering state is cut).
 So U = U' - W S_0 with U' = (I + L)^-1 diag(beta) V and W = (I + L)^-1 diag(beta gamma) K,
-computed for every chunk at once (`prepare`), and
+computed for every chunk at once (`prepare`: (I + L)^-1 by block doubling, all matmuls), and
 
     S_C = gamma_C S_0 + Kd^T (U' - W S_0),  Kd_s = k_s D_Cs        (the state scan, `state_scan`)
     O   = diag(gamma) Q S_0 + (Q K^T * D) (U' - W S_0)              (every chunk at once, `outputs`)
@@ -84,6 +84,48 @@ def _decays(g_NBHC: jax.Array, starts_NBC: jax.Array):
   return D_NBHCC, gamma_NBHC
 
 
+@jax.custom_vjp
+def unit_lower_inverse(L_XCC: jax.Array) -> jax.Array:
+  """(I + L)^-1 for strictly lower-triangular L `[..., C, C]`, by doubling: the inverse of
+  [[A, 0], [B, D]] is [[A^-1, 0], [-D^-1 B A^-1, D^-1]], so the inverted diagonal blocks of size
+  s give those of size 2s in two batched matmuls; log2(C) steps, every one matmuls (C padded to a
+  power of two with identity rows). Not `lax.linalg.triangular_solve`: jaxlib 0.10's CPU solve
+  (a LAPACK custom call) was seen to hang on a second call of a jitted step at T = 4096."""
+  C = L_XCC.shape[-1]
+  size = 1 << max(C - 1, 0).bit_length()
+  L_XPP = jnp.pad(L_XCC, [(0, 0)] * (L_XCC.ndim - 2) + [(0, size - C)] * 2)
+  batch = L_XPP.shape[:-2]
+  blocks_XNSS = jnp.ones((*batch, size, 1, 1), L_XCC.dtype)  # the inverted 1 x 1 diagonal
+  s = 1
+  while s < size:
+    n = size // (2 * s)
+    # L's diagonal blocks of size 2s, [..., n, 2s, 2s]; their lower-left s x s corner.
+    tiles_X4 = L_XPP.reshape(*batch, n, 2 * s, n, 2 * s)
+    lower_XNSS = jnp.einsum("...iaib->...iab", tiles_X4)[..., s:, :s]
+    A_XNSS, D_XNSS = blocks_XNSS[..., 0::2, :, :], blocks_XNSS[..., 1::2, :, :]
+    corner_XNSS = -jnp.matmul(D_XNSS, jnp.matmul(lower_XNSS, A_XNSS))
+    top = jnp.concatenate([A_XNSS, jnp.zeros_like(A_XNSS)], axis=-1)
+    bottom = jnp.concatenate([corner_XNSS, D_XNSS], axis=-1)
+    blocks_XNSS = jnp.concatenate([top, bottom], axis=-2)
+    s *= 2
+  return blocks_XNSS[..., 0, :C, :C]
+
+
+def _inverse_fwd(L_XCC):
+  inverse_XCC = unit_lower_inverse(L_XCC)
+  return inverse_XCC, inverse_XCC
+
+
+def _inverse_bwd(inverse_XCC, d_inverse_XCC):
+  """d(A^-1) = -A^-1 dA A^-1, so dL = -(A^-T dT A^-T), on L's strictly lower entries."""
+  T_t = jnp.swapaxes(inverse_XCC, -1, -2)
+  C = inverse_XCC.shape[-1]
+  return (jnp.where(jnp.tril(jnp.ones((C, C), bool), -1), -(T_t @ d_inverse_XCC @ T_t), 0.0),)
+
+
+unit_lower_inverse.defvjp(_inverse_fwd, _inverse_bwd)
+
+
 @jax.checkpoint
 def prepare(k_NBHCK, v_NBHCV, g_NBHC, beta_NBHC, starts_NBC) -> Chunks:
   """Every chunk's W, U', Kd and gamma_C at once: one `[C, C]` triangular solve per chunk."""
@@ -94,9 +136,7 @@ def prepare(k_NBHCK, v_NBHCV, g_NBHC, beta_NBHC, starts_NBC) -> Chunks:
   L_NBHCC = jnp.where(strict_CC, beta_NBHC[..., :, None] * D_NBHCC * kk_NBHCC, 0.0)
   rhs_NBHCX = jnp.concatenate([beta_NBHC[..., None] * v_NBHCV,
                                (beta_NBHC * gamma_NBHC)[..., None] * k_NBHCK], axis=-1)
-  # (I + L) X = rhs by forward substitution; the unit diagonal is implied, not read.
-  x_NBHCX = jax.lax.linalg.triangular_solve(L_NBHCC, rhs_NBHCX, left_side=True, lower=True,
-                                            unit_diagonal=True)
+  x_NBHCX = jnp.matmul(unit_lower_inverse(L_NBHCC), rhs_NBHCX)  # (I + L) X = rhs
   return Chunks(w_NBHCK=x_NBHCX[..., V:], u_NBHCV=x_NBHCX[..., :V],
                 kd_NBHCK=k_NBHCK * D_NBHCC[..., -1, :, None], decay_NBH=gamma_NBHC[..., -1])
 
