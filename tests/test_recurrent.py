@@ -137,7 +137,8 @@ def test_initial_state_without_documents():
 
 @pytest.mark.parametrize("case", ["beta near 0", "beta near 1", "g strongly negative", "g = 0"])
 def test_extremes_of_beta_and_g(case):
-  kw = {"beta near 0": dict(beta_range=(-14.0, -10.0)), "beta near 1": dict(beta_range=(10.0, 14.0)),
+  kw = {"beta near 0": dict(beta_range=(-14.0, -10.0)),
+        "beta near 1": dict(beta_range=(10.0, 14.0)),
         "g strongly negative": dict(g_shift=30.0), "g = 0": {}}[case]
   q, k, v, g, beta = inputs(2, 40, 2, 8, 8, seed=4, **kw)
   if case == "g = 0":  # no decay at all: the plain delta rule

@@ -174,7 +174,8 @@ def state_scan_fn(interpret: bool):
 
   def scan(chunks: Chunks, state_BHKV):
     mesh = jax.sharding.get_abstract_mesh()
-    free = kernel_mesh._free_axes(mesh) if not mesh.empty else ()  # pylint: disable=protected-access
+    # pylint: disable-next=protected-access
+    free = kernel_mesh._free_axes(mesh) if not mesh.empty else ()
     if not free:
       return _scan(interpret, chunks, state_BHKV)
     batch = tuple(a for a in kernel_mesh.BATCH_AXES if a in free and mesh.shape[a] > 1) or None

@@ -23,6 +23,9 @@ from jax.sharding import PartitionSpec as P
 from efficient_lm.ops import ring as ops_ring
 from efficient_lm.ops.recurrent import chunked as chunked_lib
 
+# The attention ring's shard_map plumbing (its specs, length check, neighbour exchange), shared.
+# pylint: disable=protected-access
+
 F32 = jnp.float32
 
 
@@ -39,9 +42,9 @@ def gated_delta_rule(q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, segment_ids_BT, in
   n = devices(mesh, axis_name)
   B, T, H, K = q_BTHK.shape
   V = v_BTHV.shape[-1]
-  ops_ring._check_length(T, n)  # pylint: disable=protected-access
-  heads = ops_ring._seq_spec(mesh, axis_name, heads=True)  # pylint: disable=protected-access
-  seq = ops_ring._seq_spec(mesh, axis_name)  # pylint: disable=protected-access
+  ops_ring._check_length(T, n)
+  heads = ops_ring._seq_spec(mesh, axis_name, heads=True)
+  seq = ops_ring._seq_spec(mesh, axis_name)
   state = P(heads[0], *heads[2:])  # [B, H, K, V]: B and H as the sequence's, not T
   stacked = P(axis_name, *state)   # one state per device, stacked along the context axis
 
@@ -49,8 +52,8 @@ def gated_delta_rule(q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, segment_ids_BT, in
     idx = jax.lax.axis_index(axis_name)
     b, C, h = q_BCHK.shape[:3]
     starts_BC = None
-    if seg_BC is not None:  # the first token starts a document if the previous device's last differs
-      before_B1 = ops_ring._from_behind(seg_BC[:, -1:], 1, axis_name, n)  # pylint: disable=protected-access
+    if seg_BC is not None:  # the first token starts a document if the id before it differs
+      before_B1 = ops_ring._from_behind(seg_BC[:, -1:], 1, axis_name, n)
       first_B1 = (seg_BC[:, :1] != before_B1) & (idx > 0)
       starts_BC = jnp.concatenate([first_B1, chunked_lib.starts_of(seg_BC)[:, 1:]], axis=1)
     zeros_BCHK = jnp.zeros((b, C, h, K), F32)
@@ -73,5 +76,5 @@ def gated_delta_rule(q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, segment_ids_BT, in
 
   arrays = [(q_BTHK, heads), (k_BTHK, heads), (v_BTHV, heads), (g_BTH, heads), (beta_BTH, heads),
             (segment_ids_BT, seq), (initial_state_BHKV, state)]
-  o_BTHV, finals_DBHKV = ops_ring._sharded(body, mesh, arrays, (heads, stacked))  # pylint: disable=protected-access
+  o_BTHV, finals_DBHKV = ops_ring._sharded(body, mesh, arrays, (heads, stacked))
   return o_BTHV, finals_DBHKV[-1]
