@@ -1,1 +1,1 @@
-"""Pure functional ops on arrays: attention variants, memories, their ring versions."""
+"""Pure functional ops on arrays: attention variants, memories, the gated delta rule (`recurrent`), their ring versions."""
