@@ -50,9 +50,10 @@ def _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern, q_seg
   t = 1 if layout == "BTHK" else 2
   h = 3 - t
   if k.shape[:3] != v.shape[:3] or k.shape[-1] != q.shape[-1] or k.shape[0] != q.shape[0] \
-      or k.shape[h] != q.shape[h]:
+      or not 0 < k.shape[h] <= q.shape[h] or q.shape[h] % k.shape[h]:
     raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape} ({layout}) disagree: k and v need "
-                     "q's batch, heads and (k) head width, and one length")
+                     "q's batch and (k) head width, one length, and a number of heads dividing "
+                     "q's (grouped-query attention)")
   rows = (q.shape[0], q.shape[1], q.shape[2])
   for name, prior in (("local_prior", local_prior), ("skip_prior", skip_prior)):
     if prior is not None and tuple(prior.shape) != rows:

@@ -215,8 +215,8 @@ def _cudnn_attend(call: Call, q, k, v):
   window = call.pattern.window
   spec = _Cudnn(scale=call.scale, window=window if window is not None and window < call.Tq else None,
                 layout=call.layout, capability=target_capability())
-  return kernel_mesh.per_shard(functools.partial(_cudnn, spec), [q, k, v], ["qkv"] * 3, ["qkv"],
-                               layout=call.layout)
+  return kernel_mesh.per_shard(functools.partial(_cudnn, spec), [q, k, v], ["qkv", "kv", "kv"],
+                               ["qkv"], layout=call.layout)
 
 
 # The Pallas kernel: block ranges from the pattern.
@@ -234,6 +234,7 @@ class _Kernel:
   block_k: int
   interpret: bool
   segments: bool = False  # document ids: two more inputs, one more mask comparison
+  groups: int = 1         # query heads per key/value head (grouped-query attention)
 
   @property
   def Tq_padded(self) -> int:
@@ -365,6 +366,15 @@ def _dq_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs
   dq_ref[...] = (dq * kern.scale).astype(dq_ref.dtype)
 
 
+def _member(kern: _Kernel, ref, rows, g: int):
+  """Query block `rows` of a query-side ref of the dk / dv kernel: its one head, or, with
+  grouped heads (a block of `kern.groups` heads), member g of the group."""
+  if kern.groups == 1:
+    return ref[rows, :] if len(ref.shape) == 2 else ref[rows]
+  at = (rows, g) if kern.layout == "BTHK" else (g, rows)
+  return ref[(*at, slice(None))] if len(ref.shape) == 3 else ref[at]
+
+
 def _dkv_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
                 kern: _Kernel):
   (qid_ref, kid_ref), (dk_ref, dv_ref) = _split_refs(kern, refs, 2)
@@ -376,13 +386,15 @@ def _dkv_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *ref
   def visit(i, carry):
     dk, dv = carry
     rows = pl.ds(i * kern.block_q, kern.block_q)
-    q, do = q_ref[rows, :], do_ref[rows, :]
-    q_ids = None if qid_ref is None else qid_ref[rows]
-    s, seen = _logits(kern, q, k, q_start, i, j, q_ids, k_ids)
-    p = jnp.where(seen, jnp.exp2(s - (lse_ref[rows] * LOG2E)[:, None]), 0.0)
-    dv = dv + _dot(p.astype(do.dtype), do, t_a=True)
-    ds = p * (_dot(do, v, t_b=True) - delta_ref[rows][:, None])
-    return dk + _dot(ds.astype(q.dtype), q, t_a=True), dv
+    for g in range(kern.groups):  # the query heads of this key/value head (one without groups)
+      q, do = _member(kern, q_ref, rows, g), _member(kern, do_ref, rows, g)
+      q_ids = None if qid_ref is None else qid_ref[rows]
+      s, seen = _logits(kern, q, k, q_start, i, j, q_ids, k_ids)
+      p = jnp.where(seen, jnp.exp2(s - (_member(kern, lse_ref, rows, g) * LOG2E)[:, None]), 0.0)
+      dv = dv + _dot(p.astype(do.dtype), do, t_a=True)
+      ds = p * (_dot(do, v, t_b=True) - _member(kern, delta_ref, rows, g)[:, None])
+      dk = dk + _dot(ds.astype(q.dtype), q, t_a=True)
+    return dk, dv
 
   start, stop = _query_blocks(kern, q_start, j)
   dk, dv = jax.lax.fori_loop(start, stop, visit,
@@ -407,20 +419,27 @@ def _pad(x, t_axis: int, length: int, width: int | None = None):
   return x if all(p == (0, 0) for p in pad) else jnp.pad(x, pad)
 
 
-def _spec(kern: _Kernel, kind: str, length: int, width: int = 0, *, whole: bool = False):
+def _spec(kern: _Kernel, kind: str, length: int, width: int = 0, *, whole: bool = False,
+          heads: str = "own"):
   """The BlockSpec of a 'qkv' operand ([B, T, H, width] / [B, H, T, width]), a 'rows' one
-  ([B, T, H] / [B, H, T]) or an 'ids' one ([B, T]) on the grid (T blocks, B, H): `length`
-  positions along T, at the grid's block along T, or from 0 when `whole`."""
+  ([B, T, H] / [B, H, T]) or an 'ids' one ([B, T]) on the grid (T blocks, B, heads): `length`
+  positions along T, at the grid's block along T, or from 0 when `whole`. With grouped heads
+  (`kern.groups` > 1) `heads='kv'` is k or v on a grid over the query heads (head h reads its
+  group's, h // groups), `heads='group'` a query-side operand on a grid over the key/value heads
+  (the group's `groups` query heads, one more block axis)."""
   t = (lambda i: 0) if whole else (lambda i: i)
   if kind == "ids":
     return pl.BlockSpec((None, length), lambda i, b, h: (b, t(i)))
+  grouped = kern.groups > 1
+  at = (lambda h: h // kern.groups) if grouped and heads == "kv" else (lambda h: h)
+  n = kern.groups if grouped and heads == "group" else None
   if kern.layout == "BHTK":
     if kind == "qkv":
-      return pl.BlockSpec((None, None, length, width), lambda i, b, h: (b, h, t(i), 0))
-    return pl.BlockSpec((None, None, length), lambda i, b, h: (b, h, t(i)))
+      return pl.BlockSpec((None, n, length, width), lambda i, b, h: (b, at(h), t(i), 0))
+    return pl.BlockSpec((None, n, length), lambda i, b, h: (b, at(h), t(i)))
   if kind == "qkv":
-    return pl.BlockSpec((None, length, None, width), lambda i, b, h: (b, t(i), h, 0))
-  return pl.BlockSpec((None, length, None), lambda i, b, h: (b, t(i), h))
+    return pl.BlockSpec((None, length, n, width), lambda i, b, h: (b, t(i), at(h), 0))
+  return pl.BlockSpec((None, length, n), lambda i, b, h: (b, t(i), at(h)))
 
 
 def _grid(kern: _Kernel, x, blocks: int) -> tuple[int, int, int]:
@@ -462,8 +481,9 @@ def _forward(kern: _Kernel, q, k, v, start, qseg=None, kseg=None):
   ids, id_specs = _ids(kern, qseg, kseg, q_whole=False, k_whole=True)
   o_p, lse_p = _call(
       kern, _forward_kernel, _grid(kern, q, Tq // kern.block_q),
-      [_START, _spec(kern, "qkv", kern.block_q, Kq), _spec(kern, "qkv", Tk, Kq, whole=True),
-       _spec(kern, "qkv", Tk, Kv, whole=True), *id_specs],
+      [_START, _spec(kern, "qkv", kern.block_q, Kq),
+       _spec(kern, "qkv", Tk, Kq, whole=True, heads="kv"),
+       _spec(kern, "qkv", Tk, Kv, whole=True, heads="kv"), *id_specs],
       [_spec(kern, "qkv", kern.block_q, Kv), _spec(kern, "rows", kern.block_q)],
       [jax.ShapeDtypeStruct(q_p.shape[:3] + (Kv,), q.dtype),
        jax.ShapeDtypeStruct(_rows_shape(kern, q, Tq), F32)],
@@ -484,17 +504,19 @@ def _backward(kern: _Kernel, q, k, v, start, o, lse, do, dlse, qseg=None, kseg=N
   ids, id_specs = _ids(kern, qseg, kseg, q_whole=False, k_whole=True)
   dq = _call(
       kern, _dq_kernel, _grid(kern, q, Tq // kern.block_q),
-      [_START, _spec(kern, "qkv", kern.block_q, Kq), _spec(kern, "qkv", Tk, Kq, whole=True),
-       _spec(kern, "qkv", Tk, Kv, whole=True), _spec(kern, "qkv", kern.block_q, Kv),
+      [_START, _spec(kern, "qkv", kern.block_q, Kq),
+       _spec(kern, "qkv", Tk, Kq, whole=True, heads="kv"),
+       _spec(kern, "qkv", Tk, Kv, whole=True, heads="kv"), _spec(kern, "qkv", kern.block_q, Kv),
        _spec(kern, "rows", kern.block_q), _spec(kern, "rows", kern.block_q), *id_specs],
       _spec(kern, "qkv", kern.block_q, Kq), jax.ShapeDtypeStruct(q_p.shape, q.dtype), width,
       "gpu_attention_dq")(start, q_p, k_p, v_p, do_p, lse_p, delta_p, *ids)
   ids, id_specs = _ids(kern, qseg, kseg, q_whole=True, k_whole=False)
+  group = dict(whole=True, heads="group")  # the grid runs over k's heads
   dk, dv = _call(
-      kern, _dkv_kernel, _grid(kern, q, Tk // kern.block_k),
-      [_START, _spec(kern, "qkv", Tq, Kq, whole=True), _spec(kern, "qkv", kern.block_k, Kq),
-       _spec(kern, "qkv", kern.block_k, Kv), _spec(kern, "qkv", Tq, Kv, whole=True),
-       _spec(kern, "rows", Tq, whole=True), _spec(kern, "rows", Tq, whole=True), *id_specs],
+      kern, _dkv_kernel, _grid(kern, k, Tk // kern.block_k),
+      [_START, _spec(kern, "qkv", Tq, Kq, **group), _spec(kern, "qkv", kern.block_k, Kq),
+       _spec(kern, "qkv", kern.block_k, Kv), _spec(kern, "qkv", Tq, Kv, **group),
+       _spec(kern, "rows", Tq, **group), _spec(kern, "rows", Tq, **group), *id_specs],
       [_spec(kern, "qkv", kern.block_k, Kq), _spec(kern, "qkv", kern.block_k, Kv)],
       [jax.ShapeDtypeStruct(k_p.shape, k.dtype), jax.ShapeDtypeStruct(v_p.shape, v.dtype)], width,
       "gpu_attention_dkv")(start, q_p, k_p, v_p, do_p, lse_p, delta_p, *ids)
@@ -537,14 +559,15 @@ def tile(pattern: Pattern) -> int:
   return BLOCK_Q if reach is None else min(BLOCK_Q, max(16, 1 << reach.bit_length()))
 
 
-def _kernel_for(call: Call, q, v, pattern: Pattern, interpret: bool) -> _Kernel:
+def _kernel_for(call: Call, q, k, v, pattern: Pattern, interpret: bool) -> _Kernel:
   row_bytes = max(q.shape[-1], v.shape[-1]) * jnp.dtype(q.dtype).itemsize
   size = tile(pattern)
+  h = 3 - (1 if call.layout == "BTHK" else 2)  # the heads axis
   kern = _Kernel(pattern=pattern, scale=call.scale, Tq=call.Tq, Tk=call.Tk,
                  k_offset=call.k_offset, layout=call.layout,
                  block_q=_block(min(BLOCK_Q, size), call.Tq, row_bytes),
                  block_k=_block(min(BLOCK_K, size), call.Tk, row_bytes), interpret=interpret,
-                 segments=call.segments)
+                 segments=call.segments, groups=q.shape[h] // k.shape[h])
   KERNEL_CALLS[("gpu", f"triton {kern.block_q}x{kern.block_k} tiles")] += 1
   return kern
 
@@ -557,9 +580,9 @@ def _operands(*arrays_and_kinds):
 
 def _kernel_attend(call: Call, q, k, v, q_start, qseg, kseg, interpret: bool):
   """(o, lse) of `call.pattern.local` on the Pallas kernel (no priors), per shard."""
-  kern = _kernel_for(call, q, v, call.pattern.local, interpret)
+  kern = _kernel_for(call, q, k, v, call.pattern.local, interpret)
   start = jnp.reshape(jnp.asarray(q_start, jnp.int32), (1,))
-  arrays, kinds = _operands((q, "qkv"), (k, "qkv"), (v, "qkv"), (start, "replicated"),
+  arrays, kinds = _operands((q, "qkv"), (k, "kv"), (v, "kv"), (start, "replicated"),
                             (qseg, "ids"), (kseg, "ids"))
   return kernel_mesh.per_shard(functools.partial(_flash, kern), arrays, kinds, ["qkv", "rows"],
                                layout=call.layout)
@@ -569,16 +592,17 @@ def backward(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_pri
              k_segments, o, lse, do, dlse, *, interpret: bool = False):
   """The kernel's backward of one call without priors or skips at a given o and lse."""
   del k_start, k_positions, local_prior, skip_prior  # (the front door sends calls with them to xla)
-  kern = _kernel_for(call, q, v, call.pattern, interpret)
+  kern = _kernel_for(call, q, k, v, call.pattern, interpret)
   start = jnp.reshape(jnp.asarray(q_start, jnp.int32), (1,))
 
   def grads(q, k, v, start, o, lse, do, dlse, *ids):
     return _backward(kern, q, k, v, start, o, lse, do, dlse, *ids)
 
-  arrays, kinds = _operands((q, "qkv"), (k, "qkv"), (v, "qkv"), (start, "replicated"),
+  arrays, kinds = _operands((q, "qkv"), (k, "kv"), (v, "kv"), (start, "replicated"),
                             (o, "qkv"), (lse, "rows"), (do, "qkv"), (dlse, "rows"),
                             (q_segments, "ids"), (k_segments, "ids"))
-  dq, dk, dv = kernel_mesh.per_shard(grads, arrays, kinds, ["qkv"] * 3, layout=call.layout)
+  dq, dk, dv = kernel_mesh.per_shard(grads, arrays, kinds, ["qkv", "kv", "kv"],
+                                     layout=call.layout)
   return dq, dk, dv, None, None
 
 
