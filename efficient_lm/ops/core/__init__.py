@@ -10,6 +10,7 @@ attentions over disjoint key sets (ring steps, pieces) into the one over
 their union.
 
     plan.py      the plan: the pattern cut into blocks (the XLA core's schedules)
+    heads.py     grouped-query attention: k / v with fewer heads, the queries grouped per head
     call.py      what a backend is given (`Call`), what it provides (`Backend`), the counters
     backends.py  the backends behind `attend` and how one is chosen (`impl=`)
     xla/         the blockwise loop core, every platform (the default)
@@ -83,8 +84,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, *,
            with_lse: bool = True) -> tuple[jax.Array, jax.Array | None]:
   """Softmax attention of q over the keys `pattern` lets each query see: (o, lse).
 
-  q `[B, Tq, H, K]`, k/v `[B, Tk, H, K]` (layout "BTHK"; "BHTK" is heads-first
-  `[B, H, T, K]`, the decoding caches' layout, read in place). Queries sit at
+  q `[B, Tq, H, K]`, k/v `[B, Tk, H_kv, K]` (layout "BTHK"; "BHTK" is heads-first
+  `[B, H, T, K]`, the decoding caches' layout, read in place). H_kv divides H: grouped-query
+  attention, query head h reading key/value head h // (H / H_kv) (`heads.py`). Queries sit at
   `q_start + arange(Tq)`, keys at `k_start + arange(Tk)`, or at `q_start +
   k_offset + arange(Tk)` when the static `k_offset` is given (a chunk's key
   window at a traced start: what lets a kernel build its mask), or at
