@@ -266,6 +266,38 @@ def test_kernel_per_shard_with_heads_split(impl, kv_heads):
     np.testing.assert_allclose(g, ref_g, atol=2e-4, rtol=2e-4)
 
 
+def test_splash_compiles_for_tpu_with_grouped_heads():
+  """fwd + bwd of a π call with 4 query heads compiled for a 4-chip v5e (libtpu's topology, no TPU
+  needed), the batch over fsdp and the heads over tensor: with 2 key/value heads (split with the
+  query heads) and 1 (whole on each chip), Mosaic lowers splash's forward, dkv and dq kernels and
+  nothing is all-gathered."""
+  from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  try:
+    topology = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu")
+    mesh = topologies.make_mesh(topology, (1, 2, 2, 1), ("data", "fsdp", "tensor", "context"))
+  except Exception as error:  # pylint: disable=broad-except
+    pytest.skip(f"libtpu cannot give a TPU topology on this host ({type(error).__name__}: {error})")
+  B, T, K = 4, 384, 128
+  spec = lambda x, heads: jax.ShapeDtypeStruct(
+      x, jnp.bfloat16 if len(x) == 4 else jnp.float32,
+      sharding=NamedSharding(mesh, P(*("fsdp", None, heads, None)[:len(x)])))
+  pattern = Pattern.pi(64, 96, 2)
+
+  def step(*args):
+    def loss(q, k, v, lp, sp):
+      o, lse = core.attend(q, k, v, pattern, local_prior=lp, skip_prior=sp, impl="splash")
+      return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(lse)
+    return jax.grad(loss, argnums=(0, 1, 2, 3, 4))(*args)
+
+  for kv_heads in (2, 1):
+    kv = spec((B, T, kv_heads, K), "tensor" if kv_heads == 2 else None)
+    rows = spec((B, T, H), "tensor")
+    with jax.set_mesh(mesh):
+      hlo = jax.jit(step).lower(spec((B, T, H, K), "tensor"), kv, kv, rows, rows).compile().as_text()
+    assert hlo.count('custom_call_target="tpu_custom_call"') == 3, kv_heads
+    assert "all-gather" not in hlo, kv_heads
+
+
 def test_query_heads_spanning_two_groups_on_one_device_are_named():
   """6 query heads over 3 key/value heads, split over 2 devices: device 0's query heads 0..2 read
   key/value heads 0 and 1, which no single key/value head serves."""

@@ -8,7 +8,7 @@ consecutive heads) and each contraction runs per key/value head, batched over it
 
     einsum     the core's heads-first einsums (heads on axis 1): QK^T, PV, and their gradients
     rows_dot   q.k of two position-aligned arrays, per row (π's shifted skip keys)
-    scaled     rows x a key-side array: p v, ds k (query-side result)
+    scaled     rows[..., None] x a key-side array: p v, ds k (query-side result)
     group_sum  a query-side array summed over each group: a key-side gradient (dk, dv)
 """
 
@@ -67,13 +67,14 @@ def rows_dot(q: jax.Array, k: jax.Array, axis: int) -> jax.Array:
   return merge(precision.einsum_f32(spec, split(q, axis, k.shape[axis]), k), axis)
 
 
-def scaled(rows: jax.Array, x: jax.Array, axis: int) -> jax.Array:
-  """rows[..., None] * x, float32: rows query-side (`[B, T, H]` / `[B, H, T]`), x with the query
-  heads or fewer (its group's, broadcast over the group, never repeated)."""
-  if rows.shape[axis] == x.shape[axis]:
-    return rows[..., None] * x.astype(jnp.float32)
+def scaled(rows_1: jax.Array, x: jax.Array, axis: int) -> jax.Array:
+  """rows_1 * x, float32: rows_1 query-side rows with a unit last axis (`[B, T, H, 1]` /
+  `[B, H, T, 1]`), x with the query heads or fewer (its group's, broadcast over the group, never
+  repeated)."""
+  if rows_1.shape[axis] == x.shape[axis]:
+    return rows_1 * x.astype(jnp.float32)
   kv_heads = x.shape[axis]
-  out = split(rows, axis, kv_heads)[..., None] * jnp.expand_dims(x.astype(jnp.float32), axis + 1)
+  out = split(rows_1, axis, kv_heads) * jnp.expand_dims(x.astype(jnp.float32), axis + 1)
   return merge(out, axis)
 
 

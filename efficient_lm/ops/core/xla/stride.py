@@ -225,8 +225,8 @@ def _shift_forward(call, ms, q, k, v, q_start, skip_prior, q_segments, k_segment
   p = [jnp.exp(s - peak) for s in logits]
   l = functools.reduce(jnp.add, p)
   acc = functools.reduce(jnp.add, [
-      heads.scaled(p_m, window(v, -(m * call.pattern.period + call.k_offset), call.Tq, axis=t),
-                   3 - t) for m, p_m in zip(ms, p)])
+      heads.scaled(p_m[..., None], window(v, -(m * call.pattern.period + call.k_offset), call.Tq,
+                                          axis=t), 3 - t) for m, p_m in zip(ms, p)])
   safe = jnp.where(l > 0, l, 1.0)
   return ((acc / safe[..., None]).astype(q.dtype),
           jnp.where(l > 0, peak + jnp.log(safe), NO_KEY_LSE))
@@ -245,7 +245,7 @@ def _shift_backward(call, ms, q, k, v, q_start, skip_prior, q_segments, k_segmen
     k_m, v_m = (window(x, offset, call.Tq, axis=t) for x in (k, v))
     p = jnp.exp(s - lse)
     ds = p * (heads.rows_dot(do, v_m, h) - delta)
-    dq = dq + heads.scaled(ds, k_m, h)
+    dq = dq + heads.scaled(ds[..., None], k_m, h)
     dk = dk + window(heads.group_sum(ds[..., None] * q.astype(F32), h, k.shape[h]), -offset,
                      call.Tk, axis=t)
     dv = dv + window(heads.group_sum(p[..., None] * do.astype(F32), h, v.shape[h]), -offset,
