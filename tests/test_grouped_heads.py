@@ -20,9 +20,12 @@ import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
+from safetensors.numpy import load_file
 
 from conftest import fast_first, load_config
-from efficient_lm import config_base, models, train
+
+import efficient_lm
+from efficient_lm import config_base, config_check, export, models, sharding, train, train_state
 from efficient_lm.models import registry
 from efficient_lm.ops import attention, core, ring
 from efficient_lm.ops.core import backends, kernel_mesh
@@ -307,6 +310,47 @@ def test_query_heads_spanning_two_groups_on_one_device_are_named():
     kernel_mesh.whole_kv_heads(6, 3, 2)
 
 
+# The parameters on a mesh: the key/value heads split over `tensor` like the query heads.
+
+def test_kv_heads_split_over_tensor_or_the_size_is_named():
+  """2 key/value heads split over tensor=2 (the k/v projection `[layers, D, 2, H_kv, K]`); 1 is
+  refused before anything compiles, naming the field and both fixes; with
+  mesh.rules.kv_heads='' it is replicated."""
+  from test_sharding import small_config  # pylint: disable=import-outside-toplevel
+  config = small_config("dense", fsdp=4, tensor=2)
+  config.model.num_kv_heads = 2
+  built = train_state.build(config, sharding.make_mesh(config.mesh), abstract=True)
+  spec = built.state.params["blocks"]["mixer"]["kv"]["kernel"].sharding.spec
+  assert spec == P(None, "fsdp", None, "tensor", None)
+  config.model.num_kv_heads = 1
+  with pytest.raises(ConfigError, match=r"^model\.num_kv_heads=1 is not divisible by "
+                     r"mesh\.tensor=2 \(mesh\.rules\.kv_heads='tensor' shards it\); make it a "
+                     r"multiple of 2, or set mesh\.rules\.kv_heads='' to keep it replicated$"):
+    config_check.validate(config)
+  config.mesh.rules.kv_heads = ""
+  config_check.validate(config)
+  built = train_state.build(config, sharding.make_mesh(config.mesh), abstract=True)
+  assert built.state.params["blocks"]["mixer"]["kv"]["kernel"].sharding.spec == P(
+      None, "fsdp", None, None, None)
+
+
+@pytest.mark.slow  # two short trainings on 8 fake devices, ~1 min
+@pytest.mark.parametrize("name,kv_heads,mesh", [
+    ("dense", 2, dict(fsdp=4, tensor=2)),     # key/value heads split with the query heads
+    ("pi_attention", 1, dict(tensor=2, context=4)),  # one, whole on each device, in the ring
+])
+def test_sharded_training_with_grouped_heads_matches_one_device(name, kv_heads, mesh):
+  from test_sharding import small_config, train_losses  # pylint: disable=import-outside-toplevel
+  configs = [small_config(name, **mesh), small_config(name)]
+  for config in configs:
+    config.model.num_kv_heads = kv_heads
+    config.mesh.rules.kv_heads = "tensor" if kv_heads % 2 == 0 else ""
+  losses, reference = (train_losses(config) for config in configs)
+  assert reference[-1] < reference[0]
+  np.testing.assert_allclose(losses[:2], reference[:2], rtol=1e-5)
+  np.testing.assert_allclose(losses, reference, rtol=1e-3)
+
+
 # The models.
 
 @pytest.mark.parametrize("name", fast_first(sorted(models.REGISTRY), keep=(
@@ -356,10 +400,11 @@ def test_dense_multi_query_cache_is_one_num_heads_th():
   assert mqa["all"] < default["all"] / 3.9  # positions and document ids are not per head
 
 
-@pytest.mark.slow  # ~25 s: 20 steps, two evaluations, a checkpoint and a sample
+@pytest.mark.slow  # ~25 s: 20 steps, an evaluation, a checkpoint, a sample and an export
 def test_dense_multi_query_trains_from_its_config_file(tiny_config, tmp_path):
   """`configs/dense.py:mqa` through the whole loop: the loss falls, the k/v projection has one
-  head, the workdir's config.json says so, and the sample decodes through the small cache."""
+  head, the workdir's config.json says so, the sample decodes through the small cache, and the
+  export holds the queries' and the keys/values' tensors apart, loading to the same logits."""
   config = tiny_config("dense", "mqa", num_steps=20, eval_every=20, checkpoint_every=20,
                        log_every=5, learning_rate=1e-2)
   assert config.model.num_kv_heads == 1
@@ -371,8 +416,20 @@ def test_dense_multi_query_trains_from_its_config_file(tiny_config, tmp_path):
   with open(f"{workdir}/config.json", encoding="utf-8") as f:
     assert json.load(f)["model"]["num_kv_heads"] == 1
   model = nnx.eval_shape(lambda: models.create(config.model, rngs=nnx.Rngs(0)))
-  D, K = config.model.d_model, config.model.d_model // config.model.num_heads
-  assert model.blocks.mixer.kv.kernel.shape == (config.model.num_layers, D, 2, 1, K)
+  m = config.model
+  D, K = m.d_model, m.d_model // m.num_heads
+  assert model.blocks.mixer.kv.kernel.shape == (m.num_layers, D, 2, 1, K)
+  out = str(tmp_path / "export")
+  export.export(workdir, out)
+  tensors = load_file(f"{out}/model.safetensors")
+  assert tensors["blocks.mixer.q.kernel"].shape == (m.num_layers, D, m.num_heads, K)
+  assert tensors["blocks.mixer.kv.kernel"].shape == (m.num_layers, D, 2, 1, K)
+  assert "blocks.mixer.qkv.kernel" not in tensors
+  with open(f"{out}/README.md", encoding="utf-8") as f:
+    assert f"{m.num_heads} heads (1 key/value heads)" in f.read()
+  ids = np.arange(2 * m.seq_len).reshape(2, m.seq_len) % 50 + 3
+  np.testing.assert_array_equal(efficient_lm.load(out).logits(ids),
+                                efficient_lm.load(workdir).logits(ids))
 
 
 def test_the_field_and_its_check():

@@ -15,7 +15,7 @@ their union.
     backends.py  the backends behind `attend` and how one is chosen (`impl=`)
     xla/         the blockwise loop core, every platform (the default)
     splash.py    TPU: Pallas splash-attention kernels
-    gpu.py       GPU: cuDNN and a Pallas kernel
+    gpu.py       GPU: cuDNN (`cudnn.py`) and a Pallas kernel
     reference.py the plain masked softmax (tests)
     skips.py     π's skip keys beside a kernel's local part, merged by log-sum-exp
     merge.py     attentions over disjoint key sets -> over their union (log-sum-exp)
