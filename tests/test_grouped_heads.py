@@ -318,6 +318,7 @@ def test_kv_heads_split_over_tensor_or_the_size_is_named():
   mesh.rules.kv_heads='' it is replicated."""
   from test_sharding import small_config  # pylint: disable=import-outside-toplevel
   config = small_config("dense", fsdp=4, tensor=2)
+  config.data.vocab_size = 512  # (a size the tokenizer could have)
   config.model.num_kv_heads = 2
   built = train_state.build(config, sharding.make_mesh(config.mesh), abstract=True)
   spec = built.state.params["blocks"]["mixer"]["kv"]["kernel"].sharding.spec
