@@ -17,9 +17,11 @@ def read_version() -> str:
 
 
 def read_jax_requirement() -> str:
-  """The jax versions the library is tested with: `JAX_REQUIREMENT` in efficient_lm/jax_compat.py
-  (the one module that touches jax's private API), read as text."""
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "efficient_lm", "jax_compat.py")
+  """The jax versions the library is tested with: `JAX_REQUIREMENT` in
+  efficient_lm/runtime/jax_compat.py (the one module that touches jax's private API), read as
+  text."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "efficient_lm", "runtime",
+                      "jax_compat.py")
   with open(path, encoding="utf-8") as f:
     match = re.search(r'^JAX_REQUIREMENT = "([^"]+)"$', f.read(), re.MULTILINE)
   if match is None:
@@ -40,7 +42,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["efficient_lm", "efficient_lm.*"]) + [
         "efficient_lm.configs"],
     package_dir={"efficient_lm.configs": "configs"},
-    package_data={"efficient_lm.targets": ["gpu/*.txtpb"]},  # GPU descriptions for --target
+    package_data={"efficient_lm.parallel.targets": ["gpu/*.txtpb"]},  # GPU descriptions for --target
     python_requires=">=3.10",
     install_requires=[
         f"jax{JAX}",
@@ -66,7 +68,8 @@ setuptools.setup(
     extras_require={
         "test": ["pytest>=8.0", "pytest-xdist>=3.5",
                  "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",  # the notebook tests
-                 "lm-eval>=0.4.8", "wandb>=0.19"],  # the harness and W&B tests (offline)
+                 "lm-eval>=0.4.8", "wandb>=0.19",  # the harness and W&B tests (offline)
+                 "import-linter>=2.0"],  # the wings' contract (.importlinter, tests/test_layers.py)
         # python -m efficient_lm.harness: the lm-evaluation-harness (its core needs no torch).
         "eval": ["lm-eval>=0.4.8"],
         # train.wandb=True: Weights & Biases logging (WANDB_MODE=offline works with no network).

@@ -23,7 +23,7 @@ All default runs side by side: docs/running.md, "Training", "Default runs".
 
 import ml_collections
 
-from efficient_lm.config_base import base_config
+from efficient_lm.config.base import base_config
 
 BLOCK_SIZES = ("64", "128", "256", "512")
 

@@ -17,13 +17,13 @@ same way, e.g. `--config.model.num_kv_heads=2`.
 
 import ml_collections
 
-from efficient_lm.config_base import base_config
+from efficient_lm.config.base import base_config
 
 PRESETS = ("mqa",)
 
 
 def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
-  """'' or None: every field is the shared default of efficient_lm/config_base.py; 'mqa':
+  """'' or None: every field is the shared default of efficient_lm/config/base.py; 'mqa':
   multi-query attention."""
   config = base_config("dense")
   if config_string in (None, ""):

@@ -23,7 +23,7 @@ Result: measured in the README (time, validation bits per byte).
 
 import ml_collections
 
-from efficient_lm.config_base import base_config
+from efficient_lm.config.base import base_config
 
 PRESETS = {
     None: "perceiver_ar",

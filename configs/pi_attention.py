@@ -24,7 +24,7 @@ Presets (`configs/pi_attention.py:<preset>`):
 
 import ml_collections
 
-from efficient_lm.config_base import base_config
+from efficient_lm.config.base import base_config
 
 
 def add_pi_fields(config: ml_collections.ConfigDict) -> None:

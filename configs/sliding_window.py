@@ -8,7 +8,7 @@ skips and no gate. Result: measured in the README.
 
 import ml_collections
 
-from efficient_lm.config_base import base_config
+from efficient_lm.config.base import base_config
 
 
 def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:

@@ -8,5 +8,6 @@ def load(path: str, *, step: int | None = None):
   `python -m efficient_lm.export` wrote: an `efficient_lm.api.LoadedModel` with `.logits`,
   `.score`, `.generate`, `.tokenizer`, `.config`, `.step`, `.seq_len` and `.eos_id`
   (docs/using_a_model.md). Imports jax on first use: `import efficient_lm` stays light."""
+  # Imported here: `import efficient_lm` stays light (no jax).
   from efficient_lm import api  # pylint: disable=import-outside-toplevel
   return api.load(path, step=step)

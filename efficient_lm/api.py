@@ -24,16 +24,18 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from efficient_lm import config_base
-from efficient_lm import export as export_lib
-from efficient_lm import generation
-from efficient_lm import metrics as metrics_lib
-from efficient_lm import progress
-from efficient_lm import scoring
-from efficient_lm import train_state
-from efficient_lm import workdir as workdir_lib
+from efficient_lm.config import base as config_base
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import round_trip
+from efficient_lm.data.tokenizer import open_tokenizer
+from efficient_lm.evaluation import scoring
+from efficient_lm.inference import export as export_lib
+from efficient_lm.inference import generation
+from efficient_lm.runtime import progress
+from efficient_lm.state import checkpoint
+from efficient_lm.state import train_state
+from efficient_lm.state import workdir as workdir_lib
+from efficient_lm.training import metrics as metrics_lib
 
 
 class LoadError(ValueError):
@@ -58,7 +60,6 @@ def load(path: str, *, step: int | None = None) -> "LoadedModel":
                       "load the workdir it came from")
     return _load_export(path)
   if os.path.isfile(os.path.join(path, workdir_lib.CONFIG)):
-    from efficient_lm import checkpoint  # pylint: disable=import-outside-toplevel
     try:
       graphdef, params, config, step = export_lib.restore(path, step)
     except (workdir_lib.WorkdirError, export_lib.ExportError,
@@ -72,7 +73,6 @@ def load(path: str, *, step: int | None = None) -> "LoadedModel":
 def _open_tokenizer(path: str):
   """The tokenizer of a workdir or an export folder (its tokenizer.model or tokenizer.json, with
   the separator its run's config.json names)."""
-  from efficient_lm.data.tokenizer import open_tokenizer  # pylint: disable=import-outside-toplevel
   if not any(os.path.isfile(os.path.join(path, name)) for name in workdir_lib.TOKENIZER_FILES):
     raise LoadError(f"{path} has no tokenizer file ({' or '.join(workdir_lib.TOKENIZER_FILES)}); "
                     "copy the tokenizer the model was trained with into it")

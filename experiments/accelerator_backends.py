@@ -25,7 +25,7 @@ import numpy as np
 from efficient_lm.ops import attention, core, priors
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.pattern import Pattern
-from efficient_lm.step_memory import kernel_kinds
+from efficient_lm.training.step_memory import kernel_kinds
 
 TOLERANCE = {"float32": 2e-4, "bfloat16": 3e-2}  # values; gradients: 5x
 
@@ -177,7 +177,7 @@ def cudnn_aot_rows(quick: bool, emit) -> None:
   """`emit(row)` for each call of `cudnn_rows` compiled (not run) for an H200 from this host:
   the cuDNN custom calls its forward + backward hold. One row saying why when the CUDA plugin
   is missing."""
-  from efficient_lm import targets  # pylint: disable=import-outside-toplevel
+  from efficient_lm.parallel import targets  # pylint: disable=import-outside-toplevel
   try:
     target = targets.load("gpu:h200:1x1x1")
   except targets.TargetError as error:

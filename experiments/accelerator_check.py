@@ -7,7 +7,7 @@ Steps, each written as it completes (the JSON file is rewritten whole, atomicall
 row, so a run cut short keeps what finished; `status` stays "running" then):
 
 1. versions: Python, jax, jaxlib, the accelerator plugins, and the private jax features this
-   jax lacks (`efficient_lm.jax_compat.report_line`), in one line.
+   jax lacks (`efficient_lm.runtime.jax_compat.report_line`), in one line.
 2. the device: the first of cuda, rocm, tpu that jax starts (`--platform` / the environment's
    ACCELERATOR_CHECK_PLATFORM picks one, `cpu` included).
 3. backends (`accelerator_backends.backend_rows`), then cudnn (`cudnn_rows`; on CPU also
@@ -102,7 +102,7 @@ def start(platform: str | None):
     raise CannotStart(f"jax cannot be imported by {sys.executable}: {one_line(error)}") from None
   try:
     import efficient_lm.models  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    import efficient_lm.step_memory  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    import efficient_lm.training.step_memory  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
     from experiments import accelerator_backends  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   except Exception as error:  # pylint: disable=broad-except
     raise CannotStart(f"the library cannot be imported: {one_line(error)}") from None
@@ -169,7 +169,7 @@ def attention_part(args) -> int:
   if device is None:
     say(f"NONE jax devices: {', '.join(sorted({d.platform for d in jax.devices()}))}")
     return 0
-  from efficient_lm import targets  # pylint: disable=import-outside-toplevel
+  from efficient_lm.parallel import targets  # pylint: disable=import-outside-toplevel
   from experiments import accelerator_backends  # pylint: disable=import-outside-toplevel
   platform = targets.platform_of([device])
   say("DEVICE " + json.dumps({"device": device.device_kind, "platform": platform}))
@@ -243,7 +243,7 @@ def main(argv=None) -> int:
   except Exception as error:  # pylint: disable=broad-except
     say(f"accelerator_check: FAIL: jax cannot be imported by {sys.executable}: {one_line(error)}")
     return EXIT_CANNOT_START
-  from efficient_lm import jax_compat  # pylint: disable=import-outside-toplevel
+  from efficient_lm.runtime import jax_compat  # pylint: disable=import-outside-toplevel
   versions = jax_compat.report()
   say(f"accelerator_check: {jax_compat.report_line(versions)}")
   summary, failures = None, []

@@ -4,7 +4,7 @@
 
 The device check (`experiments/accelerator_check.py`) runs this once per model and sequence
 length, each in a fresh process, so `peak_bytes_in_use` is that step's own peak. The step is
-`step_memory.compile_train_step` (the step `efficient_lm.train` runs), bfloat16, B=1, remat
+`step_memory.compile_train_step` (the step `efficient_lm.training.loop` runs), bfloat16, B=1, remat
 'block', the config's sequence and loss chunks, `attention_impl='auto'`, on synthetic tokens
 (no data pipeline is imported). Prints one line, `ROW {json}`: tokens/s, MFU (analytic model
 FLOPs / step time / the chip's bf16 peak), the compiled estimate and the device's peak bytes,
@@ -30,20 +30,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def peak_tflops(kind: str) -> float | None:
-  """The device's dense bfloat16 TFLOP/s (`efficient_lm.flops`), None when unknown."""
-  from efficient_lm import flops  # pylint: disable=import-outside-toplevel
+  """The device's dense bfloat16 TFLOP/s (`efficient_lm.training.flops`), None when unknown."""
+  from efficient_lm.training import flops  # pylint: disable=import-outside-toplevel
   peak = flops.peak_flops(kind)
   return None if peak is None else peak / 1e12
 
 
 def model_flops(config, num_params: int) -> float:
-  """The analytic model FLOPs of one train step (`efficient_lm.flops.step_flops`)."""
-  from efficient_lm import flops, models  # pylint: disable=import-outside-toplevel
+  """The analytic model FLOPs of one train step (`efficient_lm.training.flops.step_flops`)."""
+  from efficient_lm.training import flops  # pylint: disable=import-outside-toplevel
+  from efficient_lm import models  # pylint: disable=import-outside-toplevel
   return flops.step_flops(config, num_params, list(models.attention_patterns(config.model)))
 
 
 def config_for(name: str, T: int, args):
-  from efficient_lm import cli  # pylint: disable=import-outside-toplevel
+  from efficient_lm.cli import common as cli  # pylint: disable=import-outside-toplevel
   path, _, preset = MODELS[name].partition(":")
   config = cli.load_config(os.path.join(REPO, "configs", path) + (f":{preset}" if preset else ""))
   config.data.update(seq_len=T, batch_size=1, vocab_size=args.vocab_size)
@@ -65,7 +66,9 @@ def first_line(error: BaseException) -> str:
 
 def run(name: str, T: int, args) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
-  from efficient_lm import sharding, step_memory, train_state  # pylint: disable=import-outside-toplevel
+  from efficient_lm.parallel import sharding  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import step_memory  # pylint: disable=import-outside-toplevel
+  from efficient_lm.state import train_state  # pylint: disable=import-outside-toplevel
   device = jax.local_devices()[0]
   row = {"model": name, "seq_len": T, "device": device.device_kind}
   config = config_for(name, T, args)

@@ -20,7 +20,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from efficient_lm import checkpoint
+from efficient_lm.state import checkpoint
 from experiments.common import REPO
 
 

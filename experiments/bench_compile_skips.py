@@ -88,7 +88,8 @@ def pi_config(seq_len: int, **model):
 
 
 def train_program(config):
-  from efficient_lm import train_state, train_step
+  from efficient_lm.state import train_state
+  from efficient_lm.training import step as train_step
   built = train_state.build(config, seed=0)
   step = train_step.make_train_step(built.graphdef, built.tx, built.schedule, seed=0)
   B, L, V = config.data.batch_size, config.data.seq_len, config.data.vocab_size

@@ -50,10 +50,10 @@ import jax
 import numpy as np
 
 from efficient_lm import models as models_lib
-from efficient_lm import sharding
-from efficient_lm import step_memory
-from efficient_lm import targets
-from efficient_lm import train_state
+from efficient_lm.parallel import sharding
+from efficient_lm.parallel import targets
+from efficient_lm.state import train_state
+from efficient_lm.training import step_memory
 from experiments import bench_step
 from experiments.common import REPO, load_config, paused, write_json
 

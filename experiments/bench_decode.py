@@ -44,7 +44,7 @@ import numpy as np
 from flax import nnx
 
 from efficient_lm import models
-from efficient_lm import generation
+from efficient_lm.inference import generation
 from experiments.common import load_config
 
 

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from efficient_lm import generation
+from efficient_lm.inference import generation
 from experiments import bench_decode
 
 

@@ -2,7 +2,7 @@
 
     python -m experiments.bench_ring_memory            # 8 fake CPU devices, T = 65536 vs 8192
 
-Compiles (does not run) the train step `efficient_lm.train` runs (forward,
+Compiles (does not run) the train step `efficient_lm.training.loop` runs (forward,
 backward, AdamW update) twice for the same small π model: on one device at
 T = C, and with the sequence sharded over `--devices` (mesh.context) at
 T = devices x C. Reported per device, from `compiled.memory_analysis()`:
@@ -42,9 +42,9 @@ def measure(args, context: int) -> dict:
   import jax
   import numpy as np
 
-  from efficient_lm import train
-  from efficient_lm import train_state
-  from efficient_lm import train_step
+  from efficient_lm.training import loop as train
+  from efficient_lm.state import train_state
+  from efficient_lm.training import step as train_step
   from experiments.common import load_config
 
   config = load_config("configs/pi_attention.py")

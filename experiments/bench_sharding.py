@@ -38,9 +38,9 @@ import time
 
 import jax
 
-from efficient_lm import sharding
-from efficient_lm import step_memory
-from efficient_lm import train_state
+from efficient_lm.parallel import sharding
+from efficient_lm.state import train_state
+from efficient_lm.training import step_memory
 from experiments.common import REPO, load_config, write_json
 
 SIZES = "256x4,512x8,1024x16,2048x24,3072x32,4096x40"

@@ -5,7 +5,7 @@
 
 Every config gets the same shared settings (the flags); each model's own fields
 keep their config values. The train step (forward, backward, AdamW update) is
-the one `efficient_lm.train` runs, on random tokens. Reported: median step time
+the one `efficient_lm.training.loop` runs, on random tokens. Reported: median step time
 over --repeats after compilation, tokens/s, the compiled step's temporary memory
 (`compiled.memory_analysis()`) and FLOPs (`train_step_flops`: the cost analysis
 with every layer counted), and each figure relative to the first config. `--documents=0,8`
@@ -24,13 +24,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from efficient_lm import models
-from efficient_lm import train_state
-from efficient_lm import train_step
+from efficient_lm.state import train_state
+from efficient_lm.training import step as train_step
 from experiments.common import load_config
 
 
 def compile_train_step(config, *, seed: int = 0, documents: int = 0):
-  """The train step `efficient_lm.train` runs, compiled for `config` on random tokens (with
+  """The train step `efficient_lm.training.loop` runs, compiled for `config` on random tokens (with
   `documents` > 0, cut into that many equal documents a row by `segment_ids`).
 
   Returns (compiled, state, batch, memory_analysis, cost_analysis); shared by the

@@ -43,7 +43,9 @@ def launch(args) -> None:
 def measure(spec: str, args, agreement) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from efficient_lm import sharding, step_memory, train_state  # pylint: disable=import-outside-toplevel
+  from efficient_lm.parallel import sharding  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import step_memory  # pylint: disable=import-outside-toplevel
+  from efficient_lm.state import train_state  # pylint: disable=import-outside-toplevel
   from experiments.common import load_config  # pylint: disable=import-outside-toplevel
   config = load_config(spec)
   for override in args.overrides.split(",") if args.overrides else []:
@@ -80,7 +82,7 @@ def measure(spec: str, args, agreement) -> dict:
 
 
 def worker(args) -> None:
-  from efficient_lm import distributed  # pylint: disable=import-outside-toplevel
+  from efficient_lm.parallel import distributed  # pylint: disable=import-outside-toplevel
   distributed.initialize_distributed(args.coordinator_address, args.num_processes, args.process_id)
   agreement = distributed.StopAgreement()
   rows = [measure(spec, args, agreement) for spec in args.configs.split(",")]

@@ -4,7 +4,7 @@
     python -m experiments.benchmark --models=dense,bcmt:128 --seq_lens=1024,4096
     python -m experiments.benchmark --quick --out_dir=/tmp/bench    # tiny sizes, seconds (the test runs it)
 
-Per (model, T), B=1: the train step `efficient_lm.train` runs (forward, backward,
+Per (model, T), B=1: the train step `efficient_lm.training.loop` runs (forward, backward,
 AdamW), compiled once (`experiments.bench_step.compile_train_step`), then the
 median wall time of --repeats steps; tokens/s = T / that time. Memory: the
 compiled step's temporary buffers (`memory_analysis().temp_size_in_bytes`)

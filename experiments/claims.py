@@ -1,8 +1,8 @@
 """How a decided claim reads, for `experiments.verdicts` (which decides them) and
 `experiments.paper_tables.render` (which lists a table's claims): the labels beyond
-`efficient_lm.stats`'s verdicts, a verdicts.json's rows by claim, and a row's verdict cell."""
+`efficient_lm.evaluation.stats`'s verdicts, a verdicts.json's rows by claim, and a row's verdict cell."""
 
-from efficient_lm import stats
+from efficient_lm.evaluation import stats
 
 EXPLORATORY = "exploratory"  # a result that ran before its claim was registered: never a verdict
 NOT_VALIDATED = "not validated"  # a swap claim whose rows the placebo gate does not validate

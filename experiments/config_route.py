@@ -37,19 +37,25 @@ LAYER_NAMES = ("config", "data", "model", "train", "checkpoint/metrics")
 # the mesh and its rules) are the config layer; the training loop is train; what a run writes
 # (checkpoints, metrics, W&B, the sample, the workdir's records) is the last layer.
 LAYERS = {
-    "efficient_lm": 0,  # anything not listed below: main, cli, config_*, *_config, validation...
-    "efficient_lm.sharding": 0, "efficient_lm.axes": 0, "efficient_lm.targets": 0,
-    "efficient_lm.jax_devices": 0, "efficient_lm.distributed": 0,
+    "efficient_lm": 0,  # anything not listed below: main, cli/, config/, ...
+    "efficient_lm.parallel.sharding": 0, "efficient_lm.config.axes": 0,
+    "efficient_lm.parallel.targets": 0, "efficient_lm.runtime.jax_devices": 0,
+    "efficient_lm.parallel.distributed": 0,
     "efficient_lm.data": 1,
-    "efficient_lm.models": 2, "efficient_lm.ops": 2, "efficient_lm.flops": 2,
-    "efficient_lm.step_memory": 2,
-    "efficient_lm.train": 3, "efficient_lm.train_step": 3, "efficient_lm.train_state": 3,
-    "efficient_lm.optimizer": 3, "efficient_lm.harness": 3, "efficient_lm.harness_model": 3,
-    "efficient_lm.progress": 3, "efficient_lm.signals": 3, "efficient_lm.stats": 3,
-    "efficient_lm.checkpoint": 4, "efficient_lm.metrics": 4, "efficient_lm.wandb_writer": 4,
-    "efficient_lm.workdir": 4, "efficient_lm.output": 4, "efficient_lm.sample": 4,
-    "efficient_lm.generation": 4, "efficient_lm.evaluate": 4, "efficient_lm.scoring": 4,
-    "efficient_lm.export": 4, "efficient_lm.files": 4,
+    "efficient_lm.models": 2, "efficient_lm.ops": 2, "efficient_lm.training.flops": 2,
+    "efficient_lm.training.step_memory": 2,
+    "efficient_lm.training.loop": 3, "efficient_lm.training.step": 3,
+    "efficient_lm.state.train_state": 3, "efficient_lm.state.optimizer": 3,
+    "efficient_lm.harness": 3, "efficient_lm.cli.harness_command": 3,
+    "efficient_lm.cli.harness_model": 3, "efficient_lm.runtime.progress": 3,
+    "efficient_lm.runtime.signals": 3, "efficient_lm.evaluation.stats": 3,
+    "efficient_lm.state.checkpoint": 4, "efficient_lm.training.metrics": 4,
+    "efficient_lm.training.wandb": 4, "efficient_lm.state.workdir": 4,
+    "efficient_lm.runtime.output": 4, "efficient_lm.sample": 4, "efficient_lm.cli.sample_command": 4,
+    "efficient_lm.inference.generation": 4, "efficient_lm.evaluate": 4,
+    "efficient_lm.cli.evaluate_command": 4, "efficient_lm.evaluation.scoring": 4,
+    "efficient_lm.export": 4, "efficient_lm.cli.export_command": 4,
+    "efficient_lm.inference.export": 4, "efficient_lm.runtime.files": 4,
 }
 GOAL_CLIMBS, GOAL_VISITS = 10, 5
 
@@ -87,7 +93,7 @@ class Recorder:
 
   def __init__(self):
     import ml_collections  # pylint: disable=import-outside-toplevel
-    from efficient_lm import typed_config  # pylint: disable=import-outside-toplevel
+    from efficient_lm.config import fields as typed_config  # pylint: disable=import-outside-toplevel
     self.kinds = (ml_collections.ConfigDict, typed_config.Section)
     self.section = typed_config.Section
     self.root = os.path.dirname(os.path.abspath(sys.modules[PACKAGE].__file__)) + os.sep

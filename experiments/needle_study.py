@@ -131,11 +131,11 @@ def run_row(model: str, seed: int, args) -> dict:
 def answer_digits(row: dict) -> dict | None:
   """A row's greedy answers read digit by digit, from its committed needle.json (None without it):
   `leading`, the mean count of right digits before the first wrong one
-  (`long_eval.needle.leading_digits`); `any_order`, the mean count of the value's digits the answer
+  (`long_context.needle.leading_digits`); `any_order`, the mean count of the value's digits the answer
   holds in any order (`digits_in_any_order`); and `any_order_chance`, the same answers scored
   against the other prompts' values (a null that keeps each model's own digit habits: an answer
   of one digit repeated scores below uniform digits)."""
-  from efficient_lm.long_eval import needle  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation.long_context import needle  # pylint: disable=import-outside-toplevel
   path = os.path.join(REPO, row["figures"], "needle.json")
   if not os.path.isfile(path):
     return None

@@ -19,7 +19,7 @@ import json
 import os
 import sys
 
-from efficient_lm.long_eval import needle as needle_lib
+from efficient_lm.evaluation.long_context import needle as needle_lib
 from experiments import needle_study
 from experiments.common import REPO, write_json
 from experiments.runner import run_monitored, tail

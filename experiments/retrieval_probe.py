@@ -15,7 +15,7 @@ decaying memory of pooled block summaries can carry the value. Dense
 attention is the reference. Chance is 1 / num_values.
 
 Training draws d log-uniformly from 1..T-2 each example, with the train step
-`efficient_lm.train` uses (AdamW, the same loss with the weights on the last
+`efficient_lm.training.loop` uses (AdamW, the same loss with the weights on the last
 position only); evaluation fixes d at each of --distances. Writes
 <out_dir>/retrieval_probe.json and retrieval_probe.png.
 """
@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from efficient_lm import train_state
-from efficient_lm import train_step
+from efficient_lm.state import train_state
+from efficient_lm.training import step as train_step
 from experiments.common import REPO, load_config
 
 MODELS = "dense,bcmt,sliding_window,pi_attention,pi_attention:doubling"

@@ -1,4 +1,4 @@
-"""Every claim, decided over training seeds by the rules of `efficient_lm.stats`, where its runs
+"""Every claim, decided over training seeds by the rules of `efficient_lm.evaluation.stats`, where its runs
 came after its registration (`experiments/registration.py`).
 
     python -m experiments.verdicts     # results/verdicts.json and the READMEs' tables, from the results
@@ -34,7 +34,7 @@ import os
 
 import numpy as np
 
-from efficient_lm import stats
+from efficient_lm.evaluation import stats
 from experiments import long_range
 from experiments import needle_study
 from experiments import needle_variants

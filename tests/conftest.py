@@ -19,7 +19,7 @@ os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 # 283 s), the same fusions and buffers (`test_core.py` checks this too), where this jaxlib has
 # them (before 0.11; an unknown XLA flag aborts the process). Subprocesses get these flags
 # through `subprocess_env`.
-from efficient_lm import jax_compat  # pylint: disable=wrong-import-position  (imports no jax)
+from efficient_lm.runtime import jax_compat  # pylint: disable=wrong-import-position  (imports no jax)
 
 TEST_XLA_FLAGS = jax_compat.classic_cpu_emitters_flag()
 
@@ -135,7 +135,7 @@ def fast_first(cases, keep=1) -> list:
 
 def load_config(name: str, preset: str | None = None):
   """`configs/<name>.py`'s get_config(preset), loaded by path as the entry point does."""
-  from efficient_lm import cli  # pylint: disable=import-outside-toplevel
+  from efficient_lm.cli import common as cli  # pylint: disable=import-outside-toplevel
   config = cli.load_config(os.path.join(REPO, "configs", f"{name}.py") + (f":{preset}" if preset else ""))
   config.mesh.fsdp = 1  # as on one device: the tests see 8 fake ones (mesh.fsdp=-1 would take all)
   return config

@@ -32,13 +32,13 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # pylint: disable=wrong-import-position
-from efficient_lm import checkpoint
-from efficient_lm import generation
-from efficient_lm import scoring
-from efficient_lm import step_memory
-from efficient_lm import train
 from efficient_lm.data import tokenizer
 from efficient_lm.data import wikitext103
+from efficient_lm.evaluation import scoring
+from efficient_lm.inference import generation
+from efficient_lm.state import checkpoint
+from efficient_lm.training import loop as train
+from efficient_lm.training import step_memory
 
 FAULT, N = sys.argv.pop(1), int(sys.argv.pop(1))
 COMMAND = sys.argv.pop(1) if len(sys.argv) > 1 and sys.argv[1] in ("evaluate", "sample") else "main"

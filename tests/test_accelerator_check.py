@@ -299,7 +299,7 @@ def test_a_killed_run_keeps_the_rows_that_finished(tmp_path):
 # The kernels a compiled module calls.
 
 def test_kernel_kinds_classifies_custom_call_targets():
-  from efficient_lm.step_memory import kernel_counts, kernel_kinds  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training.step_memory import kernel_counts, kernel_kinds  # pylint: disable=import-outside-toplevel
   text = "\n".join([
       '%a = custom-call(%q), custom_call_target="__cudnn$fmhaSoftmax"',
       '%b = custom-call(%q), custom_call_target="__cudnn$fmhaSoftmaxBackward"',
@@ -317,10 +317,10 @@ def test_kernel_kinds_counts_splash_compiled_for_a_tpu():
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from efficient_lm import targets  # pylint: disable=import-outside-toplevel
+  from efficient_lm.parallel import targets  # pylint: disable=import-outside-toplevel
   from efficient_lm.ops import core  # pylint: disable=import-outside-toplevel
   from efficient_lm.ops.pattern import Pattern  # pylint: disable=import-outside-toplevel
-  from efficient_lm.step_memory import kernel_kinds  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training.step_memory import kernel_kinds  # pylint: disable=import-outside-toplevel
   target = targets.load("tpu:v5e:1x1")
   mesh = jax.sharding.Mesh(np.array(target.devices), ("data",))
   spec = jax.ShapeDtypeStruct((1, 1024, 2, 128), jnp.bfloat16,

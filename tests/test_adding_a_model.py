@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from efficient_lm import config_check
 from efficient_lm import models
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
+from efficient_lm.training import prepare as config_check
 import test_documents
 import test_kernel_models
 import test_ring
@@ -80,7 +80,7 @@ def tiny(config_module, **overrides):
 
 def test_help_lists_it_from_its_source(example, tmp_path):
   """`--help`'s model list reads the page's `listing` from the family's source (no import)."""
-  from efficient_lm import help as help_lib  # pylint: disable=import-outside-toplevel
+  from efficient_lm.cli import help as help_lib  # pylint: disable=import-outside-toplevel
   (tmp_path / f"{NAME}.py").write_text(blocks()[f"file: efficient_lm/models/{NAME}.py"])
   assert help_lib.listed_models(str(tmp_path)) == {NAME: models.REGISTRY[NAME].listing}
 

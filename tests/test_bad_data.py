@@ -10,7 +10,7 @@ import pytest
 
 from conftest import fake_work_text
 from efficient_lm import data
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 
 
 HELD_OUT = ("hamlet", "twelfth_night", "macbeth", "much_ado_about_nothing")

@@ -10,10 +10,10 @@ from flax import nnx
 
 from conftest import fast_first, load_config
 from efficient_lm import models
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.models import bcmt
 from efficient_lm.models import decoder
 from efficient_lm.models import layers
-from efficient_lm.validation import ConfigError
 from test_models import tiny_model_config
 
 L = 8  # block size of the tiny models: seq_len 32 is 4 blocks

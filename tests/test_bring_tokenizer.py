@@ -19,13 +19,13 @@ import pytest
 
 from conftest import REPO, SHAKESPEARE_WORKS, fake_work_text, load_config, subprocess_env
 from efficient_lm import data
-from efficient_lm import scoring
-from efficient_lm import workdir as workdir_lib
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import archives
 from efficient_lm.data import cache
 from efficient_lm.data import config as data_config_lib
 from efficient_lm.data.tokenizer import Tokenizer, open_tokenizer
-from efficient_lm.validation import ConfigError
+from efficient_lm.evaluation import scoring
+from efficient_lm.state import workdir as workdir_lib
 
 TEXT_LINES = ''.join(fake_work_text(w) for w in SHAKESPEARE_WORKS).splitlines()
 SAMPLE = 'Thou art\tÆsop’s “fable” é ▁ <|endoftext|> </s> [SEP]\n  sweet prince\n'

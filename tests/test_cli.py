@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from conftest import REPO, fast_first
-from efficient_lm import cli
-from efficient_lm.validation import ConfigError
+from efficient_lm.cli import common as cli
+from efficient_lm.config.errors import ConfigError
 
 
 def run(args, cwd=REPO, module="efficient_lm.main"):

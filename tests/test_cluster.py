@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from conftest import load_config
-from efficient_lm import checkpoint
-from efficient_lm import config_check
-from efficient_lm import sharding
-from efficient_lm import train
-from efficient_lm import train_state
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
+from efficient_lm.parallel import sharding
+from efficient_lm.state import checkpoint
+from efficient_lm.state import train_state
+from efficient_lm.training import loop as train
+from efficient_lm.training import prepare as config_check
 
 
 def state_bytes(state) -> int:

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from conftest import REPO, load_config
-from efficient_lm import config_check
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
+from efficient_lm.training import prepare as config_check
 
 
 def test_dense_config_is_valid_and_linked():
@@ -25,7 +25,7 @@ def test_missing_fields_are_filled_with_their_defaults_once(tmp_path):
   gets them at the base config's defaults, at the door, so the library reads fields only."""
   import json  # pylint: disable=import-outside-toplevel
   import ml_collections  # pylint: disable=import-outside-toplevel
-  from efficient_lm import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
   full = load_config("pi_attention")
   old = full.to_dict()
   for section, field in (("train", "loss_chunk"), ("train", "profile_steps"),

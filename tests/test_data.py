@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from efficient_lm import data
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import archives
 from efficient_lm.data import cache
 from efficient_lm.data import shakespeare
 from efficient_lm.data import wikitext103
 from efficient_lm.data.tokenizer import Tokenizer
 from efficient_lm.data.tokenizer import training_lines
-from efficient_lm.validation import ConfigError
 
 VOCAB = 384
 SEQ_LEN = 16

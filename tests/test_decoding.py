@@ -13,7 +13,10 @@ import pytest
 from flax import nnx
 
 from conftest import REPO, fast_first
-from efficient_lm import generation, models, sample, train
+from efficient_lm import models
+from efficient_lm.cli import sample_command as sample
+from efficient_lm.inference import generation
+from efficient_lm.training import loop as train
 import families
 from test_models import FAMILY_FIELDS, tiny_model_config
 

@@ -286,8 +286,8 @@ def test_training_with_documents_runs_for_every_family(name):
   """A batch with document ids through the train step: the loss is finite and falls on a batch
   seen again, and it differs from the same batch without ids (the ids are used)."""
   import optax  # pylint: disable=import-outside-toplevel
-  from efficient_lm import train_step  # pylint: disable=import-outside-toplevel
-  from efficient_lm.train_state import TrainState  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import step as train_step  # pylint: disable=import-outside-toplevel
+  from efficient_lm.state.train_state import TrainState  # pylint: disable=import-outside-toplevel
   cfg = tiny_model_config(name)
   graphdef, params = nnx.split(models.create(cfg, rngs=nnx.Rngs(0)))
   tx = optax.adam(1e-2)

@@ -10,10 +10,10 @@ from flax import nnx
 
 from conftest import fast_first
 from efficient_lm import models
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.models import decoder
 from efficient_lm.models import ecp
 from efficient_lm.ops.route import Route
-from efficient_lm.validation import ConfigError
 from test_models import tiny_model_config
 
 

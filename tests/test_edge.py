@@ -8,15 +8,15 @@ import jax
 import pytest
 
 from conftest import load_config
-from efficient_lm import config_check
 from efficient_lm import data
-from efficient_lm import mesh_config
 from efficient_lm import models
-from efficient_lm import sections
-from efficient_lm import train_state
+from efficient_lm.config import mesh as mesh_config
+from efficient_lm.config import sections
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import config as data_config_lib
 from efficient_lm.models import placement
-from efficient_lm.validation import ConfigError
+from efficient_lm.state import train_state
+from efficient_lm.training import prepare as config_check
 
 
 def tiny(name: str = "pi_attention"):
@@ -71,7 +71,7 @@ def test_the_data_layer_takes_the_typed_section_never_the_mapping(tmp_path):
   config = tiny()
   config.data.data_dir = str(tmp_path / "never")
   typed = data.validate(config.data)
-  assert typed == sections.typed(config).data and typed.seq_len == 64
+  assert typed == config_check.typed(config).data and typed.seq_len == 64
   with pytest.raises(TypeError):
     typed["seq_len"]  # pylint: disable=pointless-statement
   assert not hasattr(typed, "get")
@@ -81,7 +81,7 @@ def test_the_data_layer_takes_the_typed_section_never_the_mapping(tmp_path):
   assert data.has_document_ids(typed) and not data.has_document_ids(
       dataclasses.replace(typed, document_mask=False))
   refused = r"takes the typed data section \(data\.validate\(config\.data\) or " \
-            r"config_check\.prepare\(config\)\.data\), not ConfigDict$"
+            r"training\.prepare\.prepare\(config\)\.data\), not ConfigDict$"
   for call in (data.known_splits, data.has_document_ids, data.preflight, data.load):
     with pytest.raises(TypeError, match=rf"^data\.{call.__name__} {refused}"):
       call(config.data)
@@ -139,7 +139,7 @@ def test_mesh_on_devices_rules(sizes, grad_accum, message):
     (dict(archive="a.zip", dataset="tfds:lm1b"), "data.archive='a.zip' is only used by the "),
 ])
 def test_data_source_rules_run_in_order(fields, message):
-  typed = dataclasses.replace(sections.typed(tiny()).data, **fields)
+  typed = dataclasses.replace(config_check.typed(tiny()).data, **fields)
   with pytest.raises(ConfigError) as error:
     data_config_lib.DataSource(data=typed, source=data.registry.lookup(typed.dataset))
   assert str(error.value).startswith(message), str(error.value)

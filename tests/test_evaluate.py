@@ -15,10 +15,10 @@ from flax import nnx
 
 from conftest import REPO, _tiny_sections, load_config, fast_first
 from efficient_lm import data
-from efficient_lm import evaluate
-from efficient_lm import scoring
-from efficient_lm import train
-from efficient_lm.generation import load_workdir
+from efficient_lm.cli import evaluate_command as evaluate
+from efficient_lm.evaluation import scoring
+from efficient_lm.inference.generation import load_workdir
+from efficient_lm.training import loop as train
 
 # The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).
 pytestmark = pytest.mark.xdist_group("evaluate_runs")

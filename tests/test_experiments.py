@@ -385,8 +385,8 @@ def check_training_progress(notebook) -> None:
   than PROGRESS_SECONDS (+ 2 s: the stamps' whole seconds and the thread's wake-up), nor the last
   from the cell's end."""
   import datetime  # pylint: disable=import-outside-toplevel
-  (cell,) = [c for c in notebook.cells
-             if c.cell_type == "code" and "train.train_and_evaluate(" in c.source]
+  cell = next(c for c in notebook.cells  # the first run (the second continues it)
+              if c.cell_type == "code" and "train.train_and_evaluate(" in c.source)
   text = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stderr")
   lines = [l for l in text.splitlines() if re.match(r"\d\d:\d\d:\d\d ", l)]
   assert any(re.search(r" step \d+/\d+ +loss ", l) for l in lines), text[-3000:]
@@ -534,7 +534,7 @@ def test_registration_is_read_from_git():
 def test_power_matches_the_t_distribution():
   """stats.power: about alpha / 2 under the null (one direction), rising with the effect; TOST
   power near 0 when the margin is small against the spread."""
-  from efficient_lm import stats  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation import stats  # pylint: disable=import-outside-toplevel
   assert stats.power("difference", 6, 1.0, effect=0.0) == pytest.approx(0.025, abs=0.006)
   assert stats.power("difference", 6, 0.0083, effect=0.0168) == pytest.approx(0.97, abs=0.01)
   assert stats.power("equivalence", 3, 0.021, margin=0.02) < 0.15
@@ -673,7 +673,7 @@ def test_recall_claims_are_decided_over_five_seeds_on_the_queries_with_a_path(tm
   its own one-hop reach makes the claim not comparable; 4 seeds of 5 are pending. The rows of
   long_range.json carry num_layers and the path counts."""
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from efficient_lm import stats  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation import stats  # pylint: disable=import-outside-toplevel
   from experiments import long_range, verdicts  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(0)
   n = 4096

@@ -19,14 +19,15 @@ from safetensors.numpy import load_file, save_file
 import efficient_lm
 from conftest import REPO, _tiny_sections, load_config, subprocess_env
 from efficient_lm import api
-from efficient_lm import export
-from efficient_lm import generation
 from efficient_lm import models
-from efficient_lm import scoring
-from efficient_lm import signals
-from efficient_lm import train
-from efficient_lm import train_state
-from efficient_lm import workdir as workdir_lib
+from efficient_lm.cli import export_command
+from efficient_lm.evaluation import scoring
+from efficient_lm.inference import export
+from efficient_lm.inference import generation
+from efficient_lm.runtime import signals
+from efficient_lm.state import train_state
+from efficient_lm.state import workdir as workdir_lib
+from efficient_lm.training import loop as train
 
 # The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).
 pytestmark = pytest.mark.xdist_group("export_runs")
@@ -334,7 +335,7 @@ def test_refused_exports_are_one_line_and_status_2_and_write_nothing(run, tmp_pa
   ]
   before = _snapshot(tmp_path)
   for kwargs, message in cases:
-    assert export.cli(**kwargs) == 2, kwargs
+    assert export_command.cli(**kwargs) == 2, kwargs
     assert message in _one_error_line(capsys), kwargs
   assert _snapshot(tmp_path) == before  # nothing written, no temporary folder left
   # An export that fails once the weights are written leaves nothing behind, the old folder kept.
@@ -453,7 +454,7 @@ def test_overwrite_replaces_a_previous_export_and_a_stop_keeps_it_whole(run, tmp
   monkeypatch.undo()
   assert _snapshot(out) == previous and os.listdir(tmp_path) == ["pi"]
   # --overwrite replaces it: one file now, step 6, nothing of the sharded one left.
-  assert export.cli(workdir=run["workdir"], out=str(out), overwrite=True) == 0
+  assert export_command.cli(workdir=run["workdir"], out=str(out), overwrite=True) == 0
   summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert summary["step"] == 6 and summary["out"] == str(out)
   assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors",
@@ -478,7 +479,7 @@ def test_what_an_export_stopped_at_once_left_is_set_right_by_the_next(run, tmp_p
   for folder in kept:
     shutil.copytree(run["export"], folder)
   (kept[-1] / "keep.txt").write_text("mine")
-  assert export.cli(workdir=run["workdir"], out=str(out)) == 2
+  assert export_command.cli(workdir=run["workdir"], out=str(out)) == 2
   assert "holds an export already" in _one_error_line(capsys)  # the previous one, back in place
   assert _snapshot(out) == _snapshot(run["export"])
   assert sorted(os.listdir(tmp_path)) == sorted(["pi"] + [f.name for f in kept])

@@ -17,13 +17,13 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from efficient_lm import jax_compat
 from efficient_lm import models
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.ops import core
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.core import xla
 from efficient_lm.ops.pattern import Pattern
-from efficient_lm.validation import ConfigError
+from efficient_lm.runtime import jax_compat
 from test_models import tiny_model_config
 
 KERNELS = ("splash", "gpu")

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from conftest import REPO
-from efficient_lm import checkpoint
-from efficient_lm import exit_codes
-from efficient_lm import train
+from efficient_lm.runtime import exit_codes
+from efficient_lm.state import checkpoint
+from efficient_lm.training import loop as train
 
 # The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).
 pytestmark = pytest.mark.xdist_group("faults_uninterrupted")

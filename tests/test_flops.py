@@ -4,8 +4,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from efficient_lm import flops
 from efficient_lm.ops.pattern import Pattern
+from efficient_lm.training import flops
 from test_core import reference_masks
 
 
@@ -29,7 +29,7 @@ def test_step_flops_and_peaks():
 def test_the_progress_line_reports_mfu_on_accelerators():
   """With a peak rate (an accelerator) the line adds tokens/s per device and MFU: FLOPs per step x
   steps per second over the devices' peak; without one (a CPU) it does not."""
-  from efficient_lm import metrics  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import metrics  # pylint: disable=import-outside-toplevel
   on_tpu = metrics.Progress(0, 10, tokens_per_step=1000, step_flops=2e12, peak_flops=4 * 197e12,
                             num_devices=4)
   # 5,000 tokens/s = 5 steps/s = 1e13 FLOP/s of 7.88e14.

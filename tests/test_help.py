@@ -8,9 +8,9 @@ import time
 import pytest
 
 from conftest import REPO
-from efficient_lm import cli
-from efficient_lm import config_base
-from efficient_lm import help as help_lib
+from efficient_lm.cli import common as cli
+from efficient_lm.cli import help as help_lib
+from efficient_lm.config import base as config_base
 
 COMMANDS = {"efficient_lm.main": "Trains a model", "efficient_lm.sample": "Samples text",
             "efficient_lm.evaluate": "Evaluates a trained workdir"}  # their docstrings' first words
@@ -151,7 +151,7 @@ def test_an_unknown_model_is_one_error_line():
 
 LIGHT = """
 import sys
-from efficient_lm import help
+from efficient_lm.cli import help
 help.listing(); help.model_listing('bcmt')
 print(",".join(sorted(m for m in ("jax", "flax", "tensorflow_datasets", "grain", "orbax")
                       if m in sys.modules)) or "none")

@@ -17,9 +17,9 @@ import pytest
 
 from conftest import REPO, TINY, fake_work_text, subprocess_env
 from efficient_lm import data
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import hf_datasets
 from efficient_lm.data.config import DataError
-from efficient_lm.validation import ConfigError
 
 datasets = pytest.importorskip('datasets')
 

@@ -140,11 +140,11 @@ def test_a_circle_is_found():
 
 LIGHT = """
 import sys
-from efficient_lm import cli
-from efficient_lm import help as help_lib
+from efficient_lm.cli import common as cli
+from efficient_lm.cli import help as help_lib
 for name in sorted(set(cli.config_names()) | {spec for spec, _ in help_lib.MODELS.values()}):
   cli.load_config(name)  # every shipped config, and each model's (presets too)
-from efficient_lm import workdir
+from efficient_lm.state import workdir
 heavy = sorted(m for m in ("jax", "flax", "tensorflow_datasets", "grain", "orbax") if m in sys.modules)
 print(",".join(heavy) or "none")
 """

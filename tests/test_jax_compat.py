@@ -1,4 +1,5 @@
-"""`efficient_lm/jax_compat.py`: every private jax API behind one module, each with its fallback.
+"""`efficient_lm/runtime/jax_compat.py`: every private jax API behind one module, each with its
+fallback.
 
 On the installed jax (0.10.2 here; 0.12.0.1 in CI's Python 3.12 stage, see
 docs/accelerators.md) every private feature is present and binds the way the library calls it;
@@ -23,10 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from efficient_lm import jax_compat
 from efficient_lm.ops import core, precision
 from efficient_lm.ops.core import backends, splash
 from efficient_lm.ops.pattern import Pattern
+from efficient_lm.runtime import jax_compat
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,7 +54,8 @@ def _private_uses(path: str) -> list[str]:
 
 def test_no_private_jax_outside_the_compat_module():
   """(and this file, which takes jax's private pieces away to run the fallbacks)"""
-  allowed = {os.path.join(REPO, "efficient_lm", "jax_compat.py"), os.path.abspath(__file__)}
+  allowed = {os.path.join(REPO, "efficient_lm", "runtime", "jax_compat.py"),
+             os.path.abspath(__file__)}
   uses = []
   for folder in ("efficient_lm", "experiments", "tests", "configs"):
     for root, _, files in os.walk(os.path.join(REPO, folder)):
@@ -63,7 +65,7 @@ def test_no_private_jax_outside_the_compat_module():
           uses += _private_uses(path)
   assert not uses, uses
   # The scanner finds what it is for.
-  compat = os.path.join(REPO, "efficient_lm", "jax_compat.py")
+  compat = os.path.join(REPO, "efficient_lm", "runtime", "jax_compat.py")
   found = " ".join(_private_uses(compat))
   for name in ("from jax._src import", "jax._src.cudnn", "_splash_attention_bwd_dq"):
     assert name in found, (name, found)

@@ -23,10 +23,10 @@ import pytest
 
 from conftest import fast_first
 
-from efficient_lm import targets
 from efficient_lm.ops import core
 from efficient_lm.ops.core import backends, gpu
 from efficient_lm.ops.pattern import Pattern
+from efficient_lm.parallel import targets
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA_PLUGIN = os.environ.get("EFFICIENT_LM_CUDA_PLUGIN", "")  # a folder holding the plugin

@@ -15,9 +15,9 @@ from conftest import fast_first
 from flax import nnx
 
 from efficient_lm import models
-from efficient_lm import train_step
 from efficient_lm.ops import core
 from efficient_lm.ops.core import backends
+from efficient_lm.training import step as train_step
 from test_models import tiny_model_config
 
 # Every registered model but these, whose attention patterns another case already puts on the
@@ -63,7 +63,7 @@ def test_every_family_on_a_kernel_equals_xla(name, impl):
 @pytest.mark.slow
 def test_training_on_the_splash_kernel_matches_xla(tiny_config, tmp_path):
   """The training loop on the interpreted splash kernel: the losses of the xla run."""
-  from efficient_lm import train  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import loop as train  # pylint: disable=import-outside-toplevel
   losses = {}
   for impl in ("xla", "splash"):
     config = tiny_config("pi_attention", num_steps=6, log_every=1, eval_every=6,

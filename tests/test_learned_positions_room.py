@@ -4,8 +4,8 @@ fewer new tokens, or (when the prompt alone fills the table) a prompt of a given
 import pytest
 from flax import nnx
 
-from efficient_lm import generation
 from efficient_lm import models
+from efficient_lm.inference import generation
 from test_models import tiny_model_config
 
 SEQ_LEN = 16  # the position table: the end-of-document token, the prompt and the new tokens

@@ -19,7 +19,7 @@ from flax import nnx
 
 import families
 from efficient_lm import models
-from efficient_lm import train_step
+from efficient_lm.training import step as train_step
 from tests.test_models import tiny_model_config
 
 VOCAB, T, BATCH = 16, 32, 16

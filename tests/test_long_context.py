@@ -16,11 +16,11 @@ import pytest
 from conftest import fast_first, subprocess_env
 from flax import nnx
 
-from efficient_lm import exit_codes
 from efficient_lm import models
-from efficient_lm import train_step
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.models import decoder
-from efficient_lm.validation import ConfigError
+from efficient_lm.runtime import exit_codes
+from efficient_lm.training import step as train_step
 from tests.test_models import tiny_model_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

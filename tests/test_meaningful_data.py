@@ -22,12 +22,12 @@ import pytest
 import efficient_lm
 from conftest import REPO, SHAKESPEARE_WORKS, TINY, fake_work_text, subprocess_env
 from efficient_lm import data
-from efficient_lm import figures
-from efficient_lm import metrics
-from efficient_lm import scoring
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import round_trip
 from efficient_lm.data.tokenizer import open_tokenizer
+from efficient_lm.evaluation import scoring
+from efficient_lm.runtime import figures
+from efficient_lm.training import metrics
 
 TEXT_LINES = ''.join(fake_work_text(w) for w in SHAKESPEARE_WORKS).splitlines()
 CYRILLIC = 'Hello, World! Жизнь'

@@ -11,8 +11,8 @@ from conftest import fast_first, load_config
 from flax import nnx
 
 from efficient_lm import models
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.models import decoder
-from efficient_lm.validation import ConfigError
 
 
 # Each model's own fields at tiny sizes (seq_len 32), chosen so that every part of the model is

@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
+from efficient_lm.config.data import DataConfig
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import mqar
-from efficient_lm.data_config import DataConfig
-from efficient_lm.validation import ConfigError
 
 SMALL = ('mqar:seq_len=256,latents=64,queries=8,pairs=24,min_distance=16,max_distance=192,'
          'keys=64,values=16,filler=16,eval_sequences=24')

@@ -14,9 +14,9 @@ import jax
 import pytest
 
 from conftest import REPO, fake_work_text, subprocess_env
-from efficient_lm import distributed
-from efficient_lm import exit_codes
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
+from efficient_lm.parallel import distributed
+from efficient_lm.runtime import exit_codes
 
 # The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).
 pytestmark = pytest.mark.xdist_group("multihost_runs")

@@ -1,4 +1,4 @@
-"""The long-context evaluations (`efficient_lm.long_eval`): the needle prompts, the rank score
+"""The long-context evaluations (`efficient_lm.evaluation.long_context`): the needle prompts, the rank score
 against `.logits`, each family's length rule, the files, and the extrapolation curve against the
 library's own scorer."""
 
@@ -14,15 +14,15 @@ import pytest
 
 from conftest import REPO, _tiny_sections, fast_first, load_config, subprocess_env
 from efficient_lm import api
-from efficient_lm import models
 from efficient_lm import data
-from efficient_lm import scoring
-from efficient_lm import train
-from efficient_lm.long_eval import command
-from efficient_lm.long_eval import extrapolate
-from efficient_lm.long_eval import needle
-from efficient_lm.long_eval import needle_grid
-from efficient_lm.long_eval import reach
+from efficient_lm import models
+from efficient_lm.cli import long_context_command as command
+from efficient_lm.evaluation import scoring
+from efficient_lm.evaluation.long_context import extrapolate
+from efficient_lm.evaluation.long_context import needle
+from efficient_lm.evaluation.long_context import needle_grid
+from efficient_lm.evaluation.long_context import reach
+from efficient_lm.training import loop as train
 from test_models import CONFIG_OF, FAMILY_FIELDS
 
 # The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).
@@ -285,7 +285,7 @@ def test_lengths_past_seq_len_refused_for_learned_positions_and_latents_accepted
 def test_needle_grid_past_seq_len_writes_json_and_heatmap(window_run, tmp_path, capsys, caplog):
   lm, _, _ = window_run
   out = str(tmp_path / "needle")
-  with caplog.at_level(logging.INFO, logger="efficient_lm.long_eval.needle_grid"):
+  with caplog.at_level(logging.INFO, logger="efficient_lm.evaluation.long_context.needle_grid"):
     status = command.run("needle", workdir=lm.path, lengths=["160", "192"], depths=["0", "1"],
                          needles_per_cell=2, variant="single", distractors=5, batch_size=4,
                          out=out)
@@ -381,11 +381,11 @@ def test_extrapolate_1x_equals_the_scorer_and_runs_past_seq_len(window_run, tmp_
 
 def test_the_docs_commands_use_the_evaluators_flags():
   """Every `python -m efficient_lm.evaluate` command of docs/long_context_evals.md names only flags
-  evaluate.py defines, and the task values it has."""
+  the command defines (efficient_lm/cli/evaluate_command.py), and the task values it has."""
   import re  # pylint: disable=import-outside-toplevel
   with open(os.path.join(REPO, "docs", "long_context_evals.md"), encoding="utf-8") as f:
     doc = f.read()
-  with open(os.path.join(REPO, "efficient_lm", "evaluate.py"), encoding="utf-8") as f:
+  with open(os.path.join(REPO, "efficient_lm", "cli", "evaluate_command.py"), encoding="utf-8") as f:
     defined = set(re.findall(r'flags\.DEFINE_\w+\(\s*"(\w+)"', f.read()))
   commands = [c.replace("\\\n", " ") for c in re.findall(r"```\n(python -m efficient_lm\.evaluate[^`]*)```",
                                                           doc)]

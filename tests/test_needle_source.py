@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from conftest import REPO, subprocess_env
-from efficient_lm import config_base
 from efficient_lm import data
+from efficient_lm.config import base as config_base
+from efficient_lm.config.data import DataConfig
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import needle
-from efficient_lm.data_config import DataConfig
-from efficient_lm.validation import ConfigError
 
 SEQ_LEN = 384  # no model here: room for two asked needles, a distractor and a haystack
 
@@ -110,7 +110,7 @@ def test_seq_len_too_short_is_one_line_naming_the_field(base, shakespeare_archiv
 
 def test_needles_at_their_depths_and_questions_at_the_end(corpus):
   tok, task = corpus.tokenizer, corpus.task
-  needle_format, question_format = needle.formats()  # the evaluator's sentences
+  needle_format, question_format = needle.NEEDLE, needle.QUESTION  # the evaluator's too
   assert question_format.format(key='k').startswith('What is the special magic number for k?')
   for i in range(8):
     s = corpus.sequence('validation', i)
@@ -214,7 +214,7 @@ def test_min_length_packs_examples_each_its_own_document(shakespeare_archive, ti
   assert task.min_length == 240 and needle.parse(task.spec) == task
   packed = data.load(_data_config(shakespeare_archive, tiny_data_dir, spec, seq_len=960))
   tok = packed.tokenizer
-  needle_format, question_format = needle.formats()
+  needle_format, question_format = needle.NEEDLE, needle.QUESTION
   examples = 0
   for i in range(6):
     s = packed.sequence('train', i, seed=2)
@@ -267,7 +267,7 @@ def test_main_trains_on_needles(tmp_path, tiny_cli_args):
   assert os.path.isfile(workdir / 'tokenizer.model')
   # The evaluator on this workdir asks the keys it learned on, over its base corpus's held-out text
   # (the needle split's own sequences would bring their own needles into the haystack).
-  from efficient_lm.long_eval import command  # pylint: disable=import-outside-toplevel
+  from efficient_lm.cli import long_context_command as command  # pylint: disable=import-outside-toplevel
   out = str(tmp_path / 'grid')
   status = command.run('needle', workdir=str(workdir), lengths=['128'], depths=['0.5'],
                        needles_per_cell=3, distractors=3, batch_size=3, out=out)

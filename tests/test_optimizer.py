@@ -12,8 +12,8 @@ import pytest
 from flax import nnx
 
 from efficient_lm import models
-from efficient_lm import optimizer
-from efficient_lm import train_step
+from efficient_lm.state import optimizer
+from efficient_lm.training import step as train_step
 from tests.conftest import load_config
 from tests.test_models import tiny_model_config
 
@@ -115,6 +115,6 @@ def test_dropout_keys_are_not_initializer_keys():
 
 @pytest.mark.slow
 def test_sample_does_not_import_the_training_loop():
-  code = "import sys, efficient_lm.sample; print('efficient_lm.train' in sys.modules)"
+  code = "import sys, efficient_lm.sample; print('efficient_lm.training.loop' in sys.modules)"
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "False"

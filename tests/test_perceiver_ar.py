@@ -8,13 +8,13 @@ import pytest
 from flax import nnx
 
 from efficient_lm import models
-from efficient_lm import train
 from efficient_lm.models import perceiver_ar
 from efficient_lm.ops import attention
 from efficient_lm.ops.attention import causal_cross_attention, segment_attention
 from efficient_lm.ops.route import Route
+from efficient_lm.training import loop as train
 from conftest import load_config, fast_first
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 from test_models import tiny_model_config
 
 VARIANTS = ("perceiver_ar", "double_attention", "compressed_double_attention",

@@ -23,7 +23,7 @@ import pytest
 
 from conftest import fake_work_text
 from efficient_lm import data
-from efficient_lm import train
+from efficient_lm.training import loop as train
 
 BOOKS = {'train': (101, 102, 103, 104), 'validation': (201,), 'test': (301,)}
 

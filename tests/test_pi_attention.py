@@ -4,10 +4,10 @@
 import pytest
 
 from conftest import load_config
-from efficient_lm import config_check
 from efficient_lm import models
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.models import pi_attention
-from efficient_lm.validation import ConfigError
+from efficient_lm.training import prepare as config_check
 from test_models import tiny_model_config
 
 

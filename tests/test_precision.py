@@ -15,7 +15,7 @@ from conftest import fast_first
 from flax import nnx
 
 from efficient_lm import models
-from efficient_lm import train_step
+from efficient_lm.training import step as train_step
 from tests.test_learning import TASKS, VOCAB, T, task_batch
 from tests.test_models import tiny_model_config
 

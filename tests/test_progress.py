@@ -12,16 +12,16 @@ import time
 import numpy as np
 import pytest
 
-from efficient_lm import files
-from efficient_lm import metrics
-from efficient_lm import progress
-from efficient_lm import signals
-from efficient_lm import train
+from efficient_lm.runtime import files
+from efficient_lm.runtime import progress
+from efficient_lm.runtime import signals
+from efficient_lm.training import loop as train
+from efficient_lm.training import metrics
 
 
 def test_a_phase_says_how_far_it_is_while_it_lasts(caplog):
   done = {"n": 0}
-  with caplog.at_level(logging.INFO, logger="efficient_lm.progress"):
+  with caplog.at_level(logging.INFO, logger="efficient_lm.runtime.progress"):
     with progress.phase("tokenizing the train split", status=lambda: f"{done['n']} documents",
                         every=0.05):
       assert signals.current_phase() == "tokenizing the train split"
@@ -73,7 +73,7 @@ def test_a_call_from_python_shows_progress_without_any_logging_set_up(capsys):
     progress.show()
     assert len(ours.handlers) == 1 and isinstance(ours.handlers[0], progress.StderrHandler)
     logging.getLogger().addHandler(late := _Collect())
-    logging.getLogger("efficient_lm.train").info("step 1/4  loss 5.0")
+    logging.getLogger("efficient_lm.training.loop").info("step 1/4  loss 5.0")
     err = capsys.readouterr().err.splitlines()
     assert len(err) >= 2 and all(re.fullmatch(r"\d\d:\d\d:\d\d .+", l) for l in err), err
     assert err[0].endswith(" scoring 3 texts ... 0 s: 1 of 3") and err[-1].endswith(" step 1/4  loss 5.0")
@@ -84,7 +84,7 @@ def test_progress_goes_through_the_users_own_logging_once(capsys):
   with bare_logging() as (root, ours):
     root.addHandler(mine := _Collect())  # a handler of the user's (or pytest's, absl's)
     progress.show()
-    logging.getLogger("efficient_lm.train").info("step 2/4")
+    logging.getLogger("efficient_lm.training.loop").info("step 2/4")
     assert mine.lines == ["step 2/4"] and ours.handlers == [] and ours.level == logging.INFO
     assert capsys.readouterr().err == ""
     # logging.basicConfig(level=logging.INFO): the root at INFO, its plain handler shows our lines.
@@ -94,7 +94,7 @@ def test_progress_goes_through_the_users_own_logging_once(capsys):
     ours.setLevel(logging.NOTSET)
     try:
       progress.show()
-      logging.getLogger("efficient_lm.train").info("step 3/4")
+      logging.getLogger("efficient_lm.training.loop").info("step 3/4")
     finally:
       root.setLevel(logging.WARNING)
     assert capsys.readouterr().err == "mine: step 3/4\n" and ours.handlers == []
@@ -107,8 +107,8 @@ def test_absls_default_root_handler_does_not_hide_or_double_progress(capsys):
     logging.basicConfig()
     assert len(root.handlers) == 1 and root.level == logging.WARNING
     progress.show()
-    logging.getLogger("efficient_lm.train").info("step 3/4")
-    logging.getLogger("efficient_lm.train").warning("a warning")
+    logging.getLogger("efficient_lm.training.loop").info("step 3/4")
+    logging.getLogger("efficient_lm.training.loop").warning("a warning")
     err = capsys.readouterr().err.splitlines()
     assert [l[9:] for l in err] == ["step 3/4", "a warning"], err
     assert isinstance(ours.handlers[0], progress.StderrHandler) and not ours.propagate
@@ -117,7 +117,7 @@ def test_absls_default_root_handler_does_not_hide_or_double_progress(capsys):
     ours.handlers = []
     ours.setLevel(logging.NOTSET)
     progress.show()
-    logging.getLogger("efficient_lm.train").info("step 4/4")
+    logging.getLogger("efficient_lm.training.loop").info("step 4/4")
     assert capsys.readouterr().err.count("step 4/4") == 1 and quiet.lines == []
 
 
@@ -134,7 +134,7 @@ def test_a_level_the_user_set_is_kept_and_commands_are_not_doubled(capsys):
 
 
 def test_a_phase_inside_a_phase_adds_its_status_to_the_outer_line(caplog):
-  with caplog.at_level(logging.INFO, logger="efficient_lm.progress"):
+  with caplog.at_level(logging.INFO, logger="efficient_lm.runtime.progress"):
     with progress.phase("needle grid", status=lambda: "length 160", every=0.05):
       with progress.phase("generating 4 rows", status=lambda: "decoding step 3"):
         assert signals.current_phase() == "generating 4 rows"  # what a stop names
@@ -157,7 +157,7 @@ def test_training_reports_on_a_time_basis_too(tiny_config, tmp_path, monkeypatch
   monkeypatch.setattr(train, "PROGRESS_SECONDS", 0.0)
   config = tiny_config(num_steps=12, log_every=5, eval_every=12, checkpoint_every=12,
                        sample_tokens=0)
-  with caplog.at_level(logging.INFO, logger="efficient_lm.train"):
+  with caplog.at_level(logging.INFO, logger="efficient_lm.training.loop"):
     train.train_and_evaluate(config, str(tmp_path / "w"))
   lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
   assert [int(line.split()[1].split("/")[0]) for line in lines] == list(range(1, 13))

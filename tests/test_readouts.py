@@ -13,10 +13,10 @@ from flax import nnx
 
 from efficient_lm import models
 from efficient_lm.data import mqar
-from efficient_lm import scoring
-from efficient_lm import train
-from efficient_lm import train_state
-from efficient_lm import step_memory
+from efficient_lm.evaluation import scoring
+from efficient_lm.state import train_state
+from efficient_lm.training import loop as train
+from efficient_lm.training import step_memory
 from test_models import tiny_model_config
 
 

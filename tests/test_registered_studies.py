@@ -5,7 +5,7 @@ claims that read "differ" with the arm ahead, and controls sized by their power.
 import numpy as np
 import pytest
 
-from efficient_lm import stats
+from efficient_lm.evaluation import stats
 
 
 def _mqar_runs(tmp_path, accuracy_by_model, seeds, *, code, steps=1000):

@@ -13,9 +13,9 @@ import sys
 import pytest
 
 from conftest import REPO, SHAKESPEARE_WORKS, fake_work_text, subprocess_env
-from efficient_lm import config_base
-from efficient_lm import workdir as workdir_lib
+from efficient_lm.config import base as config_base
 from efficient_lm.data import tokenizer as tok
+from efficient_lm.state import workdir as workdir_lib
 
 
 def sha256(path) -> str:
@@ -78,7 +78,7 @@ def test_the_resume_config_is_the_run_as_asked_with_overrides_following(tmp_path
 def test_the_workdir_tokenizer_is_used_only_to_resume_the_corpus_it_was_trained_on(tmp_path):
   wd = fake_workdir(tmp_path, asked_vocab=384, trained_vocab=323)
   data_config = wd.resume_config().data
-  from efficient_lm.data_config import DataConfig  # pylint: disable=import-outside-toplevel
+  from efficient_lm.config.data import DataConfig  # pylint: disable=import-outside-toplevel
   typed = DataConfig.from_mapping(data_config)
   assert wd.resume_tokenizer(typed) == ""  # no tokenizer file in it
   tok.Tokenizer.train(texts()[:4], vocab_size=320, model_path=str(tmp_path / "tokenizer.model"))
@@ -170,7 +170,7 @@ def test_a_workdir_resumes_under_an_empty_data_dir_with_workdir_alone(
   saved = json.load(open(os.path.join(stopped, "config.json")))
   assert saved["data"]["data_dir"] == str(data_b) and saved["train"]["num_steps"] == 20
   # Evaluation reads the workdir's tokenizer too: after its cache is cleared, the same scores.
-  from efficient_lm import scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
   shutil.rmtree(data_b)
   scores = [scoring.evaluate_workdir(w, max_tokens=2048)["loss"] for w in (stopped, never_stopped)]
   assert scores[0] == pytest.approx(scores[1], abs=1e-6)

@@ -18,16 +18,16 @@ import pytest
 from flax import nnx
 
 from conftest import load_config, fast_first
-from efficient_lm import config_check
 from efficient_lm import models
-from efficient_lm import train
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.models import chunking
 from efficient_lm.ops import attention
 from efficient_lm.ops import memory
 from efficient_lm.ops import ring
 from efficient_lm.ops import route
 from efficient_lm.ops.pattern import Pattern
-from efficient_lm.validation import ConfigError
+from efficient_lm.training import loop as train
+from efficient_lm.training import prepare as config_check
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")
 

@@ -1,4 +1,4 @@
-"""RULER's synthetic tasks (`efficient_lm.long_eval.ruler*`, `evaluate --task=ruler`): each
+"""RULER's synthetic tasks (`efficient_lm.evaluation.long_context.ruler*`, `evaluate --task=ruler`): each
 generator's prompt holds its answer, its distractors are distinct, its length is within 2% of the
 target in the model's tokens, its draws are seeded; the score is RULER's on hand-made answers;
 cells past the model's reach are skipped, not scored 0; the lm-eval export runs through the
@@ -19,15 +19,15 @@ import pytest
 from conftest import REPO, _tiny_sections, load_config, subprocess_env
 from efficient_lm import api
 from efficient_lm import data
-from efficient_lm import train
-from efficient_lm.long_eval import command
-from efficient_lm.long_eval import needle
-from efficient_lm.long_eval import ruler
-from efficient_lm.long_eval import ruler_export
-from efficient_lm.long_eval import ruler_fit
-from efficient_lm.long_eval import ruler_grid
-from efficient_lm.long_eval import ruler_score
-from efficient_lm.long_eval import ruler_words
+from efficient_lm.cli import long_context_command as command
+from efficient_lm.evaluation.long_context import needle
+from efficient_lm.evaluation.long_context import ruler
+from efficient_lm.evaluation.long_context import ruler_export
+from efficient_lm.evaluation.long_context import ruler_fit
+from efficient_lm.evaluation.long_context import ruler_grid
+from efficient_lm.evaluation.long_context import ruler_score
+from efficient_lm.evaluation.long_context import ruler_words
+from efficient_lm.training import loop as train
 
 pytestmark = pytest.mark.xdist_group("ruler_runs")
 
@@ -292,7 +292,7 @@ def test_export_writes_lm_eval_tasks_that_run_through_the_harness(run, tmp_path,
   doc = json.loads(open(paths["niah_multivalue"], encoding="utf-8").readline())
   answer = " and ".join(doc["outputs"][:3])
   assert utils.process_results(doc, [answer])[str(LENGTHS[0])] == 0.75
-  from efficient_lm import harness  # pylint: disable=import-outside-toplevel
+  from efficient_lm.cli import harness_command as harness  # pylint: disable=import-outside-toplevel
   results = harness.evaluate(lm.path, [ruler_export.GROUP], include_path=out,
                              include_defaults=False, batch_size=4)["results"]
   for task in ruler.TASKS:

@@ -5,13 +5,13 @@ import ml_collections
 import numpy as np
 import pytest
 
-from efficient_lm import axes
-from efficient_lm import config_check
-from efficient_lm import jax_compat
 from efficient_lm import models
-from efficient_lm import sharding
-from efficient_lm import train
-from efficient_lm.validation import ConfigError
+from efficient_lm.config import axes
+from efficient_lm.config.errors import ConfigError
+from efficient_lm.parallel import sharding
+from efficient_lm.runtime import jax_compat
+from efficient_lm.training import loop as train
+from efficient_lm.training import prepare as config_check
 from tests.conftest import load_config
 from tests.test_models import tiny_model_config
 
@@ -157,9 +157,9 @@ import functools  # noqa: E402
 
 import jax.numpy as jnp  # noqa: E402
 
-from efficient_lm import step_memory  # noqa: E402
-from efficient_lm import train_state  # noqa: E402
-from efficient_lm import train_step  # noqa: E402
+from efficient_lm.state import train_state  # noqa: E402
+from efficient_lm.training import step as train_step  # noqa: E402
+from efficient_lm.training import step_memory  # noqa: E402
 
 T, B = 96, 8  # T appears in no parameter's shape: an all-gather of length T is a gathered sequence
 FIELDS = {
@@ -224,7 +224,8 @@ def random_batch(seed: int = 0) -> dict:
 
 
 def train_losses(config, steps: int = 5) -> list[float]:
-  from efficient_lm import models, train  # pylint: disable=import-outside-toplevel
+  from efficient_lm import models  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import loop as train  # pylint: disable=import-outside-toplevel
   built, mesh = built_and_mesh(config)
   step = step_memory.make_train_step(config, built)
   layout = models.sequence_layout(config.model, mesh)
@@ -336,7 +337,7 @@ def test_resume_on_another_mesh_continues_at_the_same_losses(tiny_config, tmp_pa
   """Saved with fsdp=8, resumed with data=2 x fsdp=2 x tensor=2: the same losses as one run;
   the sampler's loader restores the sharded checkpoint onto one device."""
   import json, os, shutil  # pylint: disable=import-outside-toplevel
-  from efficient_lm import scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
 
   def config(**mesh):
     c = tiny_config(num_steps=6, log_every=1, eval_every=6, checkpoint_every=3, sample_tokens=0)
@@ -347,7 +348,7 @@ def test_resume_on_another_mesh_continues_at_the_same_losses(tiny_config, tmp_pa
   read = lambda w: {r["step"]: r["loss"] for r in map(json.loads, open(os.path.join(w, "metrics.jsonl")))
                     if "loss" in r}
   whole = str(tmp_path / "whole")
-  with caplog.at_level("INFO", logger="efficient_lm.train"):
+  with caplog.at_level("INFO", logger="efficient_lm.training.loop"):
     train.train_and_evaluate(config(fsdp=8), whole)
   assert any("per device: parameters" in r.getMessage() and "fsdp=8" in r.getMessage()
              for r in caplog.records)
@@ -415,6 +416,6 @@ def test_no_involuntary_full_rematerialization(name, mesh, capfd):
 
 
 def test_the_config_s_axes_are_the_registry_s():
-  """`config_base` fills `mesh.rules` from efficient_lm/axes.py (read without jax); every axis a
-  registry entry declares is there, with the same size and rule, and no other."""
+  """`config_base` fills `mesh.rules` from efficient_lm/config/axes.py (read without jax); every axis
+  a registry entry declares is there, with the same size and rule, and no other."""
   assert axes.all_axes() == models.logical_axes()

@@ -1,11 +1,11 @@
-"""efficient_lm/stats.py: the t distribution, the paired tests, the verdict rule and its false-positive rate."""
+"""efficient_lm/evaluation/stats.py: the t distribution, the paired tests, the verdict rule and its false-positive rate."""
 
 import math
 
 import numpy as np
 import pytest
 
-from efficient_lm import stats
+from efficient_lm.evaluation import stats
 
 
 def test_t_distribution_closed_forms():

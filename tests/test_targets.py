@@ -17,7 +17,9 @@ import sys
 import pytest
 
 from conftest import REPO, load_config
-from efficient_lm import config_check, sharding, step_memory, targets, train_state
+from efficient_lm.parallel import sharding, targets
+from efficient_lm.state import train_state
+from efficient_lm.training import prepare as config_check, step_memory
 
 HAS_LIBTPU = importlib.util.find_spec("libtpu") is not None
 needs_tpu = pytest.mark.skipif(not HAS_LIBTPU, reason="libtpu is not installed: pip install -e '.[tpu]'")
@@ -271,9 +273,11 @@ def test_training_on_a_tpu_reports_mfu():
   """The training loop's progress on an accelerator: the step's model FLOPs from the config and
   the devices' peak (4 v5e chips: 4 x 197 TFLOP/s); nothing on a CPU."""
   import types  # pylint: disable=import-outside-toplevel
-  from efficient_lm import flops, models, sections, train  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import flops, loop as train  # pylint: disable=import-outside-toplevel
+  from efficient_lm import models  # pylint: disable=import-outside-toplevel
+  from efficient_lm.config import sections  # pylint: disable=import-outside-toplevel
   config = small("pi_attention", seq_len=1024)
-  typed = sections.typed(config)  # (the run reads the typed sections)
+  typed = train_state.typed(config)  # (the run reads the typed sections)
   target = targets.load("tpu:v5e:2x2")
   mesh = sharding.make_mesh(config.mesh, target.devices)
   run = types.SimpleNamespace(mesh=mesh, typed=typed, built=types.SimpleNamespace(num_params=10**6))

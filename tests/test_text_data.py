@@ -15,9 +15,9 @@ import pytest
 
 from conftest import TINY, fake_work_text, load_config
 from efficient_lm import data
-from efficient_lm import train
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import text_files
-from efficient_lm.validation import ConfigError
+from efficient_lm.training import loop as train
 
 
 def _mapping(data_dir, dataset: str, **overrides) -> ml_collections.ConfigDict:

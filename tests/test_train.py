@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 
-from efficient_lm import metrics
-from efficient_lm import sharding
-from efficient_lm import train
+from efficient_lm.parallel import sharding
+from efficient_lm.training import loop as train
+from efficient_lm.training import metrics
 
 
 def read_metrics(workdir):
@@ -57,7 +57,7 @@ def test_loss_falls_and_workdir_has_everything(finished_run):
 def test_more_steps_continue_from_the_latest_checkpoint(tiny_config, tmp_path, caplog):
   workdir = str(tmp_path / "extended")
   train.train_and_evaluate(tiny_config(num_steps=20), workdir)
-  with caplog.at_level("WARNING", logger="efficient_lm.train"):
+  with caplog.at_level("WARNING", logger="efficient_lm.training.loop"):
     summary = train.train_and_evaluate(tiny_config(num_steps=30), workdir)
   steps = [r["step"] for r in read_metrics(workdir) if "loss" in r]
   assert steps == [5, 10, 15, 20, 25, 30]  # appended to the same file, continuing at step 21
@@ -138,7 +138,7 @@ def test_every_family_trains_through_the_loop(name, preset, fields, tiny_config,
   """The loop is model-agnostic: each family trains, checkpoints and evaluates; the final eval equals
   a fresh evaluation of the saved checkpoint (restored into a new model). Learning itself is tested
   on a task only attention solves (test_learning.py)."""
-  from efficient_lm import scoring
+  from efficient_lm.evaluation import scoring
   config = tiny_config(name, preset, num_steps=10, eval_every=10, checkpoint_every=10, sample_tokens=4)
   config.model.update(fields)
   workdir = str(tmp_path / name)

@@ -10,14 +10,14 @@ import pytest
 from flax import nnx
 
 from conftest import load_config
-from efficient_lm import config_base
-from efficient_lm import model_config
 from efficient_lm import models
-from efficient_lm import typed_config as tc
+from efficient_lm.config import base as config_base
+from efficient_lm.config import fields as tc
+from efficient_lm.config import model as model_config
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.models import decoder
 from efficient_lm.models import registry
 from efficient_lm.ops import route as route_lib
-from efficient_lm.validation import ConfigError
 from tests.test_models import CONFIG_OF, tiny_model_config
 
 REPO = os.path.join(os.path.dirname(__file__), "..")
@@ -178,7 +178,7 @@ def test_the_families_register_themselves():
 def test_help_reads_every_familys_declarations():
   """`--help` reads the config classes from source (no jax): exactly each registered model's
   fields, with the classes' docs and types."""
-  from efficient_lm import help as help_lib  # pylint: disable=import-outside-toplevel
+  from efficient_lm.cli import help as help_lib  # pylint: disable=import-outside-toplevel
   docs = help_lib.family_docs()
   assert sorted(docs) == sorted(models.REGISTRY)
   for name, entry in models.REGISTRY.items():
@@ -189,9 +189,9 @@ def test_help_reads_every_familys_declarations():
 
 
 def test_the_train_section_is_typed():
-  from efficient_lm import config_check  # pylint: disable=import-outside-toplevel
-  from efficient_lm import optimizer  # pylint: disable=import-outside-toplevel
-  from efficient_lm import train_config  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import prepare as config_check  # pylint: disable=import-outside-toplevel
+  from efficient_lm.state import optimizer  # pylint: disable=import-outside-toplevel
+  from efficient_lm.config import train as train_config  # pylint: disable=import-outside-toplevel
   assert train_config.SCHEDULES == optimizer.SCHEDULES
   base = config_base.base_config("dense").train
   assert base.to_dict() == train_config.TrainConfig.defaults()
@@ -215,7 +215,7 @@ def _dicts(section) -> dict:
 
 
 def test_one_source_for_the_data_and_mesh_defaults():
-  from efficient_lm import data_config, mesh_config  # pylint: disable=import-outside-toplevel
+  from efficient_lm.config import data as data_config, mesh as mesh_config  # pylint: disable=import-outside-toplevel
   base = config_base.base_config("dense")
   assert base.data.to_dict() == data_config.DataConfig.defaults()
   assert base.mesh.to_dict() == _dicts(mesh_config.MeshConfig.defaults())
@@ -257,7 +257,7 @@ def test_one_source_for_the_data_and_mesh_defaults():
 def test_the_data_and_mesh_checks_fire_before_anything_runs(section, field, value, message):
   """Through the one edge: `config_check.validate` builds the typed sections and names the field
   (the model is never built: these fail before the parameters' shapes are traced)."""
-  from efficient_lm import config_check  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import prepare as config_check  # pylint: disable=import-outside-toplevel
   config = load_config("dense")
   with config[section].ignore_type():
     config[section][field] = value
@@ -272,7 +272,7 @@ def test_a_partial_mesh_section_takes_the_class_defaults():
   `MeshConfig`'s default: `fsdp=-1` takes every device the others leave (`sharding` used to
   read 1 for a missing axis, unlike config_base's -1)."""
   import ml_collections  # pylint: disable=import-outside-toplevel
-  from efficient_lm import sharding  # pylint: disable=import-outside-toplevel
+  from efficient_lm.parallel import sharding  # pylint: disable=import-outside-toplevel
   assert sharding.mesh_sizes(ml_collections.ConfigDict(dict(data=2)), num_devices=8) == dict(
       data=2, fsdp=4, tensor=1, context=1)
   assert sharding.dcn_sizes({}, slices=4) == {"data": 4, "fsdp": 1}
@@ -286,7 +286,7 @@ def test_a_partial_mesh_section_takes_the_class_defaults():
 def test_old_config_json_data_and_mesh_sections_load():
   """A run's config.json written before later data / mesh fields: they are filled (a
   `BEFORE_FIELD` one with the value the run trained with) and the typed sections build."""
-  from efficient_lm import data_config, mesh_config  # pylint: disable=import-outside-toplevel
+  from efficient_lm.config import data as data_config, mesh as mesh_config  # pylint: disable=import-outside-toplevel
   config = load_config("dense")
   with config.unlocked():
     for section, field in (("data", "document_mask"), ("data", "tokenizer"),
@@ -353,7 +353,7 @@ def test_a_rule_applies_only_when_its_variant_reads_the_field():
      r"train\.wandb_run_name='' \(or e\.g\. 'a,b' for tags\)$"),
 ])
 def test_each_moved_section_check_keeps_its_message(section, mapping, message):
-  from efficient_lm import mesh_config, train_config  # pylint: disable=import-outside-toplevel
+  from efficient_lm.config import mesh as mesh_config, train as train_config  # pylint: disable=import-outside-toplevel
   cls = {"mesh": mesh_config.MeshConfig, "train": train_config.TrainConfig}[section]
   with pytest.raises(ConfigError, match=message):
     cls.from_mapping(mapping)
@@ -361,7 +361,7 @@ def test_each_moved_section_check_keeps_its_message(section, mapping, message):
 
 def test_rules_are_stated_for_help():
   """Every section's cross-field rules are declared, so `--help` can state them."""
-  from efficient_lm import data_config, mesh_config  # pylint: disable=import-outside-toplevel
+  from efficient_lm.config import data as data_config, mesh as mesh_config  # pylint: disable=import-outside-toplevel
   stated = [r.describe() for r in registry.discover()["bcmt"].config.all_rules()]
   assert "model.d_model must be divisible by model.num_heads={num_heads}" in stated
   assert "model.block_size must divide data.seq_len={seq_len}" in stated

@@ -10,10 +10,10 @@ import sys
 import ml_collections
 import pytest
 
-from efficient_lm import metrics as metrics_lib
-from efficient_lm import train
-from efficient_lm import wandb_writer
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
+from efficient_lm.training import loop as train
+from efficient_lm.training import metrics as metrics_lib
+from efficient_lm.training import wandb as wandb_writer
 
 
 @pytest.fixture

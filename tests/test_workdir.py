@@ -10,12 +10,12 @@ import sys
 import pytest
 
 from conftest import REPO
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import archives
-from efficient_lm import scoring
-from efficient_lm import generation
-from efficient_lm import train
-from efficient_lm import workdir as workdir_lib
-from efficient_lm.validation import ConfigError
+from efficient_lm.evaluation import scoring
+from efficient_lm.inference import generation
+from efficient_lm.state import workdir as workdir_lib
+from efficient_lm.training import loop as train
 
 
 def snapshot(path) -> dict[str, str]:
@@ -124,7 +124,7 @@ def test_a_small_corpus_sets_the_vocabulary_and_samples(tiny_config, tmp_path, c
   config = tiny_config(num_steps=4, log_every=2, eval_every=4, checkpoint_every=4, sample_tokens=8)
   config.data.update(dataset=f"text:{folder}/*.txt", archive="", archive_sha256="", vocab_size=1024)
   config.train.sample_prompt = "ab"
-  with caplog.at_level("INFO", logger="efficient_lm.train"):
+  with caplog.at_level("INFO", logger="efficient_lm.training.loop"):
     summary = train.train_and_evaluate(config, str(tmp_path / "w"))
   saved = json.load(open(tmp_path / "w" / "config.json"))
   vocab = json.load(open(tmp_path / "w" / "data.json"))["vocab_size"]

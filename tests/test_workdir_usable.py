@@ -11,10 +11,10 @@ import time
 import pytest
 
 from conftest import REPO
-from efficient_lm import cli
-from efficient_lm import help as help_lib
-from efficient_lm import workdir as workdir_lib
-from efficient_lm.workdir import WorkdirError, check_usable
+from efficient_lm.cli import common as cli
+from efficient_lm.cli import help as help_lib
+from efficient_lm.state import workdir as workdir_lib
+from efficient_lm.state.workdir import WorkdirError, check_usable
 
 
 def train(workdir, *extra):

@@ -7,6 +7,10 @@
     for batch in corpus.eval_batches('validation', batch_size=...): ...
 
 Heavy imports (tensorflow_datasets, grain) happen inside `load`, so `validate` stays cheap.
+
+A wing of the package (docs/architecture.md, "The wings"): it may import `config` and `runtime`;
+never `ops` or `parallel`, its siblings, nor `models` (declared independent: the data knows no
+model) or anything above.
 """
 
 from efficient_lm.data.archives import DownloadError

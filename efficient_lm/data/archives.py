@@ -15,8 +15,8 @@ import sys
 import time
 import urllib.request
 
-from efficient_lm import files
-from efficient_lm import progress
+from efficient_lm.runtime import files
+from efficient_lm.runtime import progress
 
 log = logging.getLogger(__name__)
 PIP_TIMEOUT_SECONDS = 900

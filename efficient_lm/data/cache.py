@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from efficient_lm import files
-from efficient_lm import progress
+from efficient_lm.runtime import files
+from efficient_lm.runtime import progress
 from efficient_lm.data import archives
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data.config import ConfigError

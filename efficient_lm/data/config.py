@@ -12,12 +12,12 @@ import dataclasses
 import os
 from typing import Any
 
-from efficient_lm import typed_config as tc
+from efficient_lm.config import fields as tc
 
 from efficient_lm.data import registry
 from efficient_lm.data.errors import DataError
-from efficient_lm.data_config import DataConfig
-from efficient_lm.validation import ConfigError, require
+from efficient_lm.config.data import DataConfig
+from efficient_lm.config.errors import ConfigError, require
 
 TFDS_PREFIX, TEXT_PREFIX = registry.TFDS_PREFIX, registry.TEXT_PREFIX
 MIN_VOCAB_SIZE = 260  # the tokenizer's reserved pieces: <pad>, <unk>, </s>, '\n', 256 bytes
@@ -28,7 +28,7 @@ def check_typed(data_config, what: str) -> None:
   `validate` returns (the config's mapping, most often), naming the fix."""
   if not isinstance(data_config, DataConfig):
     raise TypeError(f'{what} takes the typed data section (data.validate(config.data) or '
-                    f'config_check.prepare(config).data), not {type(data_config).__name__}')
+                    f'training.prepare.prepare(config).data), not {type(data_config).__name__}')
 
 
 def open_given(data_config: DataConfig):

@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from efficient_lm.data import round_trip as round_trip_lib
-from efficient_lm.validation import require, require_positive_int
+from efficient_lm.config.errors import require, require_positive_int
 
 
 def _is_int(v) -> bool:
@@ -41,7 +41,7 @@ class Corpus:
                round_trip: Callable[[str], dict] | None = None):
     self.name = name
     self._round_trip = round_trip  # (`data.round_trip.Measured`)
-    # What the corpus is (a workdir records it: `workdir.py`): dataset, a fingerprint of its
+    # What the corpus is (a workdir records it: `state/workdir.py`): dataset, a fingerprint of its
     # source, the tokenizer's sha256 and vocabulary size.
     self.identity = identity or {}
     self.tokenizer = tokenizer

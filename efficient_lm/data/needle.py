@@ -31,15 +31,14 @@ from efficient_lm.data import config as data_config_lib
 from efficient_lm.data import registry
 from efficient_lm.data import sequence_iterator
 from efficient_lm.data.config import DataError
-from efficient_lm.data_config import DataConfig
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.data import DataConfig
+from efficient_lm.config.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 PREFIX = registry.NEEDLE_PREFIX
-# The sentences, as the evaluator (`efficient_lm.long_eval.needle`) writes them: a needle, and a
-# question that ends where the answer's value begins (' <value>.' follows). `formats()` reads the
-# evaluator's own when that module is there (it imports jax: only when sequences are drawn).
+# The sentences, here and in the needle evaluator (`efficient_lm.evaluation.long_context.needle` imports them):
+# a needle, and a question that ends where the answer's value begins (' <value>.' follows).
 NEEDLE = 'The special magic number for {key} is {value}.'
 QUESTION = 'What is the special magic number for {key}? The special magic number for {key} is'
 DIGITS = 7  # a needle's value: 7 decimal digits, the first not 0
@@ -202,22 +201,12 @@ class NeedleSequence:
   answers: tuple[tuple[int, ...], ...]
 
 
-def formats() -> tuple[str, str]:
-  """(NEEDLE, QUESTION): the evaluator's, from `efficient_lm.long_eval.needle`, else this module's
-  (the same sentences)."""
-  try:
-    from efficient_lm.long_eval import needle as evaluator  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return NEEDLE, QUESTION
-  return evaluator.NEEDLE, evaluator.QUESTION
-
-
 class _Texts:
   """The tokenizer's ids of needles and of questions with their answers, and of newline."""
 
   def __init__(self, tokenizer):
     self.tokenizer = tokenizer
-    self.needle_format, self.question_format = formats()
+    self.needle_format, self.question_format = NEEDLE, QUESTION
     ids = np.asarray(tokenizer.encode('\n')).reshape(-1)
     newline = next((int(i) for i in ids[::-1] if tokenizer.decode([int(i)]) == '\n'), None)
     if newline is None:

@@ -1,5 +1,5 @@
 """Preparing and loading a corpus: `load(data_config)` -> `corpus.Corpus`, of the typed data
-section (`data.validate(config.data)`, or the edge's `config_check.prepare(config).data`).
+section (`data.validate(config.data)`, or the edge's `training.prepare.prepare(config).data`).
 
     source (registry) -> TFDS builder (prepared once, ArrayRecord) -> tokenizer and token streams
     (cache) -> Corpus (its Grain iterators)
@@ -12,7 +12,7 @@ import logging
 import os
 import time
 
-from efficient_lm import files
+from efficient_lm.runtime import files
 from efficient_lm.data import archives
 from efficient_lm.data import cache
 from efficient_lm.data import config as data_config_lib
@@ -20,8 +20,8 @@ from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import registry
 from efficient_lm.data import round_trip
 from efficient_lm.data.config import DataError, TEXT_PREFIX, TFDS_PREFIX
-from efficient_lm.data_config import DataConfig
-from efficient_lm.validation import ConfigError, require
+from efficient_lm.config.data import DataConfig
+from efficient_lm.config.errors import ConfigError, require
 
 log = logging.getLogger(__name__)
 EPOCHS_WARNING = 20  # more passes over the train windows than this: one warning line

@@ -21,7 +21,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from efficient_lm import files
+from efficient_lm.runtime import files
 from efficient_lm.data.errors import DataError
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ import os
 
 import tensorflow_datasets as tfds
 
-from efficient_lm import progress
+from efficient_lm.runtime import progress
 from efficient_lm.data import archives
 
 

@@ -23,7 +23,7 @@ import tensorflow_datasets as tfds
 
 from efficient_lm.data import text_builder
 from efficient_lm.data.config import DataError, TEXT_PREFIX
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from efficient_lm import progress
+from efficient_lm.runtime import progress
 from efficient_lm.data.tokenizer_json import check_tokenizer_json, read_json
 
 PAD_ID, UNK_ID, EOS_ID = 0, 1, 2

@@ -2,10 +2,14 @@
 
 The families register themselves (`models/registry.py`: each module of this package calls
 `registry.register` at import, and the registry imports them all once), each with its typed
-config (`model_config.ModelConfig`'s subclass beside its mixer: its fields, their checks, its
+config (`config.model.ModelConfig`'s subclass beside its mixer: its fields, their checks, its
 attention patterns). Every function here takes that typed config, or a config's model section
 (a ConfigDict), which `registry.model_config` turns into it at the entry. Adding a model is a
 module beside this one and a config (docs/adding_a_model.md); no shared file changes.
+
+A wing of the package (docs/architecture.md, "The wings"): it may import `ops`, `parallel`,
+`config` and `runtime`; never `data` (declared independent: a model knows no data pipeline), nor
+the state, training, inference or evaluation built on it.
 """
 
 from typing import Any, NamedTuple
@@ -13,8 +17,8 @@ from typing import Any, NamedTuple
 import jax
 from flax import nnx
 
-from efficient_lm import targets
-from efficient_lm.model_config import ModelConfig
+from efficient_lm.parallel import targets
+from efficient_lm.config.model import ModelConfig
 from efficient_lm.models import decoder
 from efficient_lm.models import placement
 from efficient_lm.models import registry
@@ -23,7 +27,7 @@ from efficient_lm.models.registry import REGISTRY, ModelEntry, logical_axes, mod
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import Route
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 
 registry.discover()
 
@@ -97,7 +101,7 @@ def create(cfg: Any, *, rngs: nnx.Rngs, mesh: jax.sharding.Mesh | None = None,
 
   `T'` is T for every causal LM; a model that predicts only some positions
   (Perceiver-AR) returns the last `T'` of them. Every parameter carries its
-  logical axis names (`out_sharding` metadata, see `efficient_lm.sharding`);
+  logical axis names (`out_sharding` metadata, see `efficient_lm.parallel.sharding`);
   the model itself is created unplaced (`train_state.build` places it). With a
   `mesh` whose `context` axis has several devices the route shards the
   sequence (`ops.ring`); the batch must then come in

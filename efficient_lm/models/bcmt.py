@@ -28,9 +28,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from efficient_lm import axes
-from efficient_lm import typed_config as tc
-from efficient_lm.model_config import ModelConfig
+from efficient_lm.config import axes
+from efficient_lm.config import fields as tc
+from efficient_lm.config.model import ModelConfig
 from efficient_lm.models import chunking
 from efficient_lm.models import layers
 from efficient_lm.models import registry
@@ -38,11 +38,11 @@ from efficient_lm.ops import blockwise
 from efficient_lm.ops import memory
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
-from efficient_lm.validation import divisors_near
+from efficient_lm.config.errors import divisors_near
 
 # Its parameters' own logical axes (the registry entry declares them): the pooling logit, the
 # memory projection (sharded over fsdp) and the gate (over tensor).
-LOGICAL_AXES = axes.FAMILY_AXES["bcmt"]  # (declared without jax: efficient_lm/axes.py)
+LOGICAL_AXES = axes.FAMILY_AXES["bcmt"]  # (declared without jax: efficient_lm/config/axes.py)
 
 
 def _near(divisors: list[int]) -> str:

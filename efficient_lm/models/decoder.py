@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from efficient_lm import sharding
-from efficient_lm.model_config import ModelConfig
+from efficient_lm.parallel import sharding
+from efficient_lm.config.model import ModelConfig
 from efficient_lm.models import chunking
 from efficient_lm.models import layers
 from efficient_lm.ops import precision

@@ -13,7 +13,7 @@ import dataclasses
 
 from flax import nnx
 
-from efficient_lm.model_config import ModelConfig
+from efficient_lm.config.model import ModelConfig
 from efficient_lm.models import layers
 from efficient_lm.models import registry
 from efficient_lm.ops.pattern import Pattern

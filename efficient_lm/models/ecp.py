@@ -19,13 +19,13 @@ import dataclasses
 import jax
 from flax import nnx
 
-from efficient_lm import typed_config as tc
-from efficient_lm.model_config import ModelConfig
+from efficient_lm.config import fields as tc
+from efficient_lm.config.model import ModelConfig
 from efficient_lm.models import layers
 from efficient_lm.models import registry
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
-from efficient_lm.validation import divisors_near
+from efficient_lm.config.errors import divisors_near
 
 _FLAG = tc.boolean("set {field}=False (the default) or True")
 

@@ -7,13 +7,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from efficient_lm import sharding
+from efficient_lm.parallel import sharding
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import Route
 
 
 def axes(*names: str | None) -> dict:
-  """Variable metadata naming each dimension's logical axis (`efficient_lm.sharding` maps the
+  """Variable metadata naming each dimension's logical axis (`efficient_lm.parallel.sharding` maps the
   names to mesh axes): e.g. `kernel_metadata=axes("embed", "mlp")`. The names are only metadata
   (no eager sharding at creation): `train_state.build` places every array on the mesh itself."""
   return {"out_sharding": names, "eager_sharding": False}

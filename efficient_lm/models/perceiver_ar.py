@@ -20,16 +20,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from efficient_lm import axes
-from efficient_lm import typed_config as tc
-from efficient_lm.model_config import ModelConfig
+from efficient_lm.config import axes
+from efficient_lm.config import fields as tc
+from efficient_lm.config.model import ModelConfig
 from efficient_lm.models import decoder
 from efficient_lm.models import layers
 from efficient_lm.models import registry
 from efficient_lm.ops import precision
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import Route
-from efficient_lm.validation import divisors_near, require_positive_int
+from efficient_lm.config.errors import divisors_near, require_positive_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +45,7 @@ VARIANTS = {
     "compressed_double_attention": Variant(refine_history=True, compress=True, split_history=False),
     "ssplit_double_attention": Variant(refine_history=True, compress=False, split_history=True),
 }
-LOGICAL_AXES = axes.FAMILY_AXES["perceiver_ar"]  # (declared without jax: efficient_lm/axes.py)
+LOGICAL_AXES = axes.FAMILY_AXES["perceiver_ar"]  # (declared without jax: efficient_lm/config/axes.py)
 
 
 COMPRESSION_OPS = ("learned", "strided")

@@ -19,9 +19,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from efficient_lm import axes
-from efficient_lm import typed_config as tc
-from efficient_lm.model_config import ModelConfig
+from efficient_lm.config import axes
+from efficient_lm.config import fields as tc
+from efficient_lm.config.model import ModelConfig
 from efficient_lm.models import layers
 from efficient_lm.models import registry
 from efficient_lm.ops import precision
@@ -31,7 +31,7 @@ from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
 
 PERIOD_SCHEDULES = ("constant", "doubling")
 GATES = ("learned", "fixed")  # model.gate: the gate MLP, or g = 0.5 everywhere (no parameters)
-LOGICAL_AXES = axes.FAMILY_AXES["pi_attention"]  # (declared without jax: efficient_lm/axes.py)
+LOGICAL_AXES = axes.FAMILY_AXES["pi_attention"]  # (declared without jax: efficient_lm/config/axes.py)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

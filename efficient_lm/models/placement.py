@@ -10,8 +10,8 @@ one `ConfigError` naming the field, the value and the fix, before anything compi
 import dataclasses
 from typing import Any
 
-from efficient_lm import typed_config as tc
-from efficient_lm.model_config import ModelConfig
+from efficient_lm.config import fields as tc
+from efficient_lm.config.model import ModelConfig
 from efficient_lm.models.registry import REGISTRY, model_config
 from efficient_lm.ops.core import backends
 

@@ -13,9 +13,9 @@ import importlib
 import pkgutil
 from typing import Any, Callable, Mapping
 
-from efficient_lm import sharding
-from efficient_lm.model_config import ModelConfig
-from efficient_lm.validation import ConfigError, require
+from efficient_lm.parallel import sharding
+from efficient_lm.config.model import ModelConfig
+from efficient_lm.config.errors import ConfigError, require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +46,7 @@ class ModelEntry:
   logical_axes: Mapping[str, sharding.Axis] = dataclasses.field(default_factory=dict)
   # `--help`'s line: the shipped config that trains it (`--config=` form) and what it is. Written
   # as literals in the `register` call (or a module-level dict indexed by the loop's name), which
-  # `help.py` reads from the source without importing jax.
+  # `cli/help.py` reads from the source without importing jax.
   listing: tuple[str, str] = ("", "")
 
 

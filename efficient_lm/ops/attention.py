@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.priors import gate_priors
 from efficient_lm.ops.route import Route
-from efficient_lm.validation import is_int
+from efficient_lm.config.errors import is_int
 
 
 def causal_attention(q_BTHK: jax.Array, k_BTHK: jax.Array, v_BTHK: jax.Array, *,

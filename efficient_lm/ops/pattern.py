@@ -27,7 +27,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from efficient_lm.validation import is_int  # a Python int: static, never traced (plan.py too)
+from efficient_lm.config.errors import is_int  # a Python int: static, never traced (plan.py too)
 
 Position = int | jax.Array
 

@@ -14,7 +14,7 @@ program), not the host's.
 import jax
 import jax.numpy as jnp
 
-from efficient_lm import jax_compat
+from efficient_lm.runtime import jax_compat
 
 
 def platform() -> str:

@@ -66,7 +66,8 @@ def score_command(table: str, key: str, steps: int, args, out: str) -> list[str]
 def score_row_here(table: str, key: str, steps: int, args) -> dict:
   """The scoring stage, in this process: `efficient_lm.evaluate` on the row's workdir (validation)
   and the compiled step's figures. Returns {'static': ..., 'scores': ..., 'per_position': ...}."""
-  from efficient_lm import generation, scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm.inference import generation  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
   workdir = workdir_of(table, key, args.workdir_root)
   overrides = row_overrides(table, key, steps, args.override)
   seq_len = int(overrides["data.seq_len"])
@@ -99,7 +100,9 @@ POOLED_OFFSETS = (0.0, 0.25, 0.5, 0.75)
 def pooled_positions(workdir: str, first: dict, seq_len: int) -> dict:
   """Per-position loss of non-overlapping seq_len windows pooled over `POOLED_OFFSETS` (the
   stream cut at offset * seq_len; `first` is the offset-0 result of `evaluate_workdir`)."""
-  from efficient_lm import data, generation, scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm import data  # pylint: disable=import-outside-toplevel
+  from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm.inference import generation  # pylint: disable=import-outside-toplevel
   model, tokenizer, config, _ = generation.load_workdir(workdir)
   tokens = data.load(data.validate(config.data)).tokens("validation")
   nll = [0.0] * seq_len

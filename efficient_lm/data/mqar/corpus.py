@@ -16,7 +16,7 @@ from efficient_lm.data import sequence_iterator
 from efficient_lm.data.mqar.sequences import batch, sequence
 from efficient_lm.data.mqar.task import (EOS_ID, PAD_ID, QUERY_ID, SPLITS, MqarTask, parse,
                                          require_int, validate)
-from efficient_lm.validation import ConfigError
+from efficient_lm.config.errors import ConfigError
 
 
 class MqarTokenizer:
@@ -129,7 +129,7 @@ class MqarCorpus:
     self.task = task
     self.name = task.spec
     self.tokenizer = MqarTokenizer(task)
-    # What a workdir records (`workdir.py`): the task is all there is to the data.
+    # What a workdir records (`state/workdir.py`): the task is all there is to the data.
     self.identity = {'dataset': task.spec, 'source': 'generated', 'vocab_size': task.vocab_size,
                      'tokenizer_sha256': hashlib.sha256(task.spec.encode()).hexdigest()}
     self.seq_len = task.seq_len

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from efficient_lm.validation import ConfigError, require_positive_int
+from efficient_lm.config.errors import ConfigError, require_positive_int
 
 PREFIX = 'mqar:'
 PAD_ID, EOS_ID, QUERY_ID = 0, 1, 2

@@ -30,7 +30,7 @@ import logging
 
 import jax
 
-from efficient_lm import jax_compat
+from efficient_lm.runtime import jax_compat
 from efficient_lm.ops.core.call import FALLBACKS, KERNEL_CALLS, Backend, Call
 from efficient_lm.ops.pattern import Pattern
 

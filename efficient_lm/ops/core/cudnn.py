@@ -10,7 +10,7 @@ import re
 
 import jax
 
-from efficient_lm import jax_compat
+from efficient_lm.runtime import jax_compat
 from efficient_lm.ops.core import kernel_mesh
 from efficient_lm.ops.core.call import Call
 

@@ -18,7 +18,7 @@ runs it (`xla/schedule.py`).
 import dataclasses
 
 from efficient_lm.ops.pattern import Pattern
-from efficient_lm.validation import is_int as is_static  # a static (Python int) start or size
+from efficient_lm.config.errors import is_int as is_static  # a static (Python int) start or size
 
 MASKED = -1e30       # the logit of a key a query does not see
 NO_KEY_LSE = -1e29   # lse of a row that sees no key: exp(MASKED - NO_KEY_LSE) == 0, merge weight 0

@@ -25,7 +25,7 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as sinfo
 
-from efficient_lm import jax_compat
+from efficient_lm.runtime import jax_compat
 from efficient_lm.ops.core import kernel_mesh, skips
 from efficient_lm.ops.core.call import KERNEL_CALLS, Backend, Call
 from efficient_lm.ops.core.merge import merge

@@ -1,0 +1,11 @@
+"""The training loop and what it needs: the edge's whole check before anything compiles
+(`prepare`: every field, the devices, the data and the model from shapes), the jitted train and
+eval steps with the chunked loss (`step`), the loop with its evaluations, checkpoints, profiler,
+report and sample (`loop`: `train_and_evaluate`, `compile_only`), the train step's memory per
+device (`step_memory`), FLOPs per token (`flops`), the metrics it writes (`metrics`) and Weights &
+Biases (`wandb`, imported only when `train.wandb` is on).
+
+It may import `inference` (the sample at the end of a run), `state`, `models`, `data`, `parallel`,
+`ops`, `config` and `runtime`; knows no model by name, and nothing that scores a trained model or
+parses a command line (`evaluation` and `cli` build on it).
+"""
