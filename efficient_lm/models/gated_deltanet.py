@@ -9,101 +9,24 @@ Yang, Kautz, Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta Rul
   sliding-window or π mixer of `models/pi_attention.py` with its fields (`window`, `period`,
   `num_skips`, `period_schedule`, `gate`, `gate_hidden`: those fields are declared here through
   `PiAttentionConfig` and read by the hybrid layers only). The layers then differ: unrolled.
+- `model.num_kv_heads`: the hybrid layers' grouped key/value heads; the recurrent layers keep
+  `num_heads` heads for q, k and v (refused without hybrid layers).
 - `model.recurrent_impl`: the op's state scan, 'auto' (the Pallas kernel on a TPU, `lax.scan`
   elsewhere), 'xla' or 'pallas'.
 """
 
-import dataclasses
-
 from flax import nnx
 
 from efficient_lm.config import axes
-from efficient_lm.config import fields as tc
 from efficient_lm.config.model import ModelConfig
 from efficient_lm.models import registry
+from efficient_lm.models.gated_deltanet_config import GatedDeltaNetConfig, is_hybrid
 from efficient_lm.models.gated_deltanet_mixer import GatedDeltaNet
-from efficient_lm.models.pi_attention import PiAttentionConfig
-from efficient_lm.models.pi_attention import layer_pattern, make_pi_mixer
-from efficient_lm.models.pi_attention import make_sliding_window_mixer
-from efficient_lm.ops.pattern import Pattern
+from efficient_lm.models.pi_attention import make_pi_mixer, make_sliding_window_mixer
 from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
 
-RECURRENT_IMPLS = ("auto", "xla", "pallas")
-HYBRID_MIXERS = ("sliding_window", "pi_attention")
 # Its parameters' own logical axes, and π's gate for a π hybrid (declared without jax).
 LOGICAL_AXES = {**axes.FAMILY_AXES["gated_deltanet"], **axes.FAMILY_AXES["pi_attention"]}
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class GatedDeltaNetConfig(PiAttentionConfig):
-  """Gated DeltaNet: the recurrence's fields; π's (inherited) set the hybrid layers."""
-  conv_size: int = tc.setting(4, "taps of the short causal convolution on q, k and v (1: the "
-                              "token alone)", tc.positive_int())
-  chunk_size: int = tc.setting(64, "tokens per chunk of the gated delta rule's chunked form "
-                               "([C, C] matmuls inside a chunk, a scan of the state across)",
-                               tc.positive_int())
-  value_ratio: int = tc.setting(2, "value head width = value_ratio * d_model / num_heads (the "
-                                "key head width)", tc.positive_int())
-  delta_rule: bool = tc.setting(True, "the delta rule's write; False: Mamba-2's gated linear "
-                                "recurrence S <- exp(g) S + k v^T (the ablation)", tc.boolean())
-  hybrid_every: int = tc.setting(0, "every hybrid_every-th layer is a model.hybrid_mixer layer "
-                                 "(0: none)", tc.non_negative_int(
-                                     fix="set model.hybrid_every to e.g. 4, or 0 (no hybrid)"))
-  hybrid_mixer: str = tc.setting(
-      "sliding_window", "the hybrid layers: 'sliding_window' (model.window) or 'pi_attention' "
-      "(model.window, period, num_skips, gate)", tc.one_of(HYBRID_MIXERS, "is not a hybrid mixer"))
-  recurrent_impl: str = tc.setting(
-      "auto", "the recurrence's state scan: 'auto' (the Pallas kernel on TPU, xla elsewhere), "
-      "'xla' (lax.scan), 'pallas' (TPU; elsewhere only with model.kernel_interpret)",
-      tc.one_of(RECURRENT_IMPLS, "is not a recurrent backend"))
-
-  RULES = (
-      tc.Rule("model.hybrid_every", lambda c: c.hybrid_every != 1,
-              "would make every layer a {hybrid_mixer} layer (no gated delta layer is left)",
-              "set model.hybrid_every to 0 (none) or at least 2, or use "
-              "model.name='{hybrid_mixer}'"),
-      tc.Rule("model.hybrid_every", lambda c: c.hybrid_every <= c.num_layers,
-              "leaves no {hybrid_mixer} layer among model.num_layers={num_layers}",
-              "set model.hybrid_every to at most {num_layers}, or 0 (no hybrid)"),
-  )
-  # Decided by where it runs (`models/placement.py`): the kernel needs its TPU.
-  PLACEMENT_RULES = (
-      tc.Rule("model.recurrent_impl",
-              lambda p: (p.platform in (None, "tpu") or p.model.recurrent_impl != "pallas"
-                         or p.model.kernel_interpret),
-              "runs the gated delta rule's state scan as a TPU (Mosaic) kernel, and this "
-              "platform is {platform!r}",
-              "set model.recurrent_impl='auto' (or 'xla'), or model.kernel_interpret=True "
-              "(Pallas interpret mode: slow, for tests)", value=lambda p: p.model.recurrent_impl),
-  )
-
-  def patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
-    """The hybrid layers' patterns (the recurrent layers have none)."""
-    del seq_len  # the same at any length
-    found = []
-    for layer in range(self.num_layers):
-      pattern = hybrid_pattern(self, layer)
-      if pattern is not None and pattern not in found:
-        found.append(pattern)
-    return tuple(found)
-
-  @property
-  def identical_layers(self) -> bool:
-    return not self.hybrid_every
-
-
-def is_hybrid(cfg: GatedDeltaNetConfig, layer: int) -> bool:
-  """Whether `layer` is a `hybrid_mixer` layer: every hybrid_every-th, counting from 1."""
-  return bool(cfg.hybrid_every) and (layer + 1) % cfg.hybrid_every == 0
-
-
-def hybrid_pattern(cfg: GatedDeltaNetConfig, layer: int) -> Pattern | None:
-  """The attention pattern of `layer`, None for a recurrent layer."""
-  if not is_hybrid(cfg, layer):
-    return None
-  if cfg.hybrid_mixer == "pi_attention":
-    return layer_pattern(cfg, layer)
-  return Pattern.sliding(cfg.window)
 
 
 def make_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,

@@ -76,22 +76,26 @@ class CausalConv(nnx.Module):
                tail: tuple[jax.Array, jax.Array] | None = None) -> jax.Array:
     """float32 `[B, T, *features]`. `tail`: (the width - 1 inputs before x `[B, W - 1, *features]`,
     their document ids `[B, W - 1]`, -1 where empty) with `seg_BT` given; None: x starts the
-    sequence (zeros before it; with `route.mesh` the taps come from the device behind)."""
+    sequence (zeros before it; with `route.mesh` the W - 1 tokens before each device's chunk come
+    from the devices behind, one halo: `route.shifts_right`)."""
     W, T = self.width, x_BTF.shape[1]
     kernel_WF = self.kernel[...].astype(F32)
     x_BTF = x_BTF.astype(F32)
-    if tail is None:
-      shift_x = shift_seg = route.shift_right
+    if W == 1:
+      return x_BTF * kernel_WF[0]
+    if tail is None:  # x[:, i - j] and its document for j = 1 .. W - 1
+      x_taps = route.shifts_right(x_BTF, W - 1)
+      seg_taps = None if seg_BT is None else route.shifts_right(seg_BT, W - 1)
     else:  # the tail and x as one window, each tap a static slice of it
       window_x = jnp.concatenate([tail[0].astype(F32), x_BTF], axis=1)
       window_seg = jnp.concatenate([tail[1], seg_BT], axis=1)
-      shift_x = lambda _, j: window_x[:, W - 1 - j:W - 1 - j + T]
-      shift_seg = lambda _, j: window_seg[:, W - 1 - j:W - 1 - j + T]
+      x_taps = [window_x[:, W - 1 - j:W - 1 - j + T] for j in range(1, W)]
+      seg_taps = [window_seg[:, W - 1 - j:W - 1 - j + T] for j in range(1, W)]
     y_BTF = x_BTF * kernel_WF[W - 1]
     for j in range(1, W):
-      x_j = shift_x(x_BTF, j)
-      if seg_BT is not None:
-        same_BT = shift_seg(seg_BT, j) == seg_BT
+      x_j = x_taps[j - 1]
+      if seg_BT is not None:  # a token of another document reads as 0
+        same_BT = seg_taps[j - 1] == seg_BT
         x_j = jnp.where(same_BT.reshape(*same_BT.shape, *(1,) * (x_BTF.ndim - 2)), x_j, 0.0)
       y_BTF = y_BTF + x_j * kernel_WF[W - 1 - j]
     return y_BTF
