@@ -87,7 +87,9 @@ def test_decoding_state_per_row_is_the_same_at_1k_and_64k(preset):
   per_row = lambda max_len: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
       jax.eval_shape(lambda: model.init_cache(2, max_len)))) / 2
   assert per_row(1024) == per_row(65536) > 0
-  if preset is None:  # the [H, K, V] state in float32 and the convolution's 3 inputs, per layer
-    H, K = cfg.num_heads, cfg.d_model // cfg.num_heads
-    state = H * K * 2 * K * 4
-    assert per_row(1024) >= cfg.num_layers * state
+  if preset is None:  # per layer: the [H, K, V] state, the convolution's W - 1 inputs of q, k and
+    # v with their document ids (float32 and int32), the last token's document: 573,504 bytes
+    H, K, W = cfg.num_heads, cfg.d_model // cfg.num_heads, cfg.conv_size
+    V = cfg.value_ratio * K
+    layer = 4 * (H * K * V + (W - 1) * (2 * H * K + H * V) + (W - 1) + 1)
+    assert per_row(1024) == cfg.num_layers * layer == 573504

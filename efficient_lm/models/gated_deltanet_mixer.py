@@ -81,8 +81,6 @@ class CausalConv(nnx.Module):
     W, T = self.width, x_BTF.shape[1]
     kernel_WF = self.kernel[...].astype(F32)
     x_BTF = x_BTF.astype(F32)
-    if W == 1:
-      return x_BTF * kernel_WF[0]
     if tail is None:  # x[:, i - j] and its document for j = 1 .. W - 1
       x_taps = route.shifts_right(x_BTF, W - 1)
       seg_taps = None if seg_BT is None else route.shifts_right(seg_BT, W - 1)
@@ -91,13 +89,14 @@ class CausalConv(nnx.Module):
       window_seg = jnp.concatenate([tail[1], seg_BT], axis=1)
       x_taps = [window_x[:, W - 1 - j:W - 1 - j + T] for j in range(1, W)]
       seg_taps = [window_seg[:, W - 1 - j:W - 1 - j + T] for j in range(1, W)]
-    y_BTF = x_BTF * kernel_WF[W - 1]
-    for j in range(1, W):
-      x_j = x_taps[j - 1]
-      if seg_BT is not None:  # a token of another document reads as 0
-        same_BT = seg_taps[j - 1] == seg_BT
-        x_j = jnp.where(same_BT.reshape(*same_BT.shape, *(1,) * (x_BTF.ndim - 2)), x_j, 0.0)
-      y_BTF = y_BTF + x_j * kernel_WF[W - 1 - j]
+    # The W taps stacked, tap i the token W - 1 - i back, and one contraction with the kernel
+    # (measured faster on CPU, forward and backward, than a sum of W shifted products).
+    taps = [*x_taps[::-1], x_BTF]
+    if seg_BT is not None:  # a token of another document reads as 0
+      expand = lambda m_BT: m_BT.reshape(*m_BT.shape, *(1,) * (x_BTF.ndim - 2))
+      taps = [jnp.where(expand(s_BT == seg_BT), x_j, 0.0)
+              for x_j, s_BT in zip(taps[:-1], seg_taps[::-1])] + [x_BTF]
+    y_BTF = jnp.einsum("wbt...,w...->bt...", jnp.stack(taps), kernel_WF)
     return y_BTF
 
 
