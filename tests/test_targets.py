@@ -184,12 +184,25 @@ def test_no_sequence_wide_buffer_is_padded_on_tpu():
 @needs_tpu
 @pytest.mark.parametrize("name,preset", [
     ("bcmt", None), ("dense", None), ("sliding_window", None), ("bcmt", "honly"), ("ecp", None),
-    ("perceiver_ar", None), ("pi_attention", "doubling")])
+    ("perceiver_ar", None), ("pi_attention", "doubling"), ("gated_deltanet", None)])
 def test_every_family_compiles_for_a_tpu_slice(name, preset):
   """Every family's real train step compiles for v5e:2x2 and, having compiled, is never refused."""
   report, _ = compile_for(small(name, preset), "tpu:v5e:2x2")
   assert report["fits"] and report["per_device_total_bytes"] <= report["per_device_available_bytes"]
   assert report["platform"] == "tpu" and report["collectives"]["all-gather"] > 0
+
+
+@pytest.mark.slow  # a TPU compile: ~30 s
+@needs_tpu
+def test_gated_deltanet_hybrid_reports_its_state_scan_and_attention_kernels():
+  """Gated DeltaNet with a sliding-window layer every 2nd: on a TPU the recurrence's state scan is
+  its Pallas kernel (`recurrent_impl='auto'`), named in the report with the hybrid layer's splash
+  kernels, and nothing falls back."""
+  report, _ = compile_for(small("gated_deltanet", "hybrid", hybrid_every=2), "tpu:v5e:2x2")
+  names = report["attention_kernels"]
+  assert "gated_delta_state_scan_fwd" in names and "gated_delta_state_scan_bwd" in names, names
+  assert any("splash_mha_fwd" in n for n in names), names
+  assert report["attention_fallbacks"] == [] and report["fits"]
 
 
 @pytest.mark.slow  # the command line in a subprocess, compiling for a TPU slice: ~30 s
