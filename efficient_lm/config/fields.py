@@ -8,8 +8,9 @@ failure is one `ConfigError` naming the field, the value and the fix::
     model.d_model=250 must be divisible by model.num_heads=4; set model.d_model to a multiple of 4
 
 The ml-collections config files stay the user's interface: `config_base` builds the ConfigDict
-from these defaults, and one function per section (`models.registry.model_config`) turns the
-ConfigDict into the typed object at the edge. This module imports no jax (`--help` reads it).
+from these defaults, and one function (`run.build`) turns the ConfigDict into the typed sections
+of a `RunConfig`, each through `Section.from_mapping`. This module imports no jax (`--help`
+reads it).
 """
 
 import dataclasses
