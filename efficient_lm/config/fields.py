@@ -169,6 +169,12 @@ class Section:
     for key, field in declared.items():
       require(key in values or _has_default(field), cls.name_of(key), None,
               "is missing", f"set {cls.name_of(key)} (start from a file in configs/)")
+    # A sub-section lacking keys (a config.json written before a rule existed) takes them at
+    # the default's, as a missing field takes its default.
+    defaults = cls.defaults()
+    for key, value in values.items():
+      if isinstance(value, dict) and isinstance(defaults.get(key), dict):
+        values[key] = {**defaults[key], **value}
     return cls(**values)
 
   @classmethod

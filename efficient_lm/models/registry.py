@@ -59,7 +59,9 @@ def register(name: str, entry: ModelEntry) -> ModelEntry:
                      "class and --help line there (MODELS), then register how to build it")
   entry = dataclasses.replace(entry, config=families.CLASSES[name], listing=families.LISTINGS[name])
   old = REGISTRY.get(name)
-  same = lambda e: (e.config.__module__, e.config.__qualname__)  # (a module imported again)
+  # the function that builds it, by name: a module imported again registers equal builders
+  same = lambda e: tuple((f.__module__, f.__qualname__) if f is not None else None
+                         for f in (e.make_mixer, e.build))
   if old is not None and old != entry and same(old) != same(entry):
     raise ValueError(f"model {name!r} is registered twice ({REGISTRY[name]} and {entry}): "
                      "give one of them another name")
