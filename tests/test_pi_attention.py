@@ -3,7 +3,7 @@
 
 import pytest
 
-from conftest import load_config
+from conftest import build, load_config
 from efficient_lm import models
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.models import pi_attention
@@ -15,7 +15,7 @@ from test_models import tiny_model_config
                                          ("pi_attention", "paper"), ("sliding_window", None)])
 def test_configs_are_valid(name, preset):
   config = load_config(name, preset)
-  config_check.validate(config)
+  config_check.validate(build(config))
   assert config.model.name == name
 
 

@@ -16,7 +16,7 @@ import types
 import numpy as np
 import pytest
 
-from conftest import REPO, _tiny_sections, load_config, subprocess_env
+from conftest import REPO, _tiny_sections, build, load_config, subprocess_env
 from efficient_lm import api
 from efficient_lm import data
 from efficient_lm.cli import long_context_command as command
@@ -49,7 +49,7 @@ def run(shakespeare_archive, tiny_data_dir, tmp_path_factory):
     config[section].update(fields)
   config.model.window = 8
   workdir = str(tmp_path_factory.mktemp("ruler_window"))
-  train.train_and_evaluate(config, workdir)
+  train.train_and_evaluate(build(config), workdir)
   lm = api.load(workdir)
   corpus = data.load(data.validate(lm.config.data))
   return lm, needle.haystack_stream(corpus.tokens("test"), lm.eos_id)

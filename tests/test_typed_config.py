@@ -10,6 +10,7 @@ import pytest
 from flax import nnx
 
 from conftest import build, load_config
+from efficient_lm.config.data import DataConfig
 from efficient_lm import families
 from efficient_lm import models
 from efficient_lm.config import base as config_base
