@@ -35,6 +35,7 @@ import os
 import numpy as np
 
 from efficient_lm.evaluation import stats
+from experiments import key_lookup_pilot
 from experiments import long_range
 from experiments import needle_study
 from experiments import needle_variants
@@ -613,6 +614,8 @@ def render_readme(verdicts: dict, loaded: dict, readme: str = README) -> None:
   text = replace_block(text, "needle_variants",
                        needle_variants.render(load_json(needle_variants.RESULTS) or {},
                                               loaded["registered"].get("needle_reach") or {}))
+  text = replace_block(text, "key_lookup_pilot",
+                       key_lookup_pilot.render(load_json(key_lookup_pilot.RESULTS) or {}))
   with open(readme, "w") as f:
     f.write(text)
 

@@ -566,7 +566,8 @@ def test_committed_verdicts_follow_from_the_committed_results():
   assert ("**confirmed**" in table) == ("confirmed" in decided)
   assert ("**refuted**" in table) == ("refuted" in decided)
   # experiments/README.md's generated blocks (the summary, the registered studies, the verdicts
-  # the swap rows with their placebo bins, the needle study's rows and its variants) are what the
+  # the swap rows with their placebo bins, the needle study's rows and its variants, the key-lookup
+  # pilot's rows) are what the
   # committed files render to.
   loaded = verdicts.load_all()
   for path, marker, body in (
@@ -578,7 +579,9 @@ def test_committed_verdicts_follow_from_the_committed_results():
        verdicts.needle_study.render(loaded["registered"]["needle_reach"] or {})),
       (verdicts.README, "needle_variants",
        verdicts.needle_variants.render(verdicts.load_json(verdicts.needle_variants.RESULTS) or {},
-                                       loaded["registered"]["needle_reach"] or {}))):
+                                       loaded["registered"]["needle_reach"] or {})),
+      (verdicts.README, "key_lookup_pilot",
+       verdicts.key_lookup_pilot.render(verdicts.load_json(verdicts.key_lookup_pilot.RESULTS) or {}))):
     with open(path) as f:
       text = f.read()
     assert f"<!-- {marker} -->" in text, (path, marker)
@@ -1069,3 +1072,37 @@ def test_needle_study_claims_and_controls_are_decided_from_its_registered_rows()
   early = [dict(r, code="010e34b (snapshot)") for r in rows]  # run before the registration
   before = {r["id"]: r for r in verdicts.registered_claims({"needle_reach": {"rows": early}})}
   assert before["needle_pi_past_window"]["seeds"] == 0
+
+
+def test_key_lookup_pilot_keeps_finished_rows_and_marks_the_gate(tmp_path, monkeypatch):
+  """The pilot trains dense with distractor needles (other keys) and the end-of-answer target,
+  scores the grid at lengths its prompts fit, keeps finished rows, and its README block marks
+  the registration gate (multikey top-1 >= 0.5) per row."""
+  from experiments import key_lookup_pilot  # pylint: disable=import-outside-toplevel
+  train = key_lookup_pilot.train_command("k2", "W")
+  assert "--config.data.dataset=needle:needles=1,distractors=3,loss=answer_end,eval_sequences=64,min_length=256" in train
+  assert key_lookup_pilot.grid(256)["lengths"] == "192,256"  # a multikey prompt needs 173 tokens
+  assert key_lookup_pilot.grid(512)["lengths"] == "256,384,512"
+  score = key_lookup_pilot.eval_command("W", "O", 256, "multikey")
+  assert "--variant=multikey" in score and "--lengths=192,256" in score
+  calls = []
+
+  def fake_row(row, args):
+    del args
+    calls.append(row)
+    top1 = {"k1": 0.25, "k2": 0.6}[row]
+    variant = lambda t: {"top1_all": t, "min_cell_top1": t - 0.1, "exact_all": 0.0}
+    return {"row": row, "settings": {**key_lookup_pilot.COMMON, **key_lookup_pilot.ROWS[row]},
+            "answer_loss": 2.0, "variants": {"multikey": variant(top1), "single": variant(0.5)}}
+
+  monkeypatch.setattr(key_lookup_pilot, "run_row", fake_row)
+  out = tmp_path / "pilot.json"
+  key_lookup_pilot.main(["--rows=k1,k2", f"--results={out}"])
+  key_lookup_pilot.main(["--rows=k1,k2", f"--results={out}"])  # kept: not run again
+  assert calls == ["k1", "k2"]
+  lines = key_lookup_pilot.render(json.loads(out.read_text())).splitlines()
+  assert lines[2].startswith("| k1 |") and lines[2].endswith("| 0.250 (0.150) | 0.000 | 0.500 | 0.000 | not met |")
+  assert lines[3].startswith("| k2 |") and lines[3].endswith("| met |")
+  assert key_lookup_pilot.render({}) == "No row has finished yet."
+  with pytest.raises(SystemExit, match="unknown"):
+    key_lookup_pilot.main(["--rows=k9", f"--results={out}"])

@@ -315,6 +315,12 @@ COMPILE_SCRIPT = textwrap.dedent('''
                                  *qkv(80, 64)),
         "pallas-blocks-traced": hlo(train_step(Pattern.blocks(16, 1), k_offset=-16, q_align=16),
                                     *qkv(48, 48, jnp.float32), ((), i32)),
+        # Grouped-query attention: 4 query heads over 2 key/value heads (cuDNN's own grouping;
+        # the kernel's k / v index map and its per-group dk / dv kernel).
+        "cudnn-gqa": hlo(lambda q, k, v: train_step(Pattern.dense(), with_lse=False)(q, k, v, 0),
+                         ((2, 128, 4, 64), bf16), *[((2, 128, 2, 64), bf16)] * 2),
+        "pallas-gqa-window-lse": hlo(lambda q, k, v: train_step(Pattern.sliding(16))(q, k, v, 0),
+                                     ((2, 80, 4, 64), bf16), *[((2, 80, 2, 64), bf16)] * 2),
     }
     for name, text in checks.items():
       cudnn = "__cudnn$fmha" in text
@@ -342,7 +348,8 @@ def test_compiles_for_an_h200_from_this_host():
   assert lines["capability"] == "9.0", lines
   assert lines["cudnn-causal"].startswith("cudnn - "), lines
   assert lines["cudnn-window-256"].startswith("cudnn - "), lines
-  for name in ("pallas-window-lse", "pallas-blocks-traced"):
+  assert lines["cudnn-gqa"].startswith("cudnn - "), lines
+  for name in ("pallas-window-lse", "pallas-blocks-traced", "pallas-gqa-window-lse"):
     assert lines[name].startswith("- triton "), lines
     assert int(lines[name].split()[-1]) >= 3, lines  # forward, dq and dk / dv kernels
 

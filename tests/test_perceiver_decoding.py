@@ -18,19 +18,21 @@ from test_models import tiny_model_config
 
 TOL = dict(atol=1e-4, rtol=1e-4)
 
-# (variant, prompt length P, total length N = max_len, extend chunk also checked); tiny configs:
-# seq_len 32, Z = 8, 3 history segments.
+# (variant, prompt length P, total length N = max_len, extend chunk also checked, fields); tiny
+# configs: seq_len 32, Z = 8, 3 history segments, 4 heads.
 CASES = [
-    ("perceiver_ar", 20, 40, 3),                 # h = 12, decoding past seq_len (RoPE)
-    ("perceiver_ar", 5, 24, 1),                  # a prompt shorter than Z: no history, all latents
-    ("double_attention", 20, 40, 1),
-    ("compressed_double_attention", 32, 40, 3),  # must prefill exactly seq_len tokens: h = 24
-    ("ssplit_double_attention", 20, 40, 3),      # h = 12, 3 segments of 4
+    ("perceiver_ar", 20, 40, 3, {}),                 # h = 12, decoding past seq_len (RoPE)
+    ("perceiver_ar", 5, 24, 1, {}),                  # a prompt shorter than Z: all latents
+    ("double_attention", 20, 40, 1, {}),
+    ("compressed_double_attention", 32, 40, 3, {}),  # must prefill exactly seq_len tokens: h = 24
+    ("ssplit_double_attention", 20, 40, 3, {}),      # h = 12, 3 segments of 4
+    ("perceiver_ar", 20, 40, 3, dict(num_kv_heads=1)),      # multi-query attention ...
+    ("double_attention", 20, 40, 3, dict(num_kv_heads=2)),  # ... and grouped-query
 ]
 
 
-def setup(name, P, N, seed=0):
-  model = models.create(tiny_model_config(name), rngs=nnx.Rngs(seed))
+def setup(name, P, N, seed=0, **fields):
+  model = models.create(tiny_model_config(name, **fields), rngs=nnx.Rngs(seed))
   tokens = jax.random.randint(jax.random.key(seed + 1), (2, N), 0, model.embed.num_embeddings)
   history = P - min(model.num_latents, P)
   return model, tokens, history
@@ -89,9 +91,9 @@ def decode_in_chunks(model, cache, tokens, P, chunk):
   return jnp.concatenate(out, axis=1)
 
 
-@pytest.mark.parametrize("name,P,N,chunk", fast_first(CASES, keep=(1,)))
-def test_cached_decoding_equals_the_full_pass(name, P, N, chunk):
-  model, tokens, h = setup(name, P, N)
+@pytest.mark.parametrize("name,P,N,chunk,fields", fast_first(CASES, keep=(1,)))
+def test_cached_decoding_equals_the_full_pass(name, P, N, chunk, fields):
+  model, tokens, h = setup(name, P, N, **fields)
   expected = full_pass(model, tokens, h)  # positions h..N-1
   first_logits, cache = prefill(model, tokens[:, :P], N)
   if P >= model.num_latents:  # prefill == model(prompt) (which needs Z tokens)

@@ -355,7 +355,7 @@ def test_a_rule_applies_only_when_its_variant_reads_the_field():
     ("mesh", dict(rules={"embed": 3}), r"^mesh\.rules\.embed=3 must be a string; set "
      r"mesh\.rules\.embed to a mesh axis"),
     ("mesh", dict(activation_rules={"emb": "fsdp"}), r"^mesh\.activation_rules\.emb='fsdp' is not "
-     r"an activation axis; use one of embed, heads, kv, mlp, vocab$"),
+     r"an activation axis; use one of embed, heads, kv, kv_heads, mlp, vocab$"),
     ("mesh", dict(activation_rules={"mlp": "tensr"}), r"^mesh\.activation_rules\.mlp='tensr' "
      r"names an axis the mesh does not have"),
     ("train", dict(wandb="yes"), r"^train\.wandb='yes' must be True or False; set "

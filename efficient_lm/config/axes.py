@@ -23,6 +23,9 @@ SHARED_AXES = {
     "embed": Axis("model.d_model", "fsdp"),
     "mlp": Axis("model.mlp_ratio * model.d_model", "tensor"),
     "heads": Axis("model.num_heads", "tensor"),
+    # Grouped-query attention's key/value heads (their own k/v projection): split like the
+    # query heads, which needs mesh.tensor to divide them; '' replicates them instead.
+    "kv_heads": Axis("model.num_kv_heads", "tensor"),
     "kv": Axis("model.d_model / model.num_heads"),
     "vocab": Axis("data.vocab_size", "tensor"),
     "positions": Axis("data.seq_len"),      # learned position embeddings
@@ -64,4 +67,5 @@ def default_rules(axes: Mapping[str, Axis] = SHARED_AXES) -> dict[str, str]:
 def default_activation_rules() -> dict[str, str]:
   """Activations split as the weights that produce them: `heads`, `mlp` and `vocab` over
   `tensor`; the residual stream's `embed` whole (its weights' `fsdp` shards are gathered)."""
-  return {"embed": "", "heads": "tensor", "kv": "", "mlp": "tensor", "vocab": "tensor"}
+  return {"embed": "", "heads": "tensor", "kv": "", "kv_heads": "tensor", "mlp": "tensor",
+          "vocab": "tensor"}

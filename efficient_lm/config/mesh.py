@@ -20,7 +20,7 @@ AXES = ("data", "fsdp", "tensor", "context")
 DCN_AXES = ("data", "fsdp")  # the axes that may also run across slices: `mesh.dcn_data`, `dcn_fsdp`
 # Every logical axis name an activation may carry (`sharding.constrain`). `batch` and `length`
 # are where the input batch is placed: the batch axes and `context`, not configurable.
-ACTIVATION_AXES = ("batch", "length", "embed", "heads", "kv", "mlp", "vocab")
+ACTIVATION_AXES = ("batch", "length", "embed", "heads", "kv", "kv_heads", "mlp", "vocab")
 FIXED_ACTIVATION_AXES = {"batch": ("data", "fsdp"), "length": ("context",)}
 
 
@@ -100,8 +100,8 @@ class MeshConfig(tc.Section):
                      "set mesh.rules.layers=''")),
       factory=lambda: axes.default_rules(axes.all_axes()))
   activation_rules: dict = tc.setting(
-      doc="logical activation axes -> mesh axes (embed, heads, kv, mlp, vocab; the batch and "
-      "sequence dimensions go where the batch is placed): see sharding.constrain",
+      doc="logical activation axes -> mesh axes (embed, heads, kv, kv_heads, mlp, vocab; the batch "
+      "and sequence dimensions go where the batch is placed): see sharding.constrain",
       check=(_mapping("logical activation axes"),
              tc.Each(lambda name, _: name in ACTIVATION_AXES, "is not an activation axis",
                      f"use one of {', '.join(ACTIVATION_AXES[2:])}"),

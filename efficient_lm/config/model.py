@@ -26,6 +26,11 @@ def _head_dim(cfg) -> dict:
   return {"head_dim": cfg.d_model // cfg.num_heads}
 
 
+def _kv_heads_fix(cfg) -> dict:
+  divisors = [d for d in range(1, cfg.num_heads + 1) if cfg.num_heads % d == 0]
+  return {"divisors": ", ".join(map(str, divisors))}
+
+
 SHARED_RULES = (
     tc.Rule("model.d_model", lambda c: c.d_model % c.num_heads == 0,
             "must be divisible by model.num_heads={num_heads}",
@@ -33,6 +38,10 @@ SHARED_RULES = (
     tc.Rule("model.d_model", lambda c: c.position != "rope" or c.d_model // c.num_heads % 2 == 0,
             "gives an odd head width {head_dim}, which RoPE cannot rotate",
             "make model.d_model / model.num_heads even", derive=_head_dim),
+    tc.Rule("model.num_kv_heads", lambda c: c.num_kv_heads == 0 or c.num_heads % c.num_kv_heads == 0,
+            "must divide model.num_heads={num_heads} (grouped-query attention)",
+            "set model.num_kv_heads to one of {divisors} (1: multi-query), or 0 (as many as "
+            "model.num_heads)", derive=_kv_heads_fix),
 )
 _CHUNKED = lambda c: bool(c.seq_chunk) and c.seq_chunk < c.seq_len  # noqa: E731
 SEQ_CHUNK_RULES = (  # (a chunk shorter than the window)
@@ -65,6 +74,13 @@ class ModelConfig(tc.Section):
   num_layers: int = tc.setting(4, "decoder blocks", tc.positive_int())
   num_heads: int = tc.setting(4, "attention heads; d_model / num_heads is the head width",
                               tc.positive_int())
+  num_kv_heads: int = tc.setting(
+      0, "key/value heads (grouped-query attention: each serves num_heads / num_kv_heads query "
+      "heads, the decoding cache and the k/v projections shrink by that factor); a divisor of "
+      "num_heads, 1 = multi-query; 0 = num_heads (multi-head)",
+      tc.non_negative_int("must be an integer >= 0 (0 = model.num_heads)",
+                          "set model.num_kv_heads to a divisor of model.num_heads (1: multi-query), "
+                          "or 0 (as many as model.num_heads)"))
   mlp_ratio: int = tc.setting(4, "MLP hidden width = mlp_ratio * d_model", tc.positive_int())
   dropout: float = tc.setting(0.0, "dropout on embeddings and residual branches",
                               tc.number_in(0.0, 1.0, high_open=True,
@@ -110,6 +126,11 @@ class ModelConfig(tc.Section):
     """The shared rules, the family's own (`RULES`: they run before anything reads its
     patterns), then the sequence chunks' (which read the patterns)."""
     return (*SHARED_RULES, *cls.RULES, *SEQ_CHUNK_RULES)
+
+  @property
+  def kv_heads(self) -> int:
+    """The key/value heads: `num_kv_heads`, or `num_heads` when it is 0 (the default)."""
+    return self.num_kv_heads or self.num_heads
 
   # What the library derives from the patterns.
 

@@ -237,7 +237,10 @@ def model_card(config: RunConfig, *, step: int, num_params: int, dtype: str, fil
   stacked = sorted(k for k, v in shapes.items() if k.startswith("blocks.")
                    and not k.split(".")[1].isdigit() and v and v[0] <= m.num_layers)
   example = (f" (here `{stacked[0]}` is `{list(shapes[stacked[0]])}`)" if stacked else "")
-  shape = (f"d_model {m.d_model}, {m.num_layers} layers, {m.num_heads} heads, context (seq_len) "
+  kv_heads = m.get("num_kv_heads") or m.num_heads
+  heads = f"{m.num_heads} heads" + (f" ({kv_heads} key/value heads)" if kv_heads != m.num_heads
+                                    else "")
+  shape = (f"d_model {m.d_model}, {m.num_layers} layers, {heads}, context (seq_len) "
            f"{m.seq_len}, vocabulary {m.vocab_size}, {m.position} positions")
   if evaluation is None:
     scored = "no evaluation in the workdir's metrics.jsonl"

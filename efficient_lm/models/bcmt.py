@@ -54,7 +54,7 @@ class Bcmt(nnx.Module):
 
   def __init__(self, d_model: int, num_heads: int, *, block_size: int, alpha: float,
                use_memory: bool, use_rope: bool, rope_base: float, dtype, rngs: nnx.Rngs,
-               route: Route):
+               route: Route, num_kv_heads: int | None = None):
     self.d_model = d_model
     self.route = route
     self.num_heads = num_heads
@@ -64,7 +64,7 @@ class Bcmt(nnx.Module):
     self.dtype = dtype
     self.attn = layers.SelfAttention(d_model, num_heads, Pattern.blocks(block_size), route=route,
                                      use_rope=use_rope, rope_base=rope_base, dtype=dtype,
-                                     rngs=rngs)
+                                     rngs=rngs, num_kv_heads=num_kv_heads)
     if use_memory:
       linear = functools.partial(nnx.Linear, dtype=dtype, rngs=rngs)
       self.pool = linear(d_model, 1, use_bias=False,          # w_pool
@@ -313,7 +313,8 @@ def _mixer(cfg: ModelConfig, rngs: nnx.Rngs, *, use_memory: bool,
   return Bcmt(cfg.d_model, cfg.num_heads, block_size=cfg.block_size,
               alpha=cfg.alpha, use_memory=use_memory,
               use_rope=cfg.position == "rope", rope_base=cfg.rope_base,
-              dtype=layers.dtype_of(cfg.dtype), rngs=rngs, route=route)
+              dtype=layers.dtype_of(cfg.dtype), rngs=rngs, route=route,
+              num_kv_heads=cfg.kv_heads)
 
 
 def make_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,

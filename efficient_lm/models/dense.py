@@ -23,7 +23,8 @@ def make_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
   del layer  # every layer is the same
   return layers.SelfAttention(cfg.d_model, cfg.num_heads, Pattern.dense(), route=route,
                               use_rope=cfg.position == "rope", rope_base=cfg.rope_base,
-                              dtype=layers.dtype_of(cfg.dtype), rngs=rngs)
+                              dtype=layers.dtype_of(cfg.dtype), rngs=rngs,
+                              num_kv_heads=cfg.kv_heads)
 
 
 registry.register("dense", registry.ModelEntry(make_mixer=make_mixer))

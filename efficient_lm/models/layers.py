@@ -271,20 +271,39 @@ class SelfAttention(nnx.Module):
   `prefill`, `extend`). `local_prior` / `skip_prior` (`[B, T, H]`, π's
   log-gates) join the local and skip logits; `segment_ids` (`[B, T]`,
   document ids) keep every query inside its own document.
+
+  Grouped-query attention (`num_kv_heads` < `num_heads`, dividing it): keys and values have
+  `num_kv_heads` heads (`[B, T, H_kv, K]`), each serving num_heads / num_kv_heads query heads
+  (the core groups the queries: `ops.core.heads`), from their own `[D, 2, H_kv, K]` projection
+  `kv` beside the queries' `[D, H, K]` `q` (logical axis `kv_heads` for theirs); the decoding
+  cache holds `num_kv_heads` heads. With as many as the queries (the default) q, k and v stay
+  one `[D, 3, H, K]` projection, `qkv`, as before grouped heads.
   """
 
   def __init__(self, d_model: int, num_heads: int, pattern: Pattern, *, route: Route,
-               use_rope: bool, rope_base: float, dtype, rngs: nnx.Rngs):
+               use_rope: bool, rope_base: float, dtype, rngs: nnx.Rngs,
+               num_kv_heads: int | None = None):
     self.num_heads = num_heads
+    self.num_kv_heads = num_kv_heads or num_heads
     self.pattern = pattern
     self.route = route
     self.use_rope = use_rope
     self.rope_base = rope_base
-    # q, k, v as one [D, 3, H, K] projection: heads stay whole when `heads` is sharded.
-    self.qkv = nnx.LinearGeneral(d_model, (3, num_heads, d_model // num_heads), use_bias=False,
-                                 dtype=dtype, rngs=rngs, kernel_metadata=axes("embed", "qkv", "heads", "kv"))
+    K = d_model // num_heads
+    linear = lambda shape, *names: nnx.LinearGeneral(
+        d_model, shape, use_bias=False, dtype=dtype, rngs=rngs, kernel_metadata=axes(*names))
+    if self.grouped:
+      self.q = linear((num_heads, K), "embed", "heads", "kv")
+      self.kv = linear((2, self.num_kv_heads, K), "embed", "qkv", "kv_heads", "kv")
+    else:  # q, k, v as one [D, 3, H, K] projection: heads stay whole when `heads` is sharded.
+      self.qkv = linear((3, num_heads, K), "embed", "qkv", "heads", "kv")
     self.out = nnx.Linear(d_model, d_model, use_bias=False, dtype=dtype, rngs=rngs,
                           kernel_metadata=axes("heads", "embed"))  # input dim H*K, heads-major
+
+  @property
+  def grouped(self) -> bool:
+    """Fewer key/value heads than query heads (grouped-query attention)."""
+    return self.num_kv_heads != self.num_heads
 
   @property
   def patterns(self) -> tuple[Pattern, ...]:
@@ -292,8 +311,14 @@ class SelfAttention(nnx.Module):
     return (self.pattern,)
 
   def project(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, ...]:
-    qkv_BT3HK = sharding.constrain(self.qkv(x_BTD), "batch", "length", None, "heads", "kv")
-    q_BTHK, k_BTHK, v_BTHK = (qkv_BT3HK[:, :, i] for i in range(3))
+    """(q `[B, T, H, K]`, k and v `[B, T, H_kv, K]`), RoPE applied."""
+    if self.grouped:
+      q_BTHK = sharding.constrain(self.q(x_BTD), "batch", "length", "heads", "kv")
+      kv_BT2GK = sharding.constrain(self.kv(x_BTD), "batch", "length", None, "kv_heads", "kv")
+      k_BTHK, v_BTHK = kv_BT2GK[:, :, 0], kv_BT2GK[:, :, 1]
+    else:
+      qkv_BT3HK = sharding.constrain(self.qkv(x_BTD), "batch", "length", None, "heads", "kv")
+      q_BTHK, k_BTHK, v_BTHK = (qkv_BT3HK[:, :, i] for i in range(3))
     if self.use_rope:
       q_BTHK = rope(q_BTHK, positions_BT, self.rope_base)
       k_BTHK = rope(k_BTHK, positions_BT, self.rope_base)
@@ -314,17 +339,22 @@ class SelfAttention(nnx.Module):
   # the keys and values of the whole sequence, the queries of a chunk.
 
   def _heads(self, x_BTD: jax.Array, part: slice) -> jax.Array:
-    """The projection's outputs `part` (of q, k, v) only: `[B, T, parts, H, K]`."""
-    kernel_DnHK = self.qkv.kernel[...][:, part].astype(self.qkv.dtype or x_BTD.dtype)
+    """The projection's outputs `part` (of q, k, v; of k, v with grouped heads) only:
+    `[B, T, parts, H, K]`."""
+    module, heads = (self.kv, "kv_heads") if self.grouped else (self.qkv, "heads")
+    kernel_DnHK = module.kernel[...][:, part].astype(module.dtype or x_BTD.dtype)
     x_BTnHK = jnp.einsum("btd,dnhk->btnhk", x_BTD.astype(kernel_DnHK.dtype), kernel_DnHK)
-    return sharding.constrain(x_BTnHK, "batch", "length", None, "heads", "kv")
+    return sharding.constrain(x_BTnHK, "batch", "length", None, heads, "kv")
 
   def queries(self, x_BTD: jax.Array, positions_BT: jax.Array) -> jax.Array:
-    q_BTHK = self._heads(x_BTD, slice(0, 1))[:, :, 0]
+    if self.grouped:
+      q_BTHK = sharding.constrain(self.q(x_BTD), "batch", "length", "heads", "kv")
+    else:
+      q_BTHK = self._heads(x_BTD, slice(0, 1))[:, :, 0]
     return rope(q_BTHK, positions_BT, self.rope_base) if self.use_rope else q_BTHK
 
   def keys_values(self, x_BTD: jax.Array, positions_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
-    kv_BT2HK = self._heads(x_BTD, slice(1, 3))
+    kv_BT2HK = self._heads(x_BTD, slice(0, 2) if self.grouped else slice(1, 3))
     k_BTHK, v_BTHK = kv_BT2HK[:, :, 0], kv_BT2HK[:, :, 1]
     return (rope(k_BTHK, positions_BT, self.rope_base) if self.use_rope else k_BTHK), v_BTHK
 
@@ -342,10 +372,12 @@ class SelfAttention(nnx.Module):
   # Cached decoding: a ring buffer of the keys any later token can still see.
 
   def init_cache(self, batch_size: int, max_len: int) -> dict:
+    """`[B * H_kv, span, K]` keys and values (and their slots' positions and documents)."""
     D = self.out.in_features
     span = self.pattern.span(max_len)
-    return kv_cache_init(batch_size, span, self.num_heads, D // self.num_heads,
-                         self.qkv.dtype or jnp.float32, visible_slots(self.pattern, span))
+    dtype = (self.kv if self.grouped else self.qkv).dtype or jnp.float32
+    return kv_cache_init(batch_size, span, self.num_kv_heads, D // self.num_heads, dtype,
+                         visible_slots(self.pattern, span))
 
   def _visible(self, cache: dict) -> Visible | None:
     """The cache's visible-slot buffer (`visible_slots`), or None when it has none."""
@@ -377,13 +409,16 @@ class SelfAttention(nnx.Module):
   def cached(self, q_BCHK: jax.Array, k_NSK: jax.Array, v_NSK: jax.Array, pos_S: jax.Array,
              start: jax.Array, seg_BC: jax.Array, seg_BS: jax.Array, *, pattern=None,
              local_prior=None, skip_prior=None) -> jax.Array:
-    """C queries at positions start.. over cached keys / values `[B * H, S, K]` at slot positions
-    `pos_S` (-1 = empty) and documents `seg_BS`: the route in the cache's layout, `[B, C, H, K]`."""
+    """C queries at positions start.. over cached keys / values `[B * H_kv, S, K]` at slot
+    positions `pos_S` (-1 = empty) and documents `seg_BS`: the route in the cache's layout,
+    `[B, C, H, K]`."""
     B, C, H, K = q_BCHK.shape
-    # Heads folded into the batch (B * H rows of one head each), so the cache is read in its own
-    # layout: read as [B, H, S, K], XLA copied the whole cache twice a decoding step when B > 1.
-    fold = lambda x_BHX: x_BHX.reshape(B * H, 1, *x_BHX.shape[2:])
-    rows = lambda ids_BX: None if ids_BX is None else jnp.repeat(ids_BX, H, axis=0)
+    N = k_NSK.shape[0]  # B * H_kv: a key/value head's G = H / H_kv query heads share its row
+    # Heads folded into the batch (N rows of one key/value head each), so the cache is read in
+    # its own layout: read as [B, H, S, K], XLA copied the whole cache twice a decoding step
+    # when B > 1.
+    fold = lambda x_BHX: x_BHX.reshape(N, H * B // N, *x_BHX.shape[2:])
+    rows = lambda ids_BX: None if ids_BX is None else jnp.repeat(ids_BX, N // B, axis=0)
     prior = lambda p_BCH: None if p_BCH is None else fold(jnp.swapaxes(p_BCH, 1, 2))
     o_N1CK = self.route.attend(fold(jnp.swapaxes(q_BCHK, 1, 2)), k_NSK[:, None], v_NSK[:, None],
                                pattern or self.pattern, q_start=start, k_positions=pos_S,

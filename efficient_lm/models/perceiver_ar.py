@@ -64,7 +64,7 @@ class PerceiverBlock(nnx.Module):
     # The latents' causal attention over the stream (their cache in decoding too).
     self.attn = layers.SelfAttention(cfg.d_model, cfg.num_heads, Pattern.dense(), route=route,
                                      use_rope=cfg.position == "rope", rope_base=cfg.rope_base,
-                                     dtype=dtype, rngs=rngs)
+                                     dtype=dtype, rngs=rngs, num_kv_heads=cfg.kv_heads)
     # The patterns it trains with: the latents', and the history's segments at `history` (the
     # stream's history length in training; a shorter prompt's history is cut the same way).
     self.patterns = (Pattern.dense(),)
@@ -132,6 +132,7 @@ class PerceiverAR(decoder.LanguageModel):
     self.num_latents = cfg.num_latents
     self.refine_history = variant.refine_history
     self.num_heads = cfg.num_heads
+    self.num_kv_heads = cfg.kv_heads
     self.dtype = layers.dtype_of(cfg.dtype)
     history = cfg.seq_len - cfg.num_latents
     self.compression = cfg.compression if variant.compress else 1
@@ -252,8 +253,8 @@ class PerceiverAR(decoder.LanguageModel):
       raise ValueError(f"max_len={max_len} is below model.seq_len={self.seq_len}: {self.variant} "
                        f"prefills exactly seq_len tokens; set max_len >= {self.seq_len}")
     D = self.embed.features
-    # The decoder's cache layout, [B * H, slots, K], one buffer per layer: updated in place.
-    shape = (batch_size * self.num_heads, max_len - self._slot_shift(), D // self.num_heads)
+    # The decoder's cache layout, [B * H_kv, slots, K], one buffer per layer: updated in place.
+    shape = (batch_size * self.num_kv_heads, max_len - self._slot_shift(), D // self.num_heads)
     kv = lambda: {"k": jnp.zeros(shape, self.dtype), "v": jnp.zeros(shape, self.dtype)}
     cache = {"history": jnp.zeros((), jnp.int32), "first": kv(),
              "seg": jnp.full((batch_size, shape[1]), -1, jnp.int32)}  # each slot's document

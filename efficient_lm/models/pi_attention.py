@@ -47,7 +47,7 @@ class LocalMixer(nnx.Module):
     self.gated = gated
     self.attn = layers.SelfAttention(cfg.d_model, cfg.num_heads, pattern, route=route,
                                      use_rope=cfg.position == "rope", rope_base=cfg.rope_base,
-                                     dtype=dtype, rngs=rngs)
+                                     dtype=dtype, rngs=rngs, num_kv_heads=cfg.kv_heads)
     self.gate_in = nnx.data(None)
     self.gate_out = nnx.data(None)
     self.fixed_gate = gated and cfg.gate == "fixed"

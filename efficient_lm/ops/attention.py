@@ -8,7 +8,9 @@ blockwise loop core, O(T) memory, a flash backward, by default; 'splash' on TPU,
 'reference', the dense O(T^2) masked softmax the tests compare with; a kernel backend off its
 hardware runs only with `interpret=True`); with `mesh=` (more than one device along
 `axis_name`) the sequence is sharded (`ops.ring`: context parallelism). `segment_ids` `[B, T]`
-(document ids) confine every query to its own document.
+(document ids) confine every query to its own document. Keys and values may have fewer heads than
+the queries, `[B, T, H_kv, K]` with H_kv dividing H (grouped-query attention: query head h reads
+key/value head h // (H / H_kv)), on every backend, never repeated in memory (`ops.core.heads`).
 
 - `causal_attention`, `block_local_attention`, `sliding_window_attention`, `pi_attention`:
   causal self-attention.

@@ -26,6 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from efficient_lm.ops import core
 from efficient_lm.ops import memory
+from efficient_lm.ops.core import kernel_mesh
 from efficient_lm.ops.pattern import Pattern
 
 LAYOUTS = ("natural", "zigzag")
@@ -87,6 +88,18 @@ def _seq_spec(mesh: jax.sharding.Mesh, axis_name: str, heads: bool = False) -> P
   batch = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names and a != axis_name) or None
   tensor = "tensor" if heads and "tensor" in mesh.axis_names and axis_name != "tensor" else None
   return P(batch, axis_name, tensor) if tensor else P(batch, axis_name)
+
+
+def _kv_specs(mesh: jax.sharding.Mesh, axis_name: str, q_heads: int, kv_heads: int):
+  """(k / v's spec, `take(x)`: this device's k / v inside the body). Grouped key/value heads
+  split over `tensor` with the query heads when its size divides them; else they travel whole
+  and each device takes the one its query heads share (`kernel_mesh.whole_kv_heads`)."""
+  heads = _seq_spec(mesh, axis_name, heads=True)
+  tensor = heads[2] if len(heads) > 2 else None
+  if tensor is None or not kernel_mesh.whole_kv_heads(q_heads, kv_heads, mesh.shape[tensor]):
+    return heads, lambda x: x
+  take = lambda x: None if x is None else kernel_mesh.kv_heads_of(x, 2, q_heads, kv_heads, tensor)
+  return _seq_spec(mesh, axis_name), take
 
 
 def _check_length(T: int, n: int) -> int:
@@ -191,8 +204,9 @@ def attend(q_BTHK, k_BTHK, v_BTHK, pattern: Pattern, *, mesh: jax.sharding.Mesh,
            interpret: bool = False) -> jax.Array:
   """Self-attention of a sequence sharded along T (see the module docstring): o `[B, T, H, K]`.
 
-  `local_prior` / `skip_prior` `[B, T, H]` and `segment_ids` `[B, T]` (document ids) are
-  sharded like the sequence.
+  k / v `[B, T, H_kv, K]` (H_kv dividing H: grouped-query attention; only their heads travel
+  around the ring). `local_prior` / `skip_prior` `[B, T, H]` and `segment_ids` `[B, T]`
+  (document ids) are sharded like the sequence.
   """
   n = num_devices(mesh, axis_name)
   check_pattern(pattern, q_BTHK.shape[1], n, layout)
@@ -216,8 +230,10 @@ def _local_attend(q_BTHK, k_BTHK, v_BTHK, pattern: Pattern, *, mesh, axis_name, 
   C = T // n
   reach = halo(pattern, C, T)
   heads, seq = _seq_spec(mesh, axis_name, heads=True), _seq_spec(mesh, axis_name)
+  kv, take = _kv_specs(mesh, axis_name, q_BTHK.shape[2], k_BTHK.shape[2])
 
   def body(q_BCHK, k_BCHK, v_BCHK, lp_BCH, sp_BCH, seg_BC):
+    k_BCHK, v_BCHK = take(k_BCHK), take(v_BCHK)
     extend = lambda x: _with_halo(x, reach, axis_name, n)
     o_BCHK, _ = core.attend(
         q_BCHK, extend(k_BCHK), extend(v_BCHK), pattern,
@@ -227,7 +243,7 @@ def _local_attend(q_BTHK, k_BTHK, v_BTHK, pattern: Pattern, *, mesh, axis_name, 
         with_lse=False)
     return o_BCHK
 
-  return _sharded(body, mesh, [(q_BTHK, heads), (k_BTHK, heads), (v_BTHK, heads),
+  return _sharded(body, mesh, [(q_BTHK, heads), (k_BTHK, kv), (v_BTHK, kv),
                                (local_prior, heads), (skip_prior, heads), (segment_ids, seq)],
                   heads)
 
@@ -381,8 +397,9 @@ def _ring_attend(q_BTHK, k_BTHK, v_BTHK, *, mesh, axis_name, layout, scale, segm
 
   body.defvjp(body_fwd, body_bwd)
   heads, seq = _seq_spec(mesh, axis_name, heads=True), _seq_spec(mesh, axis_name)
-  return _sharded(body, mesh, [(q_BTHK, heads), (k_BTHK, heads), (v_BTHK, heads),
-                               (segment_ids, seq)], heads)
+  kv, take = _kv_specs(mesh, axis_name, H, k_BTHK.shape[2])
+  return _sharded(lambda q, k, v, seg: body(q, take(k), take(v), seg), mesh,
+                  [(q_BTHK, heads), (k_BTHK, kv), (v_BTHK, kv), (segment_ids, seq)], heads)
 
 
 # The sequence-wide ops of BCMT's memory.

@@ -92,7 +92,8 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, *,
            scale: float | None = None, layout: str = "BTHK") -> jax.Array:
   """Softmax attention of q over the keys `pattern` lets each query see: o in q's shape and dtype.
 
-  q `[B, Tq, H, K]`, k / v `[B, Tk, H, K]` ("BHTK": heads first, a cache's layout). Queries
+  q `[B, Tq, H, K]`, k / v `[B, Tk, H_kv, K]` (H_kv dividing H: grouped-query attention;
+  "BHTK": heads first, a cache's layout). Queries
   at `q_start + arange(Tq)`; keys at the queries' positions (Tk = Tq, no offset), at
   `q_start + k_offset + arange(Tk)` (a chunk's window), or at `k_positions` (a cache). Priors
   `[B, Tq, H]` (π's log-gates) join the local / skip logits. `segment_ids` `[B, Tq]`: the

@@ -9,4 +9,5 @@ DECODING = [
     ("bcmt", dict(block_size=8)),
     ("bcmt", dict(block_size=8, position="learned", tie_embeddings=False, seq_len=40)),
     ("honly", dict(block_size=8)),
+    ("bcmt", dict(block_size=8, num_kv_heads=2)),  # grouped-query attention
 ]

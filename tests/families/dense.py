@@ -2,4 +2,4 @@
 
 FIELDS = {"dense": {}}
 TASKS = {"dense": (dict(), 5, lambda t: t >= 5)}
-DECODING = [("dense", {})]
+DECODING = [("dense", {}), ("dense", dict(num_kv_heads=1))]  # and multi-query attention

@@ -15,4 +15,6 @@ DECODING = [
     ("sliding_window", dict(window=6)),
     ("pi_attention", dict(window=5, period=2, num_skips=4)),  # P < W: some skips inside the window
     ("pi_attention", dict(window=3, period=4, num_skips=3, period_schedule="doubling")),
+    ("pi_attention", dict(window=5, period=2, num_skips=4, num_kv_heads=2)),  # grouped-query
+    ("sliding_window", dict(window=6, num_kv_heads=1)),  # multi-query, the visible-slot buffer
 ]

@@ -10,11 +10,12 @@ attentions over disjoint key sets (ring steps, pieces) into the one over
 their union.
 
     plan.py      the plan: the pattern cut into blocks (the XLA core's schedules)
+    heads.py     grouped-query attention: k / v with fewer heads, the queries grouped per head
     call.py      what a backend is given (`Call`), what it provides (`Backend`), the counters
     backends.py  the backends behind `attend` and how one is chosen (`impl=`)
     xla/         the blockwise loop core, every platform (the default)
     splash.py    TPU: Pallas splash-attention kernels
-    gpu.py       GPU: cuDNN and a Pallas kernel
+    gpu.py       GPU: cuDNN (`cudnn.py`) and a Pallas kernel
     reference.py the plain masked softmax (tests)
     skips.py     π's skip keys beside a kernel's local part, merged by log-sum-exp
     merge.py     attentions over disjoint key sets -> over their union (log-sum-exp)
@@ -50,9 +51,10 @@ def _check(q, k, v, layout, k_positions, local_prior, skip_prior, pattern, q_seg
   t = 1 if layout == "BTHK" else 2
   h = 3 - t
   if k.shape[:3] != v.shape[:3] or k.shape[-1] != q.shape[-1] or k.shape[0] != q.shape[0] \
-      or k.shape[h] != q.shape[h]:
+      or not 0 < k.shape[h] <= q.shape[h] or q.shape[h] % k.shape[h]:
     raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape} ({layout}) disagree: k and v need "
-                     "q's batch, heads and (k) head width, and one length")
+                     "q's batch and (k) head width, one length, and a number of heads dividing "
+                     "q's (grouped-query attention)")
   rows = (q.shape[0], q.shape[1], q.shape[2])
   for name, prior in (("local_prior", local_prior), ("skip_prior", skip_prior)):
     if prior is not None and tuple(prior.shape) != rows:
@@ -82,8 +84,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, pattern: Pattern, *,
            with_lse: bool = True) -> tuple[jax.Array, jax.Array | None]:
   """Softmax attention of q over the keys `pattern` lets each query see: (o, lse).
 
-  q `[B, Tq, H, K]`, k/v `[B, Tk, H, K]` (layout "BTHK"; "BHTK" is heads-first
-  `[B, H, T, K]`, the decoding caches' layout, read in place). Queries sit at
+  q `[B, Tq, H, K]`, k/v `[B, Tk, H_kv, K]` (layout "BTHK"; "BHTK" is heads-first
+  `[B, H, T, K]`, the decoding caches' layout, read in place). H_kv divides H: grouped-query
+  attention, query head h reading key/value head h // (H / H_kv) (`heads.py`). Queries sit at
   `q_start + arange(Tq)`, keys at `k_start + arange(Tk)`, or at `q_start +
   k_offset + arange(Tk)` when the static `k_offset` is given (a chunk's key
   window at a traced start: what lets a kernel build its mask), or at

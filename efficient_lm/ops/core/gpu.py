@@ -4,10 +4,10 @@ Contract (`call.Backend`): `attend(call, q, k, v, ...) -> (o, lse)`, differentia
 q, k, v and the priors under cotangents on o and lse; `backward` at a given o and lse (ring
 steps).
 
-- cuDNN (`jax.nn.dot_product_attention(implementation="cudnn")`): causal or causal-window
-  self-attention (static q_start == k_start >= 0, Tq == Tk), no lse wanted, no priors, no
-  document ids, bfloat16 / float16, head width a multiple of 8 up to 128 (256 on compute
-  capability 9.0+).
+- cuDNN (`jax.nn.dot_product_attention(implementation="cudnn")`, `cudnn.py`): causal or
+  causal-window self-attention (static q_start == k_start >= 0, Tq == Tk), no lse wanted, no
+  priors, no document ids, bfloat16 / float16, head width a multiple of 8 up to 128 (256 on
+  compute capability 9.0+).
 - The Pallas kernel: every other call with keys at `k_start + arange(Tk)` and a static
   `k_offset` (traced starts are fine). Its mask comes from the query / key positions and the
   `Pattern` inside the kernel (keys at negative positions are never visible), key blocks
@@ -16,6 +16,10 @@ steps).
   kernel, the skips beside it (`skips.kernel_attend`); priors shift lse outside it.
   Document ids are one more comparison in the kernel's mask.
 - `xla` (via `unsupported`): explicit key positions (decoding caches), a traced k_offset.
+
+Grouped-query attention (k, v with fewer heads): cuDNN groups the query heads itself; the
+kernel's forward and dq read query head h's key/value head h // G through the block index
+map, its dk / dv kernel runs once per key/value head over the G query heads of its group.
 
 `interpret=True` runs the Pallas kernels in Pallas interpret mode (CPU tests). cuDNN cannot
 be interpreted, so interpreted calls never take the cuDNN path: the kernel serves them too.
@@ -26,17 +30,16 @@ import dataclasses
 import functools
 import logging
 import math
-import re
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from efficient_lm.runtime import jax_compat
-from efficient_lm.ops.core import kernel_mesh, skips
+from efficient_lm.ops.core import cudnn, kernel_mesh, skips
 from efficient_lm.ops.core.call import KERNEL_CALLS, Backend, Call
 from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE, cdiv
+from efficient_lm.ops.core.cudnn import target_capability
 from efficient_lm.ops.pattern import Pattern
 
 F32 = jnp.float32
@@ -99,6 +102,9 @@ def _log_once(message: str) -> None:
     log.info("%s", message)
 
 
+_cudnn_attend = cudnn.attend  # (a module global: the tests replace it)
+
+
 def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior, q_segments,
            k_segments, *, interpret: bool = False):
   del k_start, k_positions  # k_start = q_start + call.k_offset; explicit positions run on xla
@@ -112,111 +118,6 @@ def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior
   local = lambda q, k, v: _kernel_attend(call, q, k, v, q_start, q_segments, k_segments, interpret)
   return skips.kernel_attend(local, call, q, k, v, q_start, local_prior, skip_prior, q_segments,
                              k_segments)
-
-
-# cuDNN, and its compute-capability check answered for the compile target.
-#
-# jax's cuDNN wrapper asks `check_compute_capability` / `is_cuda_compute_capability_equal`
-# (jax._src.cudnn.fused_attention_stablehlo) about the first *local* GPU, and says "no" on a
-# host without one: compiling for a Hopper target from a CPU host would then refuse head
-# widths over 128. While jax's forward rule traces a cuDNN call of ours,
-# `jax_compat.cudnn_capability_answers` points those two functions at the target's capability
-# (from the devices of the current mesh: `jax.set_mesh(Mesh(topology.devices, ...))`, or a
-# local GPU), and restores them after.
-# That forward rule may trace after our call returned (inside scan / checkpoint / an inner
-# jit), so the call is our own custom VJP whose rules enter the patch themselves, with the
-# capability found when the call was made. The patch is process-wide while it lasts: do not
-# trace cuDNN calls for different targets in concurrent threads.
-
-_KIND_CAPABILITY = {  # device_kind words -> compute capability (used when a device has no field)
-    "V100": (7, 0), "T4": (7, 5), "A100": (8, 0), "A30": (8, 0), "A10": (8, 6), "A40": (8, 6),
-    "L4": (8, 9), "L40": (8, 9), "L40S": (8, 9), "H100": (9, 0), "H200": (9, 0), "H20": (9, 0),
-    "GH200": (9, 0), "B200": (10, 0), "GB200": (10, 0), "B300": (10, 3), "GB300": (10, 3),
-}
-
-
-def _parse_capability(text) -> tuple[int, int] | None:
-  found = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", str(text))
-  return (int(found.group(1)), int(found.group(2))) if found else None
-
-
-def _mesh_device():
-  """The first device of the concrete mesh of `jax.set_mesh` (seen while tracing only through
-  jax's private API: `jax_compat.concrete_mesh`), or None."""
-  mesh = jax_compat.concrete_mesh()
-  return None if mesh is None else mesh.devices.flat[0]
-
-
-def target_capability() -> tuple[int, int] | None:
-  """The compute capability of the GPU being compiled for: the current mesh's device's
-  (`compute_capability`, else known from its `device_kind`), else a local GPU's; None if unknown."""
-  device = _mesh_device()
-  abstract = getattr(jax.sharding.get_abstract_mesh(), "abstract_device", None)
-  if device is None and abstract is None:
-    try:
-      device = jax.devices("gpu")[0]
-    except RuntimeError:
-      return None
-  if device is not None:
-    if device.platform != "gpu":
-      return None
-    capability = _parse_capability(getattr(device, "compute_capability", ""))
-    if capability is not None:
-      return capability
-    kind = device.device_kind
-  elif abstract.platform == "gpu":
-    kind = abstract.device_kind
-  else:
-    return None
-  for name in sorted(_KIND_CAPABILITY, key=len, reverse=True):
-    if re.search(rf"\b{name}\b", kind):
-      return _KIND_CAPABILITY[name]
-  return None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Cudnn:
-  scale: float
-  window: int | None  # None: causal
-  layout: str
-  capability: tuple[int, int] | None
-
-
-def _cudnn_call(spec: _Cudnn, q, k, v):
-  bthk = (lambda x: x) if spec.layout == "BTHK" else (lambda x: jnp.swapaxes(x, 1, 2))
-  window = None if spec.window is None else (spec.window - 1, 0)
-  o_BTHK = jax.nn.dot_product_attention(bthk(q), bthk(k), bthk(v), scale=spec.scale,
-                                        is_causal=True, local_window_size=window,
-                                        implementation="cudnn")
-  return bthk(o_BTHK)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _cudnn(spec: _Cudnn, q, k, v):
-  with jax_compat.cudnn_capability_answers(spec.capability):
-    return _cudnn_call(spec, q, k, v)
-
-
-def _cudnn_fwd(spec: _Cudnn, q, k, v):
-  with jax_compat.cudnn_capability_answers(spec.capability):
-    o, pullback = jax.vjp(functools.partial(_cudnn_call, spec), q, k, v)
-  return o, pullback
-
-
-def _cudnn_bwd(spec: _Cudnn, pullback, do):
-  del spec
-  return pullback(do)
-
-
-_cudnn.defvjp(_cudnn_fwd, _cudnn_bwd)
-
-
-def _cudnn_attend(call: Call, q, k, v):
-  window = call.pattern.window
-  spec = _Cudnn(scale=call.scale, window=window if window is not None and window < call.Tq else None,
-                layout=call.layout, capability=target_capability())
-  return kernel_mesh.per_shard(functools.partial(_cudnn, spec), [q, k, v], ["qkv"] * 3, ["qkv"],
-                               layout=call.layout)
 
 
 # The Pallas kernel: block ranges from the pattern.
@@ -234,6 +135,7 @@ class _Kernel:
   block_k: int
   interpret: bool
   segments: bool = False  # document ids: two more inputs, one more mask comparison
+  groups: int = 1         # query heads per key/value head (grouped-query attention)
 
   @property
   def Tq_padded(self) -> int:
@@ -365,6 +267,15 @@ def _dq_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs
   dq_ref[...] = (dq * kern.scale).astype(dq_ref.dtype)
 
 
+def _member(kern: _Kernel, ref, rows, g: int):
+  """Query block `rows` of a query-side ref of the dk / dv kernel: its one head, or member g of
+  its group's block of `kern.groups` heads."""
+  if kern.groups == 1:
+    return ref[rows, :] if len(ref.shape) == 2 else ref[rows]
+  at = (rows, g) if kern.layout == "BTHK" else (g, rows)
+  return ref[(*at, slice(None))] if len(ref.shape) == 3 else ref[at]
+
+
 def _dkv_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *refs,
                 kern: _Kernel):
   (qid_ref, kid_ref), (dk_ref, dv_ref) = _split_refs(kern, refs, 2)
@@ -376,13 +287,15 @@ def _dkv_kernel(start_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, *ref
   def visit(i, carry):
     dk, dv = carry
     rows = pl.ds(i * kern.block_q, kern.block_q)
-    q, do = q_ref[rows, :], do_ref[rows, :]
-    q_ids = None if qid_ref is None else qid_ref[rows]
-    s, seen = _logits(kern, q, k, q_start, i, j, q_ids, k_ids)
-    p = jnp.where(seen, jnp.exp2(s - (lse_ref[rows] * LOG2E)[:, None]), 0.0)
-    dv = dv + _dot(p.astype(do.dtype), do, t_a=True)
-    ds = p * (_dot(do, v, t_b=True) - delta_ref[rows][:, None])
-    return dk + _dot(ds.astype(q.dtype), q, t_a=True), dv
+    for g in range(kern.groups):  # the query heads of this key/value head (one without groups)
+      q, do = _member(kern, q_ref, rows, g), _member(kern, do_ref, rows, g)
+      q_ids = None if qid_ref is None else qid_ref[rows]
+      s, seen = _logits(kern, q, k, q_start, i, j, q_ids, k_ids)
+      p = jnp.where(seen, jnp.exp2(s - (_member(kern, lse_ref, rows, g) * LOG2E)[:, None]), 0.0)
+      dv = dv + _dot(p.astype(do.dtype), do, t_a=True)
+      ds = p * (_dot(do, v, t_b=True) - _member(kern, delta_ref, rows, g)[:, None])
+      dk = dk + _dot(ds.astype(q.dtype), q, t_a=True)
+    return dk, dv
 
   start, stop = _query_blocks(kern, q_start, j)
   dk, dv = jax.lax.fori_loop(start, stop, visit,
@@ -407,20 +320,26 @@ def _pad(x, t_axis: int, length: int, width: int | None = None):
   return x if all(p == (0, 0) for p in pad) else jnp.pad(x, pad)
 
 
-def _spec(kern: _Kernel, kind: str, length: int, width: int = 0, *, whole: bool = False):
+def _spec(kern: _Kernel, kind: str, length: int, width: int = 0, *, whole: bool = False,
+          heads: str = "own"):
   """The BlockSpec of a 'qkv' operand ([B, T, H, width] / [B, H, T, width]), a 'rows' one
-  ([B, T, H] / [B, H, T]) or an 'ids' one ([B, T]) on the grid (T blocks, B, H): `length`
-  positions along T, at the grid's block along T, or from 0 when `whole`."""
+  ([B, T, H] / [B, H, T]) or an 'ids' one ([B, T]) on the grid (T blocks, B, heads): `length`
+  positions along T, at the grid's block along T, or from 0 when `whole`. Grouped heads:
+  `heads='kv'`, k / v on a grid over query heads (h reads h // groups); `heads='group'`, a query
+  operand on a grid over kv heads (its group's `groups` heads, one more block axis)."""
   t = (lambda i: 0) if whole else (lambda i: i)
   if kind == "ids":
     return pl.BlockSpec((None, length), lambda i, b, h: (b, t(i)))
+  grouped = kern.groups > 1
+  at = (lambda h: h // kern.groups) if grouped and heads == "kv" else (lambda h: h)
+  n = kern.groups if grouped and heads == "group" else None
   if kern.layout == "BHTK":
     if kind == "qkv":
-      return pl.BlockSpec((None, None, length, width), lambda i, b, h: (b, h, t(i), 0))
-    return pl.BlockSpec((None, None, length), lambda i, b, h: (b, h, t(i)))
+      return pl.BlockSpec((None, n, length, width), lambda i, b, h: (b, at(h), t(i), 0))
+    return pl.BlockSpec((None, n, length), lambda i, b, h: (b, at(h), t(i)))
   if kind == "qkv":
-    return pl.BlockSpec((None, length, None, width), lambda i, b, h: (b, t(i), h, 0))
-  return pl.BlockSpec((None, length, None), lambda i, b, h: (b, t(i), h))
+    return pl.BlockSpec((None, length, n, width), lambda i, b, h: (b, t(i), at(h), 0))
+  return pl.BlockSpec((None, length, n), lambda i, b, h: (b, t(i), at(h)))
 
 
 def _grid(kern: _Kernel, x, blocks: int) -> tuple[int, int, int]:
@@ -442,6 +361,7 @@ def _call(kern: _Kernel, body, grid, in_specs, out_specs, out_shape, width: int,
 
 
 _START = pl.BlockSpec((1,), lambda i, b, h: (0,))
+_KV = dict(whole=True, heads="kv")  # k / v whole, on a grid over the query heads
 
 
 def _ids(kern: _Kernel, qseg, kseg, q_whole: bool, k_whole: bool):
@@ -462,8 +382,8 @@ def _forward(kern: _Kernel, q, k, v, start, qseg=None, kseg=None):
   ids, id_specs = _ids(kern, qseg, kseg, q_whole=False, k_whole=True)
   o_p, lse_p = _call(
       kern, _forward_kernel, _grid(kern, q, Tq // kern.block_q),
-      [_START, _spec(kern, "qkv", kern.block_q, Kq), _spec(kern, "qkv", Tk, Kq, whole=True),
-       _spec(kern, "qkv", Tk, Kv, whole=True), *id_specs],
+      [_START, _spec(kern, "qkv", kern.block_q, Kq), _spec(kern, "qkv", Tk, Kq, **_KV),
+       _spec(kern, "qkv", Tk, Kv, **_KV), *id_specs],
       [_spec(kern, "qkv", kern.block_q, Kv), _spec(kern, "rows", kern.block_q)],
       [jax.ShapeDtypeStruct(q_p.shape[:3] + (Kv,), q.dtype),
        jax.ShapeDtypeStruct(_rows_shape(kern, q, Tq), F32)],
@@ -484,17 +404,18 @@ def _backward(kern: _Kernel, q, k, v, start, o, lse, do, dlse, qseg=None, kseg=N
   ids, id_specs = _ids(kern, qseg, kseg, q_whole=False, k_whole=True)
   dq = _call(
       kern, _dq_kernel, _grid(kern, q, Tq // kern.block_q),
-      [_START, _spec(kern, "qkv", kern.block_q, Kq), _spec(kern, "qkv", Tk, Kq, whole=True),
-       _spec(kern, "qkv", Tk, Kv, whole=True), _spec(kern, "qkv", kern.block_q, Kv),
+      [_START, _spec(kern, "qkv", kern.block_q, Kq), _spec(kern, "qkv", Tk, Kq, **_KV),
+       _spec(kern, "qkv", Tk, Kv, **_KV), _spec(kern, "qkv", kern.block_q, Kv),
        _spec(kern, "rows", kern.block_q), _spec(kern, "rows", kern.block_q), *id_specs],
       _spec(kern, "qkv", kern.block_q, Kq), jax.ShapeDtypeStruct(q_p.shape, q.dtype), width,
       "gpu_attention_dq")(start, q_p, k_p, v_p, do_p, lse_p, delta_p, *ids)
   ids, id_specs = _ids(kern, qseg, kseg, q_whole=True, k_whole=False)
+  group = dict(whole=True, heads="group")  # the grid runs over k's heads
   dk, dv = _call(
-      kern, _dkv_kernel, _grid(kern, q, Tk // kern.block_k),
-      [_START, _spec(kern, "qkv", Tq, Kq, whole=True), _spec(kern, "qkv", kern.block_k, Kq),
-       _spec(kern, "qkv", kern.block_k, Kv), _spec(kern, "qkv", Tq, Kv, whole=True),
-       _spec(kern, "rows", Tq, whole=True), _spec(kern, "rows", Tq, whole=True), *id_specs],
+      kern, _dkv_kernel, _grid(kern, k, Tk // kern.block_k),
+      [_START, _spec(kern, "qkv", Tq, Kq, **group), _spec(kern, "qkv", kern.block_k, Kq),
+       _spec(kern, "qkv", kern.block_k, Kv), _spec(kern, "qkv", Tq, Kv, **group),
+       _spec(kern, "rows", Tq, **group), _spec(kern, "rows", Tq, **group), *id_specs],
       [_spec(kern, "qkv", kern.block_k, Kq), _spec(kern, "qkv", kern.block_k, Kv)],
       [jax.ShapeDtypeStruct(k_p.shape, k.dtype), jax.ShapeDtypeStruct(v_p.shape, v.dtype)], width,
       "gpu_attention_dkv")(start, q_p, k_p, v_p, do_p, lse_p, delta_p, *ids)
@@ -537,14 +458,15 @@ def tile(pattern: Pattern) -> int:
   return BLOCK_Q if reach is None else min(BLOCK_Q, max(16, 1 << reach.bit_length()))
 
 
-def _kernel_for(call: Call, q, v, pattern: Pattern, interpret: bool) -> _Kernel:
+def _kernel_for(call: Call, q, k, v, pattern: Pattern, interpret: bool) -> _Kernel:
   row_bytes = max(q.shape[-1], v.shape[-1]) * jnp.dtype(q.dtype).itemsize
   size = tile(pattern)
+  h = 2 if call.layout == "BTHK" else 1  # the heads axis
   kern = _Kernel(pattern=pattern, scale=call.scale, Tq=call.Tq, Tk=call.Tk,
                  k_offset=call.k_offset, layout=call.layout,
                  block_q=_block(min(BLOCK_Q, size), call.Tq, row_bytes),
                  block_k=_block(min(BLOCK_K, size), call.Tk, row_bytes), interpret=interpret,
-                 segments=call.segments)
+                 segments=call.segments, groups=q.shape[h] // k.shape[h])
   KERNEL_CALLS[("gpu", f"triton {kern.block_q}x{kern.block_k} tiles")] += 1
   return kern
 
@@ -557,9 +479,9 @@ def _operands(*arrays_and_kinds):
 
 def _kernel_attend(call: Call, q, k, v, q_start, qseg, kseg, interpret: bool):
   """(o, lse) of `call.pattern.local` on the Pallas kernel (no priors), per shard."""
-  kern = _kernel_for(call, q, v, call.pattern.local, interpret)
+  kern = _kernel_for(call, q, k, v, call.pattern.local, interpret)
   start = jnp.reshape(jnp.asarray(q_start, jnp.int32), (1,))
-  arrays, kinds = _operands((q, "qkv"), (k, "qkv"), (v, "qkv"), (start, "replicated"),
+  arrays, kinds = _operands((q, "qkv"), (k, "kv"), (v, "kv"), (start, "replicated"),
                             (qseg, "ids"), (kseg, "ids"))
   return kernel_mesh.per_shard(functools.partial(_flash, kern), arrays, kinds, ["qkv", "rows"],
                                layout=call.layout)
@@ -569,16 +491,17 @@ def backward(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_pri
              k_segments, o, lse, do, dlse, *, interpret: bool = False):
   """The kernel's backward of one call without priors or skips at a given o and lse."""
   del k_start, k_positions, local_prior, skip_prior  # (the front door sends calls with them to xla)
-  kern = _kernel_for(call, q, v, call.pattern, interpret)
+  kern = _kernel_for(call, q, k, v, call.pattern, interpret)
   start = jnp.reshape(jnp.asarray(q_start, jnp.int32), (1,))
 
   def grads(q, k, v, start, o, lse, do, dlse, *ids):
     return _backward(kern, q, k, v, start, o, lse, do, dlse, *ids)
 
-  arrays, kinds = _operands((q, "qkv"), (k, "qkv"), (v, "qkv"), (start, "replicated"),
+  arrays, kinds = _operands((q, "qkv"), (k, "kv"), (v, "kv"), (start, "replicated"),
                             (o, "qkv"), (lse, "rows"), (do, "qkv"), (dlse, "rows"),
                             (q_segments, "ids"), (k_segments, "ids"))
-  dq, dk, dv = kernel_mesh.per_shard(grads, arrays, kinds, ["qkv"] * 3, layout=call.layout)
+  dq, dk, dv = kernel_mesh.per_shard(grads, arrays, kinds, ["qkv", "kv", "kv"],
+                                     layout=call.layout)
   return dq, dk, dv, None, None
 
 

@@ -1,13 +1,14 @@
 """The `reference` backend: attention as a plain masked softmax over the `[Tq, Tk]` logits.
 
 O(Tq Tk) time and memory: for tests, and for comparing against at small sizes
-(the dense model's `attention_impl='reference'`). Differentiated by autodiff.
+(the dense model's `attention_impl='reference'`). Differentiated by autodiff. Grouped
+key/value heads as everywhere (`heads.einsum`).
 """
 
 import jax
 import jax.numpy as jnp
 
-from efficient_lm.ops import precision
+from efficient_lm.ops.core import heads
 from efficient_lm.ops.core.call import Backend
 from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE
 
@@ -33,7 +34,7 @@ def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior
     same = (q_segments[:, :, None] == k_segments[:, None, :])[:, None]
     local = local & same
     skip = None if skip is None else skip & same
-  s = precision.einsum_f32("bhqk,bhsk->bhqs", q, k) * call.scale
+  s = heads.einsum("bhqk,bhsk->bhqs", q, k, k.shape[1]) * call.scale
   s_local = s if local_prior is None else s + local_prior.astype(F32)[..., None]
   if skip is None:
     s = jnp.where(local, s_local, MASKED)
@@ -47,7 +48,7 @@ def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior
   safe = jnp.where(total > 0, total, 1.0)
   lse = jnp.where(total > 0, peak[..., 0] + jnp.log(safe), NO_KEY_LSE)
   p = e / safe[..., None]
-  o = precision.einsum_f32("bhqs,bhsk->bhqk", p.astype(v.dtype), v).astype(q.dtype)
+  o = heads.einsum("bhqs,bhsk->bhqk", p.astype(v.dtype), v, v.shape[1]).astype(q.dtype)
   if not heads_first:
     o, lse = jnp.swapaxes(o, 1, 2), jnp.swapaxes(lse, 1, 2)
   return o, lse

@@ -61,6 +61,6 @@ def _stride(call, q, k, v, q_start, skip_prior, q_segments, k_segments):
     return xla.stride_attend(call, q, k, v, q_start if static else start[0], sp, qseg, kseg)
 
   arrays = [q, k, v, start, skip_prior, q_segments, k_segments]
-  kinds = ["qkv", "qkv", "qkv", "replicated", "rows", "ids", "ids"]
+  kinds = ["qkv", "kv", "kv", "replicated", "rows", "ids", "ids"]
   kinds = [kind if x is not None else "none" for x, kind in zip(arrays, kinds)]
   return kernel_mesh.per_shard(stride, arrays, kinds, ["qkv", "rows"], layout=call.layout)

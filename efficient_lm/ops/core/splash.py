@@ -323,11 +323,13 @@ def _kernel_inputs(spec: _Spec, scale: float, layout: str, q, k, v, qseg, kseg):
 
 def _per_row(fn, segs, *arrays):
   """`fn(*arrays[, qseg, kseg])` on `[B, H, T, ...]` arrays: one kernel call over the B * H
-  rows, or, with document ids, one per batch row (the kernel takes one id array a call)."""
-  B, H = arrays[0].shape[:2]
+  rows, or, with document ids, one per batch row (the kernel takes one id array a call). k and v
+  may have fewer heads (H_kv): the kernel groups the query heads itself (query row b * H + h
+  reads key row (b * H + h) // G = b * H_kv + h // G, as a batch row's would)."""
+  B = arrays[0].shape[0]
   if segs is None:
-    outs = fn(*(x.reshape(B * H, *x.shape[2:]) for x in arrays))
-    return tuple(x.reshape(B, H, *x.shape[1:]) for x in outs)
+    outs = fn(*(x.reshape(B * x.shape[1], *x.shape[2:]) for x in arrays))
+    return tuple(x.reshape(B, x.shape[0] // B, *x.shape[1:]) for x in outs)
   return jax.vmap(fn)(*arrays, *segs)
 
 
@@ -413,7 +415,7 @@ def _take(x, start: int, length: int, axis: int):
 def _one_call(call: Call, spec: _Spec, q, k, v, k_start, qseg, kseg):
   _record(spec)
   fn = functools.partial(_local_shard, spec, call.scale, call.layout)
-  arrays, kinds = _kinds((q, "qkv"), (k, "qkv"), (v, "qkv"),
+  arrays, kinds = _kinds((q, "qkv"), (k, "kv"), (v, "kv"),
                          (_traced_start(call, k_start), "replicated"), (qseg, "ids"), (kseg, "ids"))
   return kernel_mesh.per_shard(fn, arrays, kinds, ["qkv", "rows"], layout=call.layout)
 
@@ -460,11 +462,12 @@ def backward(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_pri
       _record(spec)
       fn = functools.partial(_backward_shard, spec, sub.scale, sub.layout)
       arrays, kinds = _kinds(
-          (rows(q), "qkv"), (cols(k), "qkv"), (cols(v), "qkv"),
+          (rows(q), "qkv"), (cols(k), "kv"), (cols(v), "kv"),
           (None if call.k_start is not None else k_start + ks, "replicated"),
           (_take(q_segments, qs, ql, 1), "ids"), (_take(k_segments, ks, kl, 1), "ids"),
           (rows(o), "qkv"), (rows(lse), "rows"), (rows(do), "qkv"), (rows(dlse), "rows"))
-      g_q, g_k, g_v = kernel_mesh.per_shard(fn, arrays, kinds, ["qkv"] * 3, layout=call.layout)
+      g_q, g_k, g_v = kernel_mesh.per_shard(fn, arrays, kinds, ["qkv", "kv", "kv"],
+                                            layout=call.layout)
       dq = dq + g_q.astype(F32)
       dk = jax.lax.dynamic_update_slice_in_dim(dk, cols(dk) + g_k.astype(F32), ks, axis=t)
       dv = jax.lax.dynamic_update_slice_in_dim(dv, cols(dv) + g_v.astype(F32), ks, axis=t)

@@ -11,14 +11,14 @@ in place. `schedule.py` calls `forward` / `backward` heads-first.
 import jax
 import jax.numpy as jnp
 
-from efficient_lm.ops import precision
+from efficient_lm.ops.core import heads
 from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE, Plan, is_static
 from efficient_lm.ops.core.xla.arrays import (F32, add_at, pad_axis, slice_at, vma_zero, window,
                                               window_transpose)
 
 # Heads-first (`schedule.py` transposes "BTHK" calls): q, k, v are `[B, H, T, K]` (the sequence on
-# axis T_AXIS), row quantities (lse, priors, delta) `[B, H, rows]`. Einsum letters: g groups'
-# blocks, q queries, m band keys.
+# axis T_AXIS; k and v may have fewer heads: `heads.einsum`), row quantities (lse, priors, delta)
+# `[B, H, rows]`. Einsum letters: g groups' blocks, q queries, m band keys.
 
 T_AXIS = 2
 QK, PV, DKV = "bhgqk,bhgmk->bhgqm", "bhgqm,bhgmk->bhgqk", "bhgqm,bhgqk->bhgmk"
@@ -79,7 +79,7 @@ def _band_group(plan: Plan, g, q_grid, k_buf, v_buf, kpos_buf, origin, lp_grid, 
     kseg_BGM = _with_previous(slice_at(kseg_buf, band_start, size, 1).reshape(B, G + nb, L), G,
                               nb, 1)
     local_GLM = (local_GLM & (qseg_BGL[..., None] == kseg_BGM[:, :, None, :]))[:, None]
-  s = precision.einsum_f32(QK, _blocks(q_g, G, L), k_band) * plan.scale
+  s = heads.einsum(QK, _blocks(q_g, G, L), k_band, k_buf.shape[1]) * plan.scale
   if lp_grid is not None:
     s = s + slice_at(lp_grid, start, G * L, 2).reshape(B, H, G, L)[..., None]
   s = jnp.where(local_GLM, s, MASKED)
@@ -120,7 +120,7 @@ def forward(plan: Plan, q, k, v, q_start, k_start, lp, sp, qseg, kseg):
     m = jnp.maximum(jnp.max(s, axis=-1).reshape(B, H, G * L), NO_KEY_LSE)
     p = jnp.exp(s - m.reshape(B, H, G, L)[..., None])
     l = jnp.sum(p, axis=-1).reshape(B, H, G * L)
-    acc = _unblocks(precision.einsum_f32(PV, p.astype(v.dtype), v_band))
+    acc = _unblocks(heads.einsum(PV, p.astype(v.dtype), v_band, v.shape[1]))
     safe_l = jnp.where(l > 0, l, 1.0)
     o = (acc / safe_l[..., None]).astype(q.dtype)
     lse = jnp.where(l > 0, m + jnp.log(safe_l), NO_KEY_LSE)
@@ -166,11 +166,12 @@ def backward(plan: Plan, q, k, v, q_start, k_start, lp, sp, qseg, kseg, o, lse, 
     do_g = slice_at(do_grid, start, G * L, t)
     do_blk, q_blk = _blocks(do_g, G, L), _blocks(q_g, G, L)
     p = jnp.exp(s - lse_g.reshape(B, H, G, L)[..., None])
-    dp = precision.einsum_f32(QK, do_blk, v_band)
+    kv_heads = k.shape[1]
+    dp = heads.einsum(QK, do_blk, v_band, kv_heads)
     ds = p * (dp - delta_g.reshape(B, H, G, L)[..., None])
-    dq = _unblocks(precision.einsum_f32(PV, ds.astype(k.dtype), k_band))
-    dk_band = precision.einsum_f32(DKV, ds.astype(q.dtype), q_blk)
-    dv_band = precision.einsum_f32(DKV, p.astype(do.dtype), do_blk)
+    dq = _unblocks(heads.einsum(PV, ds.astype(k.dtype), k_band, kv_heads))
+    dk_band = heads.einsum(DKV, ds.astype(q.dtype), q_blk, kv_heads)
+    dv_band = heads.einsum(DKV, p.astype(do.dtype), do_blk, kv_heads)
     band_start = start + plan.front - plan.back * L
     dk_buf = add_at(dk_buf, band_start, plan.scale * _scatter_band(dk_band, G, nb, L), t)
     dv_buf = add_at(dv_buf, band_start, _scatter_band(dv_band, G, nb, L), t)

@@ -6,13 +6,13 @@ of them with explicit key positions, where the skips are masked here too),
 with an online softmax. The backward recomputes the probabilities block by
 block (the flash-attention backward), adding each key block's gradients in
 place. `schedule.py` calls `forward` / `backward` heads-first: q, k, v
-`[B, H, T, K]`, row quantities `[B, H, Tq]`.
+`[B, H, T, K]` (k and v may have fewer heads: `heads.einsum`), row quantities `[B, H, Tq]`.
 """
 
 import jax
 import jax.numpy as jnp
 
-from efficient_lm.ops import precision
+from efficient_lm.ops.core import heads
 from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE, Plan, cdiv, is_static
 from efficient_lm.ops.core.xla.arrays import F32, add_at, slice_at, vma_zero, window
 
@@ -66,7 +66,7 @@ def _key_blocks(plan: Plan, qs, ks, i, NK: int):
 def _block_logits(plan: Plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i, qseg_i=None, kseg_j=None):
   """Masked logits `[B, H, Lq, Lk]` of one block pair, and its local / skip masks (`[Lq, Lk]`, or
   `[B, 1, Lq, Lk]` with document ids `qseg_i` `[B, Lq]`, `kseg_j` `[B, Lk]`)."""
-  s = precision.einsum_f32("bhqk,bhsk->bhqs", q_i, k_j) * plan.scale
+  s = heads.einsum("bhqk,bhsk->bhqs", q_i, k_j, k_j.shape[1]) * plan.scale
   local = plan.pattern.local_visible(qpos_i[:, None], kpos_j[None, :])
   same = None if qseg_i is None else (qseg_i[:, :, None] == kseg_j[:, None, :])[:, None]
   if same is not None:
@@ -124,8 +124,8 @@ def forward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg):
       correction = jnp.exp(m - m_new)
       p = jnp.exp(s - m_new[..., None])
       l = l * correction + jnp.sum(p, axis=-1)
-      acc = acc * correction[..., None] + precision.einsum_f32(
-          "bhqs,bhsk->bhqk", p.astype(v.dtype), v_j)
+      acc = acc * correction[..., None] + heads.einsum(
+          "bhqs,bhsk->bhqk", p.astype(v.dtype), v_j, v_j.shape[1])
       return m_new, l, acc
 
     lo, hi = _key_blocks(plan, qs, ks, i, NK)
@@ -178,11 +178,12 @@ def backward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg, o
       kseg_j = _key_segments(kseg_buf, j, Lk, NK)
       s, local, skip = _block_logits(plan, q_i, qpos_i, k_j, kpos_j, lp_i, sp_i, qseg_i, kseg_j)
       p = jnp.exp(s - lse_i[..., None])
-      dp = precision.einsum_f32("bhqk,bhsk->bhqs", do_i, v_j)
+      kv_heads = k_j.shape[1]
+      dp = heads.einsum("bhqk,bhsk->bhqs", do_i, v_j, kv_heads)
       ds = p * (dp - delta_i[..., None])
-      dq_i = dq_i + precision.einsum_f32("bhqs,bhsk->bhqk", ds.astype(k.dtype), k_j)
-      dk_j = precision.einsum_f32("bhqs,bhqk->bhsk", ds.astype(q.dtype), q_i)
-      dv_j = precision.einsum_f32("bhqs,bhqk->bhsk", p.astype(do.dtype), do_i)
+      dq_i = dq_i + heads.einsum("bhqs,bhsk->bhqk", ds.astype(k.dtype), k_j, kv_heads)
+      dk_j = heads.einsum("bhqs,bhqk->bhsk", ds.astype(q.dtype), q_i, kv_heads)
+      dv_j = heads.einsum("bhqs,bhqk->bhsk", p.astype(do.dtype), do_i, kv_heads)
       dk_buf = add_at(dk_buf, j * Lk, plan.scale * dk_j)
       dv_buf = add_at(dv_buf, j * Lk, dv_j)
       if dlp_i is not None:
@@ -203,8 +204,8 @@ def backward(plan: Plan, q, k, v, q_start, k_start, k_pos, lp, sp, qseg, kseg, o
   zero_rows = jnp.zeros((B, H, rows), F32) + zero
   init = (jnp.zeros((B, H, rows, K), F32) + zero, None if lp is None else zero_rows,
           None if sp is None or _skip_free(plan) else zero_rows,
-          jnp.zeros((B, H, NK * Lk, K), F32) + zero,
-          jnp.zeros((B, H, NK * Lk, v.shape[-1]), F32) + zero)
+          jnp.zeros((B, k.shape[1], NK * Lk, K), F32) + zero,
+          jnp.zeros((B, v.shape[1], NK * Lk, v.shape[-1]), F32) + zero)
   dq_buf, dlp_buf, dsp_buf, dk_buf, dv_buf = _q_loop(NQ, q_body, init)
   dq = (dq_buf[:, :, :plan.Tq] * plan.scale).astype(q.dtype)
   dk, dv = dk_buf[:, :, :plan.Tk], dv_buf[:, :, :plan.Tk]

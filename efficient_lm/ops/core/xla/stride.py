@@ -19,7 +19,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from efficient_lm.ops import precision
+from efficient_lm.ops.core import heads
 from efficient_lm.ops.core.plan import MASKED, NO_KEY_LSE, Plan, cdiv, plan_for
 from efficient_lm.ops.core.xla.arrays import F32, window
 from efficient_lm.ops.core.xla.schedule import attend, attend_backward, starts, traced_starts
@@ -206,7 +206,7 @@ def _shift_logits(call, ms, q, k, q_start, skip_prior, q_segments, k_segments) -
   logits = []
   for m in ms:
     offset = -(m * call.pattern.period + call.k_offset)  # query i's key sits at index i + offset
-    s = precision.einsum_f32("bthk,bthk->bth", q, window(k, offset, call.Tq, axis=t)) * call.scale
+    s = heads.rows_dot(q, window(k, offset, call.Tq, axis=t), 3 - t) * call.scale
     if skip_prior is not None:
       s = s + skip_prior.astype(F32)
     seen = ((i + offset >= 0) & (i + offset < call.Tk)
@@ -225,8 +225,8 @@ def _shift_forward(call, ms, q, k, v, q_start, skip_prior, q_segments, k_segment
   p = [jnp.exp(s - peak) for s in logits]
   l = functools.reduce(jnp.add, p)
   acc = functools.reduce(jnp.add, [
-      p_m[..., None] * window(v, -(m * call.pattern.period + call.k_offset), call.Tq,
-                              axis=t).astype(F32) for m, p_m in zip(ms, p)])
+      heads.scaled(p_m[..., None], window(v, -(m * call.pattern.period + call.k_offset), call.Tq,
+                                          axis=t), 3 - t) for m, p_m in zip(ms, p)])
   safe = jnp.where(l > 0, l, 1.0)
   return ((acc / safe[..., None]).astype(q.dtype),
           jnp.where(l > 0, peak + jnp.log(safe), NO_KEY_LSE))
@@ -236,6 +236,7 @@ def _shift_backward(call, ms, q, k, v, q_start, skip_prior, q_segments, k_segmen
                     dlse):
   """(dq, dk, dv, d skip_prior) of the shifts at the given o and lse (the flash backward)."""
   t = 1 if call.layout == "BTHK" else 2
+  h = 3 - t  # the heads axis
   logits = _shift_logits(call, ms, q, k, q_start, skip_prior, q_segments, k_segments)
   delta = jnp.sum(do.astype(F32) * o.astype(F32), axis=-1) - dlse
   dq = dk = dv = dsp = 0.0
@@ -243,10 +244,12 @@ def _shift_backward(call, ms, q, k, v, q_start, skip_prior, q_segments, k_segmen
     offset = -(m * call.pattern.period + call.k_offset)
     k_m, v_m = (window(x, offset, call.Tq, axis=t) for x in (k, v))
     p = jnp.exp(s - lse)
-    ds = p * (precision.einsum_f32("bthk,bthk->bth", do, v_m) - delta)
-    dq = dq + ds[..., None] * k_m.astype(F32)
-    dk = dk + window(ds[..., None] * q.astype(F32), -offset, call.Tk, axis=t)
-    dv = dv + window(p[..., None] * do.astype(F32), -offset, call.Tk, axis=t)
+    ds = p * (heads.rows_dot(do, v_m, h) - delta)
+    dq = dq + heads.scaled(ds[..., None], k_m, h)
+    dk = dk + window(heads.group_sum(ds[..., None] * q.astype(F32), h, k.shape[h]), -offset,
+                     call.Tk, axis=t)
+    dv = dv + window(heads.group_sum(p[..., None] * do.astype(F32), h, v.shape[h]), -offset,
+                     call.Tk, axis=t)
     dsp = dsp + ds
   return ((dq * call.scale).astype(q.dtype), (dk * call.scale).astype(k.dtype), dv.astype(v.dtype),
           None if skip_prior is None else dsp)
