@@ -23,6 +23,7 @@ from efficient_lm import models
 from efficient_lm.cli import export_command
 from efficient_lm.evaluation import scoring
 from efficient_lm.inference import export
+from efficient_lm.inference import export_format
 from efficient_lm.inference import restore as restore_lib
 from efficient_lm.runtime import signals
 from efficient_lm.state import train_state
@@ -178,7 +179,7 @@ def test_an_earlier_step_in_bfloat16(run, loaded, tmp_path):
   at_3 = efficient_lm.load(run["workdir"], step=3)
   assert at_3.step == 3
   tensors = _tensors(str(out))
-  params = export.flat_names(nnx.state(at_3.model))
+  params = export_format.flat_names(nnx.state(at_3.model))
   assert set(tensors) == set(params)
   for name, tensor in tensors.items():  # the step-3 checkpoint's values, rounded to bfloat16
     assert tensor.dtype == ml_dtypes.bfloat16

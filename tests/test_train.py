@@ -6,12 +6,13 @@ import os
 import shutil
 
 import jax.numpy as jnp
-import ml_collections
+
 import numpy as np
 import pytest
 
 
 from conftest import build
+from efficient_lm.config.mesh import MeshConfig
 from efficient_lm.parallel import sharding
 from efficient_lm.training import loop as train
 from efficient_lm.training import metrics
@@ -111,7 +112,7 @@ def test_bits_per_byte_by_hand():
   def uniform_eval_step(params, batch):
     return train.weighted_nll(jnp.zeros((2, T, V)), batch["targets"], batch["weights"])
 
-  mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(data=1, fsdp=1, context=1)))  # one device
+  mesh = sharding.make_mesh(MeshConfig.from_mapping(dict(data=1, fsdp=1, context=1)))  # one device
   result = train.evaluate(uniform_eval_step, None, Corpus(), "validation", 2, mesh)
   assert result["eval_loss"] == pytest.approx(math.log(V))
   assert result["eval_bits_per_byte"] == pytest.approx(13 * math.log2(V) / 39)

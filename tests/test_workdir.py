@@ -36,8 +36,8 @@ def trained(tiny_config, tmp_path_factory, _cache={}):
   """A 10-step tiny dense workdir, shared (tests copy it before changing anything)."""
   if not _cache:
     workdir = str(tmp_path_factory.mktemp("trained"))
-    train.train_and_evaluate(tiny_config(num_steps=10, eval_every=10, checkpoint_every=10,
-                                         sample_tokens=0), workdir)
+    train.train_and_evaluate(build(tiny_config(num_steps=10, eval_every=10, checkpoint_every=10,
+                                               sample_tokens=0)), workdir)
     _cache["workdir"] = workdir
   return _cache["workdir"]
 
@@ -67,12 +67,12 @@ def test_before_start_the_settings_are_read_from_the_typed_data_section(tiny_con
   with pytest.raises(workdir_lib.WorkdirMismatchError,
                      match=r"trained on another dataset \(data\.dataset='wikitext103' in its "
                            r"data\.json, the config gives 'shakespeare'\)"):
-    wd.check_before_start(config)
+    wd.check_before_start(build(config))
   config.data.dataset = "wikitext103"
-  wd.check_before_start(config)  # the same corpus: nothing to refuse
+  wd.check_before_start(build(config))  # the same corpus: nothing to refuse
   config.data.seq_len = 0
   with pytest.raises(ConfigError, match=r"^data\.seq_len=0 must be a positive integer"):
-    wd.check_before_start(config)
+    wd.check_before_start(build(config))  # (refused as the RunConfig is built)
 
 
 @pytest.mark.slow

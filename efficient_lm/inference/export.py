@@ -237,7 +237,7 @@ def model_card(config: RunConfig, *, step: int, num_params: int, dtype: str, fil
   stacked = sorted(k for k, v in shapes.items() if k.startswith("blocks.")
                    and not k.split(".")[1].isdigit() and v and v[0] <= m.num_layers)
   example = (f" (here `{stacked[0]}` is `{list(shapes[stacked[0]])}`)" if stacked else "")
-  kv_heads = m.get("num_kv_heads") or m.num_heads
+  kv_heads = m.kv_heads  # (`model.num_kv_heads` resolved: 0 is num_heads)
   heads = f"{m.num_heads} heads" + (f" ({kv_heads} key/value heads)" if kv_heads != m.num_heads
                                     else "")
   shape = (f"d_model {m.d_model}, {m.num_layers} layers, {heads}, context (seq_len) "
@@ -302,7 +302,10 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
   # Imported here: jax and Orbax load only after the export command's refusals.
   from efficient_lm.inference import restore as restore_lib  # pylint: disable=import-outside-toplevel
   asked = step
-  restored = restore_lib.restore(workdir, step=step, device=jax.devices("cpu")[0], exports=False)
+  try:
+    restored = restore_lib.restore(workdir, step=step, device=jax.devices("cpu")[0], exports=False)
+  except restore_lib.LoadError as e:  # (a --step the checkpoints lack): the command's refusal
+    raise ExportError(str(e)) from None
   step, config = restored.step, restored.config
   tensors = {}
   for name, (_, value) in export_format.flat_names(nnx.state(restored.model)).items():
