@@ -15,7 +15,7 @@ reads it).
 
 import dataclasses
 import re
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Mapping
 
 from efficient_lm.config.errors import ConfigError, is_int, require
 
@@ -63,7 +63,7 @@ class Rule:
   derive: Callable[[Any], dict] | None = None
   value: Callable[[Any], Any] | None = None
 
-  def __call__(self, section: Any) -> None:
+  def __call__(self, section: "Section") -> None:
     if (self.when is not None and not self.when(section)) or self.ok(section):
       return
     names = {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
@@ -154,7 +154,7 @@ class Section:
     return f"{cls.SECTION}.{field}"
 
   @classmethod
-  def from_mapping(cls, section: Any, owner: str = ""):
+  def from_mapping(cls, section: Mapping[str, Any], owner: str = ""):
     """The typed section of a mapping (a ConfigDict section, a dict): a field it lacks takes its
     default; a key the class does not declare, or a field without a default it lacks, is a
     ConfigError naming it (`owner`: whose fields, for the message, e.g. "model.name='dense'")."""
