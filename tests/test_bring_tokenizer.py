@@ -15,9 +15,11 @@ import sys
 
 import ml_collections
 import numpy as np
+import jax
 import pytest
 
-from conftest import REPO, SHAKESPEARE_WORKS, fake_work_text, load_config, subprocess_env
+from conftest import REPO, SHAKESPEARE_WORKS, build, fake_work_text, load_config, subprocess_env
+from efficient_lm.training import prepare as config_check
 from efficient_lm.config.data import DataConfig
 from efficient_lm import data
 from efficient_lm.config.errors import ConfigError
@@ -211,9 +213,9 @@ def test_the_vocabulary_follows_the_tokenizer_whatever_the_config_says(own, kind
   config = load_config('dense')
   config.data.tokenizer = own[kind]
   assert config.data.vocab_size == 8192  # the config file's
-  data.validate(DataConfig.from_mapping(config.data))
+  run, _ = config_check.prepare(build(config), jax.devices()[:1])  # a new RunConfig: with_vocab
   size = open_tokenizer(own[kind]).vocab_size
-  assert config.data.vocab_size == config.model.vocab_size == size
+  assert run.data.vocab_size == run.model.vocab_size == size
 
 
 # ---------------------------------------------------------------------------------------------

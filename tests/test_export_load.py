@@ -91,7 +91,7 @@ def test_export_holds_every_parameter_once_named_by_module_path(run):
   assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors",
                                      "tokenizer.model"]
   tensors = _tensors(out)
-  num_params = train_state.build(build(config), abstract=True).num_params
+  num_params = train_state.build(config, abstract=True).num_params
   assert sum(t.size for t in tensors.values()) == num_params == run["summary"]["num_params"]
   assert sum(t.nbytes for t in tensors.values()) == run["summary"]["total_size"]
   assert {t.dtype for t in tensors.values()} == {np.dtype(np.float32)}

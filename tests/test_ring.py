@@ -175,7 +175,7 @@ def test_route_is_chosen_by_the_mesh():
   """A model's route shards the sequence only on a context axis of several devices, in the layout
   its patterns need (dense: zig-zag ring attention; bounded reach: natural, halos)."""
   routes = lambda name, mesh: {m.route for _, m in models.create(
-      tiny_model_config(name).model, rngs=nnx.Rngs(0), mesh=mesh).iter_modules()
+      build(tiny_model_config(name)).model, rngs=nnx.Rngs(0), mesh=mesh).iter_modules()
       if hasattr(m, "route")}
   for mesh in (None, mesh_of(8, 1)):
     assert {r.mesh for r in routes("dense", mesh)} == {None}

@@ -269,7 +269,7 @@ def test_bad_config_fields_name_the_field(tmp_path, overrides, match):
   config = _mapping(tmp_path / 'never', overrides.pop('dataset'), **overrides)
   with pytest.raises(ConfigError, match=match):
     data.validate(DataConfig.from_mapping(config))
-  with pytest.raises(TypeError, match=r'^data\.load takes the typed data section \(data\.validate'):
+  with pytest.raises(TypeError, match=r"^data\.load takes the typed data section \(a RunConfig's data"):
     data.load(config)  # never the mapping: its caller types it (data.validate) first
   assert not (tmp_path / 'never').exists()
 
