@@ -319,7 +319,16 @@ class HFDataset(text_builder.Reporting, tfds.core.GeneratorBasedBuilder, skip_re
         yield int(i), {self._resolved.text_key: text or ''}
 
 
-def make_builder(resolved: Resolved, tfds_dir: str) -> HFDataset:
-  """The (unprepared or prepared) builder of `resolved`, under tfds_dir/hf/<cache_key>."""
+def preflight(data_config, read: bool = True, base_preflight=None) -> Resolved:
+  """The registry's checks of an `hf:` dataset: `resolve` (it loads the dataset whatever `read`
+  says: its splits and columns are what is checked)."""
+  del read, base_preflight
+  return resolve(data_config)
+
+
+def make_builder(resolved: Resolved, tfds_dir: str, data_config=None) -> HFDataset:
+  """The (unprepared or prepared) builder of `resolved`, under tfds_dir/hf/<cache_key> (the
+  registry's hook: `data_config` is in `resolved`)."""
+  del data_config
   return HFDataset(resolved=resolved, data_dir=os.path.join(tfds_dir, 'hf', resolved.cache_key),
                    file_format='array_record')

@@ -1,10 +1,12 @@
-"""The base of the built-in TFDS builders: one text document per example, read from an archive."""
+"""The base of the built-in TFDS builders (one text document per example, read from an archive), and
+the builder of a `tfds:<name>` dataset (`tfds_builder`, the registry's hook)."""
 
 import os
 
 import tensorflow_datasets as tfds
 
 from efficient_lm.runtime import progress
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import archives
 
 
@@ -75,3 +77,16 @@ class ArchiveTextBuilder(Reporting, tfds.core.GeneratorBasedBuilder, skip_regist
         }),
         homepage=self.HOMEPAGE,
     )
+
+
+def tfds_builder(checked, tfds_dir: str, data_config):
+  """The TFDS builder of `data.dataset='tfds:<name>'` under `tfds_dir` (the registry's hook; a
+  tfds: dataset has no preflight, `checked` is None); a ConfigError when TFDS cannot build it."""
+  del checked
+  dataset = data_config.dataset
+  name = dataset.partition(':')[2].strip()
+  try:
+    return tfds.builder(name, data_dir=tfds_dir, file_format='array_record')
+  except Exception as e:  # pylint: disable=broad-except  (unknown name, bad config name, ...)
+    raise ConfigError(f'data.dataset={dataset!r} cannot be built by TFDS ({type(e).__name__}: {e}); '
+                      'use a name from tfds.list_builders()') from e

@@ -314,7 +314,16 @@ class TextFiles(text_builder.Reporting, tfds.core.GeneratorBasedBuilder, skip_re
       yield title, {'text': text, 'title': title}
 
 
-def make_builder(text_scan: Scan, tfds_dir: str) -> TextFiles:
-  """The (unprepared or prepared) builder of `text_scan`, under tfds_dir/text/<cache_key>."""
+def preflight(data_config, read: bool, base_preflight=None) -> Scan:
+  """The registry's checks of a `text:` dataset (`data_config`: the typed data section): `scan`."""
+  del base_preflight
+  return scan(data_config.dataset, data_config.validation_fraction, data_config.test_fraction,
+              read=read)
+
+
+def make_builder(text_scan: Scan, tfds_dir: str, data_config=None) -> TextFiles:
+  """The (unprepared or prepared) builder of `text_scan`, under tfds_dir/text/<cache_key> (the
+  registry's hook: `data_config` is in `text_scan`)."""
+  del data_config
   return TextFiles(text_scan=text_scan, data_dir=os.path.join(tfds_dir, 'text', text_scan.cache_key),
                    file_format='array_record')
