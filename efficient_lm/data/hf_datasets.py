@@ -28,13 +28,13 @@ import tensorflow_datasets as tfds
 
 from efficient_lm.data import registry
 from efficient_lm.data import text_builder
+from efficient_lm.data.held_out import HELD_OUT, held_out_counts  # held out when the dataset lacks them
 from efficient_lm.data.config import DataError
 from efficient_lm.config.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 HF_PREFIX = registry.HF_PREFIX
-HELD_OUT = ('validation', 'test')  # held out of train in this order when the dataset lacks them
 SAVED_MARKERS = ('dataset_dict.json', 'state.json')  # a save_to_disk folder has one of these
 _KEY_FORMAT = 1  # bump when what a key covers, or the way rows are read or held out, changes
 _READ_ROWS = 1024  # rows per read from the Arrow table
@@ -151,11 +151,6 @@ def canonical_splits(names) -> dict[str, str]:
         raise DataError(f'the splits {name!r} and {out[key]!r} both become {key!r}; rename one')
       out[key] = name
   return out
-
-
-def held_out_counts(num_rows: int, fractions: dict[str, float]) -> dict[str, int]:
-  """Rows held out of train for each split in `fractions`: its rounded share, at least 1."""
-  return {split: max(1, round(f * num_rows)) for split, f in fractions.items()}
 
 
 def held_out_rows(num_rows: int, fractions: dict[str, float]) -> dict[str, np.ndarray]:

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from efficient_lm.data import text_builder
+from efficient_lm.data.held_out import HELD_OUT, held_out_counts  # in file order: train | validation | test
 from efficient_lm.data.config import DataError, TEXT_PREFIX
 from efficient_lm.config.errors import ConfigError
 
@@ -29,7 +30,6 @@ log = logging.getLogger(__name__)
 
 BINARY_SNIFF_BYTES = 8192  # a NUL byte in this many leading bytes marks a file binary
 MIN_FILES_TO_SPLIT_BY_FILE = 3
-HELD_OUT = ('validation', 'test')  # in file order: train | validation | test
 _KEY_FORMAT = 1  # bump when what a key covers, or the way files are read or split, changes
 _WILDCARDS = '*?['
 
@@ -102,21 +102,11 @@ def _rank(relpath: str) -> tuple[str, str]:
   return hashlib.sha256(relpath.encode('utf-8')).hexdigest(), relpath
 
 
-def held_out_counts(n: int, validation_fraction: float, test_fraction: float) -> dict[str, int]:
-  """Files per held-out split out of n >= 3: rounded shares, >= 1 if the fraction is > 0, train >= 1."""
-  fractions = {'validation': validation_fraction, 'test': test_fraction}
-  counts = {s: max(1, round(f * n)) if f > 0 else 0 for s, f in fractions.items()}
-  while sum(counts.values()) > n - 1:  # only reached when the shares leave train nothing
-    largest = max(counts, key=lambda s: (counts[s], s))
-    counts[largest] -= 1
-  return counts
-
-
 def assign_files(relpaths: list[str], *, validation_fraction: float,
                  test_fraction: float) -> dict[str, list[str]]:
   """Relative paths per split, by sha256 rank (docs/data.md); each list sorted."""
   ranked = sorted(relpaths, key=_rank)
-  counts = held_out_counts(len(ranked), validation_fraction, test_fraction)
+  counts = held_out_counts(len(ranked), {'validation': validation_fraction, 'test': test_fraction})
   splits, start = {}, 0
   for split in HELD_OUT:
     if counts[split]:
