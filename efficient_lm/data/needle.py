@@ -32,6 +32,7 @@ from efficient_lm.data import source_options
 from efficient_lm.data.config import DataError
 from efficient_lm.config.data import DataConfig
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.data.tokenizer_protocol import TokenIds
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +193,7 @@ class NeedleSequence:
 class _Texts:
   """The tokenizer's ids of needles and of questions with their answers, and of newline."""
 
-  def __init__(self, tokenizer):
+  def __init__(self, tokenizer: TokenIds):
     self.tokenizer = tokenizer
     self.needle_format, self.question_format = NEEDLE, QUESTION
     ids = np.asarray(tokenizer.encode('\n')).reshape(-1)
@@ -329,7 +330,7 @@ def _example(task: NeedleTask, texts: _Texts, haystack_stream: np.ndarray, span:
                         answers=tuple(answers))
 
 
-def check_fits(task: NeedleTask, tokenizer, seq_len: int) -> None:
+def check_fits(task: NeedleTask, tokenizer: TokenIds, seq_len: int) -> None:
   """ConfigError (needle:min_length, data.seq_len) when the longest keys' needles and questions
   (with 9999999) leave no haystack in an example of `min_length` or in `seq_len` tokens."""
   texts = _Texts(tokenizer)
