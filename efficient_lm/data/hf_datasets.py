@@ -270,22 +270,22 @@ def _has_text(rows, text_key: str) -> bool:
   return False
 
 
-class HFDataset(text_builder.Reporting, tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class HFDataset(text_builder.CheckedTextBuilder, skip_registration=True):
   """The rows of one `Resolved` dataset, one example (document) per row, in the dataset's order."""
 
-  VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'A Hugging Face datasets dataset, one document per row.'}
+  SUBDIR = 'hf'
+  KEEP_ORDER = True  # the dataset's row order
 
-  def __init__(self, *, resolved: Resolved, **kwargs):
-    self._resolved = resolved
-    super().__init__(**kwargs)
+  @property
+  def _resolved(self) -> Resolved:
+    return self._checked
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return self.dataset_info_from_configs(
-        features=tfds.features.FeaturesDict({self._resolved.text_key: tfds.features.Text()}),
-        description=f'{self._resolved.dataset} (Hugging Face datasets)',
-        disable_shuffling=True,  # the dataset's row order
-    )
+  def _text_features(self) -> tuple[str, ...]:
+    return (self._resolved.text_key,)
+
+  def _description(self) -> str:
+    return f'{self._resolved.dataset} (Hugging Face datasets)'
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     del dl_manager  # loaded by `datasets`
@@ -325,5 +325,4 @@ def make_builder(resolved: Resolved, tfds_dir: str, data_config=None) -> HFDatas
   """The (unprepared or prepared) builder of `resolved`, under tfds_dir/hf/<cache_key> (the
   registry's hook: `data_config` is in `resolved`)."""
   del data_config
-  return HFDataset(resolved=resolved, data_dir=os.path.join(tfds_dir, 'hf', resolved.cache_key),
-                   file_format='array_record')
+  return HFDataset.under(resolved, tfds_dir)

@@ -27,6 +27,40 @@ class Reporting:
       return super()._download_and_prepare(dl_manager, download_config)
 
 
+class CheckedTextBuilder(Reporting, tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """The base of the builders of checked local text (`text_files.TextFiles`: a `text:` scan;
+  `hf_datasets.HFDataset`: an `hf:` dataset): built on what the source's preflight found
+  (`checked`, with its `dataset` and `cache_key`), one document per example, every feature text,
+  stored under `<tfds_dir>/<SUBDIR>/<cache_key>/` (`under`). A subclass sets `SUBDIR`,
+  `RELEASE_NOTES`, `_text_features()`, `_description()` and its splits."""
+
+  VERSION = tfds.core.Version('1.0.0')
+  SUBDIR = ''
+  KEEP_ORDER = False  # True: the examples in the order they are generated (TFDS's disable_shuffling)
+
+  def __init__(self, *, checked, **kwargs):
+    self._checked = checked
+    super().__init__(**kwargs)
+
+  @classmethod
+  def under(cls, checked, tfds_dir: str):
+    """The (unprepared or prepared) builder of `checked`, under tfds_dir/SUBDIR/<cache_key>."""
+    return cls(checked=checked, data_dir=os.path.join(tfds_dir, cls.SUBDIR, checked.cache_key),
+               file_format='array_record')
+
+  def _text_features(self) -> tuple[str, ...]:
+    raise NotImplementedError
+
+  def _description(self) -> str:
+    raise NotImplementedError
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    order = {'disable_shuffling': True} if self.KEEP_ORDER else {}
+    return self.dataset_info_from_configs(
+        features=tfds.features.FeaturesDict({k: tfds.features.Text() for k in self._text_features()}),
+        description=self._description(), **order)
+
+
 class ArchiveTextBuilder(Reporting, tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Features `{'text', 'title'}`; the archive is a local copy (`archive=`) or downloaded.
 

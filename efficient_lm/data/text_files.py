@@ -262,30 +262,27 @@ def scan(dataset: str, validation_fraction: float, test_fraction: float, *,
   return result
 
 
-class TextFiles(text_builder.Reporting, tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class TextFiles(text_builder.CheckedTextBuilder, skip_registration=True):
   """The files of one `Scan`, one example per file (or per file piece, in by-bytes mode)."""
 
-  VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'Text files matched by a glob, split by file or by bytes.'}
+  SUBDIR = 'text'
 
-  def __init__(self, *, text_scan: Scan, **kwargs):
-    self._scan = text_scan
-    super().__init__(**kwargs)
+  @property
+  def _scan(self) -> Scan:
+    return self._checked
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return self.dataset_info_from_configs(
-        features=tfds.features.FeaturesDict({
-            'text': tfds.features.Text(),
-            'title': tfds.features.Text(),
-        }),
-        description=f'{self._scan.dataset} (the files under {self._scan.root})',
-    )
+  def _text_features(self) -> tuple[str, ...]:
+    return ('text', 'title')
+
+  def _description(self) -> str:
+    return f'{self._scan.dataset} (the files under {self._scan.root})'
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     del dl_manager  # the files are local
     if not self._scan.read:  # listed only (another process's check): read them now
-      self._scan = scan(self._scan.dataset, self._scan.validation_fraction,
-                        self._scan.test_fraction)
+      self._checked = scan(self._scan.dataset, self._scan.validation_fraction,
+                           self._scan.test_fraction)
     if not self._scan.by_bytes:
       split_files = self._scan.split_files()
       log.info('%s: files per split %s', self._scan.dataset, {s: len(f) for s, f in split_files.items()})
@@ -315,5 +312,4 @@ def make_builder(text_scan: Scan, tfds_dir: str, data_config=None) -> TextFiles:
   """The (unprepared or prepared) builder of `text_scan`, under tfds_dir/text/<cache_key> (the
   registry's hook: `data_config` is in `text_scan`)."""
   del data_config
-  return TextFiles(text_scan=text_scan, data_dir=os.path.join(tfds_dir, 'text', text_scan.cache_key),
-                   file_format='array_record')
+  return TextFiles.under(text_scan, tfds_dir)
