@@ -102,6 +102,14 @@ def _check_pair_tokens(pair_tokens: int, o: dict) -> None:
           "default) or pair_tokens=1 (one token per pair)")
 
 
+def _run_seq_len(run: dict) -> int:
+  """The window when the options set none: the run's data.seq_len (checked), else the default."""
+  if run.get('seq_len') is None:
+    return DEFAULT_SEQ_LEN
+  require_positive_int('data.seq_len', run['seq_len'])
+  return run['seq_len']
+
+
 option = source_options.option
 
 
@@ -110,7 +118,7 @@ class MqarTask:
   """One MQAR task: every option resolved (docs/data.md, MQAR). The fields are the options of
   'mqar:key=value,...', declared with their defaults and checks (`source_options`), in the order
   of the canonical spec; each check reads the options before it."""
-  seq_len: int = option(derive=lambda o, run: run.get('seq_len') or DEFAULT_SEQ_LEN, least=8,
+  seq_len: int = option(derive=lambda o, run: _run_seq_len(run), least=8,
                         doc="the window (default: the run's data.seq_len)")
   latents: int = option(derive=lambda o, run: min(256, o['seq_len'] // 4), least=4,
                         check=_check_latents, doc='the last positions, where the queries are')
@@ -171,8 +179,6 @@ OPTIONS = source_options.names(MqarTask)
 def parse(dataset: str, seq_len: int | None = None) -> MqarTask:
   """The task named by `dataset` ('mqar:key=value,...'); `seq_len` (the run's data.seq_len) is
   the window when the options do not set one. Raises a one-line ConfigError for a bad option."""
-  if seq_len is not None and isinstance(dataset, str) and dataset.startswith(PREFIX):
-    require_positive_int('data.seq_len', seq_len)
   return source_options.parse(MqarTask, PREFIX, dataset, what='an MQAR task',
                               example='mqar:pairs=64,queries=16', run={'seq_len': seq_len})
 
