@@ -40,7 +40,7 @@ def test_no_prefix_dispatch_outside_the_registry():
   """Callers ask the registry what a dataset is: no `startswith('mqar:')` (or any source prefix)
   outside data/registry.py and the source's own option parser."""
   prefixes = '|'.join(re.escape(p) for p in ('tfds:', 'text:', 'hf:', 'mqar:', 'needle:'))
-  pattern = re.compile(rf"""startswith\(\s*(['"]({prefixes})['"]|\b(TFDS|TEXT|HF|MQAR|NEEDLE)?_?PREFIX\))""")
+  pattern = re.compile(rf"""startswith\(\s*(['"]({prefixes})['"]|(registry\.)?(TFDS_|TEXT_|HF_|MQAR_|NEEDLE_)?PREFIX\))""")
   allowed = {'data/registry.py', 'data/source_options.py'}
   found = [f'{p.relative_to(PACKAGE)}:{i}' for p in PACKAGE.rglob('*.py')
            for i, line in enumerate(p.read_text().splitlines(), 1)
