@@ -26,6 +26,7 @@ from flax import nnx
 from efficient_lm import data
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import mqar
+from efficient_lm.data import registry
 from efficient_lm.data import round_trip
 from efficient_lm.evaluation import stats
 from efficient_lm.inference import generation
@@ -491,7 +492,7 @@ def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str |
       _check_positive_int(name, value)
   workdir = os.path.abspath(os.path.expanduser(workdir))
   model, tokenizer, config, step, mesh = _load(workdir)
-  if config.data.dataset.startswith("mqar:") and text_file is None:
+  if not registry.source(config.data.dataset).has_text and text_file is None:  # recall (MQAR)
     return _evaluate_recall(workdir, model, config, step, split, batch_size, per_query, mesh)
   seq_len = config.model.seq_len
   context = context or seq_len
