@@ -17,6 +17,7 @@ from conftest import TINY, build, fake_work_text, load_config
 from efficient_lm.config.data import DataConfig
 from efficient_lm import data
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.data import held_out
 from efficient_lm.data import text_files
 from efficient_lm.training import loop as train
 
@@ -116,7 +117,7 @@ def test_held_out_counts_follow_the_fractions(seed):
     n = rng.randint(3, 60)
     fv = rng.choice([0.0, rng.uniform(0, 0.6)])
     ft = rng.choice([0.0, rng.uniform(0, 0.99 - fv)])
-    counts = text_files.held_out_counts(n, fv, ft)
+    counts = held_out.held_out_counts(n, {'validation': fv, 'test': ft})
     assert n - sum(counts.values()) >= 1  # train keeps a file
     for split, f in (('validation', fv), ('test', ft)):
       assert (counts[split] >= 1) == (f > 0)

@@ -8,6 +8,7 @@ from efficient_lm import data
 from efficient_lm.cli import ruler_command
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import needle as needle_source
+from efficient_lm.data import registry
 from efficient_lm.evaluation import scoring
 from efficient_lm.evaluation.long_context import extrapolate, needle, needle_grid, reach, ruler_fit
 from efficient_lm.inference import restore as restore_lib
@@ -42,7 +43,8 @@ def _held_out(lm, split: str | None, text_file: str | None, flag: str):
   if text_file is not None:
     tokens, _ = scoring.read_text_file(text_file, lm.tokenizer)
     return tokens, os.path.basename(text_file)
-  if lm.config.data.dataset.startswith("mqar:"):
+  source = registry.source(lm.config.data.dataset)
+  if not source.has_text:
     raise UsageError(f"{lm.path} is an MQAR workdir (synthetic tokens, no text); give {flag}=FILE "
                      "of text, or evaluate a text-trained workdir")
   # typed here: the run's config.json; tokenized by the run's tokenizer, whatever the cache holds
@@ -54,7 +56,7 @@ def _held_out(lm, split: str | None, text_file: str | None, flag: str):
   if split == "train":
     raise UsageError("--split=train is the training text; use a held-out split (test or "
                      "validation)")
-  if flag == "--haystack" and lm.config.data.dataset.startswith("needle:"):
+  if flag == "--haystack" and source.planted:
     # A needle workdir's own sequences hold needles: the haystack is its base corpus's text.
     return corpus.base.tokens(split), f"{split} split of {corpus.task.base}"
   return corpus.tokens(split), f"{split} split"
@@ -70,10 +72,11 @@ def key_words(lm, keys: str):
   if keys not in KEYS:
     raise UsageError(f"--keys={keys} is not one of {', '.join(KEYS)}")
   dataset = lm.config.data.dataset
-  if keys == "pairs" or (keys == "auto" and not dataset.startswith("needle:")):
+  planted = registry.source(dataset).planted
+  if keys == "pairs" or (keys == "auto" and not planted):
     return None
-  if dataset.startswith("needle:"):
-    return needle_source.parse(dataset).key_words
+  if planted:
+    return registry.source(dataset).parse(dataset).key_words
   return needle_source.KEY_WORDS
 
 

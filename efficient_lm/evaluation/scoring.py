@@ -26,6 +26,7 @@ from efficient_lm import data
 from efficient_lm.config.run import RunConfig
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import mqar
+from efficient_lm.data import registry
 from efficient_lm.data import round_trip
 from efficient_lm.evaluation import stats
 from efficient_lm.inference import restore as restore_lib
@@ -476,7 +477,7 @@ def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str |
   restored = restore_lib.restore(workdir, sharded=True, exports=False)
   model, tokenizer, config, step, mesh = (restored.model, restored.tokenizer, restored.config,
                                           restored.step, restored.mesh)
-  if config.data.dataset.startswith("mqar:") and text_file is None:
+  if not registry.source(config.data.dataset).has_text and text_file is None:  # recall (MQAR)
     return _evaluate_recall(workdir, model, config, step, split, batch_size, per_query, mesh)
   seq_len = config.model.seq_len
   context = context or seq_len
