@@ -4,7 +4,6 @@ its held-out text loaded, the figures written (docs/long_context_evals.md)."""
 import os
 import sys
 
-from efficient_lm import api
 from efficient_lm import data
 from efficient_lm.cli import ruler_command
 from efficient_lm.config.errors import ConfigError
@@ -12,9 +11,12 @@ from efficient_lm.data import needle as needle_source
 from efficient_lm.data import registry
 from efficient_lm.evaluation import scoring
 from efficient_lm.evaluation.long_context import extrapolate, needle, needle_grid, reach, ruler_fit
+from efficient_lm.inference import restore as restore_lib
 from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import output
 from efficient_lm.runtime import progress
+from efficient_lm.state import checkpoint
+from efficient_lm.state import workdir as workdir_lib
 
 TASKS = ("score", "needle", "extrapolate", "ruler")
 
@@ -101,8 +103,8 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
                          "--text_file=FILE or --split")
     if batch_size is not None and batch_size < 1:
       raise UsageError(f"--batch_size={batch_size} must be at least 1")
-    lm = api.load(workdir)
-    batch_size = batch_size or int(lm.config.data.batch_size)
+    lm = restore_lib.restore(workdir)
+    batch_size = batch_size or lm.config.data.batch_size
     if task == "needle":
       tokens, source = _held_out(lm, split, haystack, "--haystack")
       record = needle_grid.run(lm, needle.haystack_stream(tokens, lm.eos_id), lengths=lengths,
@@ -126,7 +128,8 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
       out = out or os.path.join(lm.path, "eval", f"extrapolate_{source.split()[0]}")
       json_path, png_path = extrapolate.write(record, out)
       line = extrapolate.summary(record, json_path)
-  except (UsageError, api.LoadError, needle.NeedleError, extrapolate.ExtrapolateError,
+  except (UsageError, restore_lib.LoadError, workdir_lib.WorkdirError,
+          checkpoint.NoRestorableCheckpointError, needle.NeedleError, extrapolate.ExtrapolateError,
           reach.LengthError, ruler_fit.RulerError, scoring.EvalError, ConfigError,
           data.DataError, data.DownloadError) as e:
     print(f"error: {e}", file=sys.stderr)

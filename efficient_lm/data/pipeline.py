@@ -1,5 +1,5 @@
 """Preparing and loading a corpus: `load(data_config)` -> `corpus.Corpus`, of the typed data
-section (`data.validate(config.data)`, or the edge's `training.prepare.prepare(config).data`).
+section (`data.validate(run.data)`, or the edge's `training.prepare.prepare(run)[0].data`).
 
     source (registry) -> TFDS builder (prepared once, ArrayRecord) -> tokenizer and token streams
     (cache) -> Corpus (its Grain iterators)

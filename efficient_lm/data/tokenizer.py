@@ -273,7 +273,7 @@ def folder_file(folder: str) -> str:
 
 def open_tokenizer(path: str, separator_token: str = ''):
   """The tokenizer at `path`, used as it is (`open_file`). A training workdir (or an export), or
-  its tokenizer file (tokenizer.model / tokenizer.json: what `generation.load_workdir` opens),
+  its tokenizer file (tokenizer.model / tokenizer.json: what `inference.restore` opens),
   gives the folder's copy of either kind (`folder_file`), with the separator its run used
   (`run_separator`)."""
   path = os.path.expanduser(os.fspath(path))

@@ -19,20 +19,19 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from flax import nnx
 
 from efficient_lm import data
+from efficient_lm.config.run import RunConfig
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import mqar
 from efficient_lm.data import registry
 from efficient_lm.data import round_trip
 from efficient_lm.evaluation import stats
-from efficient_lm.inference import generation
+from efficient_lm.inference import restore as restore_lib
 from efficient_lm.parallel import sharding
 from efficient_lm.runtime import figures
-from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.training import metrics as metrics_lib
 from efficient_lm.training import step as train_step
 
@@ -417,14 +416,6 @@ def read_text_file(path: str, tokenizer) -> tuple[np.ndarray, int]:
   return np.concatenate([eos, ids, eos]), len(raw)
 
 
-def eval_mesh(config) -> jax.sharding.Mesh:
-  """The mesh a workdir is scored on: every local device along `fsdp` (parameters sharded as in
-  training, batch rows split), the workdir's `mesh.tensor`; the sequence whole (context 1)."""
-  mesh_cfg = ml_collections.ConfigDict(dict(config.mesh))
-  mesh_cfg.update(data=1, fsdp=-1, context=1, dcn_data=1, dcn_fsdp=1)
-  return sharding.make_mesh(mesh_cfg, jax.local_devices())
-
-
 def _on_mesh(params, mesh):
   """Parameters on `mesh`: as they are when already placed there (sharded), else replicated."""
   leaves = jax.tree.leaves(params)
@@ -434,16 +425,7 @@ def _on_mesh(params, mesh):
   return jax.device_put(params, sharding.replicated(mesh))
 
 
-def _load(workdir: str):
-  """(model, tokenizer, config, step, mesh): the one place a workdir is loaded, its parameters
-  restored straight onto the evaluation mesh (sharded as in training: a model that needed FSDP to
-  train is evaluated the same way)."""
-  config = workdir_lib.Workdir(workdir).saved_config()
-  mesh = eval_mesh(config) if config is not None else None
-  return (*generation.load_workdir(workdir, mesh=mesh), mesh)
-
-
-def _source(config, tokenizer, split: str | None, text_file: str | None):
+def _source(config: RunConfig, tokenizer, split: str | None, text_file: str | None):
   """(name, token stream, bytes, why bits per byte is withheld or None) of what to score: a split
   with no text is an EvalError; bits per byte is withheld where the tokenizer does not give the
   text back (`data.round_trip`)."""
@@ -453,8 +435,7 @@ def _source(config, tokenizer, split: str | None, text_file: str | None):
       measured = round_trip.measure(tokenizer, tokens, [f.read().decode("utf-8")])
     return (os.path.splitext(os.path.basename(text_file))[0] or "text", tokens, num_bytes,
             round_trip.withheld(measured, "--text_file"))
-  # typed here: the workdir's config.json; tokenized by the workdir's tokenizer, whatever the
-  # data cache holds
+  # the workdir's config.json, tokenized by the workdir's tokenizer, whatever the data cache holds
   corpus = data.load(data.validate(config.data), tokenizer_file=tokenizer.model_path)
   split = split or config.train.eval_split
   if split not in corpus.splits:
@@ -491,7 +472,11 @@ def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str |
     if value is not None:
       _check_positive_int(name, value)
   workdir = os.path.abspath(os.path.expanduser(workdir))
-  model, tokenizer, config, step, mesh = _load(workdir)
+  # The parameters straight onto this host's devices, sharded as in training (a model that
+  # needed FSDP to train is evaluated the same way).
+  restored = restore_lib.restore(workdir, sharded=True, exports=False)
+  model, tokenizer, config, step, mesh = (restored.model, restored.tokenizer, restored.config,
+                                          restored.step, restored.mesh)
   if not registry.source(config.data.dataset).has_text and text_file is None:  # recall (MQAR)
     return _evaluate_recall(workdir, model, config, step, split, batch_size, per_query, mesh)
   seq_len = config.model.seq_len
@@ -527,9 +512,10 @@ def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str |
   return result
 
 
-def _evaluate_recall(workdir: str, model, config, step: int, split: str | None,
-                     batch_size: int | None, per_query: bool, mesh) -> dict:
-  corpus = data.load(data.validate(config.data))  # typed here: the workdir's config.json
+def _evaluate_recall(workdir: str, model: nnx.Module, config: RunConfig, step: int,
+                     split: str | None, batch_size: int | None, per_query: bool,
+                     mesh: jax.sharding.Mesh) -> dict:
+  corpus = data.load(data.validate(config.data))  # the workdir's config.json
   split = split or config.train.eval_split
   if split not in corpus.splits or split == "train":
     raise EvalError(f"--split={split} is not an evaluation split of {corpus.name}; use validation "

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 
+from efficient_lm.config.run import RunConfig
 from efficient_lm.evaluation.long_context import reach
 from efficient_lm.evaluation.long_context import report
 from efficient_lm.evaluation.long_context import ruler
@@ -37,7 +38,7 @@ def check(tasks, lengths, samples: int, batch_size: int) -> None:
       raise RulerError(f"--{name}={value} must be at least 1")
 
 
-def skipped_cells(config, tasks, lengths) -> tuple[dict, str | None]:
+def skipped_cells(config: RunConfig, tasks, lengths) -> tuple[dict, str | None]:
   """({(task, length): why} for the cells the model cannot run, the warning for lengths past
   seq_len it runs out of distribution, or None): `reach.check` with each task's answer tokens."""
   skipped, warning = {}, None
