@@ -113,8 +113,9 @@ class LoadedModel:
 
     Each text is one document, scored as `python -m efficient_lm.evaluate --text_file` scores a
     file: the stream [eos] + its tokens + [eos], in windows of `seq_len` tokens, every target
-    once, through `scoring`'s windows and score step (compiled once for all the texts; the
-    windows are built a batch at a time, so any number of texts fits).
+    once, through `scoring`'s windows and the one scoring loop (`score_rows`, its step compiled
+    once for all the texts; the windows are built as the loop asks for rows, so any number of
+    texts fits).
     Returns {"texts": [{loss, perplexity, bits_per_byte, tokens, bytes}, ...], and the same
     figures over all texts}; `tokens` counts the scored targets. Bits per byte is None, with
     `bits_per_byte_reason`, where the tokenizer does not give the text back (`data.round_trip`).

@@ -1,6 +1,7 @@
 """The one batched scoring loop (`evaluation.score_rows`): it equals a row-by-row reference, pads
 only its last batch, never yields a padding row, and is the only batching of score rows."""
 
+import contextlib
 import os
 import re
 
@@ -118,3 +119,23 @@ def test_the_score_step_is_built_only_where_its_rows_go_through_the_one_loop():
         fetchers.append(rel)
   assert len(builders) >= 4, builders  # scoring, api, the harness adapter, extrapolate
   assert not fetchers, f"a score loop of its own: {fetchers}"
+
+
+def test_a_long_loop_says_how_many_rows_are_scored(monkeypatch):
+  """With `progress`, the rows run inside one `runtime.progress` phase whose status counts them."""
+  phases = []
+
+  @contextlib.contextmanager
+  def phase(what, status=None):
+    phases.append((what, status))
+    yield
+
+  monkeypatch.setattr(score_rows.progress_lib, "phase", phase)
+  rows = [{"inputs": np.full(4, i, np.int32), "weights": np.ones(4, np.float32)} for i in range(5)]
+  step = lambda params, batch: {"token_nll": batch["inputs"].astype(np.float32)}
+  got = score_rows.score_rows(step, None, rows, batch_size=2, progress="scoring", total=5)
+  assert next(got).token_nll[0] == 0
+  ((what, status),) = phases
+  assert what == "scoring" and status() == "1 of 5 rows scored"
+  assert len(list(got)) == 4 and status() == "5 of 5 rows scored"
+  assert len(phases) == 1  # one phase for the whole loop

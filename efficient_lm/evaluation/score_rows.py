@@ -88,27 +88,29 @@ class ScoredRow:
     count_P += np.bincount(where_T, self.weights, minlength=len(count_P))
 
 
-def batches(items: Iterable[Item], batch_size: int, pad: Item) -> Iterator[tuple[list[Item], int]]:
+def batches(items: Iterable[Item], batch_size: int,
+            pad: Item) -> Iterator[tuple[list[Item], int]]:
   """(batch, real): `items` `batch_size` at a time, the last batch filled with `pad` to the same
   size (one compiled shape); `real` counts the items of the batch that are not `pad`."""
-  if not (isinstance(batch_size, int) and batch_size >= 1):
+  if not (isinstance(batch_size, (int, np.integer)) and not isinstance(batch_size, bool)
+          and batch_size >= 1):
     raise ValueError(f"batch_size={batch_size!r} must be an integer >= 1")
   items = iter(items)
-  while chunk := list(itertools.islice(items, batch_size)):
+  while chunk := list(itertools.islice(items, int(batch_size))):
     yield chunk + [pad] * (batch_size - len(chunk)), len(chunk)
 
 
 def score_rows(step: Callable, params, rows: Iterable[Row], *, batch_size: int,
-               pad_row: Row | None = None, place: Callable[[Row], Row] | None = None, progress: str | None = None,
-               total: int | None = None) -> Iterator[ScoredRow]:
+               pad_row: Row | None = None, place: Callable[[Row], Row] | None = None,
+               progress: str | None = None, total: int | None = None) -> Iterator[ScoredRow]:
   """Each real row's `ScoredRow`, in the order of `rows` (see the module's docstring).
 
   `step`: `make_score_step`'s (with `predictions` for `ScoredRow.predicted`); `pad_row`: a row of
   weight 0 with the rows' keys and shapes, filling the last batch (default: zeros shaped as the
-  first row); `place`: puts a stacked batch on
-  the devices (`sharding.shard_batch` over a mesh), else jax places it; `progress`: the name of a
-  phase that says every 20 s how many rows (of `total`, when given) are scored
-  (`runtime.progress.phase`; inside a caller's phase it joins that one's line)."""
+  first row); `place`: puts a stacked batch on the devices (`sharding.shard_batch` over a mesh),
+  else jax places it; `progress`: the name of a phase that says every 20 s how many rows (of
+  `total`, when given) are scored (`runtime.progress.phase`; inside a caller's phase it joins that
+  one's line)."""
   rows = iter(rows)
   if pad_row is None:
     first = next(rows, None)

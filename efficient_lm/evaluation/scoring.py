@@ -4,10 +4,10 @@ what its context is worth (`--ablate_context`), recall by distance (MQAR). The c
 
 `score_stream(model, tokens, context=N, stride=S, ...)` scores every target of a token stream once,
 each window of up to N inputs scoring its last S targets (S <= N <= seq_len, else an `EvalError`),
-through the train step's chunked loss (`train_step.token_nll`: no `[B, T, V]` logits); with
-`ablate_context=A` it scores each token again with only its last A - S .. A - 1 tokens of its own
-context, the inputs before them swapped for text of another document of the split
-(`ablate_method='swap'`, in distribution) or end-of-document tokens (`'eos'`).
+through the one scoring loop (`score_rows`: the train step's chunked loss, no `[B, T, V]`
+logits); with `ablate_context=A` it scores each token again with only its last A - S .. A - 1
+tokens of its own context, the inputs before them swapped for text of another document of the
+split (`ablate_method='swap'`, in distribution) or end-of-document tokens (`'eos'`).
 `score_recall` scores an MQAR split per distance bin; `evaluate_workdir` loads a workdir and scores
 a split of its corpus or a UTF-8 file. Details (windows, the Perceiver-AR layout, the ablation,
 recall): docs/evaluation.md.
