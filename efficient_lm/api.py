@@ -28,6 +28,7 @@ from efficient_lm import families
 from efficient_lm.config import run as config_run
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import round_trip
+from efficient_lm.evaluation import score_rows
 from efficient_lm.evaluation import scoring
 from efficient_lm.inference import generation
 from efficient_lm.inference import restore as restore_lib
@@ -135,8 +136,9 @@ class LoadedModel:
 
     Each text is one document, scored as `python -m efficient_lm.evaluate --text_file` scores a
     file: the stream [eos] + its tokens + [eos], in windows of `seq_len` tokens, every target
-    once, through `scoring`'s windows and score step (compiled once for all the texts; the
-    windows are built a batch at a time, so any number of texts fits).
+    once, through `scoring`'s windows and the one scoring loop (`score_rows`, its step compiled
+    once for all the texts; the windows are built as the loop asks for rows, so any number of
+    texts fits).
     Returns {"texts": [{loss, perplexity, bits_per_byte, tokens, bytes}, ...], and the same
     figures over all texts}; `tokens` counts the scored targets. Bits per byte is None, with
     `bits_per_byte_reason`, where the tokenizer does not give the text back (`data.round_trip`).
@@ -153,8 +155,8 @@ class LoadedModel:
     scoring.check_windows(seq_len, seq_len, seq_len=seq_len, num_logits=num_logits,
                           model_name=f"model.name={self.config.model.name!r}")
     if self._score_step is None:
-      self._score_step = scoring.make_score_step(
-          self._graphdef, loss_chunk=self.config.train.loss_chunk, per_token=True)
+      self._score_step = score_rows.make_score_step(self._graphdef,
+                                                    loss_chunk=self.config.train.loss_chunk)
     layout = dict(context=seq_len, stride=seq_len, seq_len=seq_len, right_align=False, eos_id=eos,
                   pad_id=pad, document_mask=bool(self.config.data.document_mask))
     for i, text in enumerate(texts):  # every refusal before any work
@@ -163,38 +165,30 @@ class LoadedModel:
                          "non-empty strings")
     nll_N, scored_N = np.zeros(len(texts)), np.zeros(len(texts))  # per text, float64 on the host
     targets, num_bytes, measured = [], [], []
-    pending, owners = [], []  # rows not yet scored, a batch at a time, and their texts
+    owners = []  # each row's text, in the order the rows are scored
 
-    def run(rows: dict, owner_R: np.ndarray) -> None:
-      if len(owner_R) < batch_size:  # the last batch: rows of weight 0 (window ids past the end)
-        extra = scoring.window_batch(np.asarray([eos, eos], np.int32),
-                                     np.arange(1, 1 + batch_size - len(owner_R)), **layout)
-        rows = {k: np.concatenate([rows[k], extra[k]]) for k in rows}
-      out = jax.device_get(self._score_step(self._params, rows))
-      T = out["token_nll"].shape[1]
-      weights_RT = rows["weights"][:len(owner_R), -T:]
-      token_nll_RT = np.asarray(out["token_nll"], np.float64)[:len(owner_R)]
-      np.add.at(nll_N, owner_R, (token_nll_RT * weights_RT).sum(1))
-      np.add.at(scored_N, owner_R, weights_RT.sum(1))
-
-    status = lambda: (f"{len(targets):,} of {len(texts):,} texts read, "
-                      f"{int(scored_N.sum()):,} tokens scored")
-    with progress.phase(f"scoring {len(texts):,} text(s)", status=status):
+    def rows():  # each text's windows, encoded as the loop asks for more rows
       for i, text in enumerate(texts):
         tokens = np.concatenate([[eos], self.tokenizer.encode(text), [eos]]).astype(np.int32)
         windows = scoring.num_windows(len(tokens) - 1, seq_len)
-        pending.append(scoring.window_batch(tokens, np.arange(windows), **layout))
-        owners.append(np.full(windows, i))
+        block = scoring.window_batch(tokens, np.arange(windows), **layout)
         targets.append(len(tokens) - 1)
         num_bytes.append(len(text.encode("utf-8")))
         measured.append(round_trip.measure(self.tokenizer, tokens, [text]))
-        while sum(map(len, owners)) >= batch_size or (i == len(texts) - 1 and owners):
-          rows = {k: np.concatenate([b[k] for b in pending]) for k in pending[0]}
-          owner_R = np.concatenate(owners)
-          run({k: v[:batch_size] for k, v in rows.items()}, owner_R[:batch_size])
-          rest = {k: v[batch_size:] for k, v in rows.items()}
-          left = len(owner_R) > batch_size
-          pending, owners = ([rest], [owner_R[batch_size:]]) if left else ([], [])
+        for w in range(windows):
+          owners.append(i)
+          yield {k: v[w] for k, v in block.items()}
+
+    # the last batch: rows of weight 0 (a window id past the end of a two-token stream)
+    pad_row = {k: v[0] for k, v in scoring.window_batch(np.asarray([eos, eos], np.int32),
+                                                        np.asarray([1]), **layout).items()}
+    status = lambda: (f"{len(targets):,} of {len(texts):,} texts read, "
+                      f"{int(scored_N.sum()):,} tokens scored")
+    with progress.phase(f"scoring {len(texts):,} text(s)", status=status):
+      for j, row in enumerate(score_rows.score_rows(self._score_step, self._params, rows(),
+                                                    batch_size=batch_size, pad_row=pad_row)):
+        nll_N[owners[j]] += row.nll
+        scored_N[owners[j]] += row.scored
     per_text, total_nll, total_scored, total_bytes = [], 0.0, 0.0, 0.0
     for i in range(len(texts)):
       nll, scored = float(nll_N[i]), float(scored_N[i])
