@@ -46,6 +46,8 @@ ROWS = {
            "train.num_steps": 2000},
     "k3": {"data.seq_len": 512, "data.dataset": DATASET + ",min_length=256", "model.num_layers": 4,
            "train.num_steps": 3000},
+    # Added after k1-k3 (none near the gate): the shortest haystacks, the deeper model, longer.
+    "k4": {"data.seq_len": 256, "model.num_layers": 4, "train.num_steps": 5000},
 }
 VARIANTS = ("multikey", "single")
 GATE = 0.5  # multikey top-1 dense must reach before a key-lookup study is registered

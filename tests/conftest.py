@@ -133,6 +133,14 @@ def fast_first(cases, keep=1) -> list:
   return out
 
 
+def build(config):
+  """The `RunConfig` of a ConfigDict (a config file's, its fields changed), as a command line
+  builds it (`config.run.build`): what everything below the command lines takes."""
+  from efficient_lm import families  # pylint: disable=import-outside-toplevel
+  from efficient_lm.config import run  # pylint: disable=import-outside-toplevel
+  return run.build(config, families.CLASSES)
+
+
 def load_config(name: str, preset: str | None = None):
   """`configs/<name>.py`'s get_config(preset), loaded by path as the entry point does."""
   from efficient_lm.cli import common as cli  # pylint: disable=import-outside-toplevel

@@ -1,11 +1,11 @@
-"""docs/adding_a_model.md runs as written: its three files (the family's module, which registers
-itself, a config, and its settings for the shared tests), none of them shared, make a family that
-`--help` lists and that passes the model tests, with documents, the kernels and context
-parallelism.
+"""docs/adding_a_model.md runs as written: its four files (the family's config module, which
+declares its models, the mixer's module, which registers itself, a config, and its settings for
+the shared tests), none of them shared, make a family that `--help` lists and that passes the
+model tests, with documents, the kernels and context parallelism.
 
-The code blocks are read from the page (`<!-- file: PATH -->` markers), the module imported from
-a scratch file (registering the family for the test: the registry is restored after it), and
-nothing else in the library is changed.
+The code blocks are read from the page (`<!-- file: PATH -->` markers), the modules imported from
+scratch files (declaring and registering the family for the test: the families' tables and the
+registry are restored after it), and nothing else in the library is changed.
 """
 
 import importlib.util
@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import build
+from efficient_lm import families
 from efficient_lm import models
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.training import prepare as config_check
@@ -43,23 +45,31 @@ def example(tmp_path, monkeypatch):
   """The page's family, registered: (its module, its config module, its test settings)."""
   code = blocks()
   files = {marker.removeprefix("file: ") for marker in code}
-  # Three files, no shared one: the family's module, the config and its test settings.
-  assert files == {f"efficient_lm/models/{NAME}.py", f"configs/{NAME}.py",
-                   f"tests/families/{NAME}.py"}
+  # Four files, no shared one: the family's config, its mixer, the config file and its test
+  # settings.
+  assert files == {f"efficient_lm/families/{NAME}.py", f"efficient_lm/models/{NAME}.py",
+                   f"configs/{NAME}.py", f"tests/families/{NAME}.py"}
   for path in files:  # none of them exists: each is the family's own
     assert not os.path.exists(os.path.join(os.path.dirname(DOC), "..", path)), path
   saved = dict(models.REGISTRY)
+  monkeypatch.setattr(families, "CLASSES", dict(families.CLASSES))
+  monkeypatch.setattr(families, "LISTINGS", dict(families.LISTINGS))
   modules = {}
-  for path in files:
+  order = sorted(files, key=lambda p: not p.startswith("efficient_lm/families/"))  # declared first
+  for path in order:
     local = tmp_path / os.path.basename(path)
     local.write_text(code[f"file: {path}"], encoding="utf-8")
     spec = importlib.util.spec_from_file_location(f"scratch_{local.stem}_{path.split('/')[0]}",
                                                   local)
     modules[path] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(modules[path])
+    if path.startswith("efficient_lm/families/"):  # as `efficient_lm.families` imports it
+      monkeypatch.setitem(sys.modules, f"efficient_lm.families.{NAME}", modules[path])
+      families.declare(modules[path])
+  family = modules[f"efficient_lm/families/{NAME}.py"]
   mixer = modules[f"efficient_lm/models/{NAME}.py"]
   monkeypatch.setitem(sys.modules, f"efficient_lm.models.{NAME}", mixer)
-  assert models.REGISTRY[NAME].config is mixer.DilatedWindowConfig  # it registered itself
+  assert models.REGISTRY[NAME].config is family.DilatedWindowConfig  # it registered itself
   settings = modules[f"tests/families/{NAME}.py"]
   assert set(settings.FIELDS) == {NAME} and set(settings.TASKS) == {NAME}
   config_module = modules[f"configs/{NAME}.py"]
@@ -78,23 +88,26 @@ def tiny(config_module, **overrides):
   return config
 
 
-def test_help_lists_it_from_its_source(example, tmp_path):
-  """`--help`'s model list reads the page's `listing` from the family's source (no import)."""
+def test_help_lists_it_from_its_declaration(example):
+  """`--help`'s model list and `--help=<model>` read the family's declaration (its `MODELS`, its
+  class's fields), which the registry took too."""
   from efficient_lm.cli import help as help_lib  # pylint: disable=import-outside-toplevel
-  (tmp_path / f"{NAME}.py").write_text(blocks()[f"file: efficient_lm/models/{NAME}.py"])
-  assert help_lib.listed_models(str(tmp_path)) == {NAME: models.REGISTRY[NAME].listing}
+  assert help_lib.listed_models()[NAME] == models.REGISTRY[NAME].listing == (
+      NAME, "a window of model.window keys, model.dilation apart")
+  assert help_lib.declared_meanings(NAME)["model.dilation"] == (
+      "(int) distance between two keys a query sees")
 
 
 def test_the_config_validates_and_a_bad_field_is_named(example):
   _, config_module = example
-  config_check.validate(config_module.get_config())
+  config_check.validate(build(config_module.get_config()))
   with pytest.raises(ConfigError, match=r"model\.dilation"):
-    config_check.validate(tiny(config_module, dilation=0))
+    config_check.validate(build(tiny(config_module, dilation=0)))
 
 
 def test_causal_through_gradients(example):
   _, config_module = example
-  cfg = tiny(config_module).model.copy_and_resolve_references()
+  cfg = build(tiny(config_module)).model
   model = models.create(cfg, rngs=nnx.Rngs(0))
   tokens = jax.random.randint(jax.random.key(1), (1, 32), 0, cfg.vocab_size)
   graphdef, params = nnx.split(model)
@@ -113,7 +126,7 @@ def test_decoding_and_documents(example):
   """Cached decoding with three documents equals the full pass; documents never leak, whole, in
   sequence chunks and with the sequence over two devices."""
   _, config_module = example
-  cfg = tiny(config_module).model.copy_and_resolve_references()
+  cfg = build(tiny(config_module)).model
   model = models.create(cfg, rngs=nnx.Rngs(0))
   N, P = 32, 20
   tokens = jax.random.randint(jax.random.key(3), (2, N), 0, cfg.vocab_size)
@@ -129,10 +142,9 @@ def test_decoding_and_documents(example):
     outs.append(out)
   np.testing.assert_allclose(jnp.stack(outs, axis=1), full[:, P - 1:N - 1], atol=1e-4)
   assert cache[0]["k"].shape[1] == 2 * 4 + 1  # the span: (window - 1) * dilation + 1 keys
-  for chunk_cfg, mesh in ((cfg, None), (tiny(config_module, seq_chunk=16).model, None),
+  for chunk_cfg, mesh in ((cfg, None), (build(tiny(config_module, seq_chunk=16)).model, None),
                           (cfg, test_documents.mesh_of(1, 2))):
-    got, got_other = test_documents.perturbed_logits(chunk_cfg.copy_and_resolve_references(),
-                                                     mesh=mesh, cut=19)
+    got, got_other = test_documents.perturbed_logits(chunk_cfg, mesh=mesh, cut=19)
     assert float(jnp.max(jnp.abs(got - got_other))) <= 1e-5
 
 
@@ -140,7 +152,7 @@ def test_decoding_and_documents(example):
 def test_the_kernels_compute_what_xla_does(example, impl):
   _, config_module = example
   tokens = jax.random.randint(jax.random.key(1), (2, 33), 0, 64)
-  cfg = lambda **kw: tiny(config_module, **kw).model.copy_and_resolve_references()
+  cfg = lambda **kw: build(tiny(config_module, **kw)).model
   want_loss, want = test_kernel_models.loss_and_grads(cfg(seq_chunk=16), tokens)
   got_loss, got = test_kernel_models.loss_and_grads(
       cfg(seq_chunk=16, attention_impl=impl, kernel_interpret=True), tokens)

@@ -5,10 +5,10 @@ import io
 import re
 import tarfile
 
-import ml_collections
 import pytest
 
 from conftest import fake_work_text
+from efficient_lm.config.data import DataConfig
 from efficient_lm import data
 from efficient_lm.config.errors import ConfigError
 
@@ -38,7 +38,7 @@ def config(data_dir, archive_and_sha, **overrides):
                 data_dir=str(data_dir), archive=archive, archive_sha256=sha, text_key="text",
                 tokenizer_train_bytes=0)
   fields.update(overrides)
-  return data.validate(ml_collections.ConfigDict(fields))
+  return data.validate(DataConfig.from_mapping(fields))
 
 
 def test_invalid_utf8_is_replaced_not_fatal(tmp_path):

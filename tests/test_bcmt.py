@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import fast_first, load_config
+from conftest import build, fast_first, load_config
 from efficient_lm import models
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.models import bcmt
@@ -117,7 +117,7 @@ def test_presets(preset, name, block):
   config = load_config("bcmt", preset)
   assert (config.model.name, config.model.block_size) == (name, block)
   assert config.data.seq_len * config.data.batch_size == load_config("dense").data.seq_len * 8
-  models.validate(config.model)
+  models.validate(build(config).model)
 
 
 def test_unknown_preset_is_refused():

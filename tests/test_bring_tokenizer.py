@@ -15,9 +15,12 @@ import sys
 
 import ml_collections
 import numpy as np
+import jax
 import pytest
 
-from conftest import REPO, SHAKESPEARE_WORKS, fake_work_text, load_config, subprocess_env
+from conftest import REPO, SHAKESPEARE_WORKS, build, fake_work_text, load_config, subprocess_env
+from efficient_lm.training import prepare as config_check
+from efficient_lm.config.data import DataConfig
 from efficient_lm import data
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import archives
@@ -171,7 +174,7 @@ def test_an_unusable_tokenizer_is_one_config_error(own, tmp_path, case, match):
       'separator alone': lambda: dict(separator_token='</s>'),
   }[case]()
   with pytest.raises(ConfigError, match=match):
-    data.validate(_data_config(tmp_path / 'never', **fields))
+    data.validate(DataConfig.from_mapping(_data_config(tmp_path / 'never', **fields)))
   assert not (tmp_path / 'never').exists()
 
 
@@ -210,9 +213,9 @@ def test_the_vocabulary_follows_the_tokenizer_whatever_the_config_says(own, kind
   config = load_config('dense')
   config.data.tokenizer = own[kind]
   assert config.data.vocab_size == 8192  # the config file's
-  data.validate(config.data)
+  run, _ = config_check.prepare(build(config), jax.devices()[:1])  # a new RunConfig: with_vocab
   size = open_tokenizer(own[kind]).vocab_size
-  assert config.data.vocab_size == config.model.vocab_size == size
+  assert run.data.vocab_size == run.model.vocab_size == size
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,9 +233,9 @@ def _first_document(stream, eos_id) -> list[int]:
 
 
 def test_each_tokenizer_gets_its_own_streams(own, shakespeare_archive, data_dir):
-  own_corpus = data.load(data.validate(_data_config(data_dir, shakespeare_archive)))
-  by_kind = {k: data.load(data.validate(_data_config(data_dir, shakespeare_archive,
-                                                     tokenizer=own[k]))) for k in own}
+  own_corpus = data.load(data.validate(DataConfig.from_mapping(_data_config(data_dir, shakespeare_archive))))
+  by_kind = {k: data.load(data.validate(DataConfig.from_mapping(
+      _data_config(data_dir, shakespeare_archive, tokenizer=own[k])))) for k in own}
   first = own_corpus.tokenizer.decode(_first_document(own_corpus.tokens('validation'), 2))
   counts = {own_corpus.num_tokens('train')}
   for kind, corpus in by_kind.items():
@@ -251,7 +254,7 @@ def test_each_tokenizer_gets_its_own_streams(own, shakespeare_archive, data_dir)
 def test_a_swapped_tokenizer_file_never_reuses_the_old_stream(shakespeare_archive, tmp_path):
   """The library's own tokenizer: replacing its cached spm.model (same settings, same corpus)
   tokenizes again; the streams are the new model's."""
-  config = data.validate(_data_config(tmp_path, shakespeare_archive))
+  config = data.validate(DataConfig.from_mapping(_data_config(tmp_path, shakespeare_archive)))
   before = data.load(config)
   spm_model = before.tokenizer.model_path
   other = Tokenizer.train(TEXT_LINES[::3], vocab_size=340, model_path=str(tmp_path / 'other.model'))
@@ -336,7 +339,7 @@ def test_main_trains_with_a_tokenizer_of_ones_own(own, kind, tiny_cli_args, tiny
   assert identity['tokenizer_sha256'] == archives.sha256_of(own[kind]) and identity['vocab_size'] == size
   # The library's own tokenizer on the same data_dir gives another train token count.
   config = tiny_config()
-  assert _train_tokens(done.stderr) != data.load(data.validate(config.data)).num_tokens('train')
+  assert _train_tokens(done.stderr) != data.load(data.validate(DataConfig.from_mapping(config.data))).num_tokens('train')
   # What reads the workdir later opens its copy, the given file gone.
   given.unlink()
   tok = open_tokenizer(str(workdir / 'tokenizer.model'))  # the path generation.load_workdir opens

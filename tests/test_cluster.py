@@ -8,7 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import load_config
+from conftest import build, load_config
+from efficient_lm.config.data import DataConfig
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.parallel import sharding
 from efficient_lm.state import checkpoint
@@ -24,10 +25,10 @@ def state_bytes(state) -> int:
 @pytest.mark.slow
 def test_a_resumed_setup_holds_the_state_once(tiny_config, tmp_path):
   config = tiny_config(num_steps=4, checkpoint_every=4, eval_every=4, sample_tokens=0)
-  train.train_and_evaluate(config, str(tmp_path / "w"))
+  train.train_and_evaluate(build(config), str(tmp_path / "w"))
   for x in jax.live_arrays():
     x.delete()
-  run = train.setup(tiny_config(num_steps=8), str(tmp_path / "w"))
+  run = train.setup(build(tiny_config(num_steps=8)), str(tmp_path / "w"))
   try:
     live = sum(x.nbytes for x in jax.live_arrays())
     assert int(run.state.step) == 4
@@ -44,8 +45,8 @@ def test_bcmt_is_sharded_under_the_default_rules():
   config.model.update(d_model=2048, num_layers=24, num_heads=16)
   config.mesh.fsdp = 8
   config.data.batch_size = 8
-  config_check.validate(config)
-  built = train_state.build(config, sharding.make_mesh(config.mesh), abstract=True)
+  run = config_check.validate(build(config))
+  built = train_state.build(run, sharding.make_mesh(run.mesh), abstract=True)
   per_device, _ = sharding.per_device_bytes(built.state)
   assert per_device <= 1.05 * state_bytes(built.state) / 8
 
@@ -57,8 +58,8 @@ def test_compressed_perceiver_ar_shards_its_history_axis_by_default():
   config = load_config("perceiver_ar", "compressed")
   config.data.update(seq_len=4096, batch_size=8)
   config.mesh.fsdp = 8
-  config_check.validate(config)
-  built = train_state.build(config, sharding.make_mesh(config.mesh), abstract=True)
+  run = config_check.validate(build(config))
+  built = train_state.build(run, sharding.make_mesh(run.mesh), abstract=True)
   per_device, _ = sharding.per_device_bytes(built.state)
   assert per_device <= 1.05 * state_bytes(built.state) / 8
 
@@ -70,9 +71,9 @@ def test_a_mostly_replicated_state_is_refused_naming_the_rule():
   config.mesh.rules.embed = ""  # nothing shards the embedding table or the d_model axes
   with pytest.raises(ConfigError, match=r"^mesh.max_replicated_fraction=0.05: \d+% of the "
                      r"parameters per device are replicated .*; set mesh.rules.\w+='fsdp'"):
-    config_check.validate(config)
+    config_check.validate(build(config))
   config.mesh.max_replicated_fraction = 1.0
-  config_check.validate(config)
+  config_check.validate(build(config))
 
 
 @pytest.mark.slow
@@ -81,7 +82,7 @@ def test_an_interrupted_async_save_loses_only_that_save(tiny_config, tmp_path):
   the previous committed checkpoint and finishes as an uninterrupted run would."""
   workdir = str(tmp_path / "w")
   config = tiny_config(num_steps=10, checkpoint_every=5, eval_every=10, sample_tokens=0)
-  train.train_and_evaluate(config, workdir)
+  train.train_and_evaluate(build(config), workdir)
   folder = os.path.join(workdir, "checkpoints")
   shutil.rmtree(os.path.join(folder, "10"))
   partial = os.path.join(folder, "10.orbax-checkpoint-tmp-1796000000000000")
@@ -91,7 +92,7 @@ def test_an_interrupted_async_save_loses_only_that_save(tiny_config, tmp_path):
   ckpt = checkpoint.Checkpointer(folder, max_to_keep=3)
   assert ckpt.latest_step() == 5
   ckpt.close()
-  summary = train.train_and_evaluate(config, workdir)
+  summary = train.train_and_evaluate(build(config), workdir)
   assert summary["step"] == 10
 
 
@@ -115,11 +116,11 @@ def traces(folder) -> list[str]:
 def test_profile_steps_writes_a_trace(tiny_config, tmp_path):
   config = tiny_config(num_steps=4, checkpoint_every=4, eval_every=4, sample_tokens=0)
   config.train.profile_steps = "2:3"
-  train.train_and_evaluate(config, str(tmp_path / "w"))
+  train.train_and_evaluate(build(config), str(tmp_path / "w"))
   assert traces(tmp_path / "w" / "profile")
   config.train.profile_steps = "two"
   with pytest.raises(ConfigError, match="train.profile_steps='two' must be"):
-    config_check.validate(config)
+    config_check.validate(build(config))
 
 
 @pytest.mark.slow
@@ -129,15 +130,15 @@ def test_profile_ranges_past_the_end_or_across_a_resume_are_traced_and_stopped(t
   resumed at step 4 with '2:6' traces its steps 5 and 6 (the range began before the resume)."""
   config = tiny_config(num_steps=4, checkpoint_every=4, eval_every=4, sample_tokens=0)
   config.train.profile_steps = "3:60"
-  train.train_and_evaluate(config, str(tmp_path / "w"))
+  train.train_and_evaluate(build(config), str(tmp_path / "w"))
   assert traces(tmp_path / "w" / "profile")
   jax.profiler.start_trace(str(tmp_path / "other"))  # raises if the first was never stopped
   jax.profiler.stop_trace()
   config = tiny_config(num_steps=4, checkpoint_every=4, eval_every=4, sample_tokens=0)
-  train.train_and_evaluate(config, str(tmp_path / "r"))
+  train.train_and_evaluate(build(config), str(tmp_path / "r"))
   config = tiny_config(num_steps=6, checkpoint_every=6, eval_every=6, sample_tokens=0)
   config.train.profile_steps = "2:6"
-  train.train_and_evaluate(config, str(tmp_path / "r"))
+  train.train_and_evaluate(build(config), str(tmp_path / "r"))
   assert traces(tmp_path / "r" / "profile")
 
 
@@ -145,7 +146,7 @@ def test_per_host_input_reads_disjoint_halves_whose_union_is_the_batch(tiny_conf
   """What each of two processes reads (its rows of every global batch) is half of the one-process
   batch, and together exactly it, step after step, also after a resume."""
   from efficient_lm import data  # pylint: disable=import-outside-toplevel
-  corpus = data.load(data.validate(tiny_config().data))
+  corpus = data.load(data.validate(DataConfig.from_mapping(tiny_config().data)))
   whole = corpus.train_iterator(batch_size=4, seed=3)
   halves = [corpus.train_iterator(batch_size=2, seed=3, process_index=i, process_count=2)
             for i in range(2)]

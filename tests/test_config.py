@@ -6,14 +6,14 @@ import time
 
 import pytest
 
-from conftest import REPO, load_config
+from conftest import REPO, build, load_config
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.training import prepare as config_check
 
 
 def test_dense_config_is_valid_and_linked():
   config = load_config("dense")
-  config_check.validate(config)
+  config_check.validate(build(config))
   config.data.seq_len = 512
   config.data.vocab_size = 1024
   assert config.model.seq_len == 512  # field references: one override changes both
@@ -36,11 +36,10 @@ def test_missing_fields_are_filled_with_their_defaults_once(tmp_path):
   saved = workdir_lib.Workdir(str(tmp_path)).saved_config()
   assert saved.train.loss_chunk == 8192 and saved.train.profile_steps == ""
   assert saved.model.seq_chunk == 0  # the base default (configs/pi_attention.py sets 8192)
-  assert saved.mesh.rules.embed == "fsdp" and saved.mesh.activation_rules.mlp == "tensor"
+  assert saved.mesh.rules["embed"] == "fsdp" and saved.mesh.activation_rules["mlp"] == "tensor"
   assert saved.model.window == full.model.window  # what the file had is kept
   handwritten = ml_collections.ConfigDict(old)
-  config_check.validate(handwritten)
-  assert handwritten.train.loss_chunk == 8192
+  assert config_check.validate(build(handwritten)).train.loss_chunk == 8192
 
 
 @pytest.mark.parametrize("section,field,value", [
@@ -68,7 +67,7 @@ def test_bad_field_is_named(section, field, value):
   config = load_config("dense")
   config[section][field] = value
   with pytest.raises(ConfigError) as error:
-    config_check.validate(config)
+    config_check.validate(build(config))
   message = str(error.value)
   if (section, field) == ("data", "seq_len"):  # a field reference: reported at either name
     assert "seq_len=-4" in message
@@ -94,7 +93,7 @@ def test_eval_split_typo_lists_the_splits():
   config = load_config("dense")
   config.train.eval_split = "valdation"
   with pytest.raises(ConfigError, match="one of train, validation, test, test_milton"):
-    config_check.validate(config)
+    config_check.validate(build(config))
 
 
 def test_eval_split_of_a_text_folder_without_validation_is_refused():
@@ -102,4 +101,4 @@ def test_eval_split_of_a_text_folder_without_validation_is_refused():
   config.data.dataset = "text:~/notes/*.txt"
   config.data.validation_fraction = 0.0
   with pytest.raises(ConfigError, match=r"train.eval_split='validation' is not a split .*one of train, test"):
-    config_check.validate(config)
+    config_check.validate(build(config))

@@ -11,6 +11,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from efficient_lm.config.data import DataConfig
 from efficient_lm import data
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import archives
@@ -32,7 +33,7 @@ def _config(root, **overrides):
 
 def _typed(root, **overrides):
   """The typed data section (`data.validate`), what the data functions take."""
-  return data.validate(_config(root, **overrides))
+  return data.validate(DataConfig.from_mapping(_config(root, **overrides)))
 
 
 @pytest.fixture(scope='session')
@@ -357,7 +358,7 @@ def test_other_tokenizer_settings_get_their_own_cache(corpus, shakespeare_archiv
 ])
 def test_validate_names_the_field(tmp_path, field, value, match):
   with pytest.raises(ConfigError, match='^' + match):
-    data.validate(_config(tmp_path, **{field: value}))
+    data.validate(DataConfig.from_mapping(_config(tmp_path, **{field: value})))
   with pytest.raises(TypeError, match=r'^data\.load takes the typed data section'):
     data.load(_config(tmp_path / 'never', **{field: value}))  # never the mapping: typed first
   assert not (tmp_path / 'never').exists()
@@ -365,16 +366,16 @@ def test_validate_names_the_field(tmp_path, field, value, match):
 
 def test_validate_accepts_good_configs_and_names_undeclared_fields(tmp_path, shakespeare_archive):
   for dataset in ('shakespeare', 'wikitext103', 'tfds:pg19', 'tfds:lm1b'):
-    data.validate(_config(tmp_path, dataset=dataset))
-  data.validate(_config(tmp_path, archive=shakespeare_archive[0]))
+    data.validate(DataConfig.from_mapping(_config(tmp_path, dataset=dataset)))
+  data.validate(DataConfig.from_mapping(_config(tmp_path, archive=shakespeare_archive[0])))
   with pytest.raises(ConfigError, match=r"^data\.archive=.* is only used by"):
-    data.validate(_config(tmp_path, dataset='tfds:lm1b', archive=shakespeare_archive[0]))
+    data.validate(DataConfig.from_mapping(_config(tmp_path, dataset='tfds:lm1b', archive=shakespeare_archive[0])))
   cfg = _config(tmp_path, text_key='body')
   del cfg['text_key']  # a field the section lacks takes its default (DataConfig's)
-  assert data.validate(cfg).text_key == 'text'
+  assert data.validate(DataConfig.from_mapping(cfg)).text_key == 'text'
   with pytest.raises(ConfigError, match=r"^data\.text_kye='body' is not a field of the data "
                                         r"section; remove it"):
-    data.validate(_config(tmp_path, text_kye='body'))
+    data.validate(DataConfig.from_mapping(_config(tmp_path, text_kye='body')))
 
 
 def test_unknown_tfds_name_is_a_config_error(tmp_path):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import REPO, fast_first
+from conftest import REPO, build, fast_first
 from efficient_lm import models
 from efficient_lm.cli import sample_command as sample
 from efficient_lm.inference import generation
@@ -182,7 +182,7 @@ def test_cli_samples_a_workdir(tiny_config, tmp_path):
   config = tiny_config("pi_attention", num_steps=10, sample_tokens=0)
   config.model.update(window=8, period=8, num_skips=2)
   workdir = str(tmp_path / "run")
-  train.train_and_evaluate(config, workdir)
+  train.train_and_evaluate(build(config), workdir)
   args = [f"--workdir={workdir}", "--prompt=thou art", "--max_new_tokens=12", "--temperature=0"]
   first, second = run_cli(*args), run_cli(*args)
   assert first.returncode == 0, first.stderr

@@ -38,7 +38,7 @@ class DenseMaskRoute(Route):
 def build(cfg, route=None):
   kwargs = {} if route is None else dict(route=route)
   return decoder.Decoder(cfg, lambda layer, rngs: ecp.make_mixer(cfg, layer, rngs, **kwargs),
-                         identical_layers=ecp.identical_layers(cfg), rngs=nnx.Rngs(0))
+                         identical_layers=cfg.identical_layers, rngs=nnx.Rngs(0))
 
 
 @pytest.mark.parametrize("options", fast_first([
@@ -64,7 +64,7 @@ def test_options_change_the_model():
   """Shared k/v has fewer parameters; RoPE in layer 1 only unrolls the (no longer identical) layers."""
   count = lambda cfg: sum(x.size for x in jax.tree.leaves(nnx.state(build(cfg), nnx.Param)))
   assert count(tiny_model_config("ecp", shared_kv=True)) < count(tiny_model_config("ecp"))
-  assert not ecp.identical_layers(tiny_model_config("ecp", rope_first_layer_only=True))
+  assert not tiny_model_config("ecp", rope_first_layer_only=True).identical_layers
 
 
 @pytest.mark.parametrize("overrides,field", [

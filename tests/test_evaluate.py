@@ -13,11 +13,12 @@ import optax
 import pytest
 from flax import nnx
 
-from conftest import REPO, _tiny_sections, load_config, fast_first
+from conftest import REPO, _tiny_sections, build, fast_first, load_config
+from efficient_lm.config.data import DataConfig
 from efficient_lm import data
 from efficient_lm.cli import evaluate_command as evaluate
 from efficient_lm.evaluation import scoring
-from efficient_lm.inference.generation import load_workdir
+from efficient_lm.inference.restore import restore
 from efficient_lm.training import loop as train
 
 # The module's trained fixture is built once: its tests run on one xdist worker (--dist=loadgroup).
@@ -41,9 +42,9 @@ def runs(shakespeare_archive, tiny_data_dir, tmp_path_factory):
   for name, overrides in (("dense", {}), ("perceiver_ar", {"num_latents": NUM_LATENTS})):
     config = _tiny(name, shakespeare_archive, tiny_data_dir, **overrides)
     workdir = str(tmp_path_factory.mktemp(name))
-    train.train_and_evaluate(config, workdir)
+    train.train_and_evaluate(build(config), workdir)
     out[name] = workdir
-  out["corpus"] = data.load(data.validate(config.data))
+  out["corpus"] = data.load(data.validate(DataConfig.from_mapping(config.data)))
   return out
 
 
@@ -137,7 +138,8 @@ def _reference_nll(model, tokens, *, context, stride, seq_len, num_logits, eos_i
 @pytest.mark.parametrize("name,context,stride", fast_first([
     ("perceiver_ar", 24, 5), ("dense", 20, 6), ("perceiver_ar", 32, 8)], keep=(1,)))
 def test_overlapping_windows_equal_a_window_by_window_reference(runs, name, context, stride):
-  model, tokenizer, config, _ = load_workdir(runs[name])
+  restored = restore(runs[name], sharded=True, exports=False)
+  model, tokenizer, config = restored.model, restored.tokenizer, restored.config
   tokens = np.asarray(runs["corpus"].tokens("test")[:150])
   result = scoring.score_stream(model, tokens, context=context, stride=stride, batch_size=4,
                                  num_bytes=1000, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
@@ -182,7 +184,8 @@ def test_a_text_file_scores_like_the_split_it_came_from(runs, tmp_path):
   np.testing.assert_array_equal(tokens, stream[:end + 1])
   assert num_bytes == len(text.encode("utf-8"))
   result = scoring.evaluate_workdir(runs["dense"], text_file=str(path), stride=16)
-  model, tokenizer, _, _ = load_workdir(runs["dense"])
+  restored = restore(runs["dense"], sharded=True, exports=False)
+  model, tokenizer = restored.model, restored.tokenizer
   expected = scoring.score_stream(model, stream[:end + 1], context=32, stride=16, batch_size=4,
                                    num_bytes=num_bytes, eos_id=tokenizer.eos_id,
                                    pad_id=tokenizer.pad_id)

@@ -17,13 +17,14 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 import efficient_lm
-from conftest import REPO, _tiny_sections, load_config, subprocess_env
+from conftest import REPO, _tiny_sections, build, load_config, subprocess_env
 from efficient_lm import api
 from efficient_lm import models
 from efficient_lm.cli import export_command
 from efficient_lm.evaluation import scoring
 from efficient_lm.inference import export
-from efficient_lm.inference import generation
+from efficient_lm.inference import export_format
+from efficient_lm.inference import restore as restore_lib
 from efficient_lm.runtime import signals
 from efficient_lm.state import train_state
 from efficient_lm.state import workdir as workdir_lib
@@ -46,7 +47,7 @@ def run(shakespeare_archive, tiny_data_dir, tmp_path_factory):
   config.model.update(window=8, period=8, num_skips=2)  # windows and skips inside seq_len=32
   config.mesh.fsdp = 2
   workdir = str(tmp_path_factory.mktemp("pi_run"))
-  train.train_and_evaluate(config, workdir)
+  train.train_and_evaluate(build(config), workdir)
   out = str(tmp_path_factory.mktemp("exports") / "pi")
   summary = export.export(workdir, out)
   return {"workdir": workdir, "export": out, "summary": summary,
@@ -101,7 +102,8 @@ def test_export_holds_every_parameter_once_named_by_module_path(run):
   assert tensors["blocks.mixer.attn.qkv.kernel"].shape == (m.num_layers, m.d_model, 3, m.num_heads,
                                                            head_dim)
   # The values are the checkpoint's: the parameters the sampler's loader restores.
-  model, _, _, step = generation.load_workdir(run["workdir"])
+  restored = restore_lib.restore(run["workdir"], sharded=True, exports=False)  # as the sampler
+  model, step = restored.model, restored.step
   assert step == 6
   np.testing.assert_array_equal(tensors["embed.embedding"], np.asarray(model.embed.embedding[...]))
   with open(os.path.join(run["workdir"], "config.json")) as f:
@@ -137,7 +139,7 @@ def test_load_of_the_workdir_and_of_the_export_give_identical_logits(run, loaded
   assert np.isfinite(from_workdir).all() and from_workdir.std() > 0
   assert float(np.abs(from_workdir - from_export).max()) == 0.0
   # ... and they are the model's: the sampler's loader, its forward pass with document ids.
-  model, *_ = generation.load_workdir(run["workdir"])
+  model = restore_lib.restore(run["workdir"], sharded=True, exports=False).model
   reference = model(jax.numpy.asarray(ids), segment_ids_BT=jax.numpy.asarray(
       np.cumsum(ids == loaded["workdir"].eos_id, axis=1, dtype=np.int32)))
   np.testing.assert_allclose(from_workdir, np.asarray(reference), rtol=1e-5, atol=1e-5)
@@ -177,7 +179,7 @@ def test_an_earlier_step_in_bfloat16(run, loaded, tmp_path):
   at_3 = efficient_lm.load(run["workdir"], step=3)
   assert at_3.step == 3
   tensors = _tensors(str(out))
-  params = export.flat_names(nnx.state(at_3.model))
+  params = export_format.flat_names(nnx.state(at_3.model))
   assert set(tensors) == set(params)
   for name, tensor in tensors.items():  # the step-3 checkpoint's values, rounded to bfloat16
     assert tensor.dtype == ml_dtypes.bfloat16
@@ -549,9 +551,9 @@ def test_every_family_exports_and_loads_the_same(name, shakespeare_archive, tiny
   for section, fields in _tiny_sections(shakespeare_archive, tiny_data_dir, overrides).items():
     config[section].update(fields)
   config.model.update(FAMILY_FIELDS.get(name, {}))
-  train.train_and_evaluate(config, str(tmp_path / "run"))
+  train.train_and_evaluate(build(config), str(tmp_path / "run"))
   summary = export.export(str(tmp_path / "run"), str(tmp_path / "export"))
-  assert summary["num_params"] == train_state.build(config, abstract=True).num_params
+  assert summary["num_params"] == train_state.build(build(config), abstract=True).num_params
   from_workdir, from_export = efficient_lm.load(str(tmp_path / "run")), efficient_lm.load(
       str(tmp_path / "export"))
   ids = _ids(from_workdir)
@@ -572,7 +574,7 @@ def test_a_tokenizer_json_travels_with_the_export(shakespeare_archive, tiny_data
   config.model.update(window=8, period=8, num_skips=2)
   config.data.tokenizer = _train_byte_level_bpe(str(tmp_path / "tokenizer.json"))
   workdir, out = str(tmp_path / "run"), str(tmp_path / "export")
-  train.train_and_evaluate(config, workdir)
+  train.train_and_evaluate(build(config), workdir)
   assert export.export(workdir, out)["tokenizer"] == ["tokenizer.json"]
   assert "tokenizer.model" not in os.listdir(out)
   with open(os.path.join(out, "tokenizer.json"), "rb") as a, \

@@ -130,14 +130,14 @@ def test_a_kernel_this_jax_cannot_call_is_refused_at_validation(monkeypatch, cap
                      "on this jax.*_splash_attention_forward is absent.*'xla'"):
     models.validate_attention_impl(cfg, "tpu")
   caplog.set_level(logging.WARNING, logger=backends.__name__)
-  cfg.attention_impl = "auto"
+  cfg = dataclasses.replace(cfg, attention_impl="auto")
   models.validate_attention_impl(cfg, "tpu")
   models.validate_attention_impl(cfg, "tpu")
   warnings = [r.getMessage() for r in caplog.records if reason in r.getMessage()]
   assert len(warnings) == 1 and "every attention call runs on xla" in warnings[0]
   models.validate_attention_impl(cfg, "cpu")  # auto is xla there: nothing to say
   monkeypatch.setattr(jax_compat, "splash_missing", lambda: None)
-  cfg.attention_impl = "splash"
+  cfg = dataclasses.replace(cfg, attention_impl="splash")
   models.validate_attention_impl(cfg, "tpu")
 
 

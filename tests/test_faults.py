@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, build
 from efficient_lm.runtime import exit_codes
 from efficient_lm.state import checkpoint
 from efficient_lm.training import loop as train
@@ -41,7 +41,7 @@ def uninterrupted(tmp_path_factory, shakespeare_archive, tiny_data_dir):
   for section, fields in _tiny_sections(shakespeare_archive, tiny_data_dir, {}).items():
     config[section].update(fields)
   workdir = str(tmp_path_factory.mktemp("uninterrupted"))
-  summary = train.train_and_evaluate(config, workdir)
+  summary = train.train_and_evaluate(build(config), workdir)
   return workdir, summary
 
 
@@ -116,7 +116,7 @@ def test_damaged_latest_checkpoint_falls_back(uninterrupted, tiny_config, tmp_pa
   shutil.copytree(uninterrupted[0], workdir)
   _damage(workdir, 40)
   with caplog.at_level(logging.WARNING, logger="efficient_lm"):
-    summary = train.train_and_evaluate(tiny_config(), workdir)
+    summary = train.train_and_evaluate(build(tiny_config()), workdir)
   assert "checkpoint 40 is corrupt or unreadable" in caplog.text
   assert "falling back to step 30" in caplog.text
   assert summary["eval_loss"] == uninterrupted[1]["eval_loss"]  # retrained 31..40 identically
@@ -130,7 +130,7 @@ def test_no_restorable_checkpoint_refuses_to_start_over(uninterrupted, tiny_conf
   for step in checkpoint_steps(workdir):
     _damage(workdir, step)
   with pytest.raises(checkpoint.NoRestorableCheckpointError, match="To start fresh, move or delete"):
-    train.train_and_evaluate(tiny_config(), workdir)
+    train.train_and_evaluate(build(tiny_config()), workdir)
   assert checkpoint_steps(workdir) == [20, 30, 40]  # nothing moved or overwritten
 
 
@@ -139,7 +139,7 @@ def test_non_finite_step_stops_without_a_poisoned_checkpoint(tiny_config, tmp_pa
   config = tiny_config(learning_rate=1e30, warmup_steps=0, checkpoint_every=1, log_every=100)
   workdir = str(tmp_path / "nan")
   with pytest.raises(train.NonFiniteError, match=r"at step (\d+)") as error:
-    train.train_and_evaluate(config, workdir)
+    train.train_and_evaluate(build(config), workdir)
   bad_step = int(error.value.args[0].split("at step ")[1].split(";")[0])
   saved = checkpoint_steps(workdir)
   assert saved and max(saved) < bad_step, (saved, bad_step)

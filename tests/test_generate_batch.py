@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import REPO, fast_first, subprocess_env
+from conftest import REPO, build, fast_first, subprocess_env
 from efficient_lm import models
 from efficient_lm.cli import sample_command as sample
 from efficient_lm.inference import generation
@@ -216,7 +216,7 @@ def test_cli_batch_equals_each_prompt_alone(tiny_config, tmp_path):
   config = tiny_config("pi_attention", num_steps=10, sample_tokens=0)
   config.model.update(window=8, period=8, num_skips=2)
   workdir = str(tmp_path / "run")
-  train.train_and_evaluate(config, workdir)
+  train.train_and_evaluate(build(config), workdir)
   prompts = ["thou art", "good night sweet prince", "what light"]
   common = [f"--workdir={workdir}", "--max_new_tokens=24", "--temperature=0"]
   batch = run_cli(*common, *[f"--prompt={p}" for p in prompts], "--json")

@@ -10,26 +10,27 @@ num_heads of the default's, and configs written before the field load with as ma
 test_decoding.py and test_perceiver_decoding.py.)
 """
 
+import dataclasses
 import functools
 import json
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 from safetensors.numpy import load_file
 
-from conftest import fast_first, load_config
+from conftest import build, fast_first, load_config
 
 import efficient_lm
 from efficient_lm import models
 from efficient_lm.config import base as config_base
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.config.run import RunConfig
 from efficient_lm.inference import export
-from efficient_lm.models import registry
+from efficient_lm import families
 from efficient_lm.ops import attention, core, ring
 from efficient_lm.ops.core import backends, kernel_mesh
 from efficient_lm.ops.pattern import Pattern
@@ -318,23 +319,31 @@ def test_query_heads_spanning_two_groups_on_one_device_are_named():
 
 # The parameters on a mesh: the key/value heads split over `tensor` like the query heads.
 
+def with_kv_heads(run: RunConfig, kv_heads: int, rule: str | None = None) -> RunConfig:
+  """`run` with `model.num_kv_heads=kv_heads` (and `mesh.rules.kv_heads=rule`): a new RunConfig,
+  every check run again."""
+  mesh = run.mesh if rule is None else dataclasses.replace(
+      run.mesh, rules={**run.mesh.rules, "kv_heads": rule})
+  return dataclasses.replace(run, model=dataclasses.replace(run.model, num_kv_heads=kv_heads),
+                             mesh=mesh)
+
+
 def test_kv_heads_split_over_tensor_or_the_size_is_named():
   """2 key/value heads split over tensor=2 (the k/v projection `[layers, D, 2, H_kv, K]`); 1 is
   refused before anything compiles, naming the field and both fixes; with
   mesh.rules.kv_heads='' it is replicated."""
   from test_sharding import small_config  # pylint: disable=import-outside-toplevel
-  config = small_config("dense", fsdp=4, tensor=2)
-  config.data.vocab_size = 512  # (a size the tokenizer could have)
-  config.model.num_kv_heads = 2
+  config = small_config("dense", fsdp=4, tensor=2).with_vocab(512)  # (a tokenizer's size)
+  config = with_kv_heads(config, 2)
   built = train_state.build(config, sharding.make_mesh(config.mesh), abstract=True)
   spec = built.state.params["blocks"]["mixer"]["kv"]["kernel"].sharding.spec
   assert spec == P(None, "fsdp", None, "tensor", None)
-  config.model.num_kv_heads = 1
+  config = with_kv_heads(config, 1)
   with pytest.raises(ConfigError, match=r"^model\.num_kv_heads=1 is not divisible by "
                      r"mesh\.tensor=2 \(mesh\.rules\.kv_heads='tensor' shards it\); make it a "
                      r"multiple of 2, or set mesh\.rules\.kv_heads='' to keep it replicated$"):
     config_check.validate(config)
-  config.mesh.rules.kv_heads = ""
+  config = with_kv_heads(config, 1, rule="")
   config_check.validate(config)
   built = train_state.build(config, sharding.make_mesh(config.mesh), abstract=True)
   assert built.state.params["blocks"]["mixer"]["kv"]["kernel"].sharding.spec == P(
@@ -348,10 +357,9 @@ def test_kv_heads_split_over_tensor_or_the_size_is_named():
 ])
 def test_sharded_training_with_grouped_heads_matches_one_device(name, kv_heads, mesh):
   from test_sharding import small_config, train_losses  # pylint: disable=import-outside-toplevel
-  configs = [small_config(name, **mesh), small_config(name)]
-  for config in configs:
-    config.model.num_kv_heads = kv_heads
-    config.mesh.rules.kv_heads = "tensor" if kv_heads % 2 == 0 else ""
+  configs = [with_kv_heads(small_config(name, **mesh), kv_heads,
+                          rule="tensor" if kv_heads % 2 == 0 else ""),
+             with_kv_heads(small_config(name), kv_heads, rule="tensor" if kv_heads % 2 == 0 else "")]
   losses, reference = (train_losses(config) for config in configs)
   assert reference[-1] < reference[0]
   np.testing.assert_allclose(losses[:2], reference[:2], rtol=1e-5)
@@ -397,9 +405,10 @@ def cache_bytes_per_row(cfg, max_len: int, batch_size: int = 2) -> dict[str, flo
 def test_dense_multi_query_cache_is_one_num_heads_th():
   """dense at the default size (d_model 256, 4 layers, 4 heads) and 2,048 tokens: the decoding
   cache's keys and values per row are 16 MiB, with one key/value head 4 MiB (1 / num_heads)."""
-  default, mqa = (load_config("dense", preset).model for preset in (None, "mqa"))
-  for cfg in (default, mqa):
-    cfg.update(vocab_size=512, seq_len=2048)
+  configs = [load_config("dense", preset) for preset in (None, "mqa")]
+  for config in configs:
+    config.data.update(vocab_size=512, seq_len=2048)
+  default, mqa = (build(config).model for config in configs)
   assert (default.num_heads, default.num_kv_heads, mqa.num_kv_heads) == (4, 0, 1)
   default, mqa = cache_bytes_per_row(default, 2048), cache_bytes_per_row(mqa, 2048)
   assert default["kv"] == 4 * 2 * 2048 * 256 * 4 == 16 * 2 ** 20
@@ -416,14 +425,14 @@ def test_dense_multi_query_trains_from_its_config_file(tiny_config, tmp_path):
                        log_every=5, learning_rate=1e-2)
   assert config.model.num_kv_heads == 1
   workdir = str(tmp_path / "mqa")
-  summary = train.train_and_evaluate(config, workdir)
+  summary = train.train_and_evaluate(build(config), workdir)
   with open(f"{workdir}/metrics.jsonl", encoding="utf-8") as f:
     losses = [r["loss"] for r in map(json.loads, f) if "loss" in r]
   assert summary["step"] == 20 and losses[-1] < losses[0] - 0.3, losses
   with open(f"{workdir}/config.json", encoding="utf-8") as f:
     assert json.load(f)["model"]["num_kv_heads"] == 1
-  model = nnx.eval_shape(lambda: models.create(config.model, rngs=nnx.Rngs(0)))
-  m = config.model
+  m = build(config).model
+  model = nnx.eval_shape(lambda: models.create(m, rngs=nnx.Rngs(0)))
   D, K = m.d_model, m.d_model // m.num_heads
   assert model.blocks.mixer.kv.kernel.shape == (m.num_layers, D, 2, 1, K)
   out = str(tmp_path / "export")
@@ -442,15 +451,15 @@ def test_dense_multi_query_trains_from_its_config_file(tiny_config, tmp_path):
 def test_the_field_and_its_check():
   """0 (the default) means as many as num_heads; a value not dividing num_heads is one line naming
   the field and the divisors; a config written before the field loads with num_heads of them."""
-  assert registry.model_config(tiny_model_config("dense")).kv_heads == 4
-  assert registry.model_config(tiny_model_config("dense", num_kv_heads=2)).kv_heads == 2
+  assert tiny_model_config("dense").kv_heads == 4
+  assert tiny_model_config("dense", num_kv_heads=2).kv_heads == 2
   with pytest.raises(ConfigError, match=r"^model\.num_kv_heads=3 must divide model\.num_heads=4 "
                      r"\(grouped-query attention\); set model\.num_kv_heads to one of 1, 2, 4"):
-    registry.model_config(tiny_model_config("dense", num_kv_heads=3))
+    tiny_model_config("dense", num_kv_heads=3)
   with pytest.raises(ConfigError, match=r"^model\.num_kv_heads=-1 must be an integer >= 0"):
-    registry.model_config(tiny_model_config("dense", num_kv_heads=-1))
+    tiny_model_config("dense", num_kv_heads=-1)
   saved = config_base.base_config("bcmt").to_dict()
   saved["model"].update(num_heads=8, d_model=64)
   del saved["model"]["num_kv_heads"]
-  old = config_base.fill_defaults(ml_collections.ConfigDict(saved), saved=True)
-  assert registry.model_config(old).kv_heads == 8
+  old = RunConfig.from_json(json.dumps(saved), families.CLASSES)  # an older config.json
+  assert old.model.kv_heads == 8

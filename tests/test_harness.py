@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, TINY, load_config, subprocess_env
+from conftest import REPO, TINY, build, load_config, subprocess_env
 
 pytest.importorskip("lm_eval")
 
@@ -99,7 +99,7 @@ def workdir(shakespeare_archive, tiny_data_dir, tmp_path_factory):
                            sample_tokens=0))
   config.mesh.update(TINY["mesh"])
   path = str(tmp_path_factory.mktemp("harness_run"))
-  train.train_and_evaluate(config, path)
+  train.train_and_evaluate(build(config), path)
   return path
 
 

@@ -1,5 +1,6 @@
-"""`--help` and `--help=<model>`: every model and every config field, each field's meaning read from
-the comment beside its definition, from the three commands, without jax."""
+"""`--help` and `--help=<model>`: every model and every config field, each field's meaning its
+declaration's (the sections' classes, each family's in `efficient_lm.families`), from the three
+commands, without jax."""
 
 import subprocess
 import sys
@@ -28,54 +29,46 @@ def shipped_specs() -> list[str]:
 
 @pytest.mark.parametrize("spec", shipped_specs())
 def test_every_field_of_every_shipped_config_has_a_meaning(spec):
-  """A field added without a comment beside it (config_base.py or the family's file) fails here."""
+  """A field declared without a doc (its `setting(default, doc, ...)`) fails here."""
   config = cli.load_config(spec)
   meaning = help_lib.meanings(spec)
   assert sorted(meaning) == sorted(help_lib.leaves(config))
   missing = [field for field, text in meaning.items() if not text.strip()]
-  assert not missing, (f"{spec}: no comment beside {missing}; write what each is beside its "
-                       "definition")
+  assert not missing, (f"{spec}: no doc for {missing}; write what each is in its declaration "
+                       "(`setting(default, doc, check)`)")
 
 
 def test_the_model_list_is_the_registry():
-  """`MODELS`, read from the families' sources without jax, is exactly each registered model's
-  own `listing` (the config that trains it, one line)."""
+  """`MODELS`, each family's declaration read without jax (`efficient_lm.families`), names exactly
+  the registered models with the listing the registry took (the config that trains it, one
+  line); each config trains its model."""
   from efficient_lm import models  # pylint: disable=import-outside-toplevel  (imports jax)
-  assert help_lib.MODELS == {name: e.listing for name, e in models.REGISTRY.items()}, (
-      "write listing=(...) as literals in the family's register call")
+  assert help_lib.MODELS == {name: e.listing for name, e in models.REGISTRY.items()}
   for model, (spec, line) in help_lib.MODELS.items():
     assert cli.load_config(spec).model.name == model
     assert line.strip()
 
 
-def test_comments_are_read_beside_each_field():
-  source = '''
-def get_config():
-  config = base_config("x")
-  model = config.model
-  model.window = 128       # local window:
-                           #   tokens it sees
-  # leading comment for a field without a trailing one
-  config.model.period = 64
-  model.bare = 3
-  config.data.seq_len = 512  # changed here
-  # a section comment
-  model.other = 1  # its own
-  model.window = 256  # a preset's note, not the meaning
-'''
-  assert help_lib.field_comments(source) == {
-      "model.window": "local window: tokens it sees",
-      "model.period": "leading comment for a field without a trailing one",
-      "model.bare": "",
-      "data.seq_len": "changed here",
-      "model.other": "its own",
-  }
+def test_a_field_means_what_its_class_declares():
+  """Every meaning is the declaration's: the section's class, or the model's family's (shared
+  fields included), '(type) doc'; a field nothing declares has none."""
+  from efficient_lm import families  # pylint: disable=import-outside-toplevel
+  for spec in ("bcmt", "bcmt:honly", "perceiver_ar:compressed", "pi_attention"):
+    config = cli.load_config(spec)
+    cls = families.CLASSES[config.model.name]
+    meaning = help_lib.meanings(spec, config)
+    for field, doc in cls.docs().items():
+      kind = getattr(cls.declared()[field].type, "__name__", str(cls.declared()[field].type))
+      assert meaning[f"model.{field}"] == f"({kind}) {doc}", (spec, field)
+  config = cli.load_config("dense")
+  with config.unlocked():
+    config.model.undeclared = 1
+  assert help_lib.meanings("dense", config)["model.undeclared"] == ""
 
 
 def test_config_base_aliases_and_shared_fields():
-  """`config.data = data = ConfigDict()` makes `data.x` mean `data.x`; the shared meanings are
-  the typed sections' declarations (with their type: `DataConfig`, `ModelConfig`, ...),
-  a family's own fields its config class's (read from the source: no jax)."""
+  """The shared meanings are the typed sections' declarations (with their type: `DataConfig`,
+  `ModelConfig`, ...), a family's own fields its config class's (no jax: `families`)."""
   meaning = help_lib.meanings()
   assert meaning["data.seq_len"] == "(int) tokens per training window (the model's context)"
   assert meaning["model.d_model"] == "(int) residual stream width"
@@ -165,17 +158,17 @@ def test_help_needs_no_jax():
   assert done.stdout.strip() == "none"
 
 
-def test_each_family_rule_is_stated_as_its_class_declares_it():
-  """`--help=<model>`'s rules, read from the source, are its config class's `RULES` (a rule
-  declared once for several fields reads `model.{field}`)."""
-  import re  # pylint: disable=import-outside-toplevel
-  from efficient_lm import models  # pylint: disable=import-outside-toplevel  (imports jax)
-  for name, entry in models.REGISTRY.items():
-    stated = help_lib.family_rules(name)
-    declared = [r.describe() for r in entry.config.RULES]
-    patterns = [re.escape(s).replace(r"\{field\}", r"\w+") for s in stated]
-    assert all(any(re.fullmatch(p, d) for p in patterns) for d in declared), (name, stated)
-    assert len(stated) <= len(declared), (name, stated)
-  assert "model.block_size must divide data.seq_len={seq_len}" in help_lib.family_rules("honly")
-  assert "Rules across its fields" in help_lib.model_listing("ecp")
-  assert "model.num_segments must divide" in help_lib.model_listing("ecp")
+def test_each_models_rules_are_the_ones_its_class_runs():
+  """`--help=<model>` states the rules its config class runs (`all_rules()`: the shared ones, its
+  family's `RULES`, the sequence chunks'), each as `Rule.describe` states it."""
+  from efficient_lm import families  # pylint: disable=import-outside-toplevel
+  for name, cls in families.CLASSES.items():
+    text = " ".join(help_lib.model_listing(name, width=100000).split())
+    stated = text.split("Rules across its fields (checked before anything runs; {field} is its "
+                        "value): ", 1)[1]
+    described = [r.describe() for r in cls.all_rules()]
+    assert stated.startswith("; ".join(described)), name
+    assert all(r.describe() in stated for r in cls.RULES), name
+  text = lambda model: " ".join(help_lib.model_listing(model).split())
+  assert "model.block_size must divide data.seq_len={seq_len}" in text("honly")
+  assert "model.num_segments must divide model.seq_len={seq_len}" in text("ecp")

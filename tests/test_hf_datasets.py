@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, TINY, fake_work_text, subprocess_env
+from efficient_lm.config.data import DataConfig
 from efficient_lm import data
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import hf_datasets
@@ -52,7 +53,7 @@ def _mapping(data_dir, dataset: str, **overrides) -> ml_collections.ConfigDict:
 
 def _config(data_dir, dataset: str, **overrides):
   """The typed data section (`data.validate`), what the data functions take."""
-  return data.validate(_mapping(data_dir, dataset, **overrides))
+  return data.validate(DataConfig.from_mapping(_mapping(data_dir, dataset, **overrides)))
 
 
 def _rows(prefix: str, n: int) -> list[dict]:
@@ -242,7 +243,7 @@ def test_bad_datasets_are_one_error_line(tmp_path, make, dataset, error, match):
     overrides['hf_allow_download'] = 'yes'
   config = _mapping(tmp_path / 'd', dataset.format(tmp=tmp_path), **overrides)
   with pytest.raises(error, match=match) as caught:
-    data.preflight(data.validate(config))
+    data.preflight(data.validate(DataConfig.from_mapping(config)))
   assert len(str(caught.value).splitlines()) == 1
   assert not (tmp_path / 'd').exists()  # nothing prepared
 

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import fast_first
+from conftest import build, fast_first
 from flax import nnx
 
 from efficient_lm import models
@@ -69,7 +69,7 @@ def test_training_on_the_splash_kernel_matches_xla(tiny_config, tmp_path):
     config = tiny_config("pi_attention", num_steps=6, log_every=1, eval_every=6,
                          checkpoint_every=6, sample_tokens=0)
     config.model.update(attention_impl=impl, kernel_interpret=impl != "xla", seq_chunk=16)
-    train.train_and_evaluate(config, str(tmp_path / impl))
+    train.train_and_evaluate(build(config), str(tmp_path / impl))
     lines = (tmp_path / impl / "metrics.jsonl").read_text().splitlines()
     import json  # pylint: disable=import-outside-toplevel
     losses[impl] = [json.loads(l)["loss"] for l in lines if '"loss"' in l]

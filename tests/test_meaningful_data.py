@@ -15,12 +15,12 @@ import subprocess
 import sys
 import time
 
-import ml_collections
 import numpy as np
 import pytest
 
 import efficient_lm
 from conftest import REPO, SHAKESPEARE_WORKS, TINY, fake_work_text, subprocess_env
+from efficient_lm.config.data import DataConfig
 from efficient_lm import data
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import round_trip
@@ -134,7 +134,7 @@ def _text_config(data_dir, folder, tokenizer='', **overrides):
                 tokenizer_train_bytes=0, validation_fraction=0.1, test_fraction=0.1,
                 tokenizer=tokenizer, separator_token='')
   fields.update(overrides)
-  return data.validate(ml_collections.ConfigDict(fields))
+  return data.validate(DataConfig.from_mapping(fields))
 
 
 @pytest.fixture(scope='module')
@@ -223,7 +223,7 @@ def _corpus_of(split_texts: dict[str, list[str]], tokenizer, **sizes):
 
 def test_a_train_split_without_a_batch_of_text_is_refused(tokenizers):
   tok = open_tokenizer(tokenizers['bytes'])
-  config = data.validate(ml_collections.ConfigDict(dict(
+  config = data.validate(DataConfig.from_mapping(dict(
       dataset='text:/nowhere/*.txt', seq_len=16, batch_size=2, vocab_size=384)))
   empty = _corpus_of({'train': [''] * 180, 'validation': ['thou art']}, tok, seq_len=16, batch_size=2)
   with pytest.raises(data.DataError, match=r"^data\.dataset='text:/nowhere/\*\.txt': its train "
@@ -271,7 +271,7 @@ def hf_env(tmp_path, monkeypatch):
 def test_an_hf_train_split_of_empty_rows_is_refused_by_the_preflight(tmp_path, hf_env):
   del hf_env
   _write_jsonl(tmp_path / 'c', {'train': [''] * 180, 'validation': ['thou art the lord']})
-  config = data.validate(ml_collections.ConfigDict(dict(
+  config = data.validate(DataConfig.from_mapping(dict(
       dataset=f'hf:{tmp_path}/c', data_dir=str(tmp_path / 'd'), text_key='text')))
   with pytest.raises(data.DataError, match=rf"^data\.dataset='hf:{tmp_path}/c': its train split "
                      r"has no text \(180 rows, 'text' empty in every one\), nothing to train on"):

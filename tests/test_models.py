@@ -2,16 +2,16 @@
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
 import families
-from conftest import fast_first, load_config
+from conftest import build, fast_first, load_config
 from flax import nnx
 
 from efficient_lm import models
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.config.model import ModelConfig
 from efficient_lm.models import decoder
 
 
@@ -32,18 +32,22 @@ def test_every_model_has_its_family_test_settings():
   assert sorted(FAMILY_FIELDS) == sorted(models.REGISTRY), (
       "declare FIELDS for each model in tests/families/<the family's module>.py")
   for module in families.modules():
-    assert f"efficient_lm.models.{module.__name__.rsplit('.', 1)[1]}" in {
+    assert f"efficient_lm.families.{module.__name__.rsplit('.', 1)[1]}" in {
         models.REGISTRY[m].config.__module__ for m in getattr(module, "FIELDS", {})}, module
 
 
-def tiny_model_config(name: str = "dense", **overrides) -> ml_collections.ConfigDict:
-  """The model section of the model's file in configs/, at tiny sizes (FAMILY_FIELDS)."""
-  cfg = load_config(*CONFIG_OF.get(name, (name,))).model.copy_and_resolve_references()
-  assert cfg.name == name, (name, cfg.name)
-  cfg.update(dict(vocab_size=64, seq_len=32, d_model=32, num_layers=2, num_heads=4, mlp_ratio=2))
-  cfg.update(FAMILY_FIELDS.get(name, {}))
-  cfg.update(overrides)
-  return cfg
+def tiny_model_config(name: str = "dense", **overrides) -> ModelConfig:
+  """The typed model section of the model's file in configs/, at tiny sizes (FAMILY_FIELDS), with
+  `overrides` (`seq_len` and `vocab_size` the data's, which the model's follow): built as a
+  command line builds it (`config.run.build`), so a field its checks refuse is a ConfigError."""
+  config = load_config(*CONFIG_OF.get(name, (name,)))
+  assert config.model.name == name, (name, config.model.name)
+  fields = dict(vocab_size=64, seq_len=32, d_model=32, num_layers=2, num_heads=4, mlp_ratio=2,
+                **FAMILY_FIELDS.get(name, {}))
+  fields.update(overrides)
+  config.data.update(vocab_size=fields.pop("vocab_size"), seq_len=fields.pop("seq_len"))
+  config.model.update(fields)
+  return build(config).model
 
 
 # The fast tier: the three families and the dense baseline; the whole suite: every model.
@@ -122,7 +126,9 @@ def test_dropout_is_keyed():
     (dict(dtype="float16"), "model.dtype"),
 ])
 def test_validation_names_the_field(overrides, field):
+  """A model section's bad field is a ConfigError naming it, as the RunConfig is built (nothing
+  below takes an unchecked one)."""
+  config = load_config("dense")
+  config.model.update(overrides)
   with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-    cfg = tiny_model_config()
-    cfg.update(overrides)
-    models.create(cfg, rngs=nnx.Rngs(0))
+    build(config)

@@ -14,6 +14,7 @@ import jax
 import pytest
 
 from conftest import REPO, fake_work_text, subprocess_env
+from efficient_lm.config.data import DataConfig
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.parallel import distributed
 from efficient_lm.runtime import exit_codes
@@ -296,11 +297,11 @@ def test_per_host_data_dirs_must_hold_the_same_corpus(tmp_path, shakespeare_arch
   config = tiny_config()
   config.data.update(dataset=dataset, archive="", archive_sha256="",
                      data_dir=str(tmp_path / "home0" / "data"))
-  data.load(data.validate(config.data))  # host 0's data_dir, prepared
+  data.load(data.validate(DataConfig.from_mapping(config.data)))  # host 0's data_dir, prepared
   shutil.copytree(tmp_path / "home0", tmp_path / "home1")
   config.data.update(data_dir=str(tmp_path / "other"), vocab_size=320)
   # Another tokenizer, put where host 1's is.
-  other = data.load(data.validate(config.data)).tokenizer.model_path
+  other = data.load(data.validate(DataConfig.from_mapping(config.data))).tokenizer.model_path
   [mine] = [os.path.join(root, "spm.model") for root, _, files in
             os.walk(tmp_path / "home1" / "data" / "tokenizers") if "spm.model" in files]
   shutil.copyfile(other, mine)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import REPO, _tiny_sections, fast_first, load_config, subprocess_env
+from conftest import REPO, _tiny_sections, build, fast_first, load_config, subprocess_env
 from efficient_lm import api
 from efficient_lm import data
 from efficient_lm import models
@@ -46,7 +46,7 @@ def window_run(shakespeare_archive, tiny_data_dir, tmp_path_factory):
   """A sliding-window workdir trained 4 steps (window 8 of seq_len 32), loaded."""
   config = _tiny("sliding_window", shakespeare_archive, tiny_data_dir, window=8)
   workdir = str(tmp_path_factory.mktemp("window"))
-  train.train_and_evaluate(config, workdir)
+  train.train_and_evaluate(build(config), workdir)
   lm = api.load(workdir)
   corpus = data.load(data.validate(lm.config.data))
   return lm, needle.haystack_stream(corpus.tokens("test"), lm.eos_id), corpus.tokens("test")
@@ -231,7 +231,7 @@ def test_candidates_read_from_a_repeated_cache_match_a_full_pass(name, config_fi
   config = load_config(config_file, preset)  # honly is bcmt's preset
   config.data.update(seq_len=SEQ_LEN, vocab_size=384)
   config.model.update(d_model=32, num_layers=2, num_heads=2, mlp_ratio=2, **fields)
-  model = models.create(config.model, rngs=nnx.Rngs(1))
+  model = models.create(build(config).model, rngs=nnx.Rngs(1))
   assert config.model.name == name
   rng = np.random.default_rng(0)
   B, L, R, A = 2, 44, 3, 3
@@ -263,19 +263,20 @@ def test_candidates_read_from_a_repeated_cache_match_a_full_pass(name, config_fi
 def test_lengths_past_seq_len_refused_for_learned_positions_and_latents_accepted_with_reach():
   learned = load_config("dense")
   learned.model.position = "learned"
+  learned = build(learned)
   with pytest.raises(reach.LengthError, match=r"model.position='learned'.*at most"):
     reach.check(learned, [learned.model.seq_len + 1])
   with pytest.raises(reach.LengthError, match=r"\+10 of answer"):  # the answer needs positions too
     reach.check(learned, [learned.model.seq_len - 5], extra=10)
-  perceiver = load_config("perceiver_ar")
+  perceiver = build(load_config("perceiver_ar"))
   with pytest.raises(reach.LengthError, match="fixed window"):
     reach.check(perceiver, [perceiver.model.seq_len + 1])
   for name in models.REGISTRY:  # every model of bounded reach, at its shipped config
-    config = load_config(*CONFIG_OF[name])
+    config = build(load_config(*CONFIG_OF[name]))
     if not models.chunkable(config.model):
       continue
     assert reach.check(config, [config.model.seq_len * 8], extra=10) is None
-  dense = load_config("dense")
+  dense = build(load_config("dense"))
   assert "out of distribution" in reach.check(dense, [dense.model.seq_len * 2])
   assert reach.check(dense, [dense.model.seq_len]) is None
 

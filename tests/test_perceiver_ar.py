@@ -13,7 +13,7 @@ from efficient_lm.ops import attention
 from efficient_lm.ops.attention import causal_cross_attention, segment_attention
 from efficient_lm.ops.route import Route
 from efficient_lm.training import loop as train
-from conftest import load_config, fast_first
+from conftest import build, fast_first, load_config
 from efficient_lm.config.errors import ConfigError
 from test_models import tiny_model_config
 
@@ -123,7 +123,7 @@ def test_validation_names_the_field(name, overrides, field):
 @pytest.mark.parametrize("preset", [None, "double", "compressed", "ssplit"])
 def test_config_presets_are_valid(preset):
   config = load_config("perceiver_ar", preset)
-  models.validate(config.model)
+  models.validate(build(config).model)
 
 
 class DenseMaskRoute(Route):

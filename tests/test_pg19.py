@@ -21,7 +21,8 @@ import types
 
 import pytest
 
-from conftest import fake_work_text
+from conftest import build, fake_work_text
+from efficient_lm.config.data import DataConfig
 from efficient_lm import data
 from efficient_lm.training import loop as train
 
@@ -62,7 +63,7 @@ def test_pg19_reaches_a_training_step(pg19_from_local_files, tiny_config, tmp_pa
   config.data.update(dataset='tfds:pg19', text_key='book_text', archive='', archive_sha256='',
                      data_dir=str(tmp_path / 'data'))
   config.model.num_layers = 1
-  corpus = data.load(data.validate(config.data))
+  corpus = data.load(data.validate(DataConfig.from_mapping(config.data)))
   assert corpus.splits == ('train', 'validation', 'test')
   assert [corpus.num_documents(s) for s in corpus.splits] == [4, 1, 1]  # one book a document
   book = fake_work_text('book201', 120).strip()  # the builder strips each book
@@ -71,7 +72,7 @@ def test_pg19_reaches_a_training_step(pg19_from_local_files, tiny_config, tmp_pa
   assert corpus.num_windows('validation') > 10  # a book spans many windows
   prepared = os.listdir(tmp_path / 'data' / 'tfds' / 'pg19' / '0.1.1')
   assert 'pg19-train.array_record-00000-of-00001' in prepared
-  summary = train.train_and_evaluate(config, str(tmp_path / 'w'))
+  summary = train.train_and_evaluate(build(config), str(tmp_path / 'w'))
   assert summary['step'] == 2
   metrics = [json.loads(line) for line in open(tmp_path / 'w' / 'metrics.jsonl')]
   steps = [r['step'] for r in metrics if 'loss' in r]

@@ -3,10 +3,11 @@
 
 import pytest
 
-from conftest import load_config
+from conftest import build, load_config
 from efficient_lm import models
 from efficient_lm.config.errors import ConfigError
-from efficient_lm.models import pi_attention
+from efficient_lm.families import pi_attention
+from efficient_lm.models import pi_attention as pi_mixers
 from efficient_lm.training import prepare as config_check
 from test_models import tiny_model_config
 
@@ -15,7 +16,7 @@ from test_models import tiny_model_config
                                          ("pi_attention", "paper"), ("sliding_window", None)])
 def test_configs_are_valid(name, preset):
   config = load_config(name, preset)
-  config_check.validate(config)
+  config_check.validate(build(config))
   assert config.model.name == name
 
 
@@ -51,8 +52,8 @@ def test_fixed_gate_is_the_learned_gate_at_logit_zero_and_has_no_parameters():
   import numpy as np  # pylint: disable=import-outside-toplevel
   from flax import nnx  # pylint: disable=import-outside-toplevel
   cfg = tiny_model_config("pi_attention", window=4, period=4, num_skips=2)
-  learned = pi_attention.make_pi_mixer(cfg, 0, nnx.Rngs(0))
-  fixed = pi_attention.make_pi_mixer(tiny_model_config("pi_attention", window=4, period=4, num_skips=2,
+  learned = pi_mixers.make_pi_mixer(cfg, 0, nnx.Rngs(0))
+  fixed = pi_mixers.make_pi_mixer(tiny_model_config("pi_attention", window=4, period=4, num_skips=2,
                                                        gate="fixed"), 0, nnx.Rngs(0))
   assert fixed.gate_in is None and fixed.gate_out is None and learned.gate_in is not None
   count = lambda m: sum(x.size for x in jax.tree.leaves(nnx.state(m, nnx.Param)))
@@ -66,9 +67,9 @@ def test_fixed_gate_is_the_learned_gate_at_logit_zero_and_has_no_parameters():
   learned.gate_out.kernel[...] = 0.0 * learned.gate_out.kernel[...]
   learned.gate_out.bias[...] = 0.0 * learned.gate_out.bias[...]
   np.testing.assert_allclose(learned(x_BTD, positions_BT), fixed(x_BTD, positions_BT), atol=1e-5)
-  no_skips = pi_attention.make_pi_mixer(tiny_model_config("pi_attention", window=4, num_skips=0), 0,
+  no_skips = pi_mixers.make_pi_mixer(tiny_model_config("pi_attention", window=4, num_skips=0), 0,
                                         nnx.Rngs(0))
-  window = pi_attention.make_sliding_window_mixer(tiny_model_config("sliding_window", window=4), 0,
+  window = pi_mixers.make_sliding_window_mixer(tiny_model_config("sliding_window", window=4), 0,
                                                   nnx.Rngs(0))
   no_skips.attn = window.attn
   np.testing.assert_allclose(no_skips(x_BTD, positions_BT), window(x_BTD, positions_BT), atol=1e-5)

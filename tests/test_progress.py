@@ -12,6 +12,8 @@ import time
 import numpy as np
 import pytest
 
+from conftest import build
+from efficient_lm.config.data import DataConfig
 from efficient_lm.runtime import files
 from efficient_lm.runtime import progress
 from efficient_lm.runtime import signals
@@ -158,7 +160,7 @@ def test_training_reports_on_a_time_basis_too(tiny_config, tmp_path, monkeypatch
   config = tiny_config(num_steps=12, log_every=5, eval_every=12, checkpoint_every=12,
                        sample_tokens=0)
   with caplog.at_level(logging.INFO, logger="efficient_lm.training.loop"):
-    train.train_and_evaluate(config, str(tmp_path / "w"))
+    train.train_and_evaluate(build(config), str(tmp_path / "w"))
   lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("step ")]
   assert [int(line.split()[1].split("/")[0]) for line in lines] == list(range(1, 13))
   assert all("tokens/s" in line and "ETA" in line and "loss" in line for line in lines)
@@ -194,7 +196,7 @@ def test_every_process_counts_the_same_evaluation_tokens(tiny_config):
   weights over every process's rows (the last batch padded differently on each), the whole split
   over all batches."""
   from efficient_lm import data  # pylint: disable=import-outside-toplevel
-  corpus = data.load(data.validate(tiny_config().data))
+  corpus = data.load(data.validate(DataConfig.from_mapping(tiny_config().data)))
   per_process, processes = 2, 3
   batches = [list(corpus.eval_batches("validation", batch_size=per_process, process_index=i,
                                       process_count=processes)) for i in range(processes)]

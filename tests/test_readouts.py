@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from conftest import build
 from efficient_lm import models
 from efficient_lm.data import mqar
 from efficient_lm.evaluation import scoring
@@ -149,7 +150,7 @@ def test_recall_by_distance_through_the_evaluator(tiny_config, tmp_path):
                      "keys=16,values=16,filler=16,eval_sequences=24", seq_len=64, vocab_size=64,
                      archive="", archive_sha256="")
   workdir = str(tmp_path / "mqar")
-  summary = train.train_and_evaluate(config, workdir)
+  summary = train.train_and_evaluate(build(config), workdir)
   assert summary["step"] == 4 and np.isfinite(summary["eval_loss"])
   assert json.load(open(os.path.join(workdir, "config.json")))["data"]["vocab_size"] == 51
   result = scoring.evaluate_workdir(workdir, split="validation", per_query=True)
@@ -180,8 +181,8 @@ def test_the_evaluator_at_long_context_stays_within_the_train_steps_memory():
   full.model.update(config)
   full.data.update(seq_len=T, batch_size=1, vocab_size=V)
   full.model.update(remat="block")
-  built = train_state.build(full, abstract=True)
-  train_temp = step_memory.compile_train_step(full, built).memory_analysis().temp_size_in_bytes
+  built = train_state.build(build(full), abstract=True)
+  train_temp = step_memory.compile_train_step(build(full), built).memory_analysis().temp_size_in_bytes
   step = scoring.make_score_step(built.graphdef, loss_chunk=full.train.loss_chunk)
   batch = {k: jax.ShapeDtypeStruct((1, T), d) for k, d in (
       ("inputs", jnp.int32), ("targets", jnp.int32), ("weights", jnp.float32),

@@ -36,8 +36,8 @@ def gradient_support(cfg) -> np.ndarray:
 def test_tool_matches_gradients(name, fields):
   cfg = tiny_model_config(name, seq_len=48, num_layers=3, **fields)
   expected = receptive_field.receptive_field(
-      cfg.seq_len, window=cfg.window, period=cfg.get("period", 1),
-      num_skips=cfg.get("num_skips", 0), schedule=cfg.get("period_schedule", "constant"),
+      cfg.seq_len, window=cfg.window, period=getattr(cfg, "period", 1),
+      num_skips=getattr(cfg, "num_skips", 0), schedule=getattr(cfg, "period_schedule", "constant"),
       num_layers=cfg.num_layers)
   assert 0 < expected.sum() < cfg.seq_len  # a field that says something at this size
   np.testing.assert_array_equal(gradient_support(cfg), expected)

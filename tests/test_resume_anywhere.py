@@ -3,6 +3,7 @@ bytes in any folder on any number of cores; a resumed run tokenizes with the wor
 under any data.data_dir (an empty one, another machine's); `python -m efficient_lm.main
 --workdir=W` alone continues W from its config.json, overrides on top."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -13,7 +14,9 @@ import sys
 import pytest
 
 from conftest import REPO, SHAKESPEARE_WORKS, fake_work_text, subprocess_env
+from efficient_lm.cli import resume_file
 from efficient_lm.config import base as config_base
+from efficient_lm.config.data import DataConfig
 from efficient_lm.data import tokenizer as tok
 from efficient_lm.state import workdir as workdir_lib
 
@@ -62,13 +65,14 @@ def fake_workdir(path, *, asked_vocab: int, trained_vocab: int) -> workdir_lib.W
   config.data.vocab_size = trained_vocab
   os.makedirs(path / "checkpoints" / "10")
   (path / "config.json").write_text(config.to_json_best_effort())
-  settings = dict(workdir_lib.corpus_settings(config.data), vocab_size=asked_vocab)
+  settings = dict(workdir_lib.corpus_settings(DataConfig.from_mapping(config.data)),
+                  vocab_size=asked_vocab)
   (path / "data.json").write_text(json.dumps({"dataset": "shakespeare", "settings": settings}))
   return workdir_lib.Workdir(str(path))
 
 
 def test_the_resume_config_is_the_run_as_asked_with_overrides_following(tmp_path):
-  config = fake_workdir(tmp_path, asked_vocab=384, trained_vocab=323).resume_config()
+  config = resume_file.get_config(fake_workdir(tmp_path, asked_vocab=384, trained_vocab=323).path)
   assert config.data.vocab_size == 384  # as asked: a small corpus's tokenizer sets the model's
   config.lock()
   config.data.vocab_size, config.data.seq_len = 512, 64  # an override, as --config.data.x=y
@@ -77,13 +81,12 @@ def test_the_resume_config_is_the_run_as_asked_with_overrides_following(tmp_path
 
 def test_the_workdir_tokenizer_is_used_only_to_resume_the_corpus_it_was_trained_on(tmp_path):
   wd = fake_workdir(tmp_path, asked_vocab=384, trained_vocab=323)
-  data_config = wd.resume_config().data
-  from efficient_lm.config.data import DataConfig  # pylint: disable=import-outside-toplevel
-  typed = DataConfig.from_mapping(data_config)
+  data_config = resume_file.get_config(wd.path).data
+  typed = DataConfig.from_mapping(data_config)  # (the data section the run is built with)
   assert wd.resume_tokenizer(typed) == ""  # no tokenizer file in it
   tok.Tokenizer.train(texts()[:4], vocab_size=320, model_path=str(tmp_path / "tokenizer.model"))
   assert wd.resume_tokenizer(typed) == str(tmp_path / "tokenizer.model")
-  other = DataConfig.from_mapping(dict(data_config, vocab_size=1024))
+  other = dataclasses.replace(typed, vocab_size=1024)
   assert wd.resume_tokenizer(other) == ""  # another tokenizer asked for: the config's
   record = json.loads((tmp_path / "data.json").read_text())
   (tmp_path / "data.json").write_text(json.dumps(dict(record, tokenizer_sha256="0" * 64)))
@@ -121,7 +124,7 @@ def plant_tokenizer(data_config) -> str:
   older trainer, another platform or another sentencepiece may hold), so that a workdir trained
   there has a tokenizer no fresh cache would train. Returns its sha256."""
   from efficient_lm import data  # pylint: disable=import-outside-toplevel
-  cached = data.load(data.validate(data_config)).tokenizer.model_path
+  cached = data.load(data.validate(DataConfig.from_mapping(data_config))).tokenizer.model_path
   planted = tok.Tokenizer.train(texts()[:6], vocab_size=data_config.vocab_size,
                                 model_path=cached + ".planted")
   assert sha256(planted.model_path) != sha256(cached)

@@ -17,7 +17,7 @@ import optax
 import pytest
 from flax import nnx
 
-from conftest import load_config, fast_first
+from conftest import build, fast_first, load_config
 from efficient_lm import models
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.models import chunking
@@ -175,7 +175,7 @@ def test_route_is_chosen_by_the_mesh():
   """A model's route shards the sequence only on a context axis of several devices, in the layout
   its patterns need (dense: zig-zag ring attention; bounded reach: natural, halos)."""
   routes = lambda name, mesh: {m.route for _, m in models.create(
-      tiny_model_config(name).model, rngs=nnx.Rngs(0), mesh=mesh).iter_modules()
+      build(tiny_model_config(name)).model, rngs=nnx.Rngs(0), mesh=mesh).iter_modules()
       if hasattr(m, "route")}
   for mesh in (None, mesh_of(8, 1)):
     assert {r.mesh for r in routes("dense", mesh)} == {None}
@@ -197,7 +197,7 @@ def test_unsupported_context_configs_are_named(name, overrides, message):
   config.model.update(overrides)
   config.mesh.update(data=1, context=4)
   with pytest.raises(ConfigError) as error:
-    config_check.validate(config)
+    config_check.validate(build(config))
   assert str(error.value).startswith(message), str(error.value)
   assert ";" in str(error.value)
 
@@ -220,8 +220,8 @@ def tiny_model_config(name: str) -> ml_collections.ConfigDict:
 
 
 def train_losses(config, mesh, num_steps=3):
-  model = models.create(config.model, rngs=nnx.Rngs(0), mesh=mesh)
-  layout = models.sequence_layout(config.model, mesh)
+  model = models.create(build(config).model, rngs=nnx.Rngs(0), mesh=mesh)
+  layout = models.sequence_layout(build(config).model, mesh)
   graphdef, params = nnx.split(model)
   tx = optax.adam(1e-2)
   state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
@@ -256,7 +256,7 @@ def test_train_and_evaluate_with_context_parallelism(tiny_config, tmp_path):
   for context in (1, 4):
     config = tiny_config("dense", num_steps=10, eval_every=10, checkpoint_every=10)
     config.mesh.update(data=1, context=context)
-    summaries.append(train.train_and_evaluate(config, str(tmp_path / f"context_{context}")))
+    summaries.append(train.train_and_evaluate(build(config), str(tmp_path / f"context_{context}")))
   one, parallel = summaries
   assert parallel["step"] == 10 and parallel["sample"].startswith("ROMEO:")
   assert parallel["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-4)

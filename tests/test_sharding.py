@@ -1,27 +1,31 @@
 """The four-axis mesh, logical axis rules and the sharded train state, on 8 fake CPU devices."""
 
+import dataclasses
+
 import jax
-import ml_collections
 import numpy as np
 import pytest
 
 from efficient_lm import models
 from efficient_lm.config import axes
+from efficient_lm.config.data import DataConfig
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.config.mesh import MeshConfig
 from efficient_lm.parallel import sharding
 from efficient_lm.runtime import jax_compat
 from efficient_lm.training import loop as train
 from efficient_lm.training import prepare as config_check
-from tests.conftest import load_config
+from tests.conftest import build, load_config
 from tests.test_models import tiny_model_config
 
 
-def mesh_cfg(**sizes):
-  return ml_collections.ConfigDict(dict(dict(data=1, fsdp=1, tensor=1, context=1), **sizes))
+def mesh_cfg(**fields) -> MeshConfig:
+  """A typed mesh section: one device along each axis but those `fields` set."""
+  return MeshConfig.from_mapping(dict(dict(data=1, fsdp=1, tensor=1, context=1), **fields))
 
 
-def data_cfg(seq_len=32, batch_size=8):
-  return ml_collections.ConfigDict(dict(seq_len=seq_len, batch_size=batch_size))
+def data_cfg(seq_len=32, batch_size=8) -> DataConfig:
+  return DataConfig.from_mapping(dict(seq_len=seq_len, batch_size=batch_size))
 
 
 @pytest.mark.parametrize("sizes, expected", [
@@ -60,9 +64,7 @@ def test_rules_map_logical_names_to_mesh_axes():
   assert sharding.logical_spec(("vocab", "embed"), rules) == jax.P("tensor", "fsdp")
   # A mesh axis is used once per array: a second dimension mapped to it stays replicated.
   assert sharding.logical_spec(("mlp", "heads"), rules) == jax.P("tensor", None)
-  cfg = mesh_cfg()
-  cfg.rules = sharding.default_rules()
-  cfg.rules.embed = "data,fsdp"
+  cfg = mesh_cfg(rules=dict(sharding.default_rules(), embed="data,fsdp"))
   assert sharding.logical_spec(("embed",), sharding.parse_rules(cfg)) == jax.P(("data", "fsdp"))
 
 
@@ -72,10 +74,8 @@ def test_rules_map_logical_names_to_mesh_axes():
     ("hidden", "tensor", "mesh.rules.hidden='tensor' is not a logical axis of any model's parameters"),
 ])
 def test_bad_rules_are_named(field, value, message):
-  cfg = mesh_cfg()
-  cfg.rules = sharding.default_rules(models.logical_axes())
-  cfg.rules[field] = value
   with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+    cfg = mesh_cfg(rules={**sharding.default_rules(models.logical_axes()), field: value})
     sharding.parse_rules(cfg, known=models.logical_axes())
 
 
@@ -99,10 +99,8 @@ def test_each_model_declares_its_own_axes():
     ("hidden", "tensor", "mesh.activation_rules.hidden='tensor' is not an activation axis"),
 ])
 def test_bad_activation_rules_are_named(field, value, message):
-  cfg = mesh_cfg()
-  cfg.activation_rules = sharding.default_activation_rules()
-  cfg.activation_rules[field] = value
   with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+    cfg = mesh_cfg(activation_rules={**sharding.default_activation_rules(), field: value})
     sharding.validate(cfg, data_cfg(), num_devices=8)
 
 
@@ -124,7 +122,7 @@ def test_divisibility_of_sharded_dimensions_is_checked_before_compile():
   config.model.update(num_heads=6, d_model=384)
   config.mesh.update(fsdp=2, tensor=4)
   with pytest.raises(ConfigError, match=r"^model.num_heads=6 is not divisible by mesh.tensor=4"):
-    config_check.validate(config)
+    config_check.validate(build(config))
 
 
 def test_shard_batch_splits_rows_over_data_and_fsdp_and_the_sequence_over_context():
@@ -146,7 +144,7 @@ def test_bad_mesh_stops_training_before_data_or_compile(tiny_config, tmp_path):
   config.mesh.context = jax.device_count() + 1
   config.data.data_dir = str(tmp_path / "data")
   with pytest.raises(ConfigError, match=r"^mesh\.context="):
-    train.train_and_evaluate(config, str(tmp_path / "run"))
+    train.train_and_evaluate(build(config), str(tmp_path / "run"))
   assert not (tmp_path / "data").exists() and not (tmp_path / "run").exists()
 
 
@@ -175,7 +173,7 @@ def small_config(name: str, **mesh):
   config.model.update(d_model=64, num_layers=2, num_heads=4, mlp_ratio=2, **FIELDS[name])
   config.train.update(learning_rate=1e-2, warmup_steps=1)
   config.mesh.update({**dict(data=1, fsdp=1, tensor=1, context=1), **mesh})
-  return config
+  return build(config)
 
 
 def built_and_mesh(config):
@@ -210,7 +208,8 @@ def test_parameters_and_optimizer_state_are_sharded(mesh):
 def test_zero1_also_splits_the_optimizer_state_over_data():
   config = small_config("dense", data=2, fsdp=4)
   plain = train_state.build(config, sharding.make_mesh(config.mesh), abstract=True)
-  config.mesh.shard_optimizer_over_data = True
+  config = dataclasses.replace(config, mesh=dataclasses.replace(config.mesh,
+                                                               shard_optimizer_over_data=True))
   zero1 = train_state.build(config, sharding.make_mesh(config.mesh), abstract=True)
   assert sharding.per_device_bytes(zero1.state.params) == sharding.per_device_bytes(plain.state.params)
   assert sharding.per_device_bytes(zero1.state.opt_state)[0] < 0.6 * sharding.per_device_bytes(
@@ -351,14 +350,14 @@ def test_resume_on_another_mesh_continues_at_the_same_losses(tiny_config, tmp_pa
                     if "loss" in r}
   whole = str(tmp_path / "whole")
   with caplog.at_level("INFO", logger="efficient_lm.training.loop"):
-    train.train_and_evaluate(config(fsdp=8), whole)
+    train.train_and_evaluate(build(config(fsdp=8)), whole)
   assert any("per device: parameters" in r.getMessage() and "fsdp=8" in r.getMessage()
              for r in caplog.records)
   resumed = str(tmp_path / "resumed")
   shutil.copytree(whole, resumed)
   shutil.rmtree(os.path.join(resumed, "checkpoints", "6"))
   open(os.path.join(resumed, "metrics.jsonl"), "w").close()
-  train.train_and_evaluate(config(data=2, fsdp=2, tensor=2), resumed)
+  train.train_and_evaluate(build(config(data=2, fsdp=2, tensor=2)), resumed)
   again, first = read(resumed), read(whole)
   assert sorted(again) == [4, 5, 6]
   for step, loss in again.items():

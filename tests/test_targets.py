@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, load_config
+from conftest import REPO, build, load_config
 from efficient_lm.parallel import sharding, targets
 from efficient_lm.state import train_state
 from efficient_lm.training import prepare as config_check, step_memory
@@ -60,11 +60,11 @@ def small(name: str, preset: str | None = None, *, seq_len: int = 2048, batch_si
 def compile_for(config, spec: str, num_slices: int = 1):
   """(report, compiled) of the config's train step compiled for `spec`."""
   target = targets.load(spec, num_slices)
-  config_check.validate(config, target.devices)
+  config_check.validate(build(config), target.devices)
   mesh = sharding.make_mesh(config.mesh, target.devices)
-  built = train_state.build(config, mesh, abstract=True)
-  compiled = step_memory.compile_train_step(config, built)
-  return step_memory.report(compiled, config, built, target), compiled
+  built = train_state.build(build(config), mesh, abstract=True)
+  compiled = step_memory.compile_train_step(build(config), built)
+  return step_memory.report(build(compiled), config, built, target), compiled
 
 
 def test_bad_targets_are_one_line_errors():
@@ -288,15 +288,15 @@ def test_training_on_a_tpu_reports_mfu():
   import types  # pylint: disable=import-outside-toplevel
   from efficient_lm.training import flops, loop as train  # pylint: disable=import-outside-toplevel
   from efficient_lm import models  # pylint: disable=import-outside-toplevel
-  from efficient_lm.config import sections  # pylint: disable=import-outside-toplevel
-  config = small("pi_attention", seq_len=1024)
-  typed = train_state.typed(config)  # (the run reads the typed sections)
+  run_config = build(small("pi_attention", seq_len=1024))
   target = targets.load("tpu:v5e:2x2")
-  mesh = sharding.make_mesh(config.mesh, target.devices)
-  run = types.SimpleNamespace(mesh=mesh, typed=typed, built=types.SimpleNamespace(num_params=10**6))
+  mesh = sharding.make_mesh(run_config.mesh, target.devices)
+  run = types.SimpleNamespace(mesh=mesh, config=run_config,
+                              built=types.SimpleNamespace(num_params=10**6))
   got = train.utilisation(run)
   assert got["peak_flops"] == 4 * 197e12 and got["num_devices"] == 4
-  assert got["step_flops"] == flops.step_flops(config, 10**6,
-                                               list(models.attention_patterns(config.model)))
-  cpu = types.SimpleNamespace(mesh=sharding.make_mesh(config.mesh), typed=typed, built=None)
+  assert got["step_flops"] == flops.step_flops(run_config, 10**6,
+                                               list(models.attention_patterns(run_config.model)))
+  cpu = types.SimpleNamespace(mesh=sharding.make_mesh(run_config.mesh), config=run_config,
+                              built=None)
   assert train.utilisation(cpu) == {}

@@ -13,9 +13,11 @@ import ml_collections
 import numpy as np
 import pytest
 
-from conftest import TINY, fake_work_text, load_config
+from conftest import TINY, build, fake_work_text, load_config
+from efficient_lm.config.data import DataConfig
 from efficient_lm import data
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.data import held_out
 from efficient_lm.data import text_files
 from efficient_lm.training import loop as train
 
@@ -30,7 +32,7 @@ def _mapping(data_dir, dataset: str, **overrides) -> ml_collections.ConfigDict:
 
 def _config(data_dir, dataset: str, **overrides):
   """The typed data section (`data.validate`), what the data functions take."""
-  return data.validate(_mapping(data_dir, dataset, **overrides))
+  return data.validate(DataConfig.from_mapping(_mapping(data_dir, dataset, **overrides)))
 
 
 def _write(root, files: dict) -> None:
@@ -115,7 +117,7 @@ def test_held_out_counts_follow_the_fractions(seed):
     n = rng.randint(3, 60)
     fv = rng.choice([0.0, rng.uniform(0, 0.6)])
     ft = rng.choice([0.0, rng.uniform(0, 0.99 - fv)])
-    counts = text_files.held_out_counts(n, fv, ft)
+    counts = held_out.held_out_counts(n, {'validation': fv, 'test': ft})
     assert n - sum(counts.values()) >= 1  # train keeps a file
     for split, f in (('validation', fv), ('test', ft)):
       assert (counts[split] >= 1) == (f > 0)
@@ -267,8 +269,8 @@ def test_bad_config_fields_name_the_field(tmp_path, overrides, match):
   overrides = {'dataset': f'text:{tmp_path}/in/**/*.txt', **overrides}
   config = _mapping(tmp_path / 'never', overrides.pop('dataset'), **overrides)
   with pytest.raises(ConfigError, match=match):
-    data.validate(config)
-  with pytest.raises(TypeError, match=r'^data\.load takes the typed data section \(data\.validate'):
+    data.validate(DataConfig.from_mapping(config))
+  with pytest.raises(TypeError, match=r"^data\.load takes the typed data section \(a RunConfig's data"):
     data.load(config)  # never the mapping: its caller types it (data.validate) first
   assert not (tmp_path / 'never').exists()
 
@@ -277,7 +279,7 @@ def test_fractions_default_when_a_config_lacks_them(tmp_path):
   _folder(tmp_path / 'in', 20)
   config = _mapping(tmp_path / 'd', f'text:{tmp_path}/in/**/*.txt')
   del config['validation_fraction'], config['test_fraction']
-  corpus = data.load(data.validate(config))
+  corpus = data.load(data.validate(DataConfig.from_mapping(config)))
   assert [corpus.num_documents(s) for s in corpus.splits] == [18, 1, 1]
 
 
@@ -321,12 +323,12 @@ def test_train_split_shorter_than_seq_len_stops_before_training(tmp_path):
                r"of windows \(data\.batch_size=4 x \(data\.seq_len=512 \+ 1\) = 2,052\); give it more "
                r"text, or lower data\.batch_size or data\.seq_len$")
   with pytest.raises(data.DataError, match=too_short):
-    train.train_and_evaluate(config, str(workdir))
+    train.train_and_evaluate(build(config), str(workdir))
   assert not workdir.exists()  # refused before the workdir is written
   with pytest.raises(ConfigError, match=r"^data\.seq_len=512 is longer than the 'train' split"):
-    data.load(data.validate(config.data)).train_iterator()  # (the iterator's own check stays)
+    data.load(data.validate(DataConfig.from_mapping(config.data))).train_iterator()  # (the iterator's own check stays)
   # Evaluation splits shorter than seq_len are fine: one padded window scores every token.
-  corpus = data.load(data.validate(config.data))
+  corpus = data.load(data.validate(DataConfig.from_mapping(config.data)))
   batches = list(corpus.eval_batches('validation', batch_size=2))
   assert len(batches) == 1 and batches[0]['weights'].sum() == corpus.num_tokens('validation')
 
@@ -345,7 +347,7 @@ def test_pi_attention_trains_on_a_text_folder(tmp_path):
                      validation_fraction=0.1, test_fraction=0.1)
   config.train.update(num_steps=20, eval_every=10, checkpoint_every=10, sample_prompt='')
   workdir = tmp_path / 'run'
-  summary = train.train_and_evaluate(config, str(workdir))
+  summary = train.train_and_evaluate(build(config), str(workdir))
   with open(workdir / 'metrics.jsonl') as f:
     records = [json.loads(line) for line in f]
   losses = [r['loss'] for r in records if 'loss' in r]

@@ -6,11 +6,13 @@ import os
 import shutil
 
 import jax.numpy as jnp
-import ml_collections
+
 import numpy as np
 import pytest
 
 
+from conftest import build
+from efficient_lm.config.mesh import MeshConfig
 from efficient_lm.parallel import sharding
 from efficient_lm.training import loop as train
 from efficient_lm.training import metrics
@@ -26,7 +28,7 @@ def finished_run(tiny_config, tmp_path_factory, _run_cache={}):
   """One 40-step run shared by the tests below (module-level cache: the factory is per-test)."""
   if not _run_cache:
     workdir = str(tmp_path_factory.mktemp("run"))
-    _run_cache["run"] = workdir, train.train_and_evaluate(tiny_config(num_steps=40), workdir)
+    _run_cache["run"] = workdir, train.train_and_evaluate(build(tiny_config(num_steps=40)), workdir)
   return _run_cache["run"]
 
 
@@ -56,9 +58,9 @@ def test_loss_falls_and_workdir_has_everything(finished_run):
 @pytest.mark.slow
 def test_more_steps_continue_from_the_latest_checkpoint(tiny_config, tmp_path, caplog):
   workdir = str(tmp_path / "extended")
-  train.train_and_evaluate(tiny_config(num_steps=20), workdir)
+  train.train_and_evaluate(build(tiny_config(num_steps=20)), workdir)
   with caplog.at_level("WARNING", logger="efficient_lm.training.loop"):
-    summary = train.train_and_evaluate(tiny_config(num_steps=30), workdir)
+    summary = train.train_and_evaluate(build(tiny_config(num_steps=30)), workdir)
   steps = [r["step"] for r in read_metrics(workdir) if "loss" in r]
   assert steps == [5, 10, 15, 20, 25, 30]  # appended to the same file, continuing at step 21
   assert summary["step"] == 30
@@ -74,7 +76,7 @@ def test_resumed_run_equals_uninterrupted_run(finished_run, tiny_config, tmp_pat
   shutil.copytree(finished_run[0], workdir)
   for step in ("30", "40"):
     shutil.rmtree(os.path.join(workdir, "checkpoints", step))
-  summary = train.train_and_evaluate(tiny_config(num_steps=40), workdir)
+  summary = train.train_and_evaluate(build(tiny_config(num_steps=40)), workdir)
   # The rows past the checkpoint resumed from are rerun, each step's once (not repeated).
   got = [(r["step"], r["loss"]) for r in read_metrics(workdir) if "loss" in r]
   want = [(r["step"], r["loss"]) for r in read_metrics(finished_run[0]) if "loss" in r]
@@ -87,7 +89,7 @@ def test_workdir_of_another_model_is_refused(finished_run, tiny_config):
   config = tiny_config(num_steps=50)
   config.model.d_model = 64
   with pytest.raises(train.WorkdirMismatchError, match="parameter shapes differ"):
-    train.train_and_evaluate(config, finished_run[0])
+    train.train_and_evaluate(build(config), finished_run[0])
 
 
 def test_bits_per_byte_by_hand():
@@ -110,7 +112,7 @@ def test_bits_per_byte_by_hand():
   def uniform_eval_step(params, batch):
     return train.weighted_nll(jnp.zeros((2, T, V)), batch["targets"], batch["weights"])
 
-  mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(data=1, fsdp=1, context=1)))  # one device
+  mesh = sharding.make_mesh(MeshConfig.from_mapping(dict(data=1, fsdp=1, context=1)))  # one device
   result = train.evaluate(uniform_eval_step, None, Corpus(), "validation", 2, mesh)
   assert result["eval_loss"] == pytest.approx(math.log(V))
   assert result["eval_bits_per_byte"] == pytest.approx(13 * math.log2(V) / 39)
@@ -142,7 +144,7 @@ def test_every_family_trains_through_the_loop(name, preset, fields, tiny_config,
   config = tiny_config(name, preset, num_steps=10, eval_every=10, checkpoint_every=10, sample_tokens=4)
   config.model.update(fields)
   workdir = str(tmp_path / name)
-  summary = train.train_and_evaluate(config, workdir)
+  summary = train.train_and_evaluate(build(config), workdir)
   assert summary["step"] == 10 and [r["step"] for r in read_metrics(workdir) if "loss" in r] == [5, 10]
   again = scoring.evaluate_workdir(workdir)
   assert again["step"] == 10

@@ -9,7 +9,9 @@ import re
 import pytest
 from flax import nnx
 
-from conftest import load_config
+from conftest import build, load_config
+from efficient_lm.config.data import DataConfig
+from efficient_lm import families
 from efficient_lm import models
 from efficient_lm.config import base as config_base
 from efficient_lm.config import fields as tc
@@ -23,9 +25,15 @@ from tests.test_models import CONFIG_OF, tiny_model_config
 REPO = os.path.join(os.path.dirname(__file__), "..")
 
 
-def built_patterns(cfg) -> tuple:
+def typed(section) -> model_config.ModelConfig:
+  """A model section (a mapping of its fields) typed through its family's class, as
+  `config.run.build` types a config's (the fields it lacks at their defaults, every check run)."""
+  name = section["name"]
+  return families.CLASSES[name].from_mapping(section, owner=f"model.name={name!r}")
+
+
+def built_patterns(cfg: model_config.ModelConfig) -> tuple:
   """The patterns read from the built model's modules (shapes only): the old way."""
-  cfg = models.model_config(cfg)
   model = nnx.eval_shape(lambda: models._build(cfg, nnx.Rngs(0), route_lib.DEFAULT))  # pylint: disable=protected-access
   found = []
   for _, module in model.iter_modules():
@@ -48,38 +56,38 @@ SETTINGS = [(name, {}) for name in sorted(models.REGISTRY)] + [
 
 @pytest.mark.parametrize("name,fields", SETTINGS)
 def test_stated_patterns_equal_the_built_models(name, fields):
-  cfg = models.model_config(tiny_model_config(name, **fields))
+  cfg = tiny_model_config(name, **fields)
   assert cfg.patterns() == built_patterns(cfg)
   assert cfg.patterns(cfg.seq_len) == cfg.patterns()
 
 
 def test_derived_facts_follow_the_patterns():
-  pi = models.model_config(tiny_model_config("pi_attention"))
+  pi = tiny_model_config("pi_attention")
   assert (pi.chunkable, pi.context_block, pi.ring_layout, pi.identical_layers) == (
       True, 1, "natural", False)  # FAMILY_FIELDS: the doubling schedule
-  bcmt = models.model_config(tiny_model_config("bcmt", block_size=4))
+  bcmt = tiny_model_config("bcmt", block_size=4)
   assert (bcmt.chunkable, bcmt.context_block, bcmt.ring_layout) == (True, 4, "natural")
-  dense = models.model_config(tiny_model_config("dense"))
+  dense = tiny_model_config("dense")
   assert (dense.chunkable, dense.context_block, dense.ring_layout) == (False, 1, "zigzag")
-  ssplit = models.model_config(tiny_model_config("ssplit_double_attention", num_latents=8,
-                                                 num_history_segments=3))
+  ssplit = tiny_model_config("ssplit_double_attention", num_latents=8,
+                                                 num_history_segments=3)
   assert ssplit.context_block == 8  # the history of 24 in 3 segments
 
 
 def test_the_message_shape_is_kept():
   with pytest.raises(ConfigError) as error:
-    models.model_config(tiny_model_config("dense", d_model=250))
+    tiny_model_config("dense", d_model=250)
   assert str(error.value) == ("model.d_model=250 must be divisible by model.num_heads=4; set "
                               "model.d_model to a multiple of 4 or change model.num_heads")
   with pytest.raises(ConfigError) as error:
-    models.model_config(tiny_model_config("sliding_window", window=0))
+    tiny_model_config("sliding_window", window=0)
   assert str(error.value) == ("model.window=0 must be a positive integer; set model.window to an "
                               "integer >= 1")
   with pytest.raises(ConfigError, match=r"^model\.alpha=1 must be a float in \(0, 1\); set "):
-    models.model_config({**tiny_model_config("bcmt").to_dict(), "alpha": 1})  # a float only
+    typed({**dataclasses.asdict(tiny_model_config("bcmt")), "alpha": 1})  # a float only
   with pytest.raises(ConfigError, match=r"^model\.shared_kv=1 must be True or False; set "
                                         r"model\.shared_kv=False \(the default\) or True$"):
-    models.model_config({**tiny_model_config("ecp").to_dict(), "shared_kv": 1})
+    typed({**dataclasses.asdict(tiny_model_config("ecp")), "shared_kv": 1})
 
 
 @pytest.mark.parametrize("check,good,bad", [
@@ -99,37 +107,39 @@ def test_declared_checks(check, good, bad):
 
 
 def test_a_field_the_family_does_not_declare_is_named():
-  cfg = tiny_model_config("dense")
-  cfg.window = 8  # a sliding-window field on the dense model
+  config = load_config("dense")
+  with config.model.ignore_type():
+    config.model.window = 8  # a sliding-window field on the dense model
   with pytest.raises(ConfigError, match=r"^model\.window=8 is not a field of "
                                         r"model\.name='dense'; remove it"):
-    models.model_config(cfg)
+    build(config)
+  config = load_config("dense")
+  config.model.name = "gpt5"
   with pytest.raises(ConfigError, match=r"^model\.name='gpt5' is not a known model"):
-    models.model_config({**tiny_model_config("dense").to_dict(), "name": "gpt5"})
+    build(config)
 
 
 def test_old_sections_load():
   """A section written before later fields (they take their defaults) and the earlier
   spellings of the backends."""
-  cfg = tiny_model_config("pi_attention").to_dict()
+  cfg = dataclasses.asdict(tiny_model_config("pi_attention"))
   for field in ("gate", "seq_chunk", "remat", "attention_impl", "kernel_interpret"):
     del cfg[field]
-  typed = models.model_config(cfg | {"attention_impl": "flash"})
-  assert (typed.gate, typed.seq_chunk, typed.remat, typed.kernel_interpret) == (
+  old = typed(cfg | {"attention_impl": "flash"})
+  assert (old.gate, old.seq_chunk, old.remat, old.kernel_interpret) == (
       "learned", 0, "none", False)
-  models.validate(typed, "cpu")
-  assert models.attention_backend_name(typed, "cpu") == "xla"
-  assert models.attention_backend_name(cfg | {"attention_impl": "cudnn"}, "gpu") == "gpu"
+  models.validate(old, "cpu")
+  assert models.attention_backend_name(old, "cpu") == "xla"
+  assert models.attention_backend_name(typed(cfg | {"attention_impl": "cudnn"}), "gpu") == "gpu"
   with pytest.raises(ConfigError, match=r"^model\.seq_len=None is missing"):
-    models.model_config({k: v for k, v in cfg.items() if k != "seq_len"})
+    typed({k: v for k, v in cfg.items() if k != "seq_len"})
 
 
 def test_frozen_and_hashable():
-  cfg = models.model_config(tiny_model_config("bcmt"))
+  cfg = tiny_model_config("bcmt")
   with pytest.raises(dataclasses.FrozenInstanceError):
     cfg.block_size = 4  # type: ignore[misc]
-  assert models.model_config(cfg) is cfg
-  assert hash(cfg) == hash(models.model_config(tiny_model_config("bcmt")))
+  assert hash(cfg) == hash(tiny_model_config("bcmt")) and cfg == tiny_model_config("bcmt")
 
 
 def test_one_source_for_the_defaults():
@@ -148,26 +158,28 @@ def test_one_source_for_the_defaults():
 
 
 def test_the_families_register_themselves():
-  """Every module of the models package that defines a config class registered it, and
-  models.REGISTRY is the registry's table; no module there or in ops/ reads ml_collections."""
+  """Every config class a module of `efficient_lm.families` defines is declared there and
+  registered by its namesake in models/ (each declared model built, nothing else), and
+  models.REGISTRY is the registry's table; no module of the families, models or ops reads
+  ml_collections."""
   assert models.REGISTRY is registry.REGISTRY
-  package = os.path.join(REPO, "efficient_lm", "models")
+  package = os.path.join(REPO, "efficient_lm", "families")
   classes = set()
   for module in pkgutil.iter_modules([package]):
-    mod = __import__(f"efficient_lm.models.{module.name}", fromlist=["_"])
+    mod = __import__(f"efficient_lm.families.{module.name}", fromlist=["_"])
     classes |= {v for v in vars(mod).values() if isinstance(v, type)
                 and issubclass(v, model_config.ModelConfig) and v is not model_config.ModelConfig
                 and v.__module__ == mod.__name__}
-  assert classes == {e.config for e in models.REGISTRY.values()}
-  other = dataclasses.make_dataclass("Other", [], bases=(model_config.ModelConfig,), frozen=True,
-                                     kw_only=True)
+  assert classes == {e.config for e in models.REGISTRY.values()} == set(families.CLASSES.values())
+  assert sorted(models.REGISTRY) == sorted(families.CLASSES)
+  assert all(e.listing == families.LISTINGS[name] for name, e in models.REGISTRY.items())
   with pytest.raises(ValueError, match="'dense' is registered twice"):
-    registry.register("dense", registry.ModelEntry(config=other, listing=("dense", "another")))
-  with pytest.raises(ValueError, match=r"'other': its ModelEntry needs listing=\("):
-    registry.register("other", registry.ModelEntry(config=other))
+    registry.register("dense", registry.ModelEntry(make_mixer=lambda *a, **k: None))
+  with pytest.raises(ValueError, match=r"'other' is not declared in efficient_lm/families/"):
+    registry.register("other", registry.ModelEntry(make_mixer=lambda *a, **k: None))
   assert "other" not in models.REGISTRY
   assert models.REGISTRY["dense"].config.__name__ == "DenseConfig"
-  for folder in ("models", "ops"):
+  for folder in ("families", "models", "ops"):
     for root, _, files in os.walk(os.path.join(REPO, "efficient_lm", folder)):
       for name in files:
         if name.endswith(".py"):
@@ -176,16 +188,16 @@ def test_the_families_register_themselves():
 
 
 def test_help_reads_every_familys_declarations():
-  """`--help` reads the config classes from source (no jax): exactly each registered model's
-  fields, with the classes' docs and types."""
+  """`--help=<model>` lists exactly the fields the registered model's config class declares
+  (its family's, in `efficient_lm.families`, which --help imports without jax), each with the
+  class's doc."""
   from efficient_lm.cli import help as help_lib  # pylint: disable=import-outside-toplevel
-  docs = help_lib.family_docs()
-  assert sorted(docs) == sorted(models.REGISTRY)
   for name, entry in models.REGISTRY.items():
-    declared = entry.config.declared()
-    assert {k: d for k, (_, d) in docs[name].items()} == entry.config.docs(), name
-    assert {k: t for k, (t, _) in docs[name].items()} == {
-        k: getattr(f.type, "__name__", str(f.type)) for k, f in declared.items()}, name
+    text = " ".join(help_lib.model_listing(name, width=100000).split())
+    own = {k: d for k, d in entry.config.docs().items()
+           if k not in model_config.ModelConfig.declared()}
+    for field, doc in own.items():
+      assert f"model.{field}" in text and " ".join(doc.split()) in text, (name, field)
 
 
 def test_the_train_section_is_typed():
@@ -206,7 +218,7 @@ def test_the_train_section_is_typed():
     with config.train.ignore_type():
       config.train[field] = value
     with pytest.raises(ConfigError, match=message):
-      config_check.validate(config)
+      config_check.validate(build(config))
 
 
 def _dicts(section) -> dict:
@@ -264,23 +276,24 @@ def test_the_data_and_mesh_checks_fire_before_anything_runs(section, field, valu
     if (section, field) == ("mesh", "tensor"):
       config.mesh.fsdp = -1
   with pytest.raises(ConfigError, match=message):
-    config_check.validate(config)
+    config_check.validate(build(config))
 
 
 def test_a_partial_mesh_section_takes_the_class_defaults():
   """A mesh section that lacks a field (a hand-written one, an old config.json) reads
   `MeshConfig`'s default: `fsdp=-1` takes every device the others leave (`sharding` used to
   read 1 for a missing axis, unlike config_base's -1)."""
-  import ml_collections  # pylint: disable=import-outside-toplevel
+  from efficient_lm.config.mesh import MeshConfig  # pylint: disable=import-outside-toplevel
   from efficient_lm.parallel import sharding  # pylint: disable=import-outside-toplevel
-  assert sharding.mesh_sizes(ml_collections.ConfigDict(dict(data=2)), num_devices=8) == dict(
+  assert sharding.mesh_sizes(MeshConfig.from_mapping(dict(data=2)), num_devices=8) == dict(
       data=2, fsdp=4, tensor=1, context=1)
-  assert sharding.dcn_sizes({}, slices=4) == {"data": 4, "fsdp": 1}
-  rules = sharding.parse_rules({})  # every model's axes at their defaults, BCMT's memory too
+  assert sharding.dcn_sizes(MeshConfig.from_mapping({}), slices=4) == {"data": 4, "fsdp": 1}
+  # every model's axes at their defaults, BCMT's memory too
+  rules = sharding.parse_rules(MeshConfig.from_mapping({}))
   assert rules["embed"] == ("fsdp",) and rules["memory"] == ("fsdp",)
   with pytest.raises(ConfigError, match=r"^mesh\.fsdp=-1 is not the only axis at -1 "
                                         r"\(mesh\.data, mesh\.fsdp\)"):
-    sharding.mesh_sizes({"data": -1}, num_devices=8)  # the default fsdp=-1 counts
+    MeshConfig.from_mapping({"data": -1})  # the default fsdp=-1 counts
 
 
 def test_old_config_json_data_and_mesh_sections_load():
@@ -328,12 +341,12 @@ def test_old_config_json_data_and_mesh_sections_load():
 def test_each_declared_model_rule_names_its_field(name, overrides, message):
   """The shared and the families' cross-field rules (`RULES`) fire with their message."""
   with pytest.raises(ConfigError, match=message):
-    models.model_config(tiny_model_config(name, **overrides))
+    tiny_model_config(name, **overrides)
 
 
 def test_a_rule_applies_only_when_its_variant_reads_the_field():
   # perceiver_ar never compresses: a compression not dividing the history is not its concern.
-  assert models.model_config(tiny_model_config("perceiver_ar", compression=5)).compression == 5
+  assert tiny_model_config("perceiver_ar", compression=5).compression == 5
 
 
 @pytest.mark.parametrize("section,mapping,message", [

@@ -7,9 +7,9 @@ import os
 import struct
 import sys
 
-import ml_collections
 import pytest
 
+from conftest import build, load_config
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.training import loop as train
 from efficient_lm.training import metrics as metrics_lib
@@ -78,13 +78,13 @@ def test_offline_run_logs_what_metrics_jsonl_gets_and_a_resume_keeps_its_id(
   workdir = str(tmp_path / "run")
   overrides = dict(wandb=True, wandb_project="tests", wandb_run_name="tiny", wandb_tags="a, b",
                    log_every=5, eval_every=10, checkpoint_every=10, sample_tokens=0)
-  train.train_and_evaluate(tiny_config(num_steps=10, **overrides), workdir)
+  train.train_and_evaluate(build(tiny_config(num_steps=10, **overrides)), workdir)
   with open(os.path.join(workdir, wandb_writer.RUN_ID_FILE), encoding="utf-8") as f:
     run_id = f.read().strip()
   first = glob.glob(str(offline / "wandb" / f"offline-run-*-{run_id}" / f"run-{run_id}.wandb"))
   assert len(first) == 1, os.listdir(offline / "wandb")
 
-  train.train_and_evaluate(tiny_config(num_steps=20, **overrides), workdir)  # resumes at 10
+  train.train_and_evaluate(build(tiny_config(num_steps=20, **overrides)), workdir)  # resumes at 10
   with open(os.path.join(workdir, wandb_writer.RUN_ID_FILE), encoding="utf-8") as f:
     assert f.read().strip() == run_id
   runs = sorted(glob.glob(str(offline / "wandb" / "offline-run-*" / "run-*.wandb")))
@@ -114,7 +114,7 @@ def test_a_missing_package_is_one_config_error_before_anything_compiles(
   monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
   monkeypatch.setattr(train, "setup", lambda *a: pytest.fail("setup ran before the check"))
   with pytest.raises(ConfigError) as e:
-    train.train_and_evaluate(tiny_config(wandb=True), str(tmp_path / "w"))
+    train.train_and_evaluate(build(tiny_config(wandb=True)), str(tmp_path / "w"))
   message = str(e.value)
   assert "train.wandb=True" in message and "pip install -e '.[wandb]'" in message
   assert "\n" not in message
@@ -122,11 +122,19 @@ def test_a_missing_package_is_one_config_error_before_anything_compiles(
 
 
 def test_bad_wandb_fields_name_the_field():
+  """The `train.wandb*` fields' declared checks, run as the RunConfig is built (`config.run.build`,
+  before anything compiles): each bad value one ConfigError naming its field."""
   good = dict(wandb=False, wandb_project="p", wandb_run_name="", wandb_tags="")
-  wandb_writer.check(ml_collections.ConfigDict(good))
+
+  def run(**fields):
+    config = load_config("dense").to_dict()  # a plain mapping takes a value of another type
+    config["train"].update({**good, **fields})
+    return build(config)
+
+  wandb_writer.check(run().train)
   for field, value in (("wandb", "yes"), ("wandb_project", ""), ("wandb_tags", 3)):
     with pytest.raises(ConfigError, match=f"train.{field}="):
-      wandb_writer.check(ml_collections.ConfigDict({**good, field: value}))
+      run(**{field: value})
 
 
 def test_fan_out_writes_every_writer_and_closes_them_all():

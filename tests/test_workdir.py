@@ -9,11 +9,13 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, build
+from efficient_lm.config.data import DataConfig
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import archives
 from efficient_lm.evaluation import scoring
 from efficient_lm.inference import generation
+from efficient_lm.inference import restore as restore_lib
 from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.training import loop as train
 
@@ -34,8 +36,8 @@ def trained(tiny_config, tmp_path_factory, _cache={}):
   """A 10-step tiny dense workdir, shared (tests copy it before changing anything)."""
   if not _cache:
     workdir = str(tmp_path_factory.mktemp("trained"))
-    train.train_and_evaluate(tiny_config(num_steps=10, eval_every=10, checkpoint_every=10,
-                                         sample_tokens=0), workdir)
+    train.train_and_evaluate(build(tiny_config(num_steps=10, eval_every=10, checkpoint_every=10,
+                                               sample_tokens=0)), workdir)
     _cache["workdir"] = workdir
   return _cache["workdir"]
 
@@ -65,12 +67,12 @@ def test_before_start_the_settings_are_read_from_the_typed_data_section(tiny_con
   with pytest.raises(workdir_lib.WorkdirMismatchError,
                      match=r"trained on another dataset \(data\.dataset='wikitext103' in its "
                            r"data\.json, the config gives 'shakespeare'\)"):
-    wd.check_before_start(config)
+    wd.check_before_start(build(config))
   config.data.dataset = "wikitext103"
-  wd.check_before_start(config)  # the same corpus: nothing to refuse
+  wd.check_before_start(build(config))  # the same corpus: nothing to refuse
   config.data.seq_len = 0
   with pytest.raises(ConfigError, match=r"^data\.seq_len=0 must be a positive integer"):
-    wd.check_before_start(config)
+    wd.check_before_start(build(config))  # (refused as the RunConfig is built)
 
 
 @pytest.mark.slow
@@ -84,11 +86,12 @@ def test_a_refused_run_leaves_every_file_byte_identical(trained, tiny_config, tm
   else:
     config.model.d_model = 64
   with pytest.raises(workdir_lib.WorkdirMismatchError, match="holds checkpoints of another model"):
-    train.train_and_evaluate(config, workdir)
+    train.train_and_evaluate(build(config), workdir)
   assert snapshot(workdir) == before
   # ... and what reads the workdir still works.
   assert scoring.evaluate_workdir(workdir)["step"] == 10
-  model, tokenizer, _, step = generation.load_workdir(workdir)
+  restored = restore_lib.restore(workdir, sharded=True, exports=False)
+  model, tokenizer, step = restored.model, restored.tokenizer, restored.step
   assert step == 10 and generation.generate_text(model, tokenizer, "a", num_tokens=4)
 
 
@@ -104,10 +107,10 @@ def test_another_corpus_is_refused_unless_allowed(trained, tiny_config, tmp_path
   config.data.update(dataset=f"text:{folder}/*.txt", archive="", archive_sha256="")
   with pytest.raises(workdir_lib.WorkdirMismatchError, match=r"trained on another dataset .*"
                      r"use a new --workdir, or set train.allow_new_data=True"):
-    train.train_and_evaluate(config, workdir)
+    train.train_and_evaluate(build(config), workdir)
   assert snapshot(workdir) == before
   config.train.allow_new_data = True  # deliberate fine-tuning: continues, old tokenizer kept
-  train.train_and_evaluate(config, workdir)
+  train.train_and_evaluate(build(config), workdir)
   identity = json.load(open(os.path.join(workdir, "data.json")))
   assert identity["dataset"].startswith("text:")
   old = json.load(open(os.path.join(trained, "data.json")))["tokenizer_sha256"]
@@ -125,13 +128,14 @@ def test_a_small_corpus_sets_the_vocabulary_and_samples(tiny_config, tmp_path, c
   config.data.update(dataset=f"text:{folder}/*.txt", archive="", archive_sha256="", vocab_size=1024)
   config.train.sample_prompt = "ab"
   with caplog.at_level("INFO", logger="efficient_lm.training.loop"):
-    summary = train.train_and_evaluate(config, str(tmp_path / "w"))
+    summary = train.train_and_evaluate(build(config), str(tmp_path / "w"))
   saved = json.load(open(tmp_path / "w" / "config.json"))
   vocab = json.load(open(tmp_path / "w" / "data.json"))["vocab_size"]
   assert vocab < 1024 and saved["data"]["vocab_size"] == vocab == saved["model"]["vocab_size"]
   assert any("the model's vocabulary is" in r.getMessage() for r in caplog.records)
   assert summary["sample"].startswith("ab")
-  model, tokenizer, _, _ = generation.load_workdir(str(tmp_path / "w"))
+  restored = restore_lib.restore(str(tmp_path / "w"), sharded=True, exports=False)
+  model, tokenizer = restored.model, restored.tokenizer
   assert generation.generate_text(model, tokenizer, "ab", num_tokens=16, temperature=1.0, top_k=0)
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, build
 from efficient_lm.cli import common as cli
 from efficient_lm.cli import help as help_lib
 from efficient_lm.state import workdir as workdir_lib
@@ -111,7 +111,7 @@ def test_a_disk_without_room_for_a_checkpoint(tmp_path):
 
 def test_the_room_needed_against_the_disk(tmp_path, monkeypatch):
   config = cli.load_config("pi_attention")
-  params, need = workdir_lib.checkpoint_bytes_floor(config)
+  params, need = workdir_lib.checkpoint_bytes_floor(build(config))
   assert need == params * 12
   usage = shutil.disk_usage(tmp_path)
   monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=need - 1))
@@ -130,8 +130,9 @@ def test_the_floor_is_below_the_real_parameter_count(spec):
   from flax import nnx  # pylint: disable=import-outside-toplevel
   from efficient_lm import models  # pylint: disable=import-outside-toplevel
   config = cli.load_config(spec)
-  floor, _ = workdir_lib.checkpoint_bytes_floor(config)
-  model = nnx.eval_shape(lambda: models.create(config.model, rngs=nnx.Rngs(0), platform="cpu"))
+  run = build(config)
+  floor, _ = workdir_lib.checkpoint_bytes_floor(run)
+  model = nnx.eval_shape(lambda: models.create(run.model, rngs=nnx.Rngs(0), platform="cpu"))
   real = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   assert floor <= real, (floor, real)
   assert floor >= 0.45 * real, (floor, real)

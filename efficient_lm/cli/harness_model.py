@@ -9,15 +9,14 @@ What each request type does: `efficient_lm.harness` (the command) and docs/using
 
 import os
 
-import jax
 import numpy as np
 from flax import nnx
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
-from tqdm import tqdm
 
 import efficient_lm
 from efficient_lm.data import corpus as corpus_lib
+from efficient_lm.evaluation import score_rows
 from efficient_lm.evaluation import scoring
 
 MODEL_NAME = "efficient_lm"  # lm-eval's registry key
@@ -59,8 +58,8 @@ class EfficientLM(LM):
     self.num_logits = scoring.predicted_positions(self.lm.model, self.seq_len)
     self.right_align = self.num_logits < self.seq_len  # Perceiver-AR: targets in the latents
     graphdef, self._params = nnx.split(self.lm.model)
-    self._step = scoring.make_score_step(graphdef, loss_chunk=int(self.lm.config.train.loss_chunk),
-                                         per_token=True, predictions=True)
+    self._step = score_rows.make_score_step(
+        graphdef, loss_chunk=int(self.lm.config.train.loss_chunk), predictions=True)
 
   @property
   def tokenizer_name(self) -> str:
@@ -72,26 +71,13 @@ class EfficientLM(LM):
   def _score_rows(self, rows: list[dict], what: str = "",
                   disable_tqdm: bool = False) -> list[tuple[float, bool]]:
     """(summed log-probability of the weighted targets, every weighted target the argmax) of
-    each `[seq_len]` row, `batch_size` rows a step (the last batch padded with rows of weight
-    0: one compiled shape)."""
-    out = []
-    blank = {k: np.zeros_like(v) for k, v in rows[0].items()} if rows else None
-    steps = range(0, len(rows), self.batch_size)
-    for first in tqdm(steps, desc=what, disable=disable_tqdm or len(steps) < 2):
-      chunk = rows[first:first + self.batch_size]
-      chunk = chunk + [blank] * (self.batch_size - len(chunk))
-      batch = {k: np.stack([r[k] for r in chunk]) for k in chunk[0]}
-      if self.document_mask:
-        batch["segment_ids"] = corpus_lib.document_ids(batch["inputs"], self.eos_id)
-      result = jax.device_get(self._step(self._params, batch))
-      T = result["token_nll"].shape[1]
-      nll_BT = np.asarray(result["token_nll"], np.float64)
-      weights_BT = batch["weights"][:, -T:]
-      right_BT = np.asarray(result["predicted"]) == batch["targets"][:, -T:]
-      for b in range(len(rows[first:first + self.batch_size])):
-        scored = weights_BT[b] > 0
-        out.append((-float((nll_BT[b] * weights_BT[b]).sum()), bool(right_BT[b][scored].all())))
-    return out
+    each `[seq_len]` row, through the one scoring loop (`evaluation.score_rows`: `batch_size`
+    rows a step, the last batch padded with rows of weight 0, one compiled shape); how far it is
+    goes to stderr every 20 s unless lm-eval says `disable_tqdm`."""
+    scored = score_rows.score_rows(self._step, self._params, rows, batch_size=self.batch_size,
+                                   progress=None if disable_tqdm else f"lm-eval {what}".rstrip(),
+                                   total=len(rows))
+    return [(-row.nll, row.all_right()) for row in scored]
 
   def _row(self, inputs: list[int], targets: list[int], scored: int) -> dict:
     """One `[seq_len]` row: `inputs` (at most seq_len) and their `targets`, the last `scored`
@@ -104,6 +90,13 @@ class EfficientLM(LM):
     row["inputs"][offset:offset + m] = inputs
     row["targets"][offset:offset + m] = targets
     row["weights"][offset + m - scored:offset + m] = 1.0
+    return self._with_segments(row)
+
+  def _with_segments(self, row: dict) -> dict:
+    """The row with its document ids (`segment_ids`, as training saw them) where the model attends
+    within documents (`data.document_mask`)."""
+    if self.document_mask:
+      row["segment_ids"] = corpus_lib.document_ids(row["inputs"][None], self.eos_id)[0]
     return row
 
   def _encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -151,7 +144,7 @@ class EfficientLM(LM):
                   right_align=self.right_align, eos_id=self.eos_id, pad_id=self.pad_id)
     batch = scoring.window_batch(tokens, np.arange(scoring.num_windows(len(tokens) - 1, stride)),
                                  **layout)
-    return [{k: batch[k][b] for k in ("inputs", "targets", "weights")}
+    return [self._with_segments({k: batch[k][b] for k in ("inputs", "targets", "weights")})
             for b in range(len(batch["inputs"]))]
 
   def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):

@@ -4,16 +4,19 @@ its held-out text loaded, the figures written (docs/long_context_evals.md)."""
 import os
 import sys
 
-from efficient_lm import api
 from efficient_lm import data
 from efficient_lm.cli import ruler_command
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import needle as needle_source
+from efficient_lm.data import registry
 from efficient_lm.evaluation import scoring
 from efficient_lm.evaluation.long_context import extrapolate, needle, needle_grid, reach, ruler_fit
+from efficient_lm.inference import restore as restore_lib
 from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import output
 from efficient_lm.runtime import progress
+from efficient_lm.state import checkpoint
+from efficient_lm.state import workdir as workdir_lib
 
 TASKS = ("score", "needle", "extrapolate", "ruler")
 
@@ -40,7 +43,8 @@ def _held_out(lm, split: str | None, text_file: str | None, flag: str):
   if text_file is not None:
     tokens, _ = scoring.read_text_file(text_file, lm.tokenizer)
     return tokens, os.path.basename(text_file)
-  if lm.config.data.dataset.startswith("mqar:"):
+  source = registry.source(lm.config.data.dataset)
+  if not source.has_text:
     raise UsageError(f"{lm.path} is an MQAR workdir (synthetic tokens, no text); give {flag}=FILE "
                      "of text, or evaluate a text-trained workdir")
   # typed here: the run's config.json; tokenized by the run's tokenizer, whatever the cache holds
@@ -52,7 +56,7 @@ def _held_out(lm, split: str | None, text_file: str | None, flag: str):
   if split == "train":
     raise UsageError("--split=train is the training text; use a held-out split (test or "
                      "validation)")
-  if flag == "--haystack" and lm.config.data.dataset.startswith("needle:"):
+  if flag == "--haystack" and source.planted:
     # A needle workdir's own sequences hold needles: the haystack is its base corpus's text.
     return corpus.base.tokens(split), f"{split} split of {corpus.task.base}"
   return corpus.tokens(split), f"{split} split"
@@ -68,10 +72,11 @@ def key_words(lm, keys: str):
   if keys not in KEYS:
     raise UsageError(f"--keys={keys} is not one of {', '.join(KEYS)}")
   dataset = lm.config.data.dataset
-  if keys == "pairs" or (keys == "auto" and not dataset.startswith("needle:")):
+  planted = registry.source(dataset).planted
+  if keys == "pairs" or (keys == "auto" and not planted):
     return None
-  if dataset.startswith("needle:"):
-    return needle_source.parse(dataset).key_words
+  if planted:
+    return registry.source(dataset).parse(dataset).key_words
   return needle_source.KEY_WORDS
 
 
@@ -98,8 +103,8 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
                          "--text_file=FILE or --split")
     if batch_size is not None and batch_size < 1:
       raise UsageError(f"--batch_size={batch_size} must be at least 1")
-    lm = api.load(workdir)
-    batch_size = batch_size or int(lm.config.data.batch_size)
+    lm = restore_lib.restore(workdir)
+    batch_size = batch_size or lm.config.data.batch_size
     if task == "needle":
       tokens, source = _held_out(lm, split, haystack, "--haystack")
       record = needle_grid.run(lm, needle.haystack_stream(tokens, lm.eos_id), lengths=lengths,
@@ -123,7 +128,8 @@ def run(task: str, *, workdir: str, lengths=(), depths=(), needles_per_cell: int
       out = out or os.path.join(lm.path, "eval", f"extrapolate_{source.split()[0]}")
       json_path, png_path = extrapolate.write(record, out)
       line = extrapolate.summary(record, json_path)
-  except (UsageError, api.LoadError, needle.NeedleError, extrapolate.ExtrapolateError,
+  except (UsageError, restore_lib.LoadError, workdir_lib.WorkdirError,
+          checkpoint.NoRestorableCheckpointError, needle.NeedleError, extrapolate.ExtrapolateError,
           reach.LengthError, ruler_fit.RulerError, scoring.EvalError, ConfigError,
           data.DataError, data.DownloadError) as e:
     print(f"error: {e}", file=sys.stderr)

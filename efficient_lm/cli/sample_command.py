@@ -61,8 +61,7 @@ def _prompts(FLAGS) -> list[str]:  # pylint: disable=invalid-name
 
 def _sample(FLAGS) -> None:  # pylint: disable=invalid-name
   # Imported here: jax loads only after the flags are checked.
-  from efficient_lm.inference import generation  # pylint: disable=import-outside-toplevel
-  from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
+  from efficient_lm.inference import generation, restore  # pylint: disable=import-outside-toplevel
   try:
     generation.check_sampling(FLAGS.temperature, FLAGS.top_k, FLAGS.top_p)
     if FLAGS.max_new_tokens < 1:
@@ -71,13 +70,12 @@ def _sample(FLAGS) -> None:  # pylint: disable=invalid-name
     stop = [unescape(s) if FLAGS.escapes else s for s in FLAGS.stop or []]
     if any(not s for s in stop):
       raise ValueError("--stop= is empty: give the text that ends a continuation (or no --stop)")
-    saved = workdir_lib.Workdir(FLAGS.workdir).saved_config()
-    mesh = scoring.eval_mesh(saved) if saved is not None else None  # restored sharded, as trained
-    model, tokenizer, config, step = generation.load_workdir(FLAGS.workdir, mesh=mesh)
+    restored = restore.restore(FLAGS.workdir, sharded=True, exports=False)  # sharded, as trained
   except (ValueError, workdir_lib.WorkdirError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(exit_codes.USAGE)
-  print(f"{config.model.name} at step {step} from {FLAGS.workdir}", file=sys.stderr)
+  model, tokenizer, config = restored.model, restored.tokenizer, restored.config
+  print(f"{config.model.name} at step {restored.step} from {FLAGS.workdir}", file=sys.stderr)
   # Imported here: jax loads only after the flags are checked.
   from efficient_lm.ops import report  # pylint: disable=import-outside-toplevel
   print("\n".join(report.prompts_lines(model, [tokenizer.encode(p) for p in prompts],

@@ -24,10 +24,13 @@ import sys
 from absl import flags
 from ml_collections import config_flags
 
+from efficient_lm import families
 from efficient_lm.cli import common as cli
 from efficient_lm.cli import help as help_lib
 from efficient_lm.cli import resume_file as workdir_config
+from efficient_lm.config import run as config_run
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.config.run import RunConfig
 from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import jax_devices
 from efficient_lm.runtime import output
@@ -114,7 +117,10 @@ def main(argv):
 
 
 def _run(workdir: str) -> None:
-  config = FLAGS.config
+  try:  # the one RunConfig of the command: every section's declared checks, before jax starts
+    run = config_run.build(FLAGS.config, families.CLASSES)
+  except ConfigError as e:
+    _fail(exit_codes.USAGE, str(e))
   if FLAGS.target:  # the extra and the topology checked before the accelerator's plugin loads
     # Imported here: it loads jax, needed only with --target.
     from efficient_lm.parallel import targets  # pylint: disable=import-outside-toplevel
@@ -125,19 +131,17 @@ def _run(workdir: str) -> None:
     targets.prepare_host()  # before anything starts a backend
   if not FLAGS.compile_only:  # the folder, then what config.json and data.json answer: before jax
     try:
-      workdir_lib.check_usable(workdir, config)
-      workdir_lib.Workdir(workdir).check_before_start(config)  # (types config.data: ConfigError)
-    except (workdir_lib.WorkdirError, ConfigError) as e:
+      workdir_lib.check_usable(workdir, run)
+      workdir_lib.Workdir(workdir).check_before_start(run)
+    except workdir_lib.WorkdirError as e:
       _fail(exit_codes.USAGE, str(e))
-  if config.data.get("tokenizer"):  # the given file, and a --config.data.vocab_size against it
-    # Imported here: the data package, needed only with data.tokenizer.
-    from efficient_lm.data import config as data_config  # pylint: disable=import-outside-toplevel
+  if run.data.tokenizer:  # the given file, and a --config.data.vocab_size against it
     try:
-      data_config.validate(config.data)
+      _check_given_tokenizer(run)
     except ConfigError as e:
       _fail(exit_codes.USAGE, str(e))
   what = "compiling" if FLAGS.compile_only else f"training into {workdir}"
-  logger.info("%s (%s): %s; starting jax", config.model.name, config_source(), what)
+  logger.info("%s (%s): %s; starting jax", run.model.name, config_source(), what)
   # Imported here: jax loads only after the flags and the checks above.
   from efficient_lm.parallel import distributed  # pylint: disable=import-outside-toplevel
   from efficient_lm.training import step_memory, loop as train  # pylint: disable=import-outside-toplevel
@@ -150,12 +154,12 @@ def _run(workdir: str) -> None:
         distributed.log_job()
       jax_devices.start()
     if FLAGS.compile_only:
-      _compile_only(config)
+      _compile_only(run)  # (`compile_only` runs the edge, `prepare`, for the target's devices)
       return
     # Imported here: jax loads only after the flags and the checks above.
     from efficient_lm.training import prepare as config_check  # pylint: disable=import-outside-toplevel
-    typed, built = config_check.prepare(config)  # the edge: every check; the typed sections
-    summary = train.train_and_evaluate(config, workdir, typed, built)
+    run, built = config_check.prepare(run)  # the edge: every check that needs the devices or data
+    summary = train.train_and_evaluate(run, workdir, built)
   except step_memory.StepTooLargeError as e:
     _fail(exit_codes.DOES_NOT_FIT, str(e))
   except _known_errors() as e:
@@ -170,10 +174,23 @@ def _run(workdir: str) -> None:
   output.result_json({k: v for k, v in summary.items() if k != "sample"})
 
 
-def _compile_only(config) -> None:
+def _check_given_tokenizer(run: RunConfig) -> None:
+  """`data.tokenizer`'s file (the data's checks) and a `--config.data.vocab_size` given beside it,
+  which must be the tokenizer's size (it sets data.vocab_size); ConfigError otherwise."""
+  # Imported here: the data package, needed only with data.tokenizer.
+  from efficient_lm.data import config as data_config  # pylint: disable=import-outside-toplevel
+  size = data_config.validate(run.data).vocab_size
+  given = FLAGS["config"].override_values.get("data.vocab_size")
+  if given is not None and given != size:
+    raise ConfigError(f"--config.data.vocab_size={given!r} disagrees with data.tokenizer="
+                      f"{run.data.tokenizer!r}, which has {size} ids; drop --config.data.vocab_size "
+                      f"(the tokenizer sets it) or give {size}")
+
+
+def _compile_only(run: RunConfig) -> None:
   # Imported here: jax loads only after the flags are checked.
   from efficient_lm.training import step_memory, loop as train  # pylint: disable=import-outside-toplevel
-  memory = train.compile_only(config, FLAGS.target, FLAGS.num_slices)
+  memory = train.compile_only(run, FLAGS.target, FLAGS.num_slices)
   output.result(step_memory.describe(memory) + ("" if memory["fits"] else " -- does not fit"))
   output.result_json(memory)
   if not memory["fits"]:
@@ -195,7 +212,7 @@ def parse_flags(argv: list[str]) -> list[str]:
             "--config=configs/pi_attention.py, --config=bcmt:128) to start a run, or "
             "--workdir=<a workdir a run wrote> alone to continue the run it holds")
     try:
-      workdir_lib.Workdir(given).resume_config()
+      workdir_config.get_config(given)
     except workdir_lib.WorkdirError as e:
       _fail(exit_codes.USAGE, str(e))
     argv = [argv[0], f"--config={workdir_config.__file__}:{given}", *argv[1:]]

@@ -10,8 +10,6 @@ union the registry uses, tested equal to `all_axes()`.
 
 from typing import Mapping, NamedTuple
 
-import ml_collections
-
 
 class Axis(NamedTuple):
   """A logical parameter axis: the config field that sets its size (named in errors) and the mesh
@@ -64,14 +62,14 @@ def all_axes() -> dict[str, Axis]:
   return out
 
 
-def default_rules(axes: Mapping[str, Axis] = SHARED_AXES) -> ml_collections.ConfigDict:
+def default_rules(axes: Mapping[str, Axis] = SHARED_AXES) -> dict[str, str]:
   """`mesh.rules` at each axis's default (`embed` over `fsdp`; `mlp`, `heads` and `vocab` over
   `tensor`; a family's own axes as declared above)."""
-  return ml_collections.ConfigDict({name: axis.rule for name, axis in axes.items()})
+  return {name: axis.rule for name, axis in axes.items()}
 
 
-def default_activation_rules() -> ml_collections.ConfigDict:
+def default_activation_rules() -> dict[str, str]:
   """Activations split as the weights that produce them: `heads`, `mlp` and `vocab` over
   `tensor`; the residual stream's `embed` whole (its weights' `fsdp` shards are gathered)."""
-  return ml_collections.ConfigDict({"embed": "", "heads": "tensor", "kv": "", "kv_heads": "tensor",
-                                    "mlp": "tensor", "vocab": "tensor"})
+  return {"embed": "", "heads": "tensor", "kv": "", "kv_heads": "tensor", "mlp": "tensor",
+          "vocab": "tensor"}

@@ -2,10 +2,11 @@
 
 Field names are a public contract (docs, tests and users rely on them). Every
 section is typed: its fields are declared (default, meaning, check) in `data_config.DataConfig`,
-`model_config.ModelConfig` (the shared model fields; a family's own in its config class),
-`train_config.TrainConfig` and `mesh_config.MeshConfig`, and read from there. A family's file
-comments only what it adds or changes. `model.seq_len` and `model.vocab_size` are field
-references to the data's, so one override changes both.
+`model_config.ModelConfig` (the shared model fields; a family's own in its config class,
+`efficient_lm/families/`), `train_config.TrainConfig` and `mesh_config.MeshConfig`, and read from
+there; `run.build` turns the ConfigDict into a `RunConfig`. A family's file comments only what it
+adds or changes. `model.seq_len` and `model.vocab_size` are field references to the data's, so
+one override changes both.
 """
 
 import ml_collections

@@ -1,10 +1,10 @@
 """`DataConfig`: the data section, typed: each field's default, meaning and check.
 
 `config_base.base_config` reads the section's defaults from here and `--help` its docs;
-`data.validate` builds it from the config's data section (`DataConfig.from_mapping`), which runs
-every check, then checks what needs the dataset's registry or the disk (a known `data.dataset`,
-its options, `data.tokenizer`'s file, `data.archive`). This module imports neither jax nor the
-data package.
+`run.build` builds it from a config's data section (`DataConfig.from_mapping`), which runs every
+check; `data.validate` then checks what needs the dataset's registry or the disk (a known
+`data.dataset`, its options, `data.tokenizer`'s file, `data.archive`). This module imports
+neither jax nor the data package.
 """
 
 import dataclasses

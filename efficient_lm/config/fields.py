@@ -8,13 +8,14 @@ failure is one `ConfigError` naming the field, the value and the fix::
     model.d_model=250 must be divisible by model.num_heads=4; set model.d_model to a multiple of 4
 
 The ml-collections config files stay the user's interface: `config_base` builds the ConfigDict
-from these defaults, and one function per section (`models.registry.model_config`) turns the
-ConfigDict into the typed object at the edge. This module imports no jax (`--help` reads it).
+from these defaults, and one function (`run.build`) turns the ConfigDict into the typed sections
+of a `RunConfig`, each through `Section.from_mapping`. This module imports no jax (`--help`
+reads it).
 """
 
 import dataclasses
 import re
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Mapping
 
 from efficient_lm.config.errors import ConfigError, is_int, require
 
@@ -62,7 +63,7 @@ class Rule:
   derive: Callable[[Any], dict] | None = None
   value: Callable[[Any], Any] | None = None
 
-  def __call__(self, section: Any) -> None:
+  def __call__(self, section: "Section") -> None:
     if (self.when is not None and not self.when(section)) or self.ok(section):
       return
     names = {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
@@ -153,7 +154,7 @@ class Section:
     return f"{cls.SECTION}.{field}"
 
   @classmethod
-  def from_mapping(cls, section: Any, owner: str = ""):
+  def from_mapping(cls, section: Mapping[str, Any], owner: str = ""):
     """The typed section of a mapping (a ConfigDict section, a dict): a field it lacks takes its
     default; a key the class does not declare, or a field without a default it lacks, is a
     ConfigError naming it (`owner`: whose fields, for the message, e.g. "model.name='dense'")."""
@@ -168,6 +169,12 @@ class Section:
     for key, field in declared.items():
       require(key in values or _has_default(field), cls.name_of(key), None,
               "is missing", f"set {cls.name_of(key)} (start from a file in configs/)")
+    # A sub-section lacking keys (a config.json written before a rule existed) takes them at
+    # the default's, as a missing field takes its default.
+    defaults = cls.defaults()
+    for key, value in values.items():
+      if isinstance(value, dict) and isinstance(defaults.get(key), dict):
+        values[key] = {**defaults[key], **value}
     return cls(**values)
 
   @classmethod

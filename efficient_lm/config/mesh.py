@@ -1,7 +1,7 @@
 """`MeshConfig`: the mesh section, typed: each field's default, meaning and check.
 
 `config_base.base_config` reads the section's defaults from here and `--help` its docs;
-`sharding` builds it from a config's mesh section (`MeshConfig.from_mapping`: a field the
+`run.build` builds it from a config's mesh section (`MeshConfig.from_mapping`: a field the
 section lacks takes its default here), which runs every check of the section alone. What needs
 the devices or the other sections (the axes against the device count and the slices, the batch
 and the sequence against the axes, the rules against the models' parameters) is checked in one

@@ -1,12 +1,12 @@
 """`ModelConfig`: the fields every model shares, typed, each with its default, meaning and check.
 
-Each family subclasses it beside its mixer (`models/pi_attention.py`'s `PiAttentionConfig`, ...),
-declares its own fields and states `patterns(seq_len)`: the attention patterns the model trains
-with, without building it. What the library derives from those patterns (whether the blocks
-run over sequence chunks, the block a device's share of the sequence must be a multiple of, the
-ring's sequence layout) is a method here. `config_base.base_config` reads the model section's
-defaults from this class; `models.registry.model_config` builds the typed object from a config's
-model section. This module imports no jax (`--help` and `config_base` read it).
+Each family subclasses it in `efficient_lm/families/` (`families/pi_attention.py`'s
+`PiAttentionConfig`, ...), declares its own fields and states `patterns(seq_len)`: the attention
+patterns the model trains with, without building it. What the library derives from those
+patterns (whether the blocks run over sequence chunks, the block a device's share of the sequence
+must be a multiple of, the ring's sequence layout) is a method here. `config_base.base_config`
+reads the model section's defaults from this class; `run.build` builds the family's typed object
+from a config's model section. This module imports no jax (`--help` and `config_base` read it).
 """
 
 import dataclasses

@@ -1,8 +1,8 @@
 """`TrainConfig`: the train section, typed: each field's default, meaning and check.
 
 `config_base.base_config` reads the section's defaults from here and `--help` its docs;
-`training.prepare.prepare` builds it from the config's train section (`TrainConfig.from_mapping`),
-which runs every check. This module imports no jax.
+`run.build` builds it from a config's train section (`TrainConfig.from_mapping`), which runs
+every check. This module imports no jax.
 """
 
 import dataclasses

@@ -1,7 +1,7 @@
 """Data: datasets named once (registry), their checks (config), the tokenizer and token cache
 (cache), the corpus and its Grain iterators (corpus), and `load`, which puts them together.
 
-    data_config = data.validate(config.data)  # the typed section, what every other function takes
+    data_config = data.validate(run.data)  # a RunConfig's data, checked against the registry and disk
     corpus = data.load(data_config)
     it = corpus.train_iterator(batch_size=..., seed=...)
     for batch in corpus.eval_batches('validation', batch_size=...): ...

@@ -39,6 +39,7 @@ from efficient_lm.runtime import progress
 from efficient_lm.data import archives
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data.config import ConfigError
+from efficient_lm.data.tokenizer_protocol import FileTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -68,21 +69,21 @@ def documents(builder, split: str, text_key: str):
       yield text.decode('utf-8', errors='replace') if isinstance(text, bytes) else str(text)
 
 
-def tokenizer_identity(tokenizer) -> dict:
+def tokenizer_identity(tokenizer: FileTokenizer) -> dict:
   """What a tokenizer's token streams depend on: its file's sha256, its kind and its separator
   (end-of-document) id."""
   return {'sha256': archives.sha256_of(tokenizer.model_path),
           'kind': getattr(tokenizer, 'kind', 'sentencepiece'), 'separator_id': int(tokenizer.eos_id)}
 
 
-def stream_key(corpus_id: dict, tokenizer) -> str:
+def stream_key(corpus_id: dict, tokenizer: FileTokenizer) -> str:
   """The key of the token streams of the corpus `corpus_id` (any JSON-able description that
   changes whenever its documents may) tokenized by `tokenizer` (`tokenizer_identity`)."""
   return key_of({'corpus': corpus_id, 'tokenizer': tokenizer_identity(tokenizer),
                  'format': CACHE_FORMAT})
 
 
-def write_stream(path: str, meta_path: str, tokenizer, documents, key: str = '') -> None:
+def write_stream(path: str, meta_path: str, tokenizer: FileTokenizer, documents, key: str = '') -> None:
   """Tokenizes `documents` into the packed stream at `path` (.npy), streaming through a raw file.
 
   `key` (`stream_key`) and the tokenizer's identity go into the meta file: a stream is read back
@@ -217,7 +218,7 @@ def _own_tokenizer(data_config, builder, corpus_id: dict, root: str):
   return tokenizer
 
 
-def token_streams(root: str, name: str, key: str, tokenizer, splits, documents_of) -> dict:
+def token_streams(root: str, name: str, key: str, tokenizer: FileTokenizer, splits, documents_of) -> dict:
   """{split: `corpus.Split`} of `splits`, each tokenized once into `tokens/<name>-<key>/` (`key`:
   `stream_key`) and memory-mapped; `documents_of(split)` yields the split's documents (str). A
   stream whose meta file names another key (or none: written before keys were recorded) is

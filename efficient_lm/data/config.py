@@ -1,7 +1,7 @@
-"""`config.data` checked (`validate`: the typed section, `data_config.DataConfig`, whose fields
-declare their defaults and checks; then what needs the dataset's registry or the disk, declared
-as `DataSource`'s rules), and the errors the data raises. Every function here but `validate`
-takes the typed section `validate` returns, never the config's mapping (`check_typed`).
+"""The typed data section checked against the dataset's registry and the disk (`validate`: what
+`DataSource`'s rules declare, each field's own checks having run as the section was built), and
+the errors the data raises. Every function here takes the typed section (`DataConfig`, a
+`RunConfig`'s `data`), never the config's mapping (`check_typed`).
 
 Cheap: no I/O beyond `os.path` checks (and reading `data.tokenizer`'s file, whose size sets
 `data.vocab_size`) and no heavy import, so a bad config fails in well under a second, before
@@ -10,14 +10,13 @@ anything is prepared.
 
 import dataclasses
 import os
-from typing import Any
 
 from efficient_lm.config import fields as tc
 
 from efficient_lm.data import registry
 from efficient_lm.data.errors import DataError
 from efficient_lm.config.data import DataConfig
-from efficient_lm.config.errors import ConfigError, require
+from efficient_lm.config.errors import ConfigError
 
 TFDS_PREFIX, TEXT_PREFIX = registry.TFDS_PREFIX, registry.TEXT_PREFIX
 MIN_VOCAB_SIZE = 260  # the tokenizer's reserved pieces: <pad>, <unk>, </s>, '\n', 256 bytes
@@ -27,8 +26,8 @@ def check_typed(data_config, what: str) -> None:
   """Raises the TypeError of a data function `what` handed anything but the typed section
   `validate` returns (the config's mapping, most often), naming the fix."""
   if not isinstance(data_config, DataConfig):
-    raise TypeError(f'{what} takes the typed data section (data.validate(config.data) or '
-                    f'training.prepare.prepare(config).data), not {type(data_config).__name__}')
+    raise TypeError(f'{what} takes the typed data section (a RunConfig\'s data: '
+                    f'config.run.build(...).data), not {type(data_config).__name__}')
 
 
 def open_given(data_config: DataConfig):
@@ -43,38 +42,6 @@ def open_given(data_config: DataConfig):
   except OSError as e:
     raise ConfigError(f'data.tokenizer={path!r} cannot be read ({e.strerror or e}); point '
                       "data.tokenizer at a readable tokenizer file, or '' to train one") from None
-
-
-def _given_on_command_line(data_config, field: str):
-  """The value `--config.data.<field>=...` gave on the command line to the config `data_config`
-  is part of (absl's config flag of `efficient_lm.main`), or None."""
-  from absl import flags  # pylint: disable=g-import-not-at-top
-  try:
-    holder = flags.FLAGS['config']
-    config, overrides = holder.value, holder.override_values
-  except (KeyError, AttributeError, flags.Error):
-    return None
-  try:
-    if config is None or config.data is not data_config:
-      return None
-  except AttributeError:
-    return None
-  return overrides.get(f'data.{field}')
-
-
-def _tokenizer_size(typed: DataConfig, section, path: str) -> int:
-  """`data.tokenizer`'s size, which sets `data.vocab_size` (in the config's `section` too, when
-  there is one: `model.vocab_size` follows); a `--config.data.vocab_size` that disagrees is a
-  ConfigError."""
-  tokenizer = open_given(typed)
-  given = None if section is None else _given_on_command_line(section, 'vocab_size')
-  if given is not None and given != tokenizer.vocab_size:
-    raise ConfigError(f'--config.data.vocab_size={given!r} disagrees with data.tokenizer={path!r}, '
-                      f'which has {tokenizer.vocab_size} ids; drop --config.data.vocab_size (the '
-                      f'tokenizer sets it) or give {tokenizer.vocab_size}')
-  if section is not None:
-    section['vocab_size'] = tokenizer.vocab_size
-  return tokenizer.vocab_size
 
 
 def _is_file(path: str) -> bool:
@@ -95,7 +62,7 @@ class DataSource(tc.Section):
   constructed (`validate`)."""
   SECTION = 'data'
   data: DataConfig
-  source: Any = None
+  source: registry.Source | None = None
 
   RULES = (
       _rule('dataset', lambda s: s.source is not None, 'is not a known dataset', 'use one of {known}'),
@@ -114,6 +81,10 @@ class DataSource(tc.Section):
       _rule('archive', lambda s: _is_file(s.data.archive), 'is not an existing file',
             "fix the path, or set data.archive to '' to download",
             when=lambda s: s.data.archive and not s.source.generated),
+      _rule('vocab_size', lambda s: s.data.vocab_size >= MIN_VOCAB_SIZE,
+            f'is below the {MIN_VOCAB_SIZE} pieces the tokenizer reserves (specials, newline, 256 '
+            'bytes)', f'set data.vocab_size >= {MIN_VOCAB_SIZE} (8192 is the default)',
+            when=lambda s: not s.data.tokenizer and not s.source.generated),
   )
 
 
@@ -133,21 +104,14 @@ def known_splits(data_config: DataConfig) -> tuple[str, ...] | None:
   return None if source is None or source.splits is None else source.splits(data_config)
 
 
-def validate(data_config, section=None) -> DataConfig:
-  """Raises ConfigError naming the first bad `config.data` field: the declared checks of
-  `DataConfig` (a field the section lacks takes its default; a `DataConfig` as it is), then
-  `DataSource`'s rules (what needs the dataset's registry or the disk). Returns the typed section
-  (`data.vocab_size` a given tokenizer's, also set in the config's data section: `data_config`
-  if it is one, else `section`)."""
-  typed = data_config if isinstance(data_config, DataConfig) else DataConfig.from_mapping(data_config)
-  section = data_config if section is None and typed is not data_config else section
-  source = DataSource(data=typed, source=registry.lookup(typed.dataset)).source
-  if typed.tokenizer:
-    typed = dataclasses.replace(typed, vocab_size=_tokenizer_size(typed, section, typed.tokenizer))
+def validate(data_config: DataConfig) -> DataConfig:
+  """Raises ConfigError naming the first `config.data` field the dataset's registry or the disk
+  refuses (`DataSource`'s rules; a generated dataset's options by its source). Returns the section
+  as the run uses it: a new `DataConfig` whose `vocab_size` is a given `data.tokenizer`'s size."""
+  check_typed(data_config, 'data.validate')
+  source = DataSource(data=data_config, source=registry.lookup(data_config.dataset)).source
+  if data_config.tokenizer:
+    data_config = dataclasses.replace(data_config, vocab_size=open_given(data_config).vocab_size)
   if source.generated:  # no text: the source checks its own options
-    source.generator().validate(typed)
-    return typed
-  require(typed.tokenizer or typed.vocab_size >= MIN_VOCAB_SIZE, 'data.vocab_size', typed.vocab_size,
-          f'is below the {MIN_VOCAB_SIZE} pieces the tokenizer reserves (specials, newline, 256 bytes)',
-          f'set data.vocab_size >= {MIN_VOCAB_SIZE} (8192 is the default)')
-  return typed
+    source.generator().validate(data_config)
+  return data_config

@@ -14,6 +14,7 @@ import numpy as np
 
 from efficient_lm.data import round_trip as round_trip_lib
 from efficient_lm.config.errors import require, require_positive_int
+from efficient_lm.data.tokenizer_protocol import TokenIds
 
 
 def _is_int(v) -> bool:
@@ -36,7 +37,7 @@ class Split:
 class Corpus:
   """A tokenized corpus: token streams per split, the tokenizer, and batch iterators."""
 
-  def __init__(self, *, name: str, tokenizer, splits: dict[str, Split], seq_len: int,
+  def __init__(self, *, name: str, tokenizer: TokenIds, splits: dict[str, Split], seq_len: int,
                batch_size: int, identity: dict | None = None, document_mask: bool = False,
                round_trip: Callable[[str], dict] | None = None):
     self.name = name

@@ -28,13 +28,13 @@ import tensorflow_datasets as tfds
 
 from efficient_lm.data import registry
 from efficient_lm.data import text_builder
+from efficient_lm.data.held_out import HELD_OUT, held_out_counts  # held out when the dataset lacks them
 from efficient_lm.data.config import DataError
 from efficient_lm.config.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 HF_PREFIX = registry.HF_PREFIX
-HELD_OUT = ('validation', 'test')  # held out of train in this order when the dataset lacks them
 SAVED_MARKERS = ('dataset_dict.json', 'state.json')  # a save_to_disk folder has one of these
 _KEY_FORMAT = 1  # bump when what a key covers, or the way rows are read or held out, changes
 _READ_ROWS = 1024  # rows per read from the Arrow table
@@ -151,11 +151,6 @@ def canonical_splits(names) -> dict[str, str]:
         raise DataError(f'the splits {name!r} and {out[key]!r} both become {key!r}; rename one')
       out[key] = name
   return out
-
-
-def held_out_counts(num_rows: int, fractions: dict[str, float]) -> dict[str, int]:
-  """Rows held out of train for each split in `fractions`: its rounded share, at least 1."""
-  return {split: max(1, round(f * num_rows)) for split, f in fractions.items()}
 
 
 def held_out_rows(num_rows: int, fractions: dict[str, float]) -> dict[str, np.ndarray]:
@@ -275,22 +270,22 @@ def _has_text(rows, text_key: str) -> bool:
   return False
 
 
-class HFDataset(text_builder.Reporting, tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class HFDataset(text_builder.CheckedTextBuilder, skip_registration=True):
   """The rows of one `Resolved` dataset, one example (document) per row, in the dataset's order."""
 
-  VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'A Hugging Face datasets dataset, one document per row.'}
+  SUBDIR = 'hf'
+  KEEP_ORDER = True  # the dataset's row order
 
-  def __init__(self, *, resolved: Resolved, **kwargs):
-    self._resolved = resolved
-    super().__init__(**kwargs)
+  @property
+  def _resolved(self) -> Resolved:
+    return self._checked
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return self.dataset_info_from_configs(
-        features=tfds.features.FeaturesDict({self._resolved.text_key: tfds.features.Text()}),
-        description=f'{self._resolved.dataset} (Hugging Face datasets)',
-        disable_shuffling=True,  # the dataset's row order
-    )
+  def _text_features(self) -> tuple[str, ...]:
+    return (self._resolved.text_key,)
+
+  def _description(self) -> str:
+    return f'{self._resolved.dataset} (Hugging Face datasets)'
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     del dl_manager  # loaded by `datasets`
@@ -319,7 +314,15 @@ class HFDataset(text_builder.Reporting, tfds.core.GeneratorBasedBuilder, skip_re
         yield int(i), {self._resolved.text_key: text or ''}
 
 
-def make_builder(resolved: Resolved, tfds_dir: str) -> HFDataset:
-  """The (unprepared or prepared) builder of `resolved`, under tfds_dir/hf/<cache_key>."""
-  return HFDataset(resolved=resolved, data_dir=os.path.join(tfds_dir, 'hf', resolved.cache_key),
-                   file_format='array_record')
+def preflight(data_config, read: bool = True, base_preflight=None) -> Resolved:
+  """The registry's checks of an `hf:` dataset: `resolve` (it loads the dataset whatever `read`
+  says: its splits and columns are what is checked)."""
+  del read, base_preflight
+  return resolve(data_config)
+
+
+def make_builder(resolved: Resolved, tfds_dir: str, data_config=None) -> HFDataset:
+  """The (unprepared or prepared) builder of `resolved`, under tfds_dir/hf/<cache_key> (the
+  registry's hook: `data_config` is in `resolved`)."""
+  del data_config
+  return HFDataset.under(resolved, tfds_dir)

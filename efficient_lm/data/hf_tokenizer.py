@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from efficient_lm.data import tokenizer_json
+from efficient_lm.data.tokenizer_protocol import SeparatedTokenizer, int_ids
 
 # End-of-text tokens, in the order they are looked for when `data.separator_token` is ''.
 END_OF_TEXT = ('<|endoftext|>', '<|end_of_text|>', '</s>', '<eos>', '<|eos|>', '[SEP]', '<|im_end|>')
@@ -23,8 +24,8 @@ PAD_TOKENS = ('<pad>', '[PAD]', '<|pad|>', '<|padding|>')
 FILE_NAME = 'tokenizer.json'  # the workdir's copy
 
 
-class HFTokenizer:
-  """A `tokenizer.json`: encode / decode / eos_id / pad_id / vocab_size, as `tokenizer.Tokenizer`."""
+class HFTokenizer(SeparatedTokenizer):
+  """A `tokenizer.json`: a `FileTokenizer` (tokenizer_protocol), as `tokenizer.Tokenizer`."""
 
   kind = 'huggingface'
   file_name = FILE_NAME
@@ -62,9 +63,8 @@ class HFTokenizer:
                          'special tokens in data.separator_token '
                          f'({", ".join(specials[:8]) or "it has none"})')
       self.separator_token = found[0]
-    self._eos_id = vocab[self.separator_token]
     pads = [vocab[t] for t in PAD_TOKENS if t in vocab]
-    self._pad_id = pads[0] if pads else self._eos_id
+    self._set_separator(vocab[self.separator_token], pads[0] if pads else None)
 
   def special_tokens(self) -> list[str]:
     """The file's special tokens, by id."""
@@ -75,16 +75,6 @@ class HFTokenizer:
   def vocab_size(self) -> int:
     """One past the largest id (added tokens included): the model's vocabulary."""
     return self._vocab_size
-
-  @property
-  def eos_id(self) -> int:
-    """The separator: the stream's end-of-document id."""
-    return self._eos_id
-
-  @property
-  def pad_id(self) -> int:
-    """The file's pad token, else the separator: only ever under weight 0 (masks pad, not ids)."""
-    return self._pad_id
 
   def encode(self, text: str) -> np.ndarray:
     """int32 ids of `text` (no special token added; never the separator)."""
@@ -115,9 +105,7 @@ class HFTokenizer:
 
   def decode(self, ids) -> str:
     """Text of `ids` (an int sequence or array); special tokens decode to ''."""
-    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
-    return self._tok.decode(ids, skip_special_tokens=True)
+    return self._tok.decode(int_ids(ids), skip_special_tokens=True)
 
-  def __repr__(self) -> str:
-    return (f'HFTokenizer({self.model_path!r}, vocab_size={self.vocab_size}, '
-            f'separator={self.separator_token!r})')
+  def _repr_extra(self) -> str:
+    return f', separator={self.separator_token!r}'

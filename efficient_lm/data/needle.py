@@ -19,10 +19,8 @@ the base before anything compiles; `load` -> `NeedleCorpus`, the `pipeline.Corpu
 """
 
 import dataclasses
-import difflib
 import hashlib
 import logging
-import re
 from typing import Any, Iterator
 
 import numpy as np
@@ -30,9 +28,11 @@ import numpy as np
 from efficient_lm.data import config as data_config_lib
 from efficient_lm.data import registry
 from efficient_lm.data import sequence_iterator
+from efficient_lm.data import source_options
 from efficient_lm.data.config import DataError
 from efficient_lm.config.data import DataConfig
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.data.tokenizer_protocol import TokenIds
 
 log = logging.getLogger(__name__)
 
@@ -51,33 +51,78 @@ KEY_WORDS = (
     'jasmine', 'kettle', 'lemon', 'mirror', 'nectar', 'oyster', 'pillow', 'rocket', 'saffron',
     'timber', 'umbrella', 'willow', 'almond', 'badger', 'cactus', 'dragon', 'engine', 'fossil',
     'ginger', 'helmet', 'igloo', 'jungle', 'koala', 'ladder', 'magnet', 'nutmeg', 'olive', 'parrot')
-OPTIONS = ('base', 'needles', 'distractors', 'keys', 'loss', 'eval_sequences', 'seed',
-           'min_length')
 LOSSES = ('answer', 'answer_end', 'all')
 DEFAULT_BASE = 'shakespeare'
 TRAIN_SEQUENCES = 2**32  # the train split's nominal size (fresh haystack windows, never repeated)
 MIN_HAYSTACK = 1         # haystack tokens a sequence keeps at the least
 
 
+def _fail(name: str, value: Any, requirement: str, fix: str) -> None:
+  source_options.fail(PREFIX, name, value, requirement, fix)
+
+
+def _check_base(base: str, o: dict) -> None:
+  """`base=` names a text dataset the registry knows (its value holds no comma)."""
+  del o
+  source = registry.lookup(base)
+  if source is None or source.name == PREFIX:
+    _fail('base', base, 'is not a text dataset', f"name one of {', '.join(registry.BUILT_IN)}, "
+          'tfds:<name>, text:<glob> or hf:<path>')
+  if not source.has_text:
+    _fail('base', base, 'has no text (a generated task)',
+          f'name a text dataset, e.g. base={DEFAULT_BASE}')
+
+
+def _check_keys(keys: int, o: dict) -> None:
+  if keys > len(KEY_WORDS):
+    _fail('keys', keys, f'exceeds the {len(KEY_WORDS)} key words', f'set keys<={len(KEY_WORDS)}')
+  if o['needles'] + o['distractors'] > keys:
+    _fail('keys', keys, f"is below needles+distractors={o['needles'] + o['distractors']} (each "
+          'needle of a sequence has its own key)', f"raise keys to at least "
+          f"{o['needles'] + o['distractors']} or plant fewer needles")
+
+
+def _check_loss(loss: str, o: dict) -> None:
+  del o
+  if loss not in LOSSES:
+    _fail('loss', loss, 'is not a loss', 'write loss=answer (the answer digits only), '
+          'loss=answer_end (the digits and where the value ends) or loss=all (every token)')
+
+
+def _check_seed(seed: int, o: dict) -> None:
+  del o
+  if seed >= 2**32:
+    _fail('seed', seed, 'must be below 2**32', 'set seed to a non-negative 32-bit integer')
+
+
+option = source_options.option
+
+
 @dataclasses.dataclass(frozen=True)
 class NeedleTask:
-  """One needle task: every option resolved (docs/data.md, Needles)."""
-  base: str = DEFAULT_BASE
-  needles: int = 1          # needles asked about (one question and answer each at the end)
-  distractors: int = 0      # needles planted but not asked about
-  keys: int = len(KEY_WORDS)  # the first `keys` words of KEY_WORDS are the keys
-  loss: str = 'answer'      # 'answer': weights on the answers' digits; 'answer_end': and on the
-  #                           target after each answer's last digit; 'all': on every token
-  eval_sequences: int = 256  # sequences of every split other than train
-  seed: int = 0
-  min_length: int = 0       # 0: one example a sequence; L: examples of L tokens and more, packed
+  """One needle task: every option resolved (docs/data.md, Needles). The fields are the options
+  of 'needle:key=value,...', declared with their defaults and checks (`source_options`), in the
+  order of the canonical spec."""
+  base: str = option(DEFAULT_BASE, check=_check_base,
+                     doc='the text dataset whose windows are the haystacks')
+  needles: int = option(1, least=1, doc='needles asked about (one question and answer each at '
+                        'the end)')
+  distractors: int = option(0, least=0, doc='needles planted but not asked about')
+  keys: int = option(len(KEY_WORDS), least=1, check=_check_keys,
+                     doc='the first `keys` words of KEY_WORDS are the keys')
+  loss: str = option('answer', check=_check_loss, doc="'answer': weights on the answers' "
+                     "digits; 'answer_end': and on the target after each answer's last digit; "
+                     "'all': on every token")
+  eval_sequences: int = option(256, least=1, doc='sequences of every split other than train')
+  seed: int = option(0, least=0, check=_check_seed, doc="the held-out sequences' seed")
+  min_length: int = option(0, least=0, in_spec=False, doc='0: one example a sequence; L: '
+                           'examples of L tokens and more, packed')
 
   @property
   def spec(self) -> str:
     """The canonical dataset string, every option spelled out (min_length only when set, so
     the specs workdirs recorded before it existed stay the same): parse(spec) == self."""
-    return PREFIX + ','.join(f'{name}={getattr(self, name)}' for name in OPTIONS
-                             if name != 'min_length' or self.min_length)
+    return source_options.spec(self, PREFIX)
 
   @property
   def key_words(self) -> tuple[str, ...]:
@@ -87,70 +132,14 @@ class NeedleTask:
     return TRAIN_SEQUENCES if split == 'train' else self.eval_sequences
 
 
-def _fail(name: str, value: Any, requirement: str, fix: str) -> None:
-  raise ConfigError(f'needle:{name}={value!r} {requirement}; {fix}')
+OPTIONS = source_options.names(NeedleTask)
 
 
 def parse(dataset: str) -> NeedleTask:
   """The task `dataset` ('needle:name=value,...') names; a one-line ConfigError per bad option.
   `base=` names any text dataset the registry knows (its value holds no comma)."""
-  if not isinstance(dataset, str) or not dataset.startswith(PREFIX):
-    raise ConfigError(f'data.dataset={dataset!r} is not a needle task; write needle:<options>, '
-                      "e.g. 'needle:base=shakespeare,needles=2' (or 'needle:' for the defaults)")
-  given: dict[str, str] = {}
-  for item in dataset[len(PREFIX):].split(','):
-    if not item.strip():
-      continue
-    name, sep, text = (part.strip() for part in item.partition('='))
-    if name not in OPTIONS:
-      close = difflib.get_close_matches(name, OPTIONS, n=3, cutoff=0.5)
-      hint = f"did you mean {' or '.join(close)}? " if close else ''
-      raise ConfigError(f'data.dataset={dataset!r} has an unknown needle option {name!r}; {hint}'
-                        f"the options are {', '.join(OPTIONS)}")
-    if not sep or not text:
-      _fail(name, text, 'has no value', f'write {name}=<value>')
-    if name in given:
-      _fail(name, text, f'is given twice (also {name}={given[name]})', f'give {name} once')
-    given[name] = text
-
-  def integer(name: str, default: int, least: int) -> int:
-    text = given.get(name)
-    if text is None:
-      return default
-    if not re.fullmatch(r'[+-]?[0-9]+', text):
-      _fail(name, text, 'must be an integer', f'set {name} to a whole number >= {least}')
-    if int(text) < least:
-      _fail(name, int(text), f'must be at least {least}', f'set {name}>={least}')
-    return int(text)
-
-  base = given.get('base', DEFAULT_BASE)
-  source = registry.lookup(base)
-  if source is None or source.name == PREFIX:
-    _fail('base', base, 'is not a text dataset', f"name one of {', '.join(registry.BUILT_IN)}, "
-          'tfds:<name>, text:<glob> or hf:<path>')
-  if source.generated:
-    _fail('base', base, 'has no text (a generated task)',
-          f'name a text dataset, e.g. base={DEFAULT_BASE}')
-  needles = integer('needles', 1, 1)
-  distractors = integer('distractors', 0, 0)
-  keys = integer('keys', len(KEY_WORDS), 1)
-  if keys > len(KEY_WORDS):
-    _fail('keys', keys, f'exceeds the {len(KEY_WORDS)} key words', f'set keys<={len(KEY_WORDS)}')
-  if needles + distractors > keys:
-    _fail('keys', keys, f'is below needles+distractors={needles + distractors} (each needle of a '
-          'sequence has its own key)', f'raise keys to at least {needles + distractors} or plant '
-          'fewer needles')
-  loss = given.get('loss', 'answer')
-  if loss not in LOSSES:
-    _fail('loss', loss, 'is not a loss', 'write loss=answer (the answer digits only), '
-          'loss=answer_end (the digits and where the value ends) or loss=all (every token)')
-  eval_sequences = integer('eval_sequences', 256, 1)
-  seed = integer('seed', 0, 0)
-  if seed >= 2**32:
-    _fail('seed', seed, 'must be below 2**32', 'set seed to a non-negative 32-bit integer')
-  min_length = integer('min_length', 0, 0)
-  return NeedleTask(base=base, needles=needles, distractors=distractors, keys=keys, loss=loss,
-                    eval_sequences=eval_sequences, seed=seed, min_length=min_length)
+  return source_options.parse(NeedleTask, PREFIX, dataset, what='a needle task',
+                              example='needle:base=shakespeare,needles=2')
 
 
 def base_config(data_config: DataConfig, task: NeedleTask | None = None) -> DataConfig:
@@ -204,7 +193,7 @@ class NeedleSequence:
 class _Texts:
   """The tokenizer's ids of needles and of questions with their answers, and of newline."""
 
-  def __init__(self, tokenizer):
+  def __init__(self, tokenizer: TokenIds):
     self.tokenizer = tokenizer
     self.needle_format, self.question_format = NEEDLE, QUESTION
     ids = np.asarray(tokenizer.encode('\n')).reshape(-1)
@@ -341,7 +330,7 @@ def _example(task: NeedleTask, texts: _Texts, haystack_stream: np.ndarray, span:
                         answers=tuple(answers))
 
 
-def check_fits(task: NeedleTask, tokenizer, seq_len: int) -> None:
+def check_fits(task: NeedleTask, tokenizer: TokenIds, seq_len: int) -> None:
   """ConfigError (needle:min_length, data.seq_len) when the longest keys' needles and questions
   (with 9999999) leave no haystack in an example of `min_length` or in `seq_len` tokens."""
   texts = _Texts(tokenizer)

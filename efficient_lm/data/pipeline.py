@@ -1,5 +1,5 @@
 """Preparing and loading a corpus: `load(data_config)` -> `corpus.Corpus`, of the typed data
-section (`data.validate(config.data)`, or the edge's `training.prepare.prepare(config).data`).
+section (`data.validate(run.data)`, or the edge's `training.prepare.prepare(run)[0].data`).
 
     source (registry) -> TFDS builder (prepared once, ArrayRecord) -> tokenizer and token streams
     (cache) -> Corpus (its Grain iterators)
@@ -19,7 +19,7 @@ from efficient_lm.data import config as data_config_lib
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import registry
 from efficient_lm.data import round_trip
-from efficient_lm.data.config import DataError, TEXT_PREFIX, TFDS_PREFIX
+from efficient_lm.data.config import DataError
 from efficient_lm.config.data import DataConfig
 from efficient_lm.config.errors import ConfigError, require
 
@@ -27,32 +27,14 @@ log = logging.getLogger(__name__)
 EPOCHS_WARNING = 20  # more passes over the train windows than this: one warning line
 
 
-def make_builder(data_config: DataConfig, tfds_dir: str, text_scan=None):
-  """The prepared TFDS builder for `data.dataset` (prepares it on first use).
-
-  `text_scan`: for text:<glob>, the checked file list (text_files.scan), made before anything is written.
-  """
+def make_builder(data_config: DataConfig, tfds_dir: str, checked=None):
+  """The prepared TFDS builder for `data.dataset` (prepares it on first use): the source's own
+  (`registry`). `checked`: what its `preflight` found (for text:<glob>, the checked file list,
+  made before anything is written)."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   ds = data_config.dataset
-  source = registry.lookup(ds)
-  if ds.startswith(registry.HF_PREFIX):  # text_scan: what hf_datasets.resolve found
-    from efficient_lm.data import hf_datasets  # pylint: disable=g-import-not-at-top
-    builder = hf_datasets.make_builder(text_scan, tfds_dir)
-  elif text_scan is not None:
-    from efficient_lm.data import text_files  # pylint: disable=g-import-not-at-top
-    builder = text_files.make_builder(text_scan, tfds_dir)
-  elif source.builder:
-    builder = source.builder_class()(data_dir=tfds_dir, file_format='array_record',
-                                     archive=data_config.archive,
-                                     archive_sha256=data_config.archive_sha256)
-  else:
-    name = ds[len(TFDS_PREFIX):].strip()
-    try:
-      builder = tfds.builder(name, data_dir=tfds_dir, file_format='array_record')
-    except Exception as e:  # pylint: disable=broad-except  (unknown name, bad config name, ...)
-      raise ConfigError(f'data.dataset={ds!r} cannot be built by TFDS ({type(e).__name__}: {e}); '
-                        'use a name from tfds.list_builders()') from e
+  builder = registry.source(ds).make_builder(data_config, tfds_dir, checked)
   if builder.is_prepared():
     return builder
   tfds.disable_progress_bar()
@@ -69,18 +51,7 @@ def preflight(data_config: DataConfig, read: bool = True):
   `read=False`: the files are listed, not read (the processes other than 0 of a job).
   `data_config`: the typed section, its fields checked (`data.validate`)."""
   data_config_lib.check_typed(data_config, 'data.preflight')
-  dataset = data_config.dataset
-  if dataset.startswith(registry.NEEDLE_PREFIX):  # its options, then its base's checks
-    from efficient_lm.data import needle  # pylint: disable=g-import-not-at-top
-    return needle.preflight(data_config, read, preflight)
-  if dataset.startswith(registry.HF_PREFIX):  # loaded and checked (hf_datasets.py)
-    from efficient_lm.data import hf_datasets  # pylint: disable=g-import-not-at-top
-    return hf_datasets.resolve(data_config)
-  if not dataset.startswith(TEXT_PREFIX):
-    return None
-  from efficient_lm.data import text_files  # pylint: disable=g-import-not-at-top
-  return text_files.scan(dataset, data_config.validation_fraction, data_config.test_fraction,
-                         read=read)
+  return registry.source(data_config.dataset).preflight(data_config, read, preflight)
 
 
 _UNCHECKED = object()  # `load` without what `preflight` returned (which may be None)
@@ -97,12 +68,9 @@ def load(data_config: DataConfig, checked=_UNCHECKED,
   `workdir.Workdir.resume_tokenizer`); its token streams are made here where missing.
   """
   data_config_lib.check_typed(data_config, 'data.load')
-  source = registry.lookup(data_config.dataset)
-  if source is not None and source.generated:  # nothing to prepare: generated on the fly
-    return source.generator().load(data_config)
-  if data_config.dataset.startswith(registry.NEEDLE_PREFIX):  # windows of a base corpus's text
-    from efficient_lm.data import needle  # pylint: disable=g-import-not-at-top
-    return needle.load(data_config, checked if checked is not _UNCHECKED
+  source = registry.source(data_config.dataset)
+  if source.builds_corpus:  # generated on the fly, or needles in the windows of a base corpus
+    return source.load(data_config, checked if checked is not _UNCHECKED
                        else preflight(data_config),
                        functools.partial(load, tokenizer_file=tokenizer_file))
   text_scan = checked if checked is not _UNCHECKED else preflight(data_config)

@@ -23,6 +23,7 @@ import numpy as np
 
 from efficient_lm.runtime import files
 from efficient_lm.data.errors import DataError
+from efficient_lm.data.tokenizer_protocol import TokenIds
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ FORMAT = 1  # bump when what is measured changes
 _EXCERPT = 40  # characters of an example shown on each side
 
 
-def measure(tokenizer, tokens, documents: Iterable[str]) -> dict:
+def measure(tokenizer: TokenIds, tokens, documents: Iterable[str]) -> dict:
   """{documents, bytes, lost_documents, lost_bytes, example} of the packed stream `tokens` ([eos,
   doc_0, eos, doc_1, ..., eos]) against the texts it was made of: a document is lost when its span
   decodes to anything but its text (`lost_bytes`: the UTF-8 bytes of the lost documents);
@@ -92,7 +93,7 @@ class Measured:
   """The round trip of each split, measured once (`measure`) and kept in the file `path_of(split)`
   (beside the split's stream); `tokens_of(split)`: its stream, `documents_of(split)`: its texts."""
 
-  def __init__(self, tokenizer, path_of: Callable[[str], str],
+  def __init__(self, tokenizer: TokenIds, path_of: Callable[[str], str],
                tokens_of: Callable[[str], np.ndarray],
                documents_of: Callable[[str], Iterable[str]]):
     self._tokenizer, self._path_of = tokenizer, path_of

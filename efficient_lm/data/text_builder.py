@@ -1,10 +1,12 @@
-"""The base of the built-in TFDS builders: one text document per example, read from an archive."""
+"""The base of the built-in TFDS builders (one text document per example, read from an archive), and
+the builder of a `tfds:<name>` dataset (`tfds_builder`, the registry's hook)."""
 
 import os
 
 import tensorflow_datasets as tfds
 
 from efficient_lm.runtime import progress
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import archives
 
 
@@ -23,6 +25,40 @@ class Reporting:
     with progress.phase(f"preparing {self.name} (TFDS, ArrayRecord)",
                         status=lambda: f"{self._documents_written:,} documents written"):
       return super()._download_and_prepare(dl_manager, download_config)
+
+
+class CheckedTextBuilder(Reporting, tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """The base of the builders of checked local text (`text_files.TextFiles`: a `text:` scan;
+  `hf_datasets.HFDataset`: an `hf:` dataset): built on what the source's preflight found
+  (`checked`, with its `dataset` and `cache_key`), one document per example, every feature text,
+  stored under `<tfds_dir>/<SUBDIR>/<cache_key>/` (`under`). A subclass sets `SUBDIR`,
+  `RELEASE_NOTES`, `_text_features()`, `_description()` and its splits."""
+
+  VERSION = tfds.core.Version('1.0.0')
+  SUBDIR = ''
+  KEEP_ORDER = False  # True: the examples in the order they are generated (TFDS's disable_shuffling)
+
+  def __init__(self, *, checked, **kwargs):
+    self._checked = checked
+    super().__init__(**kwargs)
+
+  @classmethod
+  def under(cls, checked, tfds_dir: str):
+    """The (unprepared or prepared) builder of `checked`, under tfds_dir/SUBDIR/<cache_key>."""
+    return cls(checked=checked, data_dir=os.path.join(tfds_dir, cls.SUBDIR, checked.cache_key),
+               file_format='array_record')
+
+  def _text_features(self) -> tuple[str, ...]:
+    raise NotImplementedError
+
+  def _description(self) -> str:
+    raise NotImplementedError
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    order = {'disable_shuffling': True} if self.KEEP_ORDER else {}
+    return self.dataset_info_from_configs(
+        features=tfds.features.FeaturesDict({k: tfds.features.Text() for k in self._text_features()}),
+        description=self._description(), **order)
 
 
 class ArchiveTextBuilder(Reporting, tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -75,3 +111,16 @@ class ArchiveTextBuilder(Reporting, tfds.core.GeneratorBasedBuilder, skip_regist
         }),
         homepage=self.HOMEPAGE,
     )
+
+
+def tfds_builder(checked, tfds_dir: str, data_config):
+  """The TFDS builder of `data.dataset='tfds:<name>'` under `tfds_dir` (the registry's hook; a
+  tfds: dataset has no preflight, `checked` is None); a ConfigError when TFDS cannot build it."""
+  del checked
+  dataset = data_config.dataset
+  name = dataset.partition(':')[2].strip()
+  try:
+    return tfds.builder(name, data_dir=tfds_dir, file_format='array_record')
+  except Exception as e:  # pylint: disable=broad-except  (unknown name, bad config name, ...)
+    raise ConfigError(f'data.dataset={dataset!r} cannot be built by TFDS ({type(e).__name__}: {e}); '
+                      'use a name from tfds.list_builders()') from e

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from efficient_lm.data import text_builder
+from efficient_lm.data.held_out import HELD_OUT, held_out_counts  # in file order: train | validation | test
 from efficient_lm.data.config import DataError, TEXT_PREFIX
 from efficient_lm.config.errors import ConfigError
 
@@ -29,7 +30,6 @@ log = logging.getLogger(__name__)
 
 BINARY_SNIFF_BYTES = 8192  # a NUL byte in this many leading bytes marks a file binary
 MIN_FILES_TO_SPLIT_BY_FILE = 3
-HELD_OUT = ('validation', 'test')  # in file order: train | validation | test
 _KEY_FORMAT = 1  # bump when what a key covers, or the way files are read or split, changes
 _WILDCARDS = '*?['
 
@@ -102,21 +102,11 @@ def _rank(relpath: str) -> tuple[str, str]:
   return hashlib.sha256(relpath.encode('utf-8')).hexdigest(), relpath
 
 
-def held_out_counts(n: int, validation_fraction: float, test_fraction: float) -> dict[str, int]:
-  """Files per held-out split out of n >= 3: rounded shares, >= 1 if the fraction is > 0, train >= 1."""
-  fractions = {'validation': validation_fraction, 'test': test_fraction}
-  counts = {s: max(1, round(f * n)) if f > 0 else 0 for s, f in fractions.items()}
-  while sum(counts.values()) > n - 1:  # only reached when the shares leave train nothing
-    largest = max(counts, key=lambda s: (counts[s], s))
-    counts[largest] -= 1
-  return counts
-
-
 def assign_files(relpaths: list[str], *, validation_fraction: float,
                  test_fraction: float) -> dict[str, list[str]]:
   """Relative paths per split, by sha256 rank (docs/data.md); each list sorted."""
   ranked = sorted(relpaths, key=_rank)
-  counts = held_out_counts(len(ranked), validation_fraction, test_fraction)
+  counts = held_out_counts(len(ranked), {'validation': validation_fraction, 'test': test_fraction})
   splits, start = {}, 0
   for split in HELD_OUT:
     if counts[split]:
@@ -272,30 +262,27 @@ def scan(dataset: str, validation_fraction: float, test_fraction: float, *,
   return result
 
 
-class TextFiles(text_builder.Reporting, tfds.core.GeneratorBasedBuilder, skip_registration=True):
+class TextFiles(text_builder.CheckedTextBuilder, skip_registration=True):
   """The files of one `Scan`, one example per file (or per file piece, in by-bytes mode)."""
 
-  VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'Text files matched by a glob, split by file or by bytes.'}
+  SUBDIR = 'text'
 
-  def __init__(self, *, text_scan: Scan, **kwargs):
-    self._scan = text_scan
-    super().__init__(**kwargs)
+  @property
+  def _scan(self) -> Scan:
+    return self._checked
 
-  def _info(self) -> tfds.core.DatasetInfo:
-    return self.dataset_info_from_configs(
-        features=tfds.features.FeaturesDict({
-            'text': tfds.features.Text(),
-            'title': tfds.features.Text(),
-        }),
-        description=f'{self._scan.dataset} (the files under {self._scan.root})',
-    )
+  def _text_features(self) -> tuple[str, ...]:
+    return ('text', 'title')
+
+  def _description(self) -> str:
+    return f'{self._scan.dataset} (the files under {self._scan.root})'
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager):
     del dl_manager  # the files are local
     if not self._scan.read:  # listed only (another process's check): read them now
-      self._scan = scan(self._scan.dataset, self._scan.validation_fraction,
-                        self._scan.test_fraction)
+      self._checked = scan(self._scan.dataset, self._scan.validation_fraction,
+                           self._scan.test_fraction)
     if not self._scan.by_bytes:
       split_files = self._scan.split_files()
       log.info('%s: files per split %s', self._scan.dataset, {s: len(f) for s, f in split_files.items()})
@@ -314,7 +301,15 @@ class TextFiles(text_builder.Reporting, tfds.core.GeneratorBasedBuilder, skip_re
       yield title, {'text': text, 'title': title}
 
 
-def make_builder(text_scan: Scan, tfds_dir: str) -> TextFiles:
-  """The (unprepared or prepared) builder of `text_scan`, under tfds_dir/text/<cache_key>."""
-  return TextFiles(text_scan=text_scan, data_dir=os.path.join(tfds_dir, 'text', text_scan.cache_key),
-                   file_format='array_record')
+def preflight(data_config, read: bool, base_preflight=None) -> Scan:
+  """The registry's checks of a `text:` dataset (`data_config`: the typed data section): `scan`."""
+  del base_preflight
+  return scan(data_config.dataset, data_config.validation_fraction, data_config.test_fraction,
+              read=read)
+
+
+def make_builder(text_scan: Scan, tfds_dir: str, data_config=None) -> TextFiles:
+  """The (unprepared or prepared) builder of `text_scan`, under tfds_dir/text/<cache_key> (the
+  registry's hook: `data_config` is in `text_scan`)."""
+  del data_config
+  return TextFiles.under(text_scan, tfds_dir)

@@ -26,6 +26,7 @@ import sentencepiece as spm
 
 from efficient_lm.runtime import progress
 from efficient_lm.data.tokenizer_json import check_tokenizer_json, read_json
+from efficient_lm.data.tokenizer_protocol import SeparatedTokenizer, int_ids
 
 PAD_ID, UNK_ID, EOS_ID = 0, 1, 2
 NEWLINE = '\n'
@@ -104,7 +105,7 @@ def _lines(texts, max_bytes, fraction, counts):
           yield piece
 
 
-class Tokenizer:
+class Tokenizer(SeparatedTokenizer):
   """A sentencepiece model: end-of-document id, pad id, and (with byte fallback) exact round trip.
 
   `own`: the model must be one `train` wrote (eos, pad, byte fallback). Otherwise any model with
@@ -132,14 +133,14 @@ class Tokenizer:
                          f'{self.model_path} (the pieces no text encodes to); name one of '
                          f'{", ".join(self._control_pieces()[:8]) or "them (it has none)"}, or '
                          "'' for its eos")
-      self._eos_id = sep
+      eos_id = sep
     else:
       if self._sp.eos_id() < 0:
         raise ValueError(f'{self.model_path} has no eos piece to separate documents (eos_id -1); '
                          'name one of its control pieces in data.separator_token '
                          f'({", ".join(self._control_pieces()[:8]) or "it has no control pieces"})')
-      self._eos_id = self._sp.eos_id()
-    self._pad_id = self._sp.pad_id() if self._sp.pad_id() >= 0 else self._eos_id
+      eos_id = self._sp.eos_id()
+    self._set_separator(eos_id, self._sp.pad_id())
 
   def _control_pieces(self) -> list[str]:
     return [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())
@@ -200,16 +201,6 @@ class Tokenizer:
   def vocab_size(self) -> int:
     return self._sp.get_piece_size()
 
-  @property
-  def eos_id(self) -> int:
-    """The separator: the stream's end-of-document id."""
-    return self._eos_id
-
-  @property
-  def pad_id(self) -> int:
-    """The model's pad piece, else the separator (padding is always under weight 0)."""
-    return self._pad_id
-
   def _encode_ids(self, text: str) -> list[int]:
     if _MARKER not in text or self._marker_ids is None:
       return self._sp.encode(text)
@@ -241,11 +232,7 @@ class Tokenizer:
 
   def decode(self, ids) -> str:
     """Text of `ids` (an int sequence or array); pad and end-of-document ids decode to ''."""
-    ids = [int(i) for i in np.asarray(ids).reshape(-1)]
-    return self._sp.decode(ids)
-
-  def __repr__(self) -> str:
-    return f'Tokenizer({self.model_path!r}, vocab_size={self.vocab_size})'
+    return self._sp.decode(int_ids(ids))
 
 
 _PARSED_LIMIT = 1 << 20  # a generated task's description is a few hundred bytes: larger JSON
@@ -286,7 +273,7 @@ def folder_file(folder: str) -> str:
 
 def open_tokenizer(path: str, separator_token: str = ''):
   """The tokenizer at `path`, used as it is (`open_file`). A training workdir (or an export), or
-  its tokenizer file (tokenizer.model / tokenizer.json: what `generation.load_workdir` opens),
+  its tokenizer file (tokenizer.model / tokenizer.json: what `inference.restore` opens),
   gives the folder's copy of either kind (`folder_file`), with the separator its run used
   (`run_separator`)."""
   path = os.path.expanduser(os.fspath(path))

@@ -1,5 +1,6 @@
-"""Scoring a trained model: the scoring windows, the score step and the stream scoring with the
-context ablation and recall by distance (`scoring`), the tests and rules that decide the claims
+"""Scoring a trained model: the score step and the one batched loop over rows of tokens that every
+scorer runs (`score_rows`), the scoring windows and the stream scoring with the context ablation and
+recall by distance (`scoring`), the tests and rules that decide the claims
 built on those scores (`stats`), and the field's long-context tasks (`long_context/`: needle in a
 haystack, loss past the trained length, RULER's synthetic tasks).
 

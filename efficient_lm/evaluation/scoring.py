@@ -4,36 +4,37 @@ what its context is worth (`--ablate_context`), recall by distance (MQAR). The c
 
 `score_stream(model, tokens, context=N, stride=S, ...)` scores every target of a token stream once,
 each window of up to N inputs scoring its last S targets (S <= N <= seq_len, else an `EvalError`),
-through the train step's chunked loss (`train_step.token_nll`: no `[B, T, V]` logits); with
-`ablate_context=A` it scores each token again with only its last A - S .. A - 1 tokens of its own
-context, the inputs before them swapped for text of another document of the split
-(`ablate_method='swap'`, in distribution) or end-of-document tokens (`'eos'`).
+through the one scoring loop (`score_rows`: the train step's chunked loss, no `[B, T, V]`
+logits); with `ablate_context=A` it scores each token again with only its last A - S .. A - 1
+tokens of its own context, the inputs before them swapped for text of another document of the
+split (`ablate_method='swap'`, in distribution) or end-of-document tokens (`'eos'`).
 `score_recall` scores an MQAR split per distance bin; `evaluate_workdir` loads a workdir and scores
 a split of its corpus or a UTF-8 file. Details (windows, the Perceiver-AR layout, the ablation,
 recall): docs/evaluation.md.
 """
 
+import itertools
 import math
 import os
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from flax import nnx
 
 from efficient_lm import data
+from efficient_lm.config.run import RunConfig
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import mqar
+from efficient_lm.data import registry
 from efficient_lm.data import round_trip
 from efficient_lm.evaluation import stats
-from efficient_lm.inference import generation
+from efficient_lm.evaluation.score_rows import make_score_step, score_rows  # (scoring's step)
+from efficient_lm.inference import restore as restore_lib
 from efficient_lm.parallel import sharding
 from efficient_lm.runtime import figures
-from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.training import metrics as metrics_lib
-from efficient_lm.training import step as train_step
 
 
 class EvalError(ValueError):
@@ -171,37 +172,6 @@ def window_batch(tokens: np.ndarray, windows: np.ndarray, *, context: int, strid
   return batch
 
 
-def make_score_step(graphdef, num_positions: int = 0, *, loss_chunk: int = 0,
-                    per_token: bool = False, predictions: bool = False):
-  """Jitted (params, batch) -> summed NLL (nats) and scored weight over the positions the logits
-  cover (the last T'), through the train step's loss (`train_step.token_nll`, over chunks of
-  `loss_chunk` positions); with `num_positions` > 0 also per window position sums, with
-  `per_token` every position's NLL `[B, T']`, with `predictions` the argmax `[B, T']`."""
-
-  @jax.jit
-  def score_step(params, batch):
-    model = nnx.merge(graphdef, params)
-    x_BTD = model.hidden(batch["inputs"], segment_ids_BT=batch.get("segment_ids"))
-    T = x_BTD.shape[1]
-    nll_BT, *predicted = train_step.token_nll(model, x_BTD, batch["targets"], loss_chunk,
-                                              predictions=predictions)
-    weights_BT = batch["weights"][:, -T:]
-    out = {"nll": jnp.sum(nll_BT * weights_BT), "scored": jnp.sum(weights_BT)}
-    if num_positions:
-      where_N = batch["window_positions"][:, -T:].reshape(-1)
-      out["position_nll"] = jax.ops.segment_sum((nll_BT * weights_BT).reshape(-1), where_N,
-                                                num_segments=num_positions)
-      out["position_count"] = jax.ops.segment_sum(weights_BT.reshape(-1), where_N,
-                                                  num_segments=num_positions)
-    if per_token:
-      out["token_nll"] = nll_BT
-    if predictions:
-      out["predicted"] = predicted[0]
-    return out
-
-  return score_step
-
-
 def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_size: int,
                  num_bytes: int, eos_id: int, pad_id: int, per_position: bool = False,
                  mesh: jax.sharding.Mesh | None = None, seq_len: int | None = None,
@@ -261,54 +231,46 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
   total = num_windows(n, stride)
   if mesh is not None:
     params = _on_mesh(params, mesh)
-  step = make_score_step(graphdef, context if per_position else 0, loss_chunk=loss_chunk,
-                         per_token=bool(ablate_context))
-  sums = {"nll": 0.0, "scored": 0.0, "position_nll": 0.0, "position_count": 0.0}
-  kept = {"full": [], "ablated": [], "where": []}  # per scored token, for the ablation
-  swap_relaxed = 0  # windows whose swapped-in text avoids only the scored targets' documents
-  pending: list = []
+  step = make_score_step(graphdef, loss_chunk=loss_chunk)
+  layout = dict(context=context, stride=stride, seq_len=seq_len, right_align=right_align,
+                eos_id=eos_id, pad_id=pad_id, document_mask=document_mask)
+  swap_relaxed = [0]  # windows whose swapped-in text avoids only the scored targets' documents
 
-  def collect(outputs) -> None:  # host sums in float64, as train.evaluate's
-    (full, ablated, batch) = outputs
-    full = jax.device_get(full)
-    for name, value in full.items():
-      if name != "token_nll":
-        sums[name] = sums[name] + np.asarray(value, np.float64)
-    if ablated is not None:
-      T = full["token_nll"].shape[1]
-      scored = batch["weights"][:, -T:] > 0
-      kept["full"].append(np.asarray(full["token_nll"], np.float64)[scored])
-      kept["ablated"].append(np.asarray(jax.device_get(ablated)["token_nll"], np.float64)[scored])
-      kept["where"].append(batch["stream_positions"][:, -T:][scored])
-
-  for first in range(0, total, batch_size):
-    layout = dict(context=context, stride=stride, seq_len=seq_len, right_align=right_align,
-                  eos_id=eos_id, pad_id=pad_id, document_mask=document_mask)
-    windows = np.arange(first, first + batch_size)
-    batch = window_batch(tokens, windows, **layout)
-    place = lambda b: sharding.shard_batch(b, mesh) if mesh is not None else b
-    full = step(params, place(batch))  # dispatched asynchronously: the host builds the next
-    ablated = None
-    if ablate_context:
+  def rows(ablate: int = 0):  # every window, built batch_size windows at a time
+    for first in range(0, total, batch_size):
+      windows = np.arange(first, min(first + batch_size, total))
       swap_from = None
-      if ablate_method == "swap":
+      if ablate and ablate_method == "swap":
         swap_from, relaxed = swap_starts(tokens, windows, context=context, stride=stride,
-                                         ablate=ablate_context, eos_id=eos_id, seed=bootstrap_seed)
-        swap_relaxed += int(relaxed.sum())
-      ablated = step(params, place(window_batch(tokens, windows, ablate=ablate_context,
-                                                swap_from=swap_from, **layout)))
-    pending.append((full, ablated, batch))
-    if len(pending) > 4:
-      collect(pending.pop(0))
-  for outputs in pending:
-    collect(outputs)
-  total_nll, scored = float(sums["nll"]), float(sums["scored"])
+                                         ablate=ablate, eos_id=eos_id, seed=bootstrap_seed)
+        swap_relaxed[0] += int(relaxed.sum())
+      block = window_batch(tokens, windows, ablate=ablate, swap_from=swap_from, **layout)
+      yield from ({k: v[b] for k, v in block.items()} for b in range(len(windows)))
+
+  loop = dict(batch_size=batch_size, pad_row={k: v[0] for k, v in window_batch(
+      tokens, np.asarray([total]), **layout).items()},  # a window id past the last: weight 0
+              place=(lambda b: sharding.shard_batch(b, mesh)) if mesh is not None else None)
+  scored_rows = score_rows(step, params, rows(), progress=f"scoring {total:,} windows",
+                           total=total, **loop)
+  ablated_rows = (score_rows(step, params, rows(ablate_context), **loop) if ablate_context
+                  else itertools.repeat(None))
+  total_nll = scored = 0.0  # host sums in float64, as train.evaluate's
+  position_nll, counts = np.zeros(context), np.zeros(context)
+  kept = {"full": [], "ablated": [], "where": []}  # per scored token, for the ablation
+  for full, ablated in zip(scored_rows, ablated_rows):
+    total_nll, scored = total_nll + full.nll, scored + full.scored
+    if per_position:
+      full.add_positions(position_nll, counts)
+    if ablated is not None:
+      mask = full.weights > 0
+      kept["full"].append(full.token_nll[mask])
+      kept["ablated"].append(ablated.token_nll[mask])
+      kept["where"].append(full.tail("stream_positions")[mask])
   result = {**metrics_lib.loss_figures(total_nll, scored, num_bytes * scored / n,
                                        bits_per_byte_withheld),
             "scored_tokens": int(round(scored)), "target_tokens": n, "num_windows": total,
             "context": int(context), "stride": int(stride)}
   if per_position:
-    position_nll, counts = sums["position_nll"], sums["position_count"]
     result["per_position_loss"] = [float(s / c) if c else None for s, c in zip(position_nll, counts)]
     result["per_position_count"] = [int(round(c)) for c in counts]
   if ablate_context:
@@ -318,7 +280,7 @@ def score_stream(model: nnx.Module, tokens, *, context: int, stride: int, batch_
         bootstrap_seed)
     result["ablation"]["method"] = ablate_method
     if ablate_method == "swap":
-      result["ablation"]["swap_relaxed_windows"] = swap_relaxed
+      result["ablation"]["swap_relaxed_windows"] = swap_relaxed[0]
   return result
 
 
@@ -366,23 +328,22 @@ def score_recall(model: nnx.Module, corpus, split: str, *, batch_size: int, loss
   accuracy = mqar.DistanceAccuracy(corpus.task, num_bins)
   total_nll = scored = 0.0
   queries = {"sequence": [], "position": [], "distance": [], "correct": []}
-  for first, batch in zip(range(0, 1 << 62, batch_size),
-                          corpus.eval_batches(split, batch_size=batch_size)):
-    distances = batch.pop("distances")
-    placed = sharding.shard_batch(batch, mesh) if mesh is not None else batch
-    out = jax.device_get(step(params, placed))
-    total_nll += float(out["nll"])
-    scored += float(out["scored"])
-    accuracy.add(distances, batch["targets"], out["predicted"])
+  rows = ({k: v[b] for k, v in batch.items()}  # (its last batch comes padded with weight-0 rows)
+          for batch in corpus.eval_batches(split, batch_size=batch_size)
+          for b in range(len(batch["inputs"])))
+  place = (lambda b: sharding.shard_batch(b, mesh)) if mesh is not None else None
+  for sequence, out in enumerate(score_rows(step, params, rows, batch_size=batch_size,
+                                            place=place, progress=f"scoring {split}")):
+    total_nll, scored = total_nll + out.nll, scored + out.scored
+    distances_T = out.row["distances"]
+    accuracy.add(distances_T[None], out.row["targets"][None], out.predicted[None])
     if per_query:
-      T = out["predicted"].shape[1]
-      answer_BT = distances[:, -T:] >= 0
-      rows_BT = np.broadcast_to(first + np.arange(len(distances))[:, None], answer_BT.shape)
-      columns_BT = np.broadcast_to(distances.shape[1] - T + np.arange(T)[None, :], answer_BT.shape)
-      queries["sequence"].append(rows_BT[answer_BT])
-      queries["position"].append(columns_BT[answer_BT])
-      queries["distance"].append(distances[:, -T:][answer_BT])
-      queries["correct"].append((out["predicted"] == batch["targets"][:, -T:])[answer_BT])
+      T = len(out.predicted)
+      answer_T = out.tail("distances") >= 0
+      queries["sequence"].append(np.full(int(answer_T.sum()), sequence))
+      queries["position"].append((len(distances_T) - T + np.arange(T))[answer_T])
+      queries["distance"].append(out.tail("distances")[answer_T])
+      queries["correct"].append((out.predicted == out.tail("targets"))[answer_T])
   result = {**metrics_lib.loss_figures(total_nll, scored, 0, "an MQAR task has no text: its "
                                        "figures are per answer (loss, recall)"),
             "scored_tokens": int(scored),
@@ -416,14 +377,6 @@ def read_text_file(path: str, tokenizer) -> tuple[np.ndarray, int]:
   return np.concatenate([eos, ids, eos]), len(raw)
 
 
-def eval_mesh(config) -> jax.sharding.Mesh:
-  """The mesh a workdir is scored on: every local device along `fsdp` (parameters sharded as in
-  training, batch rows split), the workdir's `mesh.tensor`; the sequence whole (context 1)."""
-  mesh_cfg = ml_collections.ConfigDict(dict(config.mesh))
-  mesh_cfg.update(data=1, fsdp=-1, context=1, dcn_data=1, dcn_fsdp=1)
-  return sharding.make_mesh(mesh_cfg, jax.local_devices())
-
-
 def _on_mesh(params, mesh):
   """Parameters on `mesh`: as they are when already placed there (sharded), else replicated."""
   leaves = jax.tree.leaves(params)
@@ -433,16 +386,7 @@ def _on_mesh(params, mesh):
   return jax.device_put(params, sharding.replicated(mesh))
 
 
-def _load(workdir: str):
-  """(model, tokenizer, config, step, mesh): the one place a workdir is loaded, its parameters
-  restored straight onto the evaluation mesh (sharded as in training: a model that needed FSDP to
-  train is evaluated the same way)."""
-  config = workdir_lib.Workdir(workdir).saved_config()
-  mesh = eval_mesh(config) if config is not None else None
-  return (*generation.load_workdir(workdir, mesh=mesh), mesh)
-
-
-def _source(config, tokenizer, split: str | None, text_file: str | None):
+def _source(config: RunConfig, tokenizer, split: str | None, text_file: str | None):
   """(name, token stream, bytes, why bits per byte is withheld or None) of what to score: a split
   with no text is an EvalError; bits per byte is withheld where the tokenizer does not give the
   text back (`data.round_trip`)."""
@@ -452,8 +396,7 @@ def _source(config, tokenizer, split: str | None, text_file: str | None):
       measured = round_trip.measure(tokenizer, tokens, [f.read().decode("utf-8")])
     return (os.path.splitext(os.path.basename(text_file))[0] or "text", tokens, num_bytes,
             round_trip.withheld(measured, "--text_file"))
-  # typed here: the workdir's config.json; tokenized by the workdir's tokenizer, whatever the
-  # data cache holds
+  # the workdir's config.json, tokenized by the workdir's tokenizer, whatever the data cache holds
   corpus = data.load(data.validate(config.data), tokenizer_file=tokenizer.model_path)
   split = split or config.train.eval_split
   if split not in corpus.splits:
@@ -490,8 +433,12 @@ def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str |
     if value is not None:
       _check_positive_int(name, value)
   workdir = os.path.abspath(os.path.expanduser(workdir))
-  model, tokenizer, config, step, mesh = _load(workdir)
-  if config.data.dataset.startswith("mqar:") and text_file is None:
+  # The parameters straight onto this host's devices, sharded as in training (a model that
+  # needed FSDP to train is evaluated the same way).
+  restored = restore_lib.restore(workdir, sharded=True, exports=False)
+  model, tokenizer, config, step, mesh = (restored.model, restored.tokenizer, restored.config,
+                                          restored.step, restored.mesh)
+  if not registry.source(config.data.dataset).has_text and text_file is None:  # recall (MQAR)
     return _evaluate_recall(workdir, model, config, step, split, batch_size, per_query, mesh)
   seq_len = config.model.seq_len
   context = context or seq_len
@@ -526,9 +473,10 @@ def evaluate_workdir(workdir: str, *, split: str | None = None, text_file: str |
   return result
 
 
-def _evaluate_recall(workdir: str, model, config, step: int, split: str | None,
-                     batch_size: int | None, per_query: bool, mesh) -> dict:
-  corpus = data.load(data.validate(config.data))  # typed here: the workdir's config.json
+def _evaluate_recall(workdir: str, model: nnx.Module, config: RunConfig, step: int,
+                     split: str | None, batch_size: int | None, per_query: bool,
+                     mesh: jax.sharding.Mesh) -> dict:
+  corpus = data.load(data.validate(config.data))  # the workdir's config.json
   split = split or config.train.eval_split
   if split not in corpus.splits or split == "train":
     raise EvalError(f"--split={split} is not an evaluation split of {corpus.name}; use validation "

@@ -1,15 +1,12 @@
-"""The export format's writer: a trained workdir's weights as safetensors (`efficient_lm.load` reads
-them; `python -m efficient_lm.export` is the command).
+"""Exporting a trained workdir: its weights in the export format (`export_format`: the format's
+writer and reader, side by side) in a folder of their own (`python -m efficient_lm.export` is the
+command; `efficient_lm.load` reads the folder).
 
-`export(workdir, out)` writes into `out`: `model.safetensors` (or, past `max_shard_bytes`,
-`model-00001-of-0000K.safetensors` ... and `model.safetensors.index.json`, the usual `{"metadata":
-{"total_size": ...}, "weight_map": {name: file}}`), `config.json` (the run's config.json and a
-`format` block: what wrote it, the step, the dtype), the workdir's tokenizer file as it is
-(tokenizer.model or tokenizer.json), and a `README.md` model card. Tensors are named by their
-module path (the dot-joined nnx state path, e.g. `blocks.mixer.attn.qkv.kernel`); the layers,
-stacked by `nnx.scan`, are one tensor each with the layer axis first. The checkpoint (latest, or
-`step`) is restored onto one CPU device whatever mesh or host count wrote it; shapes come from
-the config.
+`export(workdir, out)` writes into `out`: `model.safetensors` (or, past `max_shard_bytes`, shards and
+their index), `config.json` (the run's config.json and a `format` block), the workdir's tokenizer
+file as it is (tokenizer.model or tokenizer.json), and a `README.md` model card. The checkpoint
+(latest, or `step`) is restored onto one CPU device whatever mesh or host count wrote it
+(`inference.restore`); shapes come from the config.
 
 An export never replaces what it did not write. `out` must be new, empty, or (with
 `overwrite`) hold exactly a previous export: nothing but the names above and a config.json whose
@@ -29,21 +26,19 @@ import re
 import shutil
 import socket
 
+from efficient_lm.config.run import RunConfig
+from efficient_lm.inference import export_format
+from efficient_lm.inference.export_format import FORMAT, INDEX, WEIGHTS, ExportError
 from efficient_lm.runtime import figures
 from efficient_lm.runtime import signals
 from efficient_lm.runtime.files import unique_suffix
 from efficient_lm.state import workdir as workdir_lib
 
-FORMAT = "efficient_lm.safetensors"  # config.json's format.name
-FORMAT_VERSION = 1
-WEIGHTS = "model.safetensors"
-INDEX = "model.safetensors.index.json"
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_MAX_SHARD_BYTES = 5_000_000_000
 README = "README.md"
 # What a folder an export wrote holds: nothing else (`is_previous_export`).
 EXPORT_NAMES = (WEIGHTS, INDEX, workdir_lib.CONFIG, README, *workdir_lib.TOKENIZER_FILES)
-_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 # A training workdir's entries beside its config.json (`workdir_at`); a tokenizer file is not one:
 # weights written elsewhere come with config.json and the tokenizer too.
 _RUN_ENTRIES = (workdir_lib.DATA, workdir_lib.CHECKPOINTS, "metrics.jsonl", "tensorboard")
@@ -51,128 +46,26 @@ _RUN_ENTRIES = (workdir_lib.DATA, workdir_lib.CHECKPOINTS, "metrics.jsonl", "ten
 log = logging.getLogger(__name__)
 
 
-class ExportError(ValueError):
-  """An export that cannot run as asked (no checkpoint, an occupied --out, bad flags)."""
-
-
-# ----------------------------------------------------------------------------------------------
-# Names: the dot-joined nnx state path of every parameter.
-
-
-def flat_names(params) -> dict[str, tuple[tuple, object]]:
-  """{name: (path in `nnx.to_pure_dict(params)`, leaf)} for an nnx State (arrays or shapes)."""
-  from flax import nnx  # pylint: disable=import-outside-toplevel
-  out = {}
-
-  def walk(tree, prefix):
-    for key, value in tree.items():
-      if isinstance(value, dict):
-        walk(value, prefix + (key,))
-        continue
-      name = ".".join(str(k) for k in prefix + (key,))
-      if name in out:
-        raise ExportError(f"two parameters are both named {name!r}; rename one module")
-      out[name] = (prefix + (key,), value)
-
-  walk(nnx.to_pure_dict(params), ())
-  return out
-
-
-def runnable_config(config, platform: str):
-  """`config` as `platform` ('cpu', 'gpu', 'tpu') can build it: a `model.attention_impl` whose
-  kernels cannot run there (splash off TPU, gpu off GPU) is swapped for 'auto'; the parameters are
-  the same."""
-  # Imported here: jax loads only after the export command's refusals.
-  from efficient_lm.ops.core import backends  # pylint: disable=import-outside-toplevel
-  model = config.model
-  if backends.check(model.attention_impl, platform, model.kernel_interpret) is None:
-    return config
-  config = config.copy_and_resolve_references()
-  config.model.attention_impl = "auto"
-  config.model.kernel_interpret = False
-  return config
-
-
-def one_device_mesh(device):
-  """A mesh of `device` alone with the four axes (`sharding.single_device_mesh`, on any device)."""
-  import jax  # pylint: disable=import-outside-toplevel
-  # Imported here: jax loads only after the export command's refusals.
-  from efficient_lm.parallel import sharding  # pylint: disable=import-outside-toplevel
-  return jax.make_mesh((1, 1, 1, 1), sharding.AXES,
-                       axis_types=(jax.sharding.AxisType.Auto,) * 4, devices=[device])
-
-
-def restore(workdir: str, step: int | None = None, device=None):
-  """(graphdef, params, config, step) of the workdir's latest checkpoint (or `step`), restored onto
-  `device` alone (default: the first of jax's default backend), whatever mesh or host count saved
-  it; the shapes come from the workdir's config.json."""
-  import jax  # pylint: disable=import-outside-toplevel
-  # Imported here: jax and Orbax load only after the export command's refusals.
-  from efficient_lm.state import checkpoint  # pylint: disable=import-outside-toplevel
-  from efficient_lm.state import train_state  # pylint: disable=import-outside-toplevel
-  wd = workdir_lib.Workdir(workdir)
-  wd.require_trained()
-  steps = checkpoint.committed_steps(wd.checkpoints)
-  if step is not None and step not in steps:
-    raise ExportError(f"--step={step} is not a committed checkpoint of {wd.checkpoints} (it has "
-                      f"{', '.join(map(str, steps)) or 'none'}); give one of them, or leave --step "
-                      "out for the latest")
-  device = device if device is not None else jax.devices()[0]
-  config = runnable_config(wd.saved_config(), device.platform)
-  mesh = one_device_mesh(device)
-  built = train_state.build(config, mesh, abstract=True)
-  ckpt = checkpoint.Checkpointer(wd.checkpoints, max_to_keep=None)
-  try:
-    if step is None:
-      restored = ckpt.restore_latest(built.state, lambda meta: None, set_aside=False)
-      if restored is None:
-        raise workdir_lib.WorkdirError(f"{wd.checkpoints} has no checkpoint yet: train first, or "
-                                       "wait for the first save (train.checkpoint_every)")
-      step, state, _ = restored
-    else:
-      state, _ = ckpt.restore(step, built.state)
-  finally:
-    ckpt.close()
-  return built.graphdef, state.params, config, int(step)
-
-
 # ----------------------------------------------------------------------------------------------
 # Folders: what an export is, and where one may go (it never replaces what it did not write).
 
 
-def is_export(path: str) -> bool:
-  """Whether `path` holds weights to load (`model.safetensors` or the index): an export, or weights
-  written elsewhere (`efficient_lm.load` reads both)."""
-  return any(os.path.isfile(os.path.join(path, name)) for name in (WEIGHTS, INDEX))
-
-
-def export_format(path: str) -> dict | None:
-  """The `format` block of the folder's config.json when it names this format (what an export
-  writes), else None."""
-  try:
-    with open(os.path.join(path, workdir_lib.CONFIG), encoding="utf-8") as f:
-      fmt = json.load(f).get("format")
-  except (OSError, ValueError, AttributeError):
-    return None
-  return fmt if isinstance(fmt, dict) and fmt.get("name") == FORMAT else None
-
-
 def is_export_name(name: str) -> bool:
-  return name in EXPORT_NAMES or _SHARD.fullmatch(name) is not None
+  return name in EXPORT_NAMES or export_format.SHARD.fullmatch(name) is not None
 
 
 def is_previous_export(path: str) -> bool:
   """Whether the folder `path` holds exactly an export's files: nothing but `EXPORT_NAMES` and
   shards, and a config.json whose `format` block names `FORMAT`. Only such a folder is replaced."""
   return (os.path.isdir(path) and all(is_export_name(n) for n in os.listdir(path))
-          and export_format(path) is not None)
+          and export_format.format_block(path) is not None)
 
 
 def _is_workdir(folder: str) -> bool:
   """A training workdir: config.json (not an export's) and a run's own entries beside it."""
   return (os.path.isfile(os.path.join(folder, workdir_lib.CONFIG))
           and any(os.path.exists(os.path.join(folder, n)) for n in _RUN_ENTRIES)
-          and export_format(folder) is None)
+          and export_format.format_block(folder) is None)
 
 
 def workdir_at(path: str) -> str | None:
@@ -230,8 +123,8 @@ def check_workdir(workdir: str) -> None:
   not a trained workdir."""
   path = os.path.abspath(os.path.expanduser(workdir))
   wd = workdir_lib.Workdir(path)
-  if is_export(path) and not wd.has_checkpoints():
-    what = "an export" if export_format(path) is not None else "a folder of weights"
+  if export_format.is_export(path) and not wd.has_checkpoints():
+    what = "an export" if export_format.format_block(path) is not None else "a folder of weights"
     raise ExportError(f"--workdir={workdir} is {what} (it holds {WEIGHTS} or {INDEX}), not a "
                       "training workdir: there is nothing to export, efficient_lm.load("
                       f"{workdir!r}) reads it as it is; to export another step or dtype, give "
@@ -280,7 +173,7 @@ def _clean_stale(out: str) -> None:
         and all(is_export_name(n) for n in os.listdir(path))):
       stale[match[3]].append(path)
   for path in stale["old"]:
-    if not os.path.exists(out) and export_format(path) is not None:
+    if not os.path.exists(out) and export_format.format_block(path) is not None:
       os.rename(path, out)
       log.warning("put back %s: the export a stopped export was replacing, renamed aside as %s",
                   out, os.path.basename(path))
@@ -318,41 +211,6 @@ def _put_in_place(tmp: str, out: str, overwrite: bool) -> None:
 # Writing.
 
 
-def plan_shards(sizes: dict[str, int], max_shard_bytes: int) -> list[list[str]]:
-  """Tensor names (in name order) cut into files of at most `max_shard_bytes` each (a larger
-  tensor alone in its own)."""
-  shards, used = [[]], 0
-  for name in sorted(sizes):
-    if shards[-1] and used + sizes[name] > max_shard_bytes:
-      shards.append([])
-      used = 0
-    shards[-1].append(name)
-    used += sizes[name]
-  return shards
-
-
-def shard_file(i: int, count: int) -> str:
-  return WEIGHTS if count == 1 else f"model-{i + 1:05d}-of-{count:05d}.safetensors"
-
-
-def write_weights(tensors: dict, folder: str, max_shard_bytes: int) -> list[str]:
-  """`tensors` ({name: numpy array}) as safetensors files in `folder` (and the index when there is
-  more than one); returns the files written."""
-  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
-  shards = plan_shards({k: v.nbytes for k, v in tensors.items()}, max_shard_bytes)
-  files = [shard_file(i, len(shards)) for i in range(len(shards))]
-  for names, file in zip(shards, files):
-    save_file({k: tensors[k] for k in names}, os.path.join(folder, file),
-              metadata={"format": "flax"})
-  if len(shards) > 1:
-    index = {"metadata": {"total_size": sum(v.nbytes for v in tensors.values())},
-             "weight_map": {k: f for names, f in zip(shards, files) for k in names}}
-    with open(os.path.join(folder, INDEX), "w", encoding="utf-8") as f:
-      json.dump(index, f, indent=2, sort_keys=True)
-    files.append(INDEX)
-  return files
-
-
 def last_eval(workdir: str, step: int) -> dict | None:
   """The last evaluation record of metrics.jsonl at or before `step` (None if there is none)."""
   path = os.path.join(workdir, "metrics.jsonl")
@@ -371,7 +229,7 @@ def last_eval(workdir: str, step: int) -> dict | None:
   return found
 
 
-def model_card(config, *, step: int, num_params: int, dtype: str, files: list[str],
+def model_card(config: RunConfig, *, step: int, num_params: int, dtype: str, files: list[str],
                tokenizer_files: list[str], evaluation: dict | None, command: str,
                shapes: dict[str, tuple]) -> str:
   """The export's README.md; `shapes`: {tensor name: shape}."""
@@ -379,7 +237,7 @@ def model_card(config, *, step: int, num_params: int, dtype: str, files: list[st
   stacked = sorted(k for k, v in shapes.items() if k.startswith("blocks.")
                    and not k.split(".")[1].isdigit() and v and v[0] <= m.num_layers)
   example = (f" (here `{stacked[0]}` is `{list(shapes[stacked[0]])}`)" if stacked else "")
-  kv_heads = m.get("num_kv_heads") or m.num_heads
+  kv_heads = m.kv_heads  # (`model.num_kv_heads` resolved: 0 is num_heads)
   heads = f"{m.num_heads} heads" + (f" ({kv_heads} key/value heads)" if kv_heads != m.num_heads
                                     else "")
   shape = (f"d_model {m.d_model}, {m.num_layers} layers, {heads}, context (seq_len) "
@@ -440,10 +298,17 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
   check_workdir(workdir)
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  # Imported here: jax and Orbax load only after the export command's refusals.
+  from efficient_lm.inference import restore as restore_lib  # pylint: disable=import-outside-toplevel
   asked = step
-  _, params, _, step = restore(workdir, step, device=jax.devices("cpu")[0])
+  try:
+    restored = restore_lib.restore(workdir, step=step, device=jax.devices("cpu")[0], exports=False)
+  except restore_lib.LoadError as e:  # (a --step the checkpoints lack): the command's refusal
+    raise ExportError(str(e)) from None
+  step, config = restored.step, restored.config
   tensors = {}
-  for name, (_, value) in flat_names(params).items():
+  for name, (_, value) in export_format.flat_names(nnx.state(restored.model)).items():
     array = np.asarray(jax.device_get(value))
     if dtype is not None and jax.numpy.issubdtype(array.dtype, jax.numpy.floating):
       array = array.astype(jax.numpy.dtype(dtype))
@@ -451,7 +316,6 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
   dtypes = sorted({v.dtype.name for v in tensors.values()})
   with open(os.path.join(workdir, workdir_lib.CONFIG), encoding="utf-8") as f:
     saved = json.load(f)
-  config = workdir_lib.Workdir(workdir).saved_config()
   command = command or (f"python -m efficient_lm.export --workdir={workdir} --out={out}"
                         + (f" --step={asked}" if asked is not None else "")
                         + (f" --dtype={dtype}" if dtype else ""))
@@ -459,14 +323,11 @@ def export(workdir: str, out: str, *, step: int | None = None, dtype: str | None
   tmp = _aside(out, "tmp")  # beside --out: the rename into place stays on one filesystem
   os.mkdir(tmp)
   try:
-    files = write_weights(tensors, tmp, max_shard_bytes)
+    files = export_format.write_weights(tensors, tmp, max_shard_bytes)
     tokenizer = workdir_lib.Workdir(workdir).tokenizer_file()  # tokenizer.model or .json
     copied = [os.path.basename(tokenizer)]
     shutil.copyfile(tokenizer, os.path.join(tmp, copied[0]))
-    saved["format"] = {"name": FORMAT, "version": FORMAT_VERSION, "step": step,
-                       "dtype": "/".join(dtypes), "weights": INDEX if len(files) > 1 else WEIGHTS}
-    with open(os.path.join(tmp, workdir_lib.CONFIG), "w", encoding="utf-8") as f:
-      json.dump(saved, f, indent=2)
+    export_format.write_config(tmp, saved, step=step, dtype="/".join(dtypes), files=files)
     num_params = sum(int(v.size) for v in tensors.values())
     card = model_card(config, step=step, num_params=num_params, dtype="/".join(dtypes),
                       files=files, tokenizer_files=copied, evaluation=last_eval(workdir, step),

@@ -35,17 +35,13 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 from flax import nnx
 
 from efficient_lm import models
+from efficient_lm.config.run import RunConfig
 from efficient_lm.data import corpus as corpus_lib
-from efficient_lm.data.tokenizer import open_tokenizer
 from efficient_lm.runtime import progress
-from efficient_lm.state import checkpoint
-from efficient_lm.state import train_state
-from efficient_lm.state import workdir as workdir_lib
 
 
 def sample_logits(logits_BV: jax.Array, key: jax.Array, *, temperature: float, top_k: int = 0,
@@ -510,45 +506,17 @@ def reference_generate(model: nnx.Module, prompt_ids, *, num_tokens: int, seq_le
   return np.asarray(tokens[-num_tokens:], dtype=np.int32)
 
 
-# The command line: sample from a training workdir.
-
-
-
-def load_workdir(workdir: str, mesh: jax.sharding.Mesh | None = None
-                 ) -> tuple[nnx.Module, "object", ml_collections.ConfigDict, int]:
-  """(model with the latest checkpoint's parameters, tokenizer, config, step) from a workdir.
-
-  The parameters are restored straight onto `mesh` with the workdir's sharding rules (a model
-  that needed FSDP to train fits the same way), or onto one device; the model uses the
-  single-device ops whatever mesh it was trained on.
-  """
-
-  wd = workdir_lib.Workdir(workdir)
-  wd.require_trained()
-  config = wd.saved_config()
-  built = train_state.build(config, mesh, abstract=True)
-  ckpt = checkpoint.Checkpointer(wd.checkpoints, max_to_keep=None)
-  restored = ckpt.restore_latest(built.state, lambda meta: None, set_aside=False)
-  ckpt.close()
-  if restored is None:
-    raise workdir_lib.WorkdirError(f"{workdir}/checkpoints has no checkpoint yet: train first, or wait for "
-                       "the first save (train.checkpoint_every)")
-  step, state, _ = restored
-  return nnx.merge(built.graphdef, state.params), open_tokenizer(wd.file(workdir_lib.TOKENIZER)), \
-      config, step
-
-
-def sample_from_state(config: ml_collections.ConfigDict, params, tokenizer, prompt: str, *,
+def sample_from_state(run: RunConfig, params, tokenizer, prompt: str, *,
                       num_tokens: int, seed: int = 0) -> str | None:
-  """A sample from trained `params` (any mesh) with the single-device model of `config`.
+  """A sample from trained `params` (any mesh) with the single-device model of `run`.
 
   With learned positions the sample stops where the position table ends
   (`model.seq_len` tokens in all, the prompt included); None if no token fits.
   """
-  graphdef = nnx.graphdef(nnx.eval_shape(lambda: models.create(config.model, rngs=nnx.Rngs(0))))
+  graphdef = nnx.graphdef(nnx.eval_shape(lambda: models.create(run.model, rngs=nnx.Rngs(0))))
   model = nnx.merge(graphdef, params)
   room = context_room(model, len(tokenizer.encode(prompt)))
   if room < 1:
     return None
   return generate_text(model, tokenizer, prompt, num_tokens=min(num_tokens, room), seed=seed,
-                       document_mask=config.data.document_mask)
+                       document_mask=run.data.document_mask)

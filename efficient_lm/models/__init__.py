@@ -1,15 +1,15 @@
 """Building a model: `create(model_config, rngs=...)` builds the model named by `model.name`.
 
 The families register themselves (`models/registry.py`: each module of this package calls
-`registry.register` at import, and the registry imports them all once), each with its typed
-config (`config.model.ModelConfig`'s subclass beside its mixer: its fields, their checks, its
-attention patterns). Every function here takes that typed config, or a config's model section
-(a ConfigDict), which `registry.model_config` turns into it at the entry. Adding a model is a
-module beside this one and a config (docs/adding_a_model.md); no shared file changes.
+`registry.register` at import, and the registry imports them all once), each model with the typed
+config its family declares (`efficient_lm.families`: `config.model.ModelConfig`'s subclass, its
+fields, their checks, its attention patterns). Every function here takes that typed config (a
+`RunConfig`'s `model`). Adding a model is a module here, its config class in `families/` and a
+config file (docs/adding_a_model.md); no shared file changes.
 
-A wing of the package (docs/architecture.md, "The wings"): it may import `ops`, `parallel`,
-`config` and `runtime`; never `data` (declared independent: a model knows no data pipeline), nor
-the state, training, inference or evaluation built on it.
+A wing of the package (docs/architecture.md, "The wings"): it may import `families`, `ops`,
+`parallel`, `config` and `runtime`; never `data` (declared independent: a model knows no data
+pipeline), nor the state, training, inference or evaluation built on it.
 """
 
 from typing import Any, NamedTuple
@@ -23,18 +23,13 @@ from efficient_lm.models import decoder
 from efficient_lm.models import placement
 from efficient_lm.models import registry
 from efficient_lm.models.placement import validate_attention_impl, validate_context
-from efficient_lm.models.registry import REGISTRY, ModelEntry, logical_axes, model_config
+from efficient_lm.models.registry import REGISTRY, ModelEntry, logical_axes
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import Route
 from efficient_lm.config.errors import ConfigError
 
 registry.discover()
-
-
-def _typed(cfg: Any) -> ModelConfig:
-  """`cfg` as the typed config: a `ModelConfig` as it is, a model section through the edge."""
-  return cfg if isinstance(cfg, ModelConfig) else model_config(cfg)
 
 
 def _build(cfg: ModelConfig, rngs: nnx.Rngs, route: Route) -> nnx.Module:
@@ -47,37 +42,36 @@ def _build(cfg: ModelConfig, rngs: nnx.Rngs, route: Route) -> nnx.Module:
                                            else cfg.identical_layers), rngs=rngs)
 
 
-def attention_patterns(cfg: Any) -> tuple[Pattern, ...]:
+def attention_patterns(cfg: ModelConfig) -> tuple[Pattern, ...]:
   """Every attention pattern the model trains with (its config's `patterns()`)."""
-  return _typed(cfg).patterns()
+  return cfg.patterns()
 
 
-def context_block(cfg: Any) -> int:
+def context_block(cfg: ModelConfig) -> int:
   """`ModelConfig.context_block` of a model section."""
-  return _typed(cfg).context_block
+  return cfg.context_block
 
 
-def chunkable(cfg: Any) -> bool:
+def chunkable(cfg: ModelConfig) -> bool:
   """`ModelConfig.chunkable` of a model section."""
-  return _typed(cfg).chunkable
+  return cfg.chunkable
 
 
-def ring_layout(cfg: Any) -> str:
+def ring_layout(cfg: ModelConfig) -> str:
   """`ModelConfig.ring_layout` of a model section."""
-  return _typed(cfg).ring_layout
+  return cfg.ring_layout
 
 
-def validate(cfg: Any, platform: str | None = None) -> ModelConfig:
-  """The typed model config of `cfg` (its fields checked at construction), its attention
-  backend checked against `platform` (default: jax's backend); raises ConfigError."""
-  cfg = _typed(cfg)
+def validate(cfg: ModelConfig, platform: str | None = None) -> ModelConfig:
+  """`cfg` (its fields checked at construction), its attention backend checked against
+  `platform` (default: jax's backend); raises ConfigError."""
   validate_attention_impl(cfg, platform or jax.default_backend())
   return cfg
 
 
-def attention_backend_name(cfg: Any, platform: str) -> str:
+def attention_backend_name(cfg: ModelConfig, platform: str) -> str:
   """The backend `model.attention_impl` means on `platform` (`auto` resolved)."""
-  return backends.resolve(_typed(cfg).attention_impl, platform)
+  return backends.resolve(cfg.attention_impl, platform)
 
 
 def context_size(mesh: jax.sharding.Mesh | None, axis_name: str = "context") -> int:
@@ -87,15 +81,15 @@ def context_size(mesh: jax.sharding.Mesh | None, axis_name: str = "context") -> 
   return mesh.shape[axis_name]
 
 
-def sequence_layout(cfg: Any, mesh: jax.sharding.Mesh | None) -> str:
+def sequence_layout(cfg: ModelConfig, mesh: jax.sharding.Mesh | None) -> str:
   """The order the training loop feeds tokens in: 'natural', or 'zigzag' (`ops.ring`)."""
-  return _typed(cfg).ring_layout if context_size(mesh) > 1 else "natural"
+  return cfg.ring_layout if context_size(mesh) > 1 else "natural"
 
 
 _VALIDATED: set[tuple[ModelConfig, str, int]] = set()  # (model, platform, context) seen valid
 
 
-def create(cfg: Any, *, rngs: nnx.Rngs, mesh: jax.sharding.Mesh | None = None,
+def create(cfg: ModelConfig, *, rngs: nnx.Rngs, mesh: jax.sharding.Mesh | None = None,
            platform: str | None = None) -> nnx.Module:
   """Builds the model `cfg.name`; its `__call__(tokens_BT)` returns logits `[B, T', V]`.
 
@@ -109,7 +103,6 @@ def create(cfg: Any, *, rngs: nnx.Rngs, mesh: jax.sharding.Mesh | None = None,
   the backend `model.attention_impl` names for the platform of the mesh's
   devices (or `platform`, for a model built from shapes only).
   """
-  cfg = _typed(cfg)
   if platform is None:
     platform = targets.platform_of(list(mesh.devices.flat) if mesh is not None else jax.devices())
   context = context_size(mesh)
@@ -128,18 +121,17 @@ class AbstractModel(NamedTuple):
   layout: str    # the order it takes a batch's tokens in on its mesh (`sequence_layout`)
 
 
-def abstract_model(cfg: Any, mesh: jax.sharding.Mesh | None = None,
+def abstract_model(cfg: ModelConfig, mesh: jax.sharding.Mesh | None = None,
                    platform: str | None = None) -> AbstractModel:
   """The model built from shapes only: what the edge checks the mesh against, and what
   `train_state.build` makes an abstract train state of (the model is not built again)."""
-  cfg = _typed(cfg)
   layout = sequence_layout(cfg, mesh)
   graphdef, params = nnx.split(nnx.eval_shape(lambda: create(cfg, rngs=nnx.Rngs(0), mesh=mesh,
                                                              platform=platform)))
   return AbstractModel(graphdef, params, layout)
 
 
-def abstract_params(cfg: Any, platform: str | None = None):
+def abstract_params(cfg: ModelConfig, platform: str | None = None):
   """The model's parameters as shapes with their logical axis names; nothing is allocated."""
   return abstract_model(cfg, platform=platform)[1]
 
@@ -147,5 +139,5 @@ def abstract_params(cfg: Any, platform: str | None = None):
 __all__ = ["AbstractModel", "ConfigError", "ModelConfig", "REGISTRY", "ModelEntry", "abstract_model",
            "abstract_params",
            "attention_backend_name", "attention_patterns", "chunkable", "context_block",
-           "context_size", "create", "logical_axes", "model_config", "ring_layout",
+           "context_size", "create", "logical_axes", "ring_layout",
            "sequence_layout", "validate", "validate_attention_impl", "validate_context"]

@@ -21,7 +21,6 @@ denominator): its size does not depend on how many tokens have been generated.
 `prefill` runs the parallel pass over a prompt and derives that state from it.
 """
 
-import dataclasses
 import functools
 
 import jax
@@ -29,7 +28,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from efficient_lm.config import axes
-from efficient_lm.config import fields as tc
 from efficient_lm.config.model import ModelConfig
 from efficient_lm.models import chunking
 from efficient_lm.models import layers
@@ -38,40 +36,10 @@ from efficient_lm.ops import blockwise
 from efficient_lm.ops import memory
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
-from efficient_lm.config.errors import divisors_near
 
 # Its parameters' own logical axes (the registry entry declares them): the pooling logit, the
 # memory projection (sharded over fsdp) and the gate (over tensor).
 LOGICAL_AXES = axes.FAMILY_AXES["bcmt"]  # (declared without jax: efficient_lm/config/axes.py)
-
-
-def _near(divisors: list[int]) -> str:
-  return f"{', '.join(map(str, divisors[:-1]))} or {divisors[-1]}"
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class HOnlyConfig(ModelConfig):
-  """HOnly, BCMT's ablation: block-local attention alone."""
-  block_size: int = tc.setting(256, "L: local attention and summaries per block; divides seq_len",
-                               tc.positive_int())
-  alpha: float = tc.setting(0.8, "memory decay per block, in (0, 1); unused by honly")
-
-  RULES = (tc.Rule("model.block_size", lambda c: c.seq_len % c.block_size == 0,
-                    "must divide data.seq_len={seq_len}",
-                    "use a divisor of {seq_len} such as {near}, or change data.seq_len",
-                    derive=lambda c: {"near": _near(divisors_near(c.seq_len, c.block_size))}),)
-
-  def patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
-    del seq_len
-    return (Pattern.blocks(self.block_size),)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class BCMTConfig(HOnlyConfig):
-  """BCMT: HOnly's blocks plus the exponential memory of earlier blocks."""
-  alpha: float = tc.setting(0.8, "memory decay per block, in (0, 1)",
-                            tc.number_in(0.0, 1.0, low_open=True, high_open=True, floats_only=True,
-                                         fix="set model.alpha to e.g. 0.8 (the paper's value)"))
 
 
 class Bcmt(nnx.Module):
@@ -361,9 +329,5 @@ def make_honly_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
   return _mixer(cfg, rngs, use_memory=False, route=route)
 
 
-registry.register("bcmt", registry.ModelEntry(
-    config=BCMTConfig, make_mixer=make_mixer, logical_axes=LOGICAL_AXES,
-    listing=("bcmt", "BCMT: blockwise local attention + a decaying memory of earlier blocks")))
-registry.register("honly", registry.ModelEntry(
-    config=HOnlyConfig, make_mixer=make_honly_mixer,
-    listing=("bcmt:honly", "BCMT without its memory (the paper's ablation)")))
+registry.register("bcmt", registry.ModelEntry(make_mixer=make_mixer, logical_axes=LOGICAL_AXES))
+registry.register("honly", registry.ModelEntry(make_mixer=make_honly_mixer))

@@ -9,8 +9,6 @@ Decoding keeps every key/value (a cache of `max_len` slots per layer): the
 baseline whose decode memory and per-token time grow with the context.
 """
 
-import dataclasses
-
 from flax import nnx
 
 from efficient_lm.config.model import ModelConfig
@@ -18,15 +16,6 @@ from efficient_lm.models import layers
 from efficient_lm.models import registry
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DenseConfig(ModelConfig):
-  """The dense baseline has no fields of its own."""
-
-  def patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
-    del seq_len
-    return (Pattern.dense(),)
 
 
 def make_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
@@ -38,6 +27,4 @@ def make_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
                               num_kv_heads=cfg.kv_heads)
 
 
-registry.register("dense", registry.ModelEntry(
-    config=DenseConfig, make_mixer=make_mixer,
-    listing=("dense", "causal softmax attention over the whole window (the baseline)")))
+registry.register("dense", registry.ModelEntry(make_mixer=make_mixer))

@@ -14,53 +14,15 @@ Options from the authors' code, default off: `shared_kv` (keys and values
 from one projection; RoPE rotates the keys only) and `rope_first_layer_only`.
 """
 
-import dataclasses
-
 import jax
 from flax import nnx
 
-from efficient_lm.config import fields as tc
 from efficient_lm.config.model import ModelConfig
+from efficient_lm.families.ecp import pattern
 from efficient_lm.models import layers
 from efficient_lm.models import registry
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
-from efficient_lm.config.errors import divisors_near
-
-_FLAG = tc.boolean("set {field}=False (the default) or True")
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ECPConfig(ModelConfig):
-  """ECP: the window in `num_segments` pieces, each attending to the previous one."""
-  num_segments: int = tc.setting(4, "pieces per window (must divide seq_len): 64 tokens at "
-                                 "seq_len 256", tc.positive_int())
-  shared_kv: bool = tc.setting(False, "keys and values from one projection (as the authors' "
-                               "code)", _FLAG)
-  rope_first_layer_only: bool = tc.setting(False, "RoPE in layer 1 only (as the authors' code); "
-                                           "else every layer", _FLAG)
-
-  RULES = (tc.Rule("model.num_segments", lambda c: c.seq_len % c.num_segments == 0,
-                    "must divide model.seq_len={seq_len}",
-                    "set model.num_segments to a divisor of {seq_len}, e.g. {near}",
-                    derive=lambda c: {"near": " or ".join(
-                        map(str, divisors_near(c.seq_len, c.num_segments, 2)))}),)
-
-  def patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
-    return (Pattern.blocks((seq_len or self.seq_len) // self.num_segments, lookback=1),)
-
-  @property
-  def identical_layers(self) -> bool:
-    return identical_layers(self)
-
-
-def identical_layers(cfg: ModelConfig) -> bool:
-  return not (cfg.rope_first_layer_only and cfg.position == "rope")
-
-
-def pattern(cfg: ModelConfig) -> Pattern:
-  """Each piece attends to the previous piece and causally to itself."""
-  return Pattern.blocks(cfg.seq_len // cfg.num_segments, lookback=1)
 
 
 class SharedKVAttention(layers.SelfAttention):
@@ -108,6 +70,4 @@ def make_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
                 num_kv_heads=cfg.kv_heads)
 
 
-registry.register("ecp", registry.ModelEntry(
-    config=ECPConfig, make_mixer=make_mixer,
-    listing=("ecp", "ECP: each piece attends to the previous piece and causally to itself")))
+registry.register("ecp", registry.ModelEntry(make_mixer=make_mixer))

@@ -13,15 +13,13 @@ receptive field), `'constant'` the same period everywhere. Layers whose
 settings differ are unrolled; identical ones are scanned.
 """
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from efficient_lm.config import axes
-from efficient_lm.config import fields as tc
 from efficient_lm.config.model import ModelConfig
+from efficient_lm.families.pi_attention import layer_pattern
 from efficient_lm.models import layers
 from efficient_lm.models import registry
 from efficient_lm.ops import precision
@@ -29,56 +27,7 @@ from efficient_lm.ops.priors import gate_priors
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
 
-PERIOD_SCHEDULES = ("constant", "doubling")
-GATES = ("learned", "fixed")  # model.gate: the gate MLP, or g = 0.5 everywhere (no parameters)
 LOGICAL_AXES = axes.FAMILY_AXES["pi_attention"]  # (declared without jax: efficient_lm/config/axes.py)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SlidingWindowConfig(ModelConfig):
-  """The sliding-window baseline: the local window alone."""
-  window: int = tc.setting(128, "local window: token i sees i - window < j <= i",
-                           tc.positive_int())
-
-  def patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
-    del seq_len  # the window is the same at any length
-    return (Pattern.sliding(self.window),)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PiAttentionConfig(SlidingWindowConfig):
-  """π-Attention: the window, periodic skips, and the gate between them."""
-  period: int = tc.setting(128, "skip distance: token i also sees i - m * period ...",
-                           tc.positive_int())
-  num_skips: int = tc.setting(3, "... for m = 1..num_skips (skips inside the window not repeated)",
-                              tc.non_negative_int(fix="set model.num_skips to e.g. 4 (0 = window "
-                                                  "only)"))
-  period_schedule: str = tc.setting("constant", "'constant', or 'doubling': layer l uses "
-                                    "period * 2**l", tc.one_of(PERIOD_SCHEDULES,
-                                                               "is not a known schedule"))
-  gate_hidden: int = tc.setting(32, "hidden width of the gate MLP (D -> gate_hidden -> heads)",
-                                tc.positive_int())
-  gate: str = tc.setting("learned", "'learned' (the gate MLP), or 'fixed': g = 0.5, no gate "
-                         "parameters", tc.one_of(GATES, "is not a known gate",
-                                                 "use 'learned' (the gate MLP) or 'fixed' (g = "
-                                                 "0.5: window and skips weighed equally)"))
-
-  def patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
-    del seq_len  # the window and the skips are the same at any length
-    found = []
-    for layer in range(self.num_layers):
-      pattern = layer_pattern(self, layer)
-      if pattern not in found:
-        found.append(pattern)
-    return tuple(found)
-
-  @property
-  def identical_layers(self) -> bool:
-    return self.period_schedule == "constant"
-
-
-def layer_period(cfg: ModelConfig, layer: int) -> int:
-  return cfg.period * 2 ** layer if cfg.period_schedule == "doubling" else cfg.period
 
 
 class LocalMixer(nnx.Module):
@@ -181,11 +130,6 @@ class LocalMixer(nnx.Module):
     return self.attn.extend(x_BCD, start, cache, segment_ids_BC, **self.priors(x_BCD))
 
 
-def layer_pattern(cfg: ModelConfig, layer: int) -> Pattern:
-  """π's pattern of `layer`: the window and the layer's skips."""
-  return Pattern.pi(cfg.window, layer_period(cfg, layer), cfg.num_skips)
-
-
 def make_pi_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
                   route: Route = DEFAULT_ROUTE) -> nnx.Module:
   return LocalMixer(cfg, layer_pattern(cfg, layer), gated=True, route=route, rngs=rngs)
@@ -197,9 +141,6 @@ def make_sliding_window_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
   return LocalMixer(cfg, Pattern.sliding(cfg.window), gated=False, route=route, rngs=rngs)
 
 
-registry.register("pi_attention", registry.ModelEntry(
-    config=PiAttentionConfig, make_mixer=make_pi_mixer, logical_axes=LOGICAL_AXES,
-    listing=("pi_attention", "π-Attention: a local window + periodic skips, gated")))
-registry.register("sliding_window", registry.ModelEntry(
-    config=SlidingWindowConfig, make_mixer=make_sliding_window_mixer,
-    listing=("sliding_window", "attention over the last model.window tokens")))
+registry.register("pi_attention", registry.ModelEntry(make_mixer=make_pi_mixer,
+                                                     logical_axes=LOGICAL_AXES))
+registry.register("sliding_window", registry.ModelEntry(make_mixer=make_sliding_window_mixer))

@@ -8,11 +8,10 @@ one `ConfigError` naming the field, the value and the fix, before anything compi
 """
 
 import dataclasses
-from typing import Any
 
 from efficient_lm.config import fields as tc
 from efficient_lm.config.model import ModelConfig
-from efficient_lm.models.registry import REGISTRY, model_config
+from efficient_lm.models.registry import REGISTRY
 from efficient_lm.ops.core import backends
 
 
@@ -84,19 +83,18 @@ class ModelPlacement(tc.Section):
 
 
 def check(cfg: ModelConfig, platform: str | None = None, context: int = 1) -> ModelPlacement:
-  """Every rule of `cfg` (a `ModelConfig`, or a model section typed here) on `platform` with
-  `context` devices along the sequence; raises ConfigError."""
-  cfg = cfg if isinstance(cfg, ModelConfig) else model_config(cfg)
+  """Every rule of `cfg` on `platform` with `context` devices along the sequence; raises
+  ConfigError."""
   return ModelPlacement(model=cfg, platform=platform, context=context)
 
 
-def validate_attention_impl(cfg: Any, platform: str) -> None:
+def validate_attention_impl(cfg: ModelConfig, platform: str) -> None:
   """`model.attention_impl` (and `kernel_interpret`) against the platform and the model's
   patterns."""
   check(cfg, platform)
 
 
-def validate_context(cfg: Any, context: int) -> None:
+def validate_context(cfg: ModelConfig, context: int) -> None:
   """The model against `context` devices along the sequence (`mesh.context`)."""
   check(cfg, None, context)
 

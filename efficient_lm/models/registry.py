@@ -1,11 +1,10 @@
-"""The model registry: each family's module registers itself; `model_config` is the typed edge.
+"""The model registry: each family's module registers how to build the models it declares.
 
 A family's module (any module of the `efficient_lm.models` package) calls `register(name,
-ModelEntry(...))` at import; `discover()` imports every module of the package once, so adding a
-family touches no shared file (docs/adding_a_model.md). `model_config(section)` turns a config's
-model section (a ConfigDict, or any mapping with `.items()`) into the family's typed
-`ModelConfig`: the one place a model section is read; everything under `models/` and `ops/`
-takes the typed object.
+ModelEntry(...))` at import for each model its namesake in `efficient_lm/families/` declares (the
+typed config and `--help`'s line come from there); `discover()` imports every module of the
+package once, so adding a family touches no shared file (docs/adding_a_model.md). Everything under
+`models/` and `ops/` takes the typed config (`config.run.build` types a config's model section).
 """
 
 import dataclasses
@@ -13,9 +12,10 @@ import importlib
 import pkgutil
 from typing import Any, Callable, Mapping
 
-from efficient_lm.parallel import sharding
+from efficient_lm import families
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.config.model import ModelConfig
-from efficient_lm.config.errors import ConfigError, require
+from efficient_lm.parallel import sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +23,8 @@ class ModelEntry:
   """How to build one model.
 
   `config`: the family's `ModelConfig` subclass (its fields, their checks, and its
-  `patterns(seq_len)`). Most models are the shared decoder with their own mixer: `make_mixer(cfg,
+  `patterns(seq_len)`) and `listing`, `--help`'s line: both as `efficient_lm.families` declares
+  the model (`register` fills them in). Most models are the shared decoder with their own mixer: `make_mixer(cfg,
   layer, rngs, *, route)`, with `identical_layers(cfg)` saying whether the layers can be scanned
   (default: the config's `identical_layers`). A model with another structure (Perceiver-AR)
   gives `build(cfg, rngs, *, route)` instead. Either way the module has `__call__(tokens_BT, *,
@@ -31,7 +32,6 @@ class ModelEntry:
   `from_embeddings(x_BTD)` (tests differentiate through it), and reaches attention only through
   `route` (`ops.route.Route`: the backend, and the ring when the sequence is sharded).
 
-  `listing`: (the `--config=` that trains it, one line), what `--help` lists (required).
   A model whose structure has no ring (Perceiver-AR's latents) has `context_parallel=False` and
   says why in `no_context_parallel`. `logical_axes`: the logical axis names its own parameters
   carry beyond the decoder's (`sharding.SHARED_AXES`), each with the config field that sets its
@@ -44,23 +44,24 @@ class ModelEntry:
   context_parallel: bool = True
   no_context_parallel: str = "it has no ring version of its attention"  # why, if not supported
   logical_axes: Mapping[str, sharding.Axis] = dataclasses.field(default_factory=dict)
-  # `--help`'s line: the shipped config that trains it (`--config=` form) and what it is. Written
-  # as literals in the `register` call (or a module-level dict indexed by the loop's name), which
-  # `cli/help.py` reads from the source without importing jax.
-  listing: tuple[str, str] = ("", "")
+  listing: tuple[str, str] = ("", "")  # (the `--config=` that trains it, one line): `--help`'s
 
 
 REGISTRY: dict[str, ModelEntry] = {}
 
 
 def register(name: str, entry: ModelEntry) -> ModelEntry:
-  """Adds the model `name` (a family module calls this at import); a name registered twice by
-  different entries is an error."""
-  if not (len(entry.listing) == 2 and all(entry.listing)):
-    raise ValueError(f"model {name!r}: its ModelEntry needs listing=('<config>', '<one line>'), "
-                     "what --help lists")
+  """Adds the model `name` (a family module calls this at import), its config class and listing
+  as `efficient_lm.families` declares it; a name no family declares, or registered twice by
+  different entries, is an error."""
+  if name not in families.CLASSES:
+    raise ValueError(f"model {name!r} is not declared in efficient_lm/families/: declare its config "
+                     "class and --help line there (MODELS), then register how to build it")
+  entry = dataclasses.replace(entry, config=families.CLASSES[name], listing=families.LISTINGS[name])
   old = REGISTRY.get(name)
-  same = lambda e: (e.config.__module__, e.config.__qualname__)  # (a module imported again)
+  # the function that builds it, by name: a module imported again registers equal builders
+  same = lambda e: tuple((f.__module__, f.__qualname__) if f is not None else None
+                         for f in (e.make_mixer, e.build))
   if old is not None and old != entry and same(old) != same(entry):
     raise ValueError(f"model {name!r} is registered twice ({REGISTRY[name]} and {entry}): "
                      "give one of them another name")
@@ -83,28 +84,6 @@ def discover() -> dict[str, ModelEntry]:
   return REGISTRY
 
 
-def family(name: Any) -> type[ModelConfig]:
-  """The typed config class of the model `name` (`model.name`); ConfigError if none is
-  registered."""
-  discover()
-  require(name in REGISTRY, "model.name", name, "is not a known model",
-          f"use one of {', '.join(sorted(REGISTRY))}")
-  return REGISTRY[name].config
-
-
-def model_config(section: Any) -> ModelConfig:
-  """The typed model config of a model section: a ConfigDict's `model` section (or the whole
-  config), after `config_base.fill_defaults` or not (a field it lacks takes the dataclass's
-  default); a `ModelConfig` is returned as it is. Raises ConfigError for an unknown
-  `model.name`, a field its family does not declare, or a value its checks refuse."""
-  if isinstance(section, ModelConfig):
-    return section
-  if "name" not in section and "model" in section:  # the whole config
-    section = section["model"]
-  name = section["name"] if "name" in section else None
-  return family(name).from_mapping(section, owner=f"model.name={name!r}")
-
-
 def logical_axes() -> dict[str, sharding.Axis]:
   """Every logical parameter axis: the decoder's and each model's own (what `mesh.rules` may
   name). Two models declaring one name must mean the same axis."""
@@ -117,5 +96,4 @@ def logical_axes() -> dict[str, sharding.Axis]:
   return axes
 
 
-__all__ = ["ConfigError", "ModelEntry", "REGISTRY", "discover", "family", "logical_axes", "model_config",
-           "register"]
+__all__ = ["ConfigError", "ModelEntry", "REGISTRY", "discover", "logical_axes", "register"]

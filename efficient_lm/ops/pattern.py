@@ -20,24 +20,37 @@ keys at `k_start + arange(Tk)` or at explicit slot positions, so the
 cross-attention offset, the ring steps and the decoding caches are all this one
 rule. `Pattern` is frozen and hashable:
 static under `jax.jit`.
+
+Importing this module loads no jax: a family's config states its patterns (`families/`), and
+`--help` and the config's checks read them before jax starts; only the methods on arrays use it.
 """
 
-import dataclasses
+from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
+import dataclasses
+from typing import TYPE_CHECKING
 
 from efficient_lm.config.errors import is_int  # a Python int: static, never traced (plan.py too)
 
-Position = int | jax.Array
+if TYPE_CHECKING:
+  import jax
+
+  Position = int | jax.Array
+
+
+def _jnp():
+  """jax.numpy, for the methods on (traced) arrays: imported on their first call, so that the
+  patterns a config states are read without jax."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  return jnp
 
 
 def _max(a: Position, b: Position) -> Position:
-  return max(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.maximum(a, b)
+  return max(a, b) if isinstance(a, int) and isinstance(b, int) else _jnp().maximum(a, b)
 
 
 def _min(a: Position, b: Position) -> Position:
-  return min(a, b) if isinstance(a, int) and isinstance(b, int) else jnp.minimum(a, b)
+  return min(a, b) if isinstance(a, int) and isinstance(b, int) else _jnp().minimum(a, b)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +163,7 @@ class Pattern:
   # Visibility, on broadcasting integer arrays (traced values are fine).
 
   def local_visible(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
+    jnp = _jnp()
     q_pos, k_pos = jnp.asarray(q_pos), jnp.asarray(k_pos)
     seen = k_pos >= 0
     if self.causal:
@@ -163,6 +177,7 @@ class Pattern:
 
   def skip_visible(self, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
     """The skip keys: p - j a multiple m * period with skip_from <= m <= skip_to (O(1) ops)."""
+    jnp = _jnp()
     q_pos, k_pos = jnp.asarray(q_pos), jnp.asarray(k_pos)
     if self.period is None:
       return jnp.zeros(jnp.broadcast_shapes(q_pos.shape, k_pos.shape), bool)

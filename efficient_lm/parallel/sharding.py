@@ -25,32 +25,26 @@ import math
 from typing import Mapping
 
 import jax
-import ml_collections
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from efficient_lm.config.axes import Axis, SHARED_AXES, default_activation_rules, default_rules  # noqa: F401  (re-exported)
+from efficient_lm.config.data import DataConfig
 from efficient_lm.config.errors import ConfigError, require
 from efficient_lm.config.mesh import ACTIVATION_AXES, AXES, DCN_AXES, MeshConfig, MeshOnDevices
 
 BATCH_AXES = ("data", "fsdp")  # the axes the batch is split over
 
 
-def mesh_config(mesh_cfg) -> MeshConfig:
-  """The typed mesh section of a config's (a ConfigDict, a dict, a `MeshConfig`): a field it lacks
-  takes `MeshConfig`'s default; every check of the section alone runs."""
-  return mesh_cfg if isinstance(mesh_cfg, MeshConfig) else MeshConfig.from_mapping(mesh_cfg)
-
-
-def mesh_sizes(mesh_cfg: ml_collections.ConfigDict, num_devices: int | None = None) -> dict[str, int]:
+def mesh_sizes(mesh_cfg: MeshConfig, num_devices: int | None = None) -> dict[str, int]:
   """{axis: size} for the four axes; the one at -1 takes every device the others leave.
 
   One process may use the first devices of a divisor of its device count (the
   tests run 1-device meshes on 8 fake CPU devices); several processes use all.
   """
   devices = jax.device_count() if num_devices is None else num_devices
-  sizes = mesh_config(mesh_cfg).sizes()  # at most one -1 (`MeshConfig.RULES`)
+  sizes = mesh_cfg.sizes()  # at most one -1 (`MeshConfig.RULES`)
   free = [axis for axis, size in sizes.items() if size == -1]
   fixed = math.prod(size for size in sizes.values() if size != -1)
   others = lambda axis: " x ".join(f"{a}={sizes[a]}" for a in AXES if a != axis)
@@ -77,18 +71,17 @@ def _product(sizes: dict) -> str:
   return " x ".join(f"{a}={s}" for a, s in sizes.items())
 
 
-def parse_rules(mesh_cfg: ml_collections.ConfigDict,
+def parse_rules(mesh_cfg: MeshConfig,
                 known: Mapping[str, Axis] | None = None) -> dict[str, tuple[str, ...]]:
   """`mesh.rules` as {logical name: mesh axes}; '' (or 'none') is replicated, 'data,fsdp' two axes.
   A name the rules lack is replicated. With `known` (every axis a model declares:
   `models.logical_axes()`) a name outside it is a ConfigError."""
-  typed = mesh_config(mesh_cfg)
   if known is not None:
-    unknown = sorted(set(typed.rules.keys()) - set(known))
+    unknown = sorted(set(mesh_cfg.rules.keys()) - set(known))
     require(not unknown, f"mesh.rules.{unknown[0] if unknown else ''}",
-            typed.rules[unknown[0]] if unknown else None,
+            mesh_cfg.rules[unknown[0]] if unknown else None,
             "is not a logical axis of any model's parameters", f"use one of {', '.join(known)}")
-  return typed.rule_axes
+  return mesh_cfg.rule_axes
 
 
 def logical_spec(names: tuple | None, rules: dict[str, tuple[str, ...]]) -> P:
@@ -169,14 +162,14 @@ def _add_axis(shape, spec: P, axis: str, sizes: dict[str, int]) -> P:
 # (`batch_sharding`): the batch axes and `context`, not configurable.
 
 
-def parse_activation_rules(mesh_cfg: ml_collections.ConfigDict) -> dict[str, tuple[str, ...]]:
+def parse_activation_rules(mesh_cfg: MeshConfig) -> dict[str, tuple[str, ...]]:
   """`mesh.activation_rules` as {activation axis: mesh axes}, `batch` and `length` included."""
-  return mesh_config(mesh_cfg).activation_axes
+  return mesh_cfg.activation_axes
 
 
 @functools.cache
 def _default_activation_rules() -> dict[str, tuple[str, ...]]:
-  return parse_activation_rules(ml_collections.ConfigDict())
+  return parse_activation_rules(MeshConfig())
 
 
 _activation_rules: list[dict] = []  # the rules of the step being traced (`OnMesh`), innermost last
@@ -233,11 +226,10 @@ def num_slices(devices) -> int:
   return len({getattr(d, "slice_index", 0) or 0 for d in devices})
 
 
-def dcn_sizes(mesh_cfg: ml_collections.ConfigDict, slices: int) -> dict[str, int]:
+def dcn_sizes(mesh_cfg: MeshConfig, slices: int) -> dict[str, int]:
   """{axis: slices along it} for the axes across slices; one of them may be -1 (the slices the
   other leaves; `mesh.dcn_data=-1` by default: plain data parallelism across slices)."""
-  typed = mesh_config(mesh_cfg)  # at most one -1 (`MeshConfig.RULES`)
-  sizes = {axis: getattr(typed, f"dcn_{axis}") for axis in DCN_AXES}
+  sizes = {axis: getattr(mesh_cfg, f"dcn_{axis}") for axis in DCN_AXES}  # one -1 at most
   free = [axis for axis, size in sizes.items() if size == -1]
   fixed = math.prod(size for size in sizes.values() if size != -1)
   if free:
@@ -250,12 +242,11 @@ def dcn_sizes(mesh_cfg: ml_collections.ConfigDict, slices: int) -> dict[str, int
   return sizes
 
 
-def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices=None) -> jax.sharding.Mesh:
+def make_mesh(mesh_cfg: MeshConfig, devices=None) -> jax.sharding.Mesh:
   """The four-axis mesh over `devices` (default: every device of the job; a `--target`'s
   compile-only devices). Over several slices it is a hybrid mesh: each axis is `mesh.<axis>`
   devices inside a slice (ICI) times `mesh.dcn_<axis>` slices (the data-center network)."""
   devices = list(jax.devices() if devices is None else devices)
-  mesh_cfg = mesh_config(mesh_cfg)  # typed once
   slices = num_slices(devices)
   dcn = dcn_sizes(mesh_cfg, slices)
   sizes = mesh_sizes(mesh_cfg, len(devices) // slices)
@@ -270,10 +261,9 @@ def make_mesh(mesh_cfg: ml_collections.ConfigDict, devices=None) -> jax.sharding
   return jax.sharding.Mesh(grid, AXES, axis_types=auto)
 
 
-def mesh_shape(mesh_cfg: ml_collections.ConfigDict, devices) -> dict[str, int]:
+def mesh_shape(mesh_cfg: MeshConfig, devices) -> dict[str, int]:
   """{axis: devices along it} of `make_mesh(mesh_cfg, devices)` (ICI x DCN), without building it."""
   devices = list(devices)
-  mesh_cfg = mesh_config(mesh_cfg)  # typed once
   slices = num_slices(devices)
   dcn = dcn_sizes(mesh_cfg, slices)
   sizes = mesh_sizes(mesh_cfg, len(devices) // slices)
@@ -412,12 +402,11 @@ def check_replicated(abstract_params, rules: Mapping[str, tuple[str, ...]], size
   return fraction
 
 
-def validate(mesh_cfg: ml_collections.ConfigDict, data_cfg: ml_collections.ConfigDict,
+def validate(mesh_cfg: MeshConfig, data_cfg: DataConfig,
              num_devices: int | None = None, grad_accum_steps: int = 1, *,
              devices=None) -> dict[str, int]:
   """The mesh against the devices (`devices`, or `num_devices` of one slice, default the job's),
   `data.batch_size` and `data.seq_len`; raises ConfigError. Returns the size of every axis."""
-  mesh_cfg = mesh_config(mesh_cfg)  # the section alone: its declared checks, rules included
   if num_devices is not None:
     sizes = mesh_sizes(mesh_cfg, num_devices)
   else:
@@ -427,6 +416,5 @@ def validate(mesh_cfg: ml_collections.ConfigDict, data_cfg: ml_collections.Confi
   return sizes
 
 
-__all__ = ["AXES", "BATCH_AXES", "ConfigError", "batch_sharding", "make_mesh", "mesh_config",
-           "mesh_sizes",
+__all__ = ["AXES", "BATCH_AXES", "ConfigError", "batch_sharding", "make_mesh", "mesh_sizes",
            "per_device_bytes", "replicated", "shard_batch", "tree_shardings", "validate"]

@@ -20,8 +20,9 @@ from 0 to `train.learning_rate`:
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
+
+from efficient_lm.config.train import TrainConfig
 
 SCHEDULES = ("cosine", "wsd")
 DECAYED_NAMES = ("kernel", "embedding")
@@ -43,7 +44,7 @@ def decay_mask(params):
       lambda path, _: parameter_name(path) in DECAYED_NAMES, params)
 
 
-def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
+def learning_rate_schedule(t: TrainConfig) -> optax.Schedule:
   """The rate for each step: `train.schedule` over `train.num_steps` steps."""
   peak, warmup, total = t.learning_rate, t.warmup_steps, max(t.num_steps, t.warmup_steps + 1)
   end = END_FRACTION * peak
@@ -65,7 +66,7 @@ def learning_rate_schedule(t: ml_collections.ConfigDict) -> optax.Schedule:
   raise ValueError(f"train.schedule={name!r} is not one of {SCHEDULES}")
 
 
-def make_optimizer(t: ml_collections.ConfigDict
+def make_optimizer(t: TrainConfig
                    ) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """AdamW (b1 0.9, b2 0.95) on `train.schedule`, global-norm clipping, decay on the matrices only."""
   schedule = learning_rate_schedule(t)

@@ -1,7 +1,7 @@
 """The one place that builds a train state: the model's parameters, the optimizer and its state.
 
-    built = train_state.build(config, mesh)          # real arrays, placed on the mesh
-    built = train_state.build(config, mesh, abstract=True)  # shapes only (restore, compile-only)
+    built = train_state.build(run, mesh)                 # real arrays, placed on the mesh
+    built = train_state.build(run, mesh, abstract=True)  # shapes only (restore, compile-only)
 
 Used by the training loop, the sampler, the evaluation command and the
 benchmarks, so that all of them train, restore and measure the same state. The
@@ -14,33 +14,15 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import nnx
 from flax import struct
 
 from efficient_lm import models
-from efficient_lm.config import sections
-from efficient_lm.config.data import DataConfig
-from efficient_lm.config.mesh import MeshConfig
-from efficient_lm.config.train import TrainConfig
+from efficient_lm.config.run import RunConfig
 from efficient_lm.data import config as data_config
-from efficient_lm.models import registry
 from efficient_lm.parallel import sharding
 from efficient_lm.state import optimizer
-
-
-def typed(config) -> sections.Typed:
-  """The typed sections of `config` (a ConfigDict; a `Typed` as it is), each through its edge
-  (`Section.from_mapping`; the model's through its family's class, `registry.family`)."""
-  if isinstance(config, sections.Typed):
-    return config
-  name = config.model.get("name")
-  return sections.Typed(
-      DataConfig.from_mapping(config.data),
-      registry.family(name).from_mapping(config.model, owner=f"model.name={name!r}"),
-      TrainConfig.from_mapping(config.train),
-      MeshConfig.from_mapping(config.mesh))
 
 
 @struct.dataclass
@@ -76,10 +58,10 @@ class Built:
     return sum(int(x.size) for x in jax.tree.leaves(self.state.params))
 
 
-def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = None, *,
+def build(run: RunConfig, mesh: jax.sharding.Mesh | None = None, *,
           abstract: bool = False, seed: int | None = None,
           model: models.AbstractModel | None = None, document_ids: bool | None = None) -> Built:
-  """The train state of `config` (parameters from `train.seed`, or `seed`), sharded on `mesh`.
+  """The train state of `run` (parameters from `train.seed`, or `seed`), sharded on `mesh`.
 
   Every parameter is placed by its logical axis names and `mesh.rules`
   (`sharding.tree_shardings`); the optimizer state like its parameter (also
@@ -87,20 +69,19 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
   With a mesh whose `context` axis has several devices the model calls the
   ring ops. `abstract=True` gives shapes, dtypes and shardings only (nothing is
   computed): what a checkpoint restores onto, or what `--compile_only` compiles.
-  `model`: `models.abstract_model(config.model, mesh)` where the caller has it (the edge): the
+  `model`: `models.abstract_model(run.model, mesh)` where the caller has it (the edge): the
   structure and the shapes are taken from it, and an abstract state builds no model at all.
-  `document_ids`: `data.has_document_ids(config.data)`, where the caller knows it.
+  `document_ids`: `data.has_document_ids(run.data)`, where the caller knows it.
   """
-  config = config if isinstance(config, sections.Typed) else typed(config)  # once
-  seed = config.train.seed if seed is None else seed
+  seed = run.train.seed if seed is None else seed
   mesh = sharding.single_device_mesh() if mesh is None else mesh
-  rules = config.mesh.rule_axes
-  tx, schedule = optimizer.make_optimizer(config.train)
+  rules = run.mesh.rule_axes
+  tx, schedule = optimizer.make_optimizer(run.train)
   if model is None:
-    model = models.abstract_model(config.model, mesh)
+    model = models.abstract_model(run.model, mesh)
   shapes = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=model.params,
                       opt_state=jax.eval_shape(tx.init, model.params))
-  zero1 = "data" if config.mesh.shard_optimizer_over_data else None
+  zero1 = "data" if run.mesh.shard_optimizer_over_data else None
   shardings = TrainState(
       step=sharding.replicated(mesh),
       params=sharding.tree_shardings(shapes.params, mesh, rules),
@@ -108,21 +89,20 @@ def build(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh | None = No
   state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                        shapes, shardings)
   if document_ids is None:
-    document_ids = data_config.has_document_ids(config.data)
+    document_ids = data_config.has_document_ids(run.data)
   built = Built(graphdef=model.graphdef, state=state, tx=tx, schedule=schedule,
                 shardings=shardings, mesh=mesh, layout=model.layout, document_ids=document_ids)
-  return built if abstract else dataclasses.replace(built, state=initialize(config, built, seed))
+  return built if abstract else dataclasses.replace(built, state=initialize(run, built, seed))
 
 
-def initialize(config, built: Built, seed: int | None = None) -> TrainState:
+def initialize(run: RunConfig, built: Built, seed: int | None = None) -> TrainState:
   """The real train state of an abstract `built` (`build(..., abstract=True)`): the model's
   parameters from `train.seed` (or `seed`) and the optimizer's state, made by one jitted
   initializer whose outputs land in `built.shardings` (never a full host copy first)."""
-  config = config if isinstance(config, sections.Typed) else typed(config)
-  seed = config.train.seed if seed is None else seed
+  seed = run.train.seed if seed is None else seed
 
   def init() -> TrainState:
-    params = nnx.state(models.create(config.model, rngs=nnx.Rngs(seed), mesh=built.mesh))
+    params = nnx.state(models.create(run.model, rngs=nnx.Rngs(seed), mesh=built.mesh))
     return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=built.tx.init(params))
 
   return jax.jit(init, out_shardings=built.shardings)()

@@ -23,10 +23,10 @@ import os
 import shutil
 import tempfile
 
-import ml_collections
-
-from efficient_lm.config import base as config_base
+from efficient_lm import families
+from efficient_lm.config import run as config_run
 from efficient_lm.config.data import DataConfig
+from efficient_lm.config.run import RunConfig
 from efficient_lm.runtime.files import unique_suffix
 
 log = logging.getLogger(__name__)
@@ -66,17 +66,17 @@ LOG_NAMES = ("log.txt", "stdout", "stderr", "nohup.out")
 BYTES_PER_PARAMETER = 4 * 3  # float32 parameters and Adam's two moments, in every checkpoint
 
 
-def checkpoint_bytes_floor(config: ml_collections.ConfigDict) -> tuple[int, int]:
-  """(parameters, bytes): a floor on one checkpoint of `config`'s model, from the config alone (no
+def checkpoint_bytes_floor(run: RunConfig) -> tuple[int, int]:
+  """(parameters, bytes): a floor on one checkpoint of `run`'s model, from the config alone (no
   jax): every layer's three d_model x d_model attention projections (the fewest any model has) and
   its MLP, and 256 vocabulary rows at most (a small corpus's tokenizer can have fewer pieces than
   data.vocab_size), times `BYTES_PER_PARAMETER`."""
-  model = config.model
-  d = max(0, int(model.d_model))
-  per_layer = 3 * d * d + 2 * max(0, int(model.mlp_ratio)) * d * d
-  vocab_rows = min(max(0, int(config.data.vocab_size)), 256) * (1 if model.tie_embeddings else 2)
-  positions = max(0, int(config.data.seq_len)) if model.position == "learned" else 0
-  params = max(0, int(model.num_layers)) * per_layer + (vocab_rows + positions) * d
+  model = run.model
+  d = model.d_model
+  per_layer = 3 * d * d + 2 * model.mlp_ratio * d * d
+  vocab_rows = min(run.data.vocab_size, 256) * (1 if model.tie_embeddings else 2)
+  positions = run.data.seq_len if model.position == "learned" else 0
+  params = model.num_layers * per_layer + (vocab_rows + positions) * d
   return params, params * BYTES_PER_PARAMETER
 
 
@@ -87,12 +87,12 @@ def _size(num_bytes: int) -> str:
   return f"{num_bytes / 2**20:,.1f} MiB"
 
 
-def check_usable(path: str, config: ml_collections.ConfigDict | None = None) -> None:
+def check_usable(path: str, run: RunConfig | None = None) -> None:
   """WorkdirError when `path` cannot be a training workdir, from the filesystem alone (run before
   jax, data or compiling; changes nothing): a file (or a file where a folder above it would be), a
   folder nothing can be created in (the permission bits, then a real probe: that answers for root,
   a read-only filesystem, /proc), a folder holding other things and none of a workdir's own
-  (`OWN_NAMES`, `OWN_PREFIXES`; hidden entries and lost+found aside), or, with `config`, a disk
+  (`OWN_NAMES`, `OWN_PREFIXES`; hidden entries and lost+found aside), or, with `run`, a disk
   without room for one checkpoint (`checkpoint_bytes_floor`)."""
   shown = path
   path = os.path.abspath(os.path.expanduser(path))
@@ -122,8 +122,8 @@ def check_usable(path: str, config: ml_collections.ConfigDict | None = None) -> 
           f"--workdir={shown} holds other things ({listed}) and none of a workdir's ({CONFIG}, "
           f"{CHECKPOINTS}/, metrics.jsonl, ...): it is not a workdir; {fix} (e.g. "
           f"--workdir={os.path.join(shown, 'run')})")
-  if config is not None:
-    params, need = checkpoint_bytes_floor(config)
+  if run is not None:
+    params, need = checkpoint_bytes_floor(run)
     free = shutil.disk_usage(folder).free
     if free < need:
       raise WorkdirError(
@@ -133,13 +133,13 @@ def check_usable(path: str, config: ml_collections.ConfigDict | None = None) -> 
           "model (model.d_model, model.num_layers)")
 
 
-def model_meta(config: ml_collections.ConfigDict, params) -> dict:
+def model_meta(run: RunConfig, params) -> dict:
   """What a checkpoint's model is: its name and every parameter's shape."""
   import jax  # pylint: disable=import-outside-toplevel  (the module itself stays light)
   import numpy as np  # pylint: disable=import-outside-toplevel
   shapes = {jax.tree_util.keystr(path): list(np.shape(x))
             for path, x in jax.tree_util.tree_leaves_with_path(params)}
-  return {"model_name": config.model.name, "param_shapes": shapes}
+  return {"model_name": run.model.name, "param_shapes": shapes}
 
 
 def _write_atomic(path: str, *, text: str | None = None, copy_from: str | None = None) -> None:
@@ -177,39 +177,25 @@ class Workdir:
 
   # Reading.
 
-  def saved_config(self) -> ml_collections.ConfigDict | None:
-    """The run's config, with the fields added since it was written at their defaults; a
-    `data.tokenizer` of one's own is the workdir's copy (the file the run named may have moved:
-    evaluation and sampling read the copy)."""
+  def saved_dict(self) -> dict | None:
+    """The run's config.json as written (its four sections), a `data.tokenizer` of one's own
+    pointing at the workdir's copy (the file the run named may have moved: evaluation, sampling
+    and a resumed run read the copy); None without config.json. Light: no section is typed."""
     if not os.path.isfile(self.file(CONFIG)):
       return None
     with open(self.file(CONFIG), encoding="utf-8") as f:
-      config = config_base.fill_defaults(ml_collections.ConfigDict(json.load(f)), saved=True)
-    if config.data.tokenizer and os.path.isfile(self.tokenizer_file()):
-      config.data.tokenizer = self.tokenizer_file()
+      config = json.load(f)
+    data = config.get("data") if isinstance(config, dict) else None
+    if isinstance(data, dict) and data.get("tokenizer") and os.path.isfile(self.tokenizer_file()):
+      data["tokenizer"] = self.tokenizer_file()
     return config
 
-  def resume_config(self) -> ml_collections.ConfigDict:
-    """The config that continues this workdir's run (`python -m efficient_lm.main --workdir=W`
-    without --config): its config.json (`saved_config`) with data.vocab_size as the run asked for
-    it (data.json's settings: config.json holds a small corpus's tokenizer size), and
-    model.vocab_size and model.seq_len following the data's again, as in a config file, so that
-    overrides apply on top as they would to one. WorkdirError when it holds no run's config."""
-    try:
-      config = self.saved_config()
-      identity = self.saved_identity() or {}
-    except (OSError, ValueError) as e:
-      raise WorkdirError(f"--workdir={self.path}: its {CONFIG} or {DATA} cannot be read ({e}); "
-                         "give --config=<the config file> it was trained with") from None
-    if config is None:
-      raise WorkdirError(f"--workdir={self.path} has no {CONFIG}: there is no run to continue; "
-                         "give --config=<a config file> to start one there")
-    settings = identity.get("settings") if isinstance(identity, dict) else None
-    if isinstance(settings, dict) and not config.data.tokenizer and "vocab_size" in settings:
-      config.data.vocab_size = settings["vocab_size"]
-    config.model.vocab_size = config.data.get_ref("vocab_size")
-    config.model.seq_len = config.data.get_ref("seq_len")
-    return config
+  def saved_config(self) -> RunConfig | None:
+    """The run's config (`saved_dict`) as a RunConfig, with the fields added since it was written
+    at their defaults, or at what the run was trained with (`config.run.build(..., saved=True)`;
+    every section's checks run); None without config.json."""
+    config = self.saved_dict()
+    return None if config is None else config_run.build(config, families.CLASSES, saved=True)
 
   def saved_identity(self) -> dict | None:
     if not os.path.isfile(self.file(DATA)):
@@ -282,10 +268,10 @@ class Workdir:
     identity = self.saved_identity() or {}
     saved = identity.get("settings")
     if saved is None:
-      config = self.saved_config()
+      config = self.saved_dict()
       if config is None:
         return [], {}, {}
-      saved = {"dataset": config.data.dataset}
+      saved = {"dataset": config["data"]["dataset"]}
     current = corpus_settings(data_config)
     saved = dict(saved, tokenizer=saved.get("tokenizer", ""))  # (written before the field: '')
     differs = []
@@ -332,10 +318,10 @@ class Workdir:
   def resumed_vocab_size(self, vocab_size: int) -> int:
     """The model's vocabulary when this config resumes the workdir's checkpoints on their corpus:
     the tokenizer's size the workdir recorded, if below `vocab_size` (a small corpus)."""
-    saved = self.saved_config() if self.has_checkpoints() else None
+    saved = self.saved_dict() if self.has_checkpoints() else None
     if saved is None:
       return vocab_size
-    return min(vocab_size, int(saved.data.vocab_size))
+    return min(vocab_size, int(saved["data"]["vocab_size"]))
 
   def check_data(self, identity: dict, *, allow_new_data: bool = False) -> None:
     """WorkdirMismatchError when the workdir's checkpoints were trained on another corpus or
@@ -361,18 +347,17 @@ class Workdir:
         "train.allow_new_data=True to train these checkpoints further on the new data (the old "
         "tokenizer is kept beside the new one)")
 
-  def check_before_start(self, config: ml_collections.ConfigDict) -> None:
+  def check_before_start(self, run: RunConfig) -> None:
     """WorkdirMismatchError for what config.json and data.json alone can answer (another model
     name, another corpus or tokenizer): run before jax starts. The parameter shapes are checked
-    once the model's are known (`check_model`), the corpus once it is loaded (`check_data`). The
-    data section is typed here (`DataConfig.from_mapping`: a bad field is its ConfigError)."""
+    once the model's are known (`check_model`), the corpus once it is loaded (`check_data`)."""
     if not self.has_checkpoints():
       return
-    saved = self.saved_config()
-    if saved is not None and saved.model.name != config.model.name:
-      self.check_model({"model_name": saved.model.name}, {"model_name": config.model.name})
-    self.check_settings(DataConfig.from_mapping(config.data),
-                        allow_new_data=config.train.allow_new_data)
+    saved = self.saved_dict()
+    name = saved["model"]["name"] if saved is not None else None
+    if saved is not None and name != run.model.name:
+      self.check_model({"model_name": name}, {"model_name": run.model.name})
+    self.check_settings(run.data, allow_new_data=run.train.allow_new_data)
 
   def check_model(self, saved_meta: dict, current_meta: dict) -> None:
     """WorkdirMismatchError when a checkpoint's model (`model_meta`) is not the config's."""
@@ -394,7 +379,7 @@ class Workdir:
 
   # Writing (after every check).
 
-  def write(self, config: ml_collections.ConfigDict, tokenizer, identity: dict,
+  def write(self, run: RunConfig, tokenizer, identity: dict,
             settings: dict | None = None) -> None:
     """Puts config.json, the tokenizer's byte-identical copy (tokenizer.model: a sentencepiece
     model, or a generated task's description; tokenizer.json: a Hugging Face tokenizer) and
@@ -402,7 +387,7 @@ class Workdir:
     each. A tokenizer that replaces a different one (train.allow_new_data) keeps the old file as
     tokenizer.<its sha256 prefix>.model (or .json)."""
     os.makedirs(self.path, exist_ok=True)
-    _write_atomic(self.file(CONFIG), text=config.to_json_best_effort(indent=2))
+    _write_atomic(self.file(CONFIG), text=run.to_json())
     target = self.file(getattr(tokenizer, "file_name", TOKENIZER))
     from efficient_lm.data import archives  # pylint: disable=import-outside-toplevel  (light module)
     source = tokenizer.model_path

@@ -1,6 +1,6 @@
 """The model FLOPs of a train step, counted analytically, and accelerators' peak rates: MFU.
 
-`step_flops(config, num_params)`: 6 FLOPs per parameter and trained token (forward and backward
+`step_flops(run, num_params, patterns)`: 6 FLOPs per parameter and trained token (forward and backward
 matmuls) plus attention's: 12 FLOPs per visible (query, key) pair, head width and head (q.k and
 p.v, forward and backward: 2 + 2 + 4 + 4), every layer's pairs counted exactly from its pattern
 (O(T) work; the Perceiver-AR family's counted as if every position were a query: an upper bound).
@@ -10,6 +10,7 @@ Rematerialization's recomputation is not counted (model FLOPs, not hardware FLOP
 
 import numpy as np
 
+from efficient_lm.config.run import RunConfig
 from efficient_lm.ops.pattern import Pattern
 
 PEAK_BF16_TFLOPS = {  # by jax device_kind prefix (vendor figures, dense bfloat16)
@@ -36,12 +37,12 @@ def visible_pairs(pattern: Pattern, T: int) -> int:
   return int(np.sum(p - lo + 1)) + sum(T - d for d in pattern.skip_offsets(T))
 
 
-def step_flops(config, num_params: int, patterns: list[Pattern]) -> float:
-  """Model FLOPs of one train step of `config` (every sequence of the global batch), given its
+def step_flops(run: RunConfig, num_params: int, patterns: list[Pattern]) -> float:
+  """Model FLOPs of one train step of `run` (every sequence of the global batch), given its
   parameter count and its layers' attention patterns (the last one repeated for the rest)."""
-  T, B = config.data.seq_len, config.data.batch_size
-  H = config.model.num_heads
-  K = config.model.d_model // H
-  layers = [patterns[min(i, len(patterns) - 1)] for i in range(config.model.num_layers)]
+  T, B = run.data.seq_len, run.data.batch_size
+  H = run.model.num_heads
+  K = run.model.d_model // H
+  layers = [patterns[min(i, len(patterns) - 1)] for i in range(run.model.num_layers)]
   attention = sum(12 * visible_pairs(p, T) * K * H for p in layers)
   return float(6 * num_params * T * B + attention * B)

@@ -1,4 +1,4 @@
-"""The training loop: `train_and_evaluate(config, workdir)`.
+"""The training loop: `train_and_evaluate(run, workdir)`.
 
     setup         data, mesh, the train state (`train_state.build`), resume from the workdir
     train_steps   the step loop: progress, periodic evaluation and checkpoints, preemption
@@ -20,12 +20,10 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from efficient_lm import data
-from efficient_lm import models
-from efficient_lm.config import sections
+from efficient_lm.config.run import RunConfig
 from efficient_lm.inference import generation
 from efficient_lm.ops import ring
 from efficient_lm.parallel import distributed
@@ -131,42 +129,38 @@ def _targets_in_batch(corpus, split: str, index: int, global_batch: int) -> floa
   return float(np.clip(last - starts, 0, seq_len).sum())
 
 
-def make_sharded_eval_step(config: "ml_collections.ConfigDict | sections.Typed",
-                           built: train_state.Built):
+def make_sharded_eval_step(run: RunConfig, built: train_state.Built):
   """The eval step with the train state's parameter shardings and the batch's."""
-  config = config if isinstance(config, sections.Typed) else train_state.typed(config)
   return train_step_lib.make_eval_step(built.graphdef, params_shardings=built.shardings.params,
                                        batch_sharding=sharding.batch_sharding(built.mesh),
-                                       loss_chunk=config.train.loss_chunk,
-                                       activation_rules=config.mesh.activation_axes)
+                                       loss_chunk=run.train.loss_chunk,
+                                       activation_rules=run.mesh.activation_axes)
 
 
-def compile_only(config: ml_collections.ConfigDict, target: str | None = None,
-                 num_slices: int = 1) -> dict:
-  """`main --compile_only`: the config validated, the train step compiled from shapes (no data,
-  no parameters), and what it needs per device; nothing is trained or written. With `target`
-  (`targets.load`'s '<platform>:<device>:<topology>') the step is compiled for that accelerator's
-  devices, from any host."""
+def compile_only(run: RunConfig, target: str | None = None, num_slices: int = 1) -> dict:
+  """`main --compile_only`: the run checked at the edge (`prepare`), the train step compiled from
+  shapes (no data, no parameters), and what it needs per device; nothing is trained or written.
+  With `target` (`targets.load`'s '<platform>:<device>:<topology>') the step is compiled for that
+  accelerator's devices, from any host."""
   if not target:  # (a target's compile-only client cannot read cache entries back: no cache)
-    use_compilation_cache(config)
+    use_compilation_cache(run)
   accelerator = None
   if target:
     with progress_lib.phase(f"loading the compiler for {target}"):
       accelerator = targets.load(target, num_slices)
-  typed, built = config_check.prepare(config, accelerator.devices if accelerator else None)
+  run, built = config_check.prepare(run, accelerator.devices if accelerator else None)
   what = f"compiling the train step for {target or targets.platform_of(built.mesh.devices.flat)}"
-  log.info("%s (%s, seq_len %s, batch %s)...", what, typed.model.name,
-           f"{typed.data.seq_len:,}", typed.data.batch_size)
+  log.info("%s (%s, seq_len %s, batch %s)...", what, run.model.name,
+           f"{run.data.seq_len:,}", run.data.batch_size)
   with progress_lib.phase(what):
-    compiled = step_memory.compile_train_step(typed, built)
-  return step_memory.report(compiled, typed, built, accelerator)
+    compiled = step_memory.compile_train_step(run, built)
+  return step_memory.report(compiled, run, built, accelerator)
 
 
 @dataclasses.dataclass
 class Run:
   """What the step loop works with; built by `setup`."""
-  config: ml_collections.ConfigDict  # (written to the workdir; everything else reads `typed`)
-  typed: sections.Typed
+  config: RunConfig  # as it trains: the vocabulary its tokenizer fixed (written to config.json)
   workdir: str
   corpus: Any
   mesh: jax.sharding.Mesh
@@ -183,41 +177,38 @@ class Run:
   eval_void: str | None = None  # why train.eval_split is left out (no text), if it is
 
 
-def setup(config: ml_collections.ConfigDict, workdir: str, typed: sections.Typed | None = None,
-          built: train_state.Built | None = None) -> Run:
+def setup(run: RunConfig, workdir: str, built: train_state.Built | None = None) -> Run:
   """Data, mesh and train state; the state and data position restored from the workdir if it has
   checkpoints. Every check runs before the workdir is touched (`workdir.Workdir`): a run of
   another model or corpus is refused with the workdir byte-identical, and whatever config.json,
   data.json and the checkpoints' metadata can answer is answered before any data is prepared or
   anything compiles. A resumed state is restored straight into its shardings (no random init
-  beside it). `typed`, `built`: `config_check.prepare(config)`'s typed sections and abstract
-  train state on the job's mesh (default: prepared here); below this line the loop reads them,
-  and the ConfigDict only goes to the workdir's config.json (and W&B)."""
-  if typed is None or built is None:
-    typed, built = config_check.prepare(config)
-  t, asked, mesh, abstract = typed.train, typed.data, built.mesh, built
+  beside it). `run`, `built`: what `config_check.prepare` returned at the edge (without `built`,
+  prepared here); a vocabulary the tokenizer fixes later is a new RunConfig (`with_vocab`)."""
+  if built is None:
+    run, built = config_check.prepare(run)
+  t, asked, mesh, abstract = run.train, run.data, built.mesh, built
   wd = workdir_lib.Workdir(workdir)
-  _refuse_early(config, typed, abstract, wd)
+  _refuse_early(run, abstract, wd)
   # The data checks that read no more than the config names (a `text:` glob), on process 0.
   data_checks = distributed.primary_first(lambda: data.preflight(asked), "corpus checked",
                                           others=lambda: data.preflight(asked, read=False))
   # Compile the step first, from shapes only: a step that cannot fit stops here, before any data.
-  compiled = _compiled_step(typed, abstract)
+  compiled = _compiled_step(run, abstract)
   own = wd.resume_tokenizer(asked)  # resuming: the workdir's tokenizer, whatever the cache holds
   with progress_lib.phase("preparing the data"), output.library_prints_discarded():
     corpus = distributed.primary_first(lambda: data.load(asked, data_checks, own), "data prepared")
   _check_same_corpus(corpus)
   eval_void = data.check_splits(corpus, asked, t.eval_split, t.num_steps)  # (empty train: refused)
-  vocab = _vocab_size(typed, corpus.tokenizer, wd)
-  if vocab < typed.data.vocab_size:  # a small corpus: fewer pieces
+  vocab = _vocab_size(run, corpus.tokenizer, wd)
+  if vocab < run.data.vocab_size:  # a small corpus: fewer pieces
     log.info("the tokenizer has %d pieces (data.vocab_size=%d): the model's vocabulary is %d",
-             corpus.tokenizer.vocab_size, typed.data.vocab_size, vocab)
-    config.data.vocab_size = vocab  # model.vocab_size follows (a field reference)
-    typed, abstract = config_check.prepare(config)  # (the job's devices, as at the edge)
-    mesh = abstract.mesh
-    compiled = _compiled_step(typed, abstract)
+             corpus.tokenizer.vocab_size, run.data.vocab_size, vocab)
+    run = run.with_vocab(vocab)
+    abstract = config_check.place(run, mesh)  # the model's checks on the mesh again
+    compiled = _compiled_step(run, abstract)
   wd.check_data(corpus.identity, allow_new_data=t.allow_new_data)
-  batch_size, seq_len = typed.data.batch_size, typed.data.seq_len
+  batch_size, seq_len = run.data.batch_size, run.data.seq_len
   rows = sharding.process_rows(mesh, batch_size, seq_len)
   if rows is None:  # every process reads the global batch and places its own slices
     train_iter = corpus.train_iterator(batch_size=batch_size, seed=t.seed)
@@ -235,7 +226,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str, typed: sections.Typed
     saved_meta.update(saved)
 
   if wd.has_checkpoints():  # (a workdir without any is not touched before the checks pass)
-    meta = workdir_lib.model_meta(typed, abstract.state.params)
+    meta = workdir_lib.model_meta(run, abstract.state.params)
     ckpt = open_checkpoints()
     with progress_lib.phase("restoring the latest checkpoint"):
       restored = ckpt.restore_latest(abstract.state, check_meta)
@@ -245,11 +236,11 @@ def setup(config: ml_collections.ConfigDict, workdir: str, typed: sections.Typed
     log.info("resumed from %s at step %d", ckpt.directory, latest)
     _warn_if_rate_jumps(saved_meta.get("learning_rate"), float(abstract.schedule(latest)), latest)
   else:
-    state = train_state.initialize(typed, abstract)
-  meta = meta or workdir_lib.model_meta(typed, abstract.state.params)
+    state = train_state.initialize(run, abstract)
+  meta = meta or workdir_lib.model_meta(run, abstract.state.params)
   if distributed.is_primary():  # every check has passed: now the workdir is written
     # data.json's settings: the corpus-deciding fields as asked (before a small corpus's vocab)
-    wd.write(config, corpus.tokenizer, corpus.identity, workdir_lib.corpus_settings(asked))
+    wd.write(run, corpus.tokenizer, corpus.identity, workdir_lib.corpus_settings(asked))
     if restored is not None:
       moved = metrics_lib.rewind(wd.path, restored[0])
       if moved:
@@ -258,33 +249,31 @@ def setup(config: ml_collections.ConfigDict, workdir: str, typed: sections.Typed
   distributed.barrier("workdir written")
   ckpt = ckpt or open_checkpoints()
   distributed.PeerWatch.describe_checkpoints = lambda: checkpoint.describe_committed(ckpt.directory)
-  log.info("model %s: %s parameters; %s train tokens; workdir %s", typed.model.name,
+  log.info("model %s: %s parameters; %s train tokens; workdir %s", run.model.name,
            f"{abstract.num_params:,}", f"{corpus.num_tokens('train'):,}", wd.path)
-  writer = metrics_lib.open_writers(config, wd.path, distributed.is_primary())
-  return Run(config=config, typed=typed, workdir=wd.path, corpus=corpus, mesh=mesh,
+  writer = metrics_lib.open_writers(run, wd.path, distributed.is_primary())
+  return Run(config=run, workdir=wd.path, corpus=corpus, mesh=mesh,
              layout=abstract.layout, built=abstract, state=state,
              train_step=compiled, ckpt=ckpt, train_iter=train_iter, writer=writer, meta=meta,
              rows=rows, eval_pending=restored is not None and bool(saved_meta.get("eval_pending")),
              eval_void=eval_void)
 
 
-def _refuse_early(config: ml_collections.ConfigDict, typed: sections.Typed,
-                  abstract: train_state.Built, wd: workdir_lib.Workdir) -> None:
+def _refuse_early(run: RunConfig, abstract: train_state.Built, wd: workdir_lib.Workdir) -> None:
   """The workdir's refusals that config.json, data.json and the checkpoints' metadata can give
   at once (another corpus, tokenizer or model), before any data is prepared or anything compiles.
   The same checks run again, authoritatively, once the corpus is loaded and the state restored."""
   if not wd.has_checkpoints():
     return
-  wd.check_settings(typed.data, allow_new_data=typed.train.allow_new_data)
+  wd.check_settings(run.data, allow_new_data=run.train.allow_new_data)
   saved_meta = checkpoint.latest_meta(wd.checkpoints)
   if saved_meta is None:
     return
-  vocab = wd.resumed_vocab_size(typed.data.vocab_size)
-  if vocab != typed.data.vocab_size:  # the model as it will be built once the tokenizer is known
-    resized = config.copy_and_resolve_references()
-    resized.data.vocab_size = resized.model.vocab_size = vocab
-    abstract = train_state.build(resized, abstract.mesh, abstract=True)
-  wd.check_model(saved_meta, workdir_lib.model_meta(typed, abstract.state.params))
+  vocab = wd.resumed_vocab_size(run.data.vocab_size)
+  if vocab != run.data.vocab_size:  # the model as it will be built once the tokenizer is known
+    run = run.with_vocab(vocab)
+    abstract = train_state.build(run, abstract.mesh, abstract=True)
+  wd.check_model(saved_meta, workdir_lib.model_meta(run, abstract.state.params))
 
 
 def _check_same_corpus(corpus) -> None:
@@ -300,25 +289,25 @@ def _check_same_corpus(corpus) -> None:
         "prepared data.data_dir to the others")
 
 
-def _vocab_size(config: sections.Typed, tokenizer, wd: workdir_lib.Workdir) -> int:
+def _vocab_size(run: RunConfig, tokenizer, wd: workdir_lib.Workdir) -> int:
   """The model's vocabulary: the tokenizer's size when it is below data.vocab_size (a small
   corpus), but never below the vocabulary of the checkpoints a run resumes (a fine-tuning run on
   new data, `train.allow_new_data`, keeps their shapes)."""
-  vocab = min(config.data.vocab_size, tokenizer.vocab_size)
+  vocab = min(run.data.vocab_size, tokenizer.vocab_size)
   saved = wd.saved_config() if wd.has_checkpoints() else None
   if saved is not None:
-    vocab = max(vocab, min(config.data.vocab_size, int(saved.data.vocab_size)))
+    vocab = max(vocab, min(run.data.vocab_size, saved.data.vocab_size))
   return vocab
 
 
-def _compiled_step(config: sections.Typed, abstract: train_state.Built):
+def _compiled_step(run: RunConfig, abstract: train_state.Built):
   """The train step compiled for `abstract` (the train state's shapes), checked to fit a device."""
   what = f"compiling the train step for {targets.platform_of(abstract.mesh.devices.flat)}"
-  log.info("%s (%s, seq_len %s, batch %s)...", what, config.model.name,
-           f"{config.data.seq_len:,}", config.data.batch_size)
+  log.info("%s (%s, seq_len %s, batch %s)...", what, run.model.name,
+           f"{run.data.seq_len:,}", run.data.batch_size)
   with progress_lib.phase(what):
-    compiled = step_memory.compile_train_step(config, abstract)
-  memory = step_memory.report(compiled, config, abstract)
+    compiled = step_memory.compile_train_step(run, abstract)
+  memory = step_memory.report(compiled, run, abstract)
   log.info("%s", step_memory.describe(memory))
   step_memory.check_fits(memory)
   log.info("%s", abstract.describe())
@@ -340,8 +329,8 @@ class _Profiler:
   (or at the first step of a run resumed inside the range) and stopped at END, or when the loop
   ends first (a range past num_steps, a stop signal, an error)."""
 
-  def __init__(self, config: "ml_collections.ConfigDict | sections.Typed", workdir: str):
-    self.range = profile_range(config)
+  def __init__(self, run: RunConfig, workdir: str):
+    self.range = profile_range(run)
     self.folder = os.path.join(workdir, "profile")
     self.on = False
 
@@ -372,13 +361,13 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
   evaluation batch (`agreement`: every process stops at the same one); the loop then saves the
   step it reached, waits until that checkpoint is committed and returns.
   """
-  t = run.typed.train
+  t = run.config.train
   built = run.built
   train_step = run.train_step
-  eval_step = make_sharded_eval_step(run.typed, built)
+  eval_step = make_sharded_eval_step(run.config, built)
   start_step = int(run.state.step)
   progress = metrics_lib.Progress(start_step, t.num_steps,
-                                  run.typed.data.batch_size * run.typed.data.seq_len,
+                                  run.config.data.batch_size * run.config.data.seq_len,
                                   **utilisation(run))
   eval_metrics: dict[str, float] = {}
   # The first step whose loss or gradient norm was not finite, tracked on device so that
@@ -409,7 +398,7 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
     final = done == t.num_steps  # the final evaluation scores the whole split
     with progress_lib.phase(f"evaluating at step {done}"):
       figures = evaluate(eval_step, run.state.params, run.corpus, t.eval_split,
-                         run.typed.data.batch_size, run.mesh, run.layout,
+                         run.config.data.batch_size, run.mesh, run.layout,
                          max_tokens=0 if final else t.eval_tokens, rows=run.rows,
                          should_stop=should_stop)
     if figures is not None:
@@ -426,7 +415,7 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
       run.ckpt.wait()  # the save in flight is committed before the process goes
     return preempted_summary(run, done, agreement.signal, during_eval)
 
-  profiler = _Profiler(run.typed, run.workdir)
+  profiler = _Profiler(run.config, run.workdir)
   last_line = time.monotonic()
   previous_metrics = None
   try:
@@ -437,7 +426,7 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
     for step in range(start_step, t.num_steps):
       profiler.before(step)
       batch = place_batch(next(run.train_iter), run.mesh, run.layout,
-                          None if run.rows is None else (*run.rows, run.typed.data.batch_size))
+                          None if run.rows is None else (*run.rows, run.config.data.batch_size))
       run.state, step_metrics = train_step(run.state, batch)
       done = step + 1
       first_bad_step = _track_first_bad(first_bad_step, step_metrics, done)
@@ -484,8 +473,8 @@ def utilisation(run: Run) -> dict:
   peak = flops_lib.peak_flops(device.device_kind) if device.platform != "cpu" else None
   if peak is None:
     return {}
-  patterns = list(run.typed.model.patterns())
-  return {"step_flops": flops_lib.step_flops(run.typed, run.built.num_params, patterns),
+  patterns = list(run.config.model.patterns())
+  return {"step_flops": flops_lib.step_flops(run.config, run.built.num_params, patterns),
           "peak_flops": peak * run.mesh.size, "num_devices": run.mesh.size}
 
 
@@ -502,13 +491,13 @@ def report(run: Run, eval_metrics: dict[str, float], seconds: float,
            agreement: distributed.StopAgreement) -> dict:
   """The summary of a finished run (evaluating a restored one that had nothing left to train),
   logged; a preemption summary if a stop signal cut that evaluation short."""
-  t = run.typed.train
+  t = run.config.train
   if not eval_metrics:
-    eval_step = make_sharded_eval_step(run.typed, run.built)
+    eval_step = make_sharded_eval_step(run.config, run.built)
     step = int(run.state.step)
     with progress_lib.phase(f"evaluating at step {step}"):
       eval_metrics = evaluate(eval_step, run.state.params, run.corpus, t.eval_split,
-                              run.typed.data.batch_size, run.mesh, run.layout, rows=run.rows,
+                              run.config.data.batch_size, run.mesh, run.layout, rows=run.rows,
                               should_stop=lambda: agreement.poll(signals.requested()) is not None)
     if eval_metrics is None:  # the checkpoint at this step exists: it was restored
       return preempted_summary(run, step, agreement.signal)
@@ -521,12 +510,12 @@ def report(run: Run, eval_metrics: dict[str, float], seconds: float,
 
 def sample(run: Run) -> str | None:
   """The end-of-run text sample from the final parameters (None: no sample), logged."""
-  t = run.typed.train
+  t = run.config.train
   if not (t.sample_prompt and t.sample_tokens):
     return None
   with progress_lib.phase("sampling"):
     try:
-      text = generation.sample_from_state(run.typed, run.state.params, run.corpus.tokenizer,
+      text = generation.sample_from_state(run.config, run.state.params, run.corpus.tokenizer,
                                           t.sample_prompt, num_tokens=t.sample_tokens, seed=t.seed)
     except ValueError as e:  # a prompt the tokenizer cannot encode (a generated task's)
       log.info("no sample: %s", str(e).splitlines()[0])
@@ -538,28 +527,27 @@ def sample(run: Run) -> str | None:
   return text
 
 
-def use_compilation_cache(config: "ml_collections.ConfigDict | sections.Typed") -> None:
+def use_compilation_cache(run: RunConfig) -> None:
   """jax's persistent compilation cache in `train.compilation_cache_dir` ('' = off)."""
-  folder = config.train.compilation_cache_dir
+  folder = run.train.compilation_cache_dir
   if folder:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 2.0)
 
 
-def profile_range(config: "ml_collections.ConfigDict | sections.Typed") -> tuple[int, int] | None:
+def profile_range(run: RunConfig) -> tuple[int, int] | None:
   """(first, last) step of `train.profile_steps` ('START:END'), or None."""
-  spec = config.train.profile_steps
+  spec = run.train.profile_steps
   if not spec:
     return None
   first, _, last = str(spec).partition(":")
   return int(first), int(last or first)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
-                       typed: sections.Typed | None = None,
+def train_and_evaluate(run: RunConfig, workdir: str,
                        built: train_state.Built | None = None) -> dict[str, float]:
-  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the final eval.
-  `typed`, `built`: what `config_check.prepare(config)` returned at the edge (default: prepared
+  """Trains `run` in `workdir` (resuming from its latest checkpoint) and returns the final eval.
+  `run`, `built`: what `config_check.prepare` returned at the edge (without `built`, prepared
   here).
 
   A stop signal (SIGINT, SIGTERM: `signals`) during the steps or an evaluation ends the run with
@@ -567,12 +555,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   signal; `preempted_line`); during the final sample (the checkpoint committed) it raises
   `signals.Interrupted`. From Python its progress shows without any set-up (`progress.show`)."""
   progress_lib.show()
-  if typed is None or built is None:
-    typed, built = config_check.prepare(config)
-  if typed.train.wandb:  # (its fields are TrainConfig's checks)
-    wandb_writer.check_installed()  # the extra, before anything compiles
-  use_compilation_cache(typed)
-  run = setup(config, workdir, typed, built)
+  if built is None:
+    run, built = config_check.prepare(run)
+  wandb_writer.check(run.train)  # the extra, before anything compiles
+  use_compilation_cache(run)
+  run = setup(run, workdir, built)
   try:
     start = time.perf_counter()
     agreement = distributed.StopAgreement()

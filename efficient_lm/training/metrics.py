@@ -7,6 +7,7 @@ import time
 
 import tensorboardX
 
+from efficient_lm.config.run import RunConfig
 from efficient_lm.runtime import figures
 from efficient_lm.training import wandb as wandb_writer
 
@@ -123,16 +124,16 @@ class FanOut:
       raise failure
 
 
-def open_writers(config, workdir: str, primary: bool):
+def open_writers(run: RunConfig, workdir: str, primary: bool):
   """Where the run's figures go: on process 0 `metrics.jsonl` and TensorBoard (`MetricWriter`),
   and W&B with `train.wandb` (`wandb_writer`, checked by `wandb_writer.check` before anything
   compiled); nothing on the other processes."""
   if not primary:
     return NullWriter()
   writers = [MetricWriter(workdir)]
-  if config.train.wandb:
+  if run.train.wandb:
     try:
-      writers.append(wandb_writer.WandbWriter(config, workdir))
+      writers.append(wandb_writer.WandbWriter(run, workdir))
     except BaseException:
       writers[0].close()
       raise

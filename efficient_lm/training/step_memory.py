@@ -1,7 +1,7 @@
 """The compiled train step and what it needs per device: will this run fit?
 
-    compiled = step_memory.compile_train_step(config, built)
-    report = step_memory.report(compiled, config, built)   # bytes per device
+    compiled = step_memory.compile_train_step(run, built)
+    report = step_memory.report(compiled, run, built)      # bytes per device
     step_memory.check_fits(report)                          # StepTooLargeError if it cannot
 
 `compile_train_step` lowers and compiles exactly the step `training/loop.py` runs (the
@@ -24,10 +24,9 @@ import re
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from efficient_lm import models
-from efficient_lm.config import sections
+from efficient_lm.config.run import RunConfig
 from efficient_lm.ops.core import backends
 from efficient_lm.parallel import sharding
 from efficient_lm.parallel import targets
@@ -39,10 +38,10 @@ class StepTooLargeError(MemoryError):
   """The compiled train step needs more memory than a device has."""
 
 
-def abstract_batch(config: ml_collections.ConfigDict, built) -> dict:
+def abstract_batch(run: RunConfig, built: train_state.Built) -> dict:
   """The shapes of a batch placed on `built`'s mesh (`train_state.build`): with RoPE positions
   for a permuted layout (`built.layout`), with document ids where it carries them."""
-  B, T = config.data.batch_size, config.data.seq_len
+  B, T = run.data.batch_size, run.data.seq_len
   batch_sharding = sharding.batch_sharding(built.mesh)
   shape = lambda dtype: jax.ShapeDtypeStruct((B, T), dtype, sharding=batch_sharding)
   batch = {"inputs": shape(jnp.int32), "targets": shape(jnp.int32), "weights": shape(jnp.float32)}
@@ -53,26 +52,24 @@ def abstract_batch(config: ml_collections.ConfigDict, built) -> dict:
   return batch
 
 
-def make_train_step(config: ml_collections.ConfigDict, built):
-  """The jitted train step of `config` for `built` (`train_state.build`)."""
-  config = config if isinstance(config, sections.Typed) else train_state.typed(config)
+def make_train_step(run: RunConfig, built: train_state.Built):
+  """The jitted train step of `run` for `built` (`train_state.build`)."""
   return train_step_lib.make_train_step(
-      built.graphdef, built.tx, built.schedule, config.train.seed,
+      built.graphdef, built.tx, built.schedule, run.train.seed,
       state_shardings=built.shardings, batch_sharding=sharding.batch_sharding(built.mesh),
-      grad_accum_steps=config.train.grad_accum_steps,
-      loss_chunk=config.train.loss_chunk,
-      activation_rules=config.mesh.activation_axes)
+      grad_accum_steps=run.train.grad_accum_steps,
+      loss_chunk=run.train.loss_chunk,
+      activation_rules=run.mesh.activation_axes)
 
 
-def compile_train_step(config: ml_collections.ConfigDict, built):
+def compile_train_step(run: RunConfig, built: train_state.Built):
   """The train step, lowered and compiled for abstract arguments (jax.stages.Compiled).
   StepTooLargeError when the compiler itself finds it cannot fit (a TPU's out of HBM)."""
   abstract_state = jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), built.state)
   backends.FALLBACKS.clear()  # what this step's trace records (the compile report reads them)
   backends.KERNEL_CALLS.clear()
-  config = config if isinstance(config, sections.Typed) else train_state.typed(config)  # once
-  lowered = make_train_step(config, built).lower(abstract_state, abstract_batch(config, built))
+  lowered = make_train_step(run, built).lower(abstract_state, abstract_batch(run, built))
   try:
     return lowered.compile()
   except jax.errors.JaxRuntimeError as e:
@@ -81,7 +78,7 @@ def compile_train_step(config: ml_collections.ConfigDict, built):
       raise
     first = next((line for line in message.splitlines() if "RESOURCE_EXHAUSTED" in line), message)
     hint = fix_hint({"attention_backend": models.attention_backend_name(
-        config.model, targets.platform_of(list(built.mesh.devices.flat)))})
+        run.model, targets.platform_of(list(built.mesh.devices.flat)))})
     raise StepTooLargeError(f"the train step does not fit on {built.mesh.devices.flat[0].device_kind}"
                             f" ({first.strip()[:300]}); lower it with {hint}") from None
 
@@ -163,7 +160,7 @@ def attention_report() -> dict:
                                   for (backend, reason), n in sorted(backends.FALLBACKS.items())]}
 
 
-def report(compiled, config: ml_collections.ConfigDict, built, target=None) -> dict:
+def report(compiled, run: RunConfig, built: train_state.Built, target=None) -> dict:
   """Per-device bytes of the compiled step (XLA's memory analysis) and of the train state, the
   platform's figure (`per_device_total_bytes`) against what a device has: this host's, or the
   `target`'s (`targets.Target`)."""
@@ -181,11 +178,11 @@ def report(compiled, config: ml_collections.ConfigDict, built, target=None) -> d
       "per_device_code_bytes": get("generated_code_size_in_bytes"),
       "per_device_param_bytes": params, "param_replicated_fraction": params_replicated,
       "per_device_optimizer_bytes": opt, "optimizer_replicated_fraction": opt_replicated,
-      "seq_len": int(config.data.seq_len), "batch_size": int(config.data.batch_size),
+      "seq_len": int(run.data.seq_len), "batch_size": int(run.data.batch_size),
       "num_devices": int(built.mesh.size), "mesh": dict(built.mesh.shape),
-      "model": config.model.name,
-      "attention_impl": config.model.attention_impl,
-      "attention_backend": models.attention_backend_name(config.model, platform),
+      "model": run.model.name,
+      "attention_impl": run.model.attention_impl,
+      "attention_backend": models.attention_backend_name(run.model, platform),
       "platform": platform,
       "target": target.spec if target is not None else None,
       "num_slices": target.num_slices if target is not None else 1,

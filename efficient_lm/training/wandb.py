@@ -9,9 +9,8 @@ import json
 import logging
 import os
 
-import ml_collections
-
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.config.run import RunConfig
 from efficient_lm.config.train import TrainConfig
 from efficient_lm.runtime import figures
 
@@ -21,11 +20,10 @@ RUN_ID_FILE = "wandb_run_id"
 EXTRA = "pip install -e '.[wandb]'"
 
 
-def check(t: TrainConfig | ml_collections.ConfigDict) -> None:
-  """The `train.wandb*` fields (declared checks of `TrainConfig`: a train section is built from a
-  mapping), and the wandb package when `train.wandb` is on (before anything compiles): a
-  ConfigError naming the field and the fix."""
-  t = t if isinstance(t, TrainConfig) else TrainConfig.from_mapping(t)
+def check(t: TrainConfig) -> None:
+  """The wandb package when `train.wandb` is on (before anything compiles; the `train.wandb*`
+  fields' own checks ran as the section was built): a ConfigError naming the field and the
+  fix."""
   if t.wandb:
     check_installed()
 
@@ -65,14 +63,14 @@ def run_id(workdir: str) -> str:
 class WandbWriter:
   """Sends each `write(step, metrics)` to a W&B run at that step; `close` finishes the run."""
 
-  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+  def __init__(self, run: RunConfig, workdir: str):
     import wandb  # pylint: disable=import-outside-toplevel
-    t = config.train
+    t = run.train
     ident = run_id(workdir)
     try:
       self._run = wandb.init(
           project=t.wandb_project, name=t.wandb_run_name or None, tags=tags(t.wandb_tags),
-          id=ident, resume="allow", config=json.loads(config.to_json_best_effort()),
+          id=ident, resume="allow", config=json.loads(run.to_json()),
           dir=None if os.environ.get("WANDB_DIR") else workdir,
           settings=wandb.Settings(console="off", silent=True))
     except Exception as e:  # pylint: disable=broad-except  (no login, no network, a bad project)

@@ -17,9 +17,10 @@ from efficient_lm.data.mqar.sequences import batch, sequence
 from efficient_lm.data.mqar.task import (EOS_ID, PAD_ID, QUERY_ID, SPLITS, MqarTask, parse,
                                          require_int, validate)
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.data.tokenizer_protocol import TokenIds
 
 
-class MqarTokenizer:
+class MqarTokenizer(TokenIds):
   """Ids <-> words: '<pad>', '<eos>', '?', 'k<i>', 'v<i>', 'f<i>' (i counts from 0 within its
   range), 'k<i>=v<j>' for a pair token (pair_tokens=1); decode of an id outside the vocabulary
   gives '<id:N>'. No sentencepiece model

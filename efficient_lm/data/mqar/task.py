@@ -1,19 +1,19 @@
 """The MQAR task: `parse` an 'mqar:<options>' string into an `MqarTask`, `check` / `validate` it.
 
-Every option has a default, so 'mqar:' runs; a bad option is a one-line ConfigError. `check`
+The options are `MqarTask`'s fields, parsed by the sources' one parser (`source_options`). Every
+option has a default, so 'mqar:' runs; a bad option is a one-line ConfigError. `check`
 holds a task against data.seq_len, data.vocab_size and a Perceiver-AR model's num_latents.
 Details (options and defaults, limits, vocabulary): docs/data.md, MQAR.
 """
 
 import dataclasses
-import difflib
 import math
-import re
 from typing import Any
 
 import numpy as np
 
 from efficient_lm.config.errors import ConfigError, require_positive_int
+from efficient_lm.data import source_options
 
 PREFIX = 'mqar:'
 PAD_ID, EOS_ID, QUERY_ID = 0, 1, 2
@@ -21,27 +21,123 @@ NUM_RESERVED = 3
 SPLITS = ('train', 'validation', 'test')
 TRAIN_SEQUENCES = 2**32  # the train split's nominal size: the iterator wraps after it (never in practice)
 DEFAULT_SEQ_LEN = 1024
-OPTIONS = ('seq_len', 'latents', 'queries', 'pairs', 'min_distance', 'max_distance', 'keys',
-           'values', 'filler', 'eval_sequences', 'seed', 'pair_tokens')
 DEFAULT_PAIR_TOKENS = 2  # `k v`; 1 = one token per pair. A spec names pair_tokens only when 1, so
                          # the tasks written before it keep their spec and their sequences.
 
 
-@dataclasses.dataclass(frozen=True)
+def _fail(name: str, value: Any, requirement: str, fix: str) -> None:
+  source_options.fail(PREFIX, name, value, requirement, fix)
+
+
+def _check_latents(Z: int, o: dict) -> None:
+  if Z > o['seq_len'] - 5:
+    _fail('latents', Z, f"leaves fewer than 5 positions before the queries in seq_len={o['seq_len']}",
+          f"lower latents to at most {o['seq_len'] - 5} (or raise seq_len)")
+
+
+def _check_queries(Q: int, o: dict) -> None:
+  if 4 * Q > o['latents']:  # placed at random, 3-position queries jam near 80% of the latents
+    _fail('queries', Q, f"do not fit in latents={o['latents']} (3 positions each, ? key value, at "
+          'most 3/4 of the latents filled)', f"lower queries to at most {o['latents'] // 4} or "
+          'raise latents')
+
+
+def _check_pairs(P: int, o: dict) -> None:
+  Q = o['queries']
+  if P < Q:
+    _fail('pairs', P, f'is below queries={Q} (each query asks for a different pair)',
+          f'raise pairs to at least {Q} or lower queries')
+  room = o['seq_len'] - o['latents'] - 1  # cells x[1 .. S-Z-1] before the latents
+  most_pairs = 3 * room // 8  # pairs (2 cells each) fill at most 3/4 of them: placed at random,
+  if P > most_pairs:          # they cannot jam (random dimers jam near 86%)
+    _fail('pairs', P, f'do not fit in the {room} positions before the latents (2 each, at most '
+          '3/4 of them filled)', f'lower pairs to at most {most_pairs}, lower latents or raise seq_len')
+
+
+def _check_min_distance(D0: int, o: dict) -> None:
+  del o
+  if D0 < 3:
+    _fail('min_distance', D0, 'is below 3 (a pair sits before the latents, its query inside them)',
+          'set min_distance>=3')
+
+
+def _check_max_distance(D1: int, o: dict) -> None:
+  S, Z, Q, D0 = o['seq_len'], o['latents'], o['queries'], o['min_distance']
+  longest = S - 3  # a pair at x[1], its query's value at x[S-1]
+  if D1 > longest:
+    _fail('max_distance', D1, f'cannot fit in seq_len={S} (a pair and its query are at most '
+          f'seq_len-3={longest} apart)', f'lower max_distance to at most {longest}')
+  if D0 > D1:
+    _fail('min_distance', D0, f'exceeds max_distance={D1}',
+          f'lower min_distance to at most {D1} or raise max_distance')
+  short, long = _crowding(S, Z, Q, D0, D1)
+  if short is not None:
+    better = next((d for d in np.unique(np.geomspace(D0 + 1, D1, 64).astype(int))
+                   if _crowding(S, Z, Q, int(d), D1)[0] is None), None)
+    _fail('min_distance', D0, f'crowds the short distances: about {short[1]:.1f} of queries={Q} fall '
+          f'below distance {short[0]}, more than a quarter of the {short[2]} positions there hold (3 each)',
+          f'raise min_distance to {better}' if better else 'lower queries')
+  if long is not None:
+    _fail('max_distance', D1, f'crowds the long distances: about {long[1]:.1f} of queries={Q} fall '
+          f'at distance {long[0]} or more, more than a quarter of the {long[2]} positions there '
+          'hold (3 each)', 'lower max_distance or queries')
+
+
+def _check_keys(K: int, o: dict) -> None:
+  if o['pairs'] > K:
+    _fail('pairs', o['pairs'], f'exceeds keys={K} (each key appears once per sequence)',
+          f"lower pairs or raise keys to at least {o['pairs']}")
+
+
+def _check_seed(seed: int, o: dict) -> None:
+  del o
+  if not 0 <= seed < 2**32:
+    _fail('seed', seed, 'must be in [0, 2**32)', 'set seed to a non-negative 32-bit integer')
+
+
+def _check_pair_tokens(pair_tokens: int, o: dict) -> None:
+  del o
+  if pair_tokens not in (1, 2):
+    _fail('pair_tokens', pair_tokens, 'must be 1 or 2', "write pair_tokens=2 (a pair is 'k v', the "
+          "default) or pair_tokens=1 (one token per pair)")
+
+
+def _run_seq_len(run: dict) -> int:
+  """The window when the options set none: the run's data.seq_len (checked), else the default."""
+  if run.get('seq_len') is None:
+    return DEFAULT_SEQ_LEN
+  require_positive_int('data.seq_len', run['seq_len'])
+  return run['seq_len']
+
+
+option = source_options.option
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class MqarTask:
-  """One MQAR task: every option resolved (docs/data.md, MQAR)."""
-  seq_len: int
-  latents: int
-  queries: int
-  pairs: int
-  min_distance: int
-  max_distance: int
-  keys: int
-  values: int
-  filler: int
-  eval_sequences: int
-  seed: int
-  pair_tokens: int = DEFAULT_PAIR_TOKENS
+  """One MQAR task: every option resolved (docs/data.md, MQAR). The fields are the options of
+  'mqar:key=value,...', declared with their defaults and checks (`source_options`), in the order
+  of the canonical spec; each check reads the options before it."""
+  seq_len: int = option(derive=lambda o, run: _run_seq_len(run), least=8,
+                        doc="the window (default: the run's data.seq_len)")
+  latents: int = option(derive=lambda o, run: min(256, o['seq_len'] // 4), least=4,
+                        check=_check_latents, doc='the last positions, where the queries are')
+  queries: int = option(derive=lambda o, run: max(1, o['latents'] // 16), least=1,
+                        check=_check_queries, doc='queries per sequence')
+  pairs: int = option(derive=lambda o, run: 4 * o['queries'], least=1, check=_check_pairs,
+                      doc='key-value pairs per sequence')
+  min_distance: int = option(32, check=_check_min_distance,
+                             doc='the shortest distance from a pair to its query')
+  max_distance: int = option(derive=lambda o, run: o['seq_len'] - o['latents'], least=3,
+                             check=_check_max_distance,
+                             doc='the longest distance (distances log-uniform between)')
+  keys: int = option(1024, least=1, check=_check_keys, doc='key tokens')
+  values: int = option(1024, least=1, doc='value tokens')
+  filler: int = option(1024, least=0, doc='filler tokens between the pairs')
+  eval_sequences: int = option(512, least=1, doc='sequences of each held-out split')
+  seed: int = option(0, check=_check_seed, doc='the held-out sequences\' seed')
+  pair_tokens: int = option(DEFAULT_PAIR_TOKENS, check=_check_pair_tokens, in_spec=False,
+                            doc="2: a pair is 'k v'; 1: one token per pair")
 
   @property
   def key_start(self) -> int:
@@ -69,8 +165,7 @@ class MqarTask:
   def spec(self) -> str:
     """The canonical dataset string: every option spelled out (pair_tokens only when it is not
     the default); parse(spec) == self."""
-    return PREFIX + ','.join(f'{name}={getattr(self, name)}' for name in OPTIONS
-                             if name != 'pair_tokens' or self.pair_tokens != DEFAULT_PAIR_TOKENS)
+    return source_options.spec(self, PREFIX)
 
   def num_sequences(self, split: str) -> int:
     if split not in SPLITS:
@@ -78,99 +173,14 @@ class MqarTask:
     return TRAIN_SEQUENCES if split == 'train' else self.eval_sequences
 
 
-def _fail(name: str, value: Any, requirement: str, fix: str) -> None:
-  raise ConfigError(f'mqar:{name}={value!r} {requirement}; {fix}')
+OPTIONS = source_options.names(MqarTask)
 
 
 def parse(dataset: str, seq_len: int | None = None) -> MqarTask:
   """The task named by `dataset` ('mqar:key=value,...'); `seq_len` (the run's data.seq_len) is
   the window when the options do not set one. Raises a one-line ConfigError for a bad option."""
-  if not isinstance(dataset, str) or not dataset.startswith(PREFIX):
-    raise ConfigError(f'data.dataset={dataset!r} is not an MQAR task; write mqar:<options>, e.g. '
-                      "'mqar:pairs=64,queries=16' (or just 'mqar:' for the defaults)")
-  if seq_len is not None:
-    require_positive_int('data.seq_len', seq_len)
-  given: dict[str, int] = {}
-  for item in dataset[len(PREFIX):].split(','):
-    item = item.strip()
-    if not item:
-      continue  # 'mqar:', a trailing comma
-    name, sep, text = (part.strip() for part in item.partition('='))
-    if name not in OPTIONS:
-      close = difflib.get_close_matches(name, OPTIONS, n=3, cutoff=0.5)
-      hint = f"did you mean {' or '.join(close)}? " if close else ''
-      raise ConfigError(f'data.dataset={dataset!r} has an unknown mqar option {name!r}; {hint}'
-                        f"the options are {', '.join(OPTIONS)}")
-    if not sep or not text:
-      _fail(name, text, 'has no value', f'write {name}=<integer>')
-    if name in given:
-      _fail(name, text, f'is given twice (also {name}={given[name]})', f'give {name} once')
-    if not re.fullmatch(r'[+-]?[0-9]+', text):
-      _fail(name, text, 'must be an integer', f'set {name} to a whole number')
-    given[name] = int(text)
-
-  def positive(name: str, value: int, least: int = 1) -> int:
-    if value < least:
-      _fail(name, value, f'must be at least {least}', f'set {name}>={least}')
-    return value
-
-  S = positive('seq_len', given.get('seq_len', seq_len or DEFAULT_SEQ_LEN), 8)
-  Z = positive('latents', given.get('latents', min(256, S // 4)), 4)
-  if Z > S - 5:
-    _fail('latents', Z, f'leaves fewer than 5 positions before the queries in seq_len={S}',
-          f'lower latents to at most {S - 5} (or raise seq_len)')
-  Q = positive('queries', given.get('queries', max(1, Z // 16)))
-  if 4 * Q > Z:  # placed at random, 3-position queries jam near 80% of the latents
-    _fail('queries', Q, f'do not fit in latents={Z} (3 positions each, ? key value, at most 3/4 of '
-          'the latents filled)', f'lower queries to at most {Z // 4} or raise latents')
-  P = positive('pairs', given.get('pairs', 4 * Q))
-  if P < Q:
-    _fail('pairs', P, f'is below queries={Q} (each query asks for a different pair)',
-          f'raise pairs to at least {Q} or lower queries')
-  room = S - Z - 1  # cells x[1 .. S-Z-1] before the latents
-  most_pairs = 3 * room // 8  # pairs (2 cells each) fill at most 3/4 of them: placed at random,
-  if P > most_pairs:          # they cannot jam (random dimers jam near 86%)
-    _fail('pairs', P, f'do not fit in the {room} positions before the latents (2 each, at most '
-          '3/4 of them filled)', f'lower pairs to at most {most_pairs}, lower latents or raise seq_len')
-  K = positive('keys', given.get('keys', 1024))
-  if P > K:
-    _fail('pairs', P, f'exceeds keys={K} (each key appears once per sequence)',
-          f'lower pairs or raise keys to at least {P}')
-  V = positive('values', given.get('values', 1024))
-  F = positive('filler', given.get('filler', 1024), 0)
-  longest = S - 3  # a pair at x[1], its query's value at x[S-1]
-  D1 = positive('max_distance', given.get('max_distance', S - Z), 3)
-  if D1 > longest:
-    _fail('max_distance', D1, f'cannot fit in seq_len={S} (a pair and its query are at most '
-          f'seq_len-3={longest} apart)', f'lower max_distance to at most {longest}')
-  D0 = given.get('min_distance', 32)
-  if D0 < 3:
-    _fail('min_distance', D0, 'is below 3 (a pair sits before the latents, its query inside them)',
-          'set min_distance>=3')
-  if D0 > D1:
-    _fail('min_distance', D0, f'exceeds max_distance={D1}',
-          f'lower min_distance to at most {D1} or raise max_distance')
-  short, long = _crowding(S, Z, Q, D0, D1)
-  if short is not None:
-    better = next((d for d in np.unique(np.geomspace(D0 + 1, D1, 64).astype(int))
-                   if _crowding(S, Z, Q, int(d), D1)[0] is None), None)
-    _fail('min_distance', D0, f'crowds the short distances: about {short[1]:.1f} of queries={Q} fall '
-          f'below distance {short[0]}, more than a quarter of the {short[2]} positions there hold (3 each)',
-          f'raise min_distance to {better}' if better else 'lower queries')
-  if long is not None:
-    _fail('max_distance', D1, f'crowds the long distances: about {long[1]:.1f} of queries={Q} fall '
-          f'at distance {long[0]} or more, more than a quarter of the {long[2]} positions there '
-          'hold (3 each)', 'lower max_distance or queries')
-  pair_tokens = given.get('pair_tokens', DEFAULT_PAIR_TOKENS)
-  if pair_tokens not in (1, 2):
-    _fail('pair_tokens', pair_tokens, 'must be 1 or 2', "write pair_tokens=2 (a pair is 'k v', the "
-          "default) or pair_tokens=1 (one token per pair)")
-  N = positive('eval_sequences', given.get('eval_sequences', 512))
-  seed = given.get('seed', 0)
-  if not 0 <= seed < 2**32:
-    _fail('seed', seed, 'must be in [0, 2**32)', 'set seed to a non-negative 32-bit integer')
-  return MqarTask(seq_len=S, latents=Z, queries=Q, pairs=P, min_distance=D0, max_distance=D1,
-                  keys=K, values=V, filler=F, eval_sequences=N, seed=seed, pair_tokens=pair_tokens)
+  return source_options.parse(MqarTask, PREFIX, dataset, what='an MQAR task',
+                              example='mqar:pairs=64,queries=16', run={'seq_len': seq_len})
 
 
 def _crowding(S: int, Z: int, Q: int, D0: int, D1: int):

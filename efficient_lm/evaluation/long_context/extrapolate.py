@@ -3,8 +3,8 @@
 For each factor f the windows are L = f * seq_len inputs cut from inside the held-out split's
 documents (each from a document's start, then every L tokens while the L targets stay in the
 document), so window position p is a target with p tokens of its own document before it. They are
-scored by `scoring`'s windows and score step (`window_batch`, `make_score_step` with per-position
-sums), and summed into log-spaced buckets of the position: [0, 1), [1, 2), [2, 4), ... [L/2, L).
+scored by `scoring`'s windows (`window_batch`) through the one scoring loop (`score_rows`), and
+summed into log-spaced buckets of the position: [0, 1), [1, 2), [2, 4), ... [L/2, L).
 """
 
 import os
@@ -12,6 +12,7 @@ import os
 import numpy as np
 from flax import nnx
 
+from efficient_lm.evaluation import score_rows
 from efficient_lm.evaluation import scoring
 from efficient_lm.evaluation.long_context import reach
 from efficient_lm.evaluation.long_context import report
@@ -43,8 +44,8 @@ def buckets(length: int) -> list[tuple[int, int]]:
 def curve(model: nnx.Module, tokens, *, length: int, eos_id: int, pad_id: int, batch_size: int,
           document_mask: bool, loss_chunk: int = 0, max_windows: int = 0) -> dict:
   """Mean loss per position (window positions 0..length-1) over the windows `window_starts`
-  gives, scored in batches of `batch_size` through `scoring.make_score_step`: {loss, tokens,
-  windows, position_loss, position_count, buckets: [{low, high, loss, tokens}]}."""
+  gives, scored in batches of `batch_size` through the one scoring loop (`score_rows`): {loss,
+  tokens, windows, position_loss, position_count, buckets: [{low, high, loss, tokens}]}."""
   tokens = np.asarray(tokens)
   starts = window_starts(tokens, eos_id, length)
   if max_windows:
@@ -53,21 +54,18 @@ def curve(model: nnx.Module, tokens, *, length: int, eos_id: int, pad_id: int, b
     raise ExtrapolateError(f"no document of the split holds {length} tokens; score a split (or "
                            f"--text_file) with longer documents, or smaller --factors")
   graphdef, params = nnx.split(model)
-  step = scoring.make_score_step(graphdef, length, loss_chunk=loss_chunk)
+  step = score_rows.make_score_step(graphdef, loss_chunk=loss_chunk)
   layout = dict(context=length, stride=length, seq_len=length, right_align=False, eos_id=eos_id,
                 pad_id=pad_id, document_mask=document_mask)
-  nll, count = np.zeros(length), np.zeros(length)
-  for first in range(0, len(starts), batch_size):
-    rows = [scoring.window_batch(tokens[s:s + length + 1], np.asarray([0]), **layout)
-            for s in starts[first:first + batch_size]]
-    pad = batch_size - len(rows)  # window ids past the stream's last: rows of weight 0
-    if pad:
-      rows.append(scoring.window_batch(tokens[starts[0]:starts[0] + length + 1],
-                                       np.arange(1, pad + 1), **layout))
-    batch = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
-    out = step(params, batch)
-    nll += np.asarray(out["position_nll"], np.float64)
-    count += np.asarray(out["position_count"], np.float64)
+  one = lambda s, window: {k: v[0] for k, v in scoring.window_batch(
+      tokens[s:s + length + 1], np.asarray([window]), **layout).items()}
+  rows = (one(s, 0) for s in starts)  # a window of its own stream each
+  nll, count = np.zeros(length), np.zeros(length)  # float64 on the host
+  for row in score_rows.score_rows(step, params, rows, batch_size=batch_size,
+                                   pad_row=one(starts[0], 1),  # past the stream's one window
+                                   progress=f"{len(starts):,} windows of {length:,}",
+                                   total=len(starts)):
+    row.add_positions(nll, count)
   figures = []
   for lo, hi in buckets(length):
     c = count[lo:hi].sum()

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 
+from efficient_lm.evaluation import score_rows
 from efficient_lm.evaluation.long_context import needle as needle_lib
 from efficient_lm.evaluation.long_context import reach
 from efficient_lm.evaluation.long_context import report
@@ -89,10 +90,8 @@ def run(lm, haystack, *, lengths, depths, needles_per_cell: int = 20, variant: s
     for length in lengths:
       began, done["length"] = time.time(), length
       rows = [(key, row) for key, cell in cells.items() if key[0] == length for row in cell]
-      for first in range(0, len(rows), batch_size):
-        batch = rows[first:first + batch_size]
-        real = len(batch)
-        batch = batch + [batch[0]] * (batch_size - real)  # a fixed shape: one compile per length
+      # a fixed shape, one compile per length: the last batch filled with its first prompt again
+      for batch, real in score_rows.batches(rows, batch_size, pad=rows[0]):
         prompts = [row[0] for _, row in batch]
         new_ids = generation.generate_batch(
             lm.model, [p.ids[1:] for p in prompts], num_tokens=width + 1, eos_id=eos,

@@ -12,6 +12,8 @@ import time
 
 import numpy as np
 
+from efficient_lm.config.run import RunConfig
+from efficient_lm.evaluation import score_rows
 from efficient_lm.evaluation.long_context import reach
 from efficient_lm.evaluation.long_context import report
 from efficient_lm.evaluation.long_context import ruler
@@ -37,7 +39,7 @@ def check(tasks, lengths, samples: int, batch_size: int) -> None:
       raise RulerError(f"--{name}={value} must be at least 1")
 
 
-def skipped_cells(config, tasks, lengths) -> tuple[dict, str | None]:
+def skipped_cells(config: RunConfig, tasks, lengths) -> tuple[dict, str | None]:
   """({(task, length): why} for the cells the model cannot run, the warning for lengths past
   seq_len it runs out of distribution, or None): `reach.check` with each task's answer tokens."""
   skipped, warning = {}, None
@@ -78,9 +80,9 @@ def answer(lm, items: list, *, batch_size: int) -> list[str]:
                       "tokens", status=lambda: f"{done[0]} of {len(items)} answered"):
     for _, group in itertools.groupby(order, key=lambda i: len(items[i].ids)):
       group = list(group)
-      for first in range(0, len(group), batch_size):
-        rows = group[first:first + batch_size]
-        padded = rows + [rows[0]] * (batch_size - len(rows))
+      # a fixed shape, one compile per length: the last batch filled with the group's first
+      for padded, real in score_rows.batches(group, batch_size, pad=group[0]):
+        rows = padded[:real]
         new_ids = generation.generate_batch(
             lm.model, [items[i].ids for i in padded], num_tokens=budget, eos_id=eos,
             temperature=0.0, vocab_size=lm.tokenizer.vocab_size,
