@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import load_config
+from conftest import build, load_config
 from efficient_lm import models
 from efficient_lm.config.errors import ConfigError
-from efficient_lm.models import registry
 from efficient_lm.models.gated_deltanet_mixer import CausalConv
 from efficient_lm.ops import ring
 from efficient_lm.ops.route import Route
@@ -64,8 +63,8 @@ def test_num_kv_heads_groups_the_hybrid_layers_only():
   naming the field, with one its attention takes the grouped heads."""
   with pytest.raises(ConfigError, match=r"^model\.num_kv_heads=2 groups attention's key/value "
                      r"heads, and without model\.hybrid_every this model has no attention layer"):
-    registry.model_config(tiny_model_config("gated_deltanet", hybrid_every=0, num_kv_heads=2))
-  registry.model_config(tiny_model_config("gated_deltanet", hybrid_every=0, num_kv_heads=4))
+    tiny_model_config("gated_deltanet", hybrid_every=0, num_kv_heads=2)
+  tiny_model_config("gated_deltanet", hybrid_every=0, num_kv_heads=4)
   cfg = tiny_model_config("gated_deltanet", hybrid_every=2, num_kv_heads=2)
   model = models.create(cfg, rngs=nnx.Rngs(0))
   shapes = {jax.tree_util.keystr(p): x.shape for p, x in jax.tree_util.tree_leaves_with_path(
@@ -81,8 +80,9 @@ def test_num_kv_heads_groups_the_hybrid_layers_only():
 def test_decoding_state_per_row_is_the_same_at_1k_and_64k(preset):
   """The default config (d_model 256, 4 layers, 4 heads): a row's decoding cache, shapes only, is
   the same at 1,024 and 65,536 tokens of context (the hybrid's sliding window holds its window)."""
-  cfg = load_config("gated_deltanet", preset).model
-  cfg.update(vocab_size=512)
+  config = load_config("gated_deltanet", preset)
+  config.data.vocab_size = 512
+  cfg = build(config).model
   model = nnx.eval_shape(lambda: models.create(cfg, rngs=nnx.Rngs(0)))
   per_row = lambda max_len: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
       jax.eval_shape(lambda: model.init_cache(2, max_len)))) / 2

@@ -7,8 +7,9 @@ Yang, Kautz, Hatamizadeh, "Gated Delta Networks: Improving Mamba2 with Delta Rul
 - `model.delta_rule=False`: Mamba-2's gated linear recurrence S <- exp(g) S + k v^T (no beta).
 - `model.hybrid_every=k`: layers k-1, 2k-1, ... are `model.hybrid_mixer` layers, the
   sliding-window or π mixer of `models/pi_attention.py` with its fields (`window`, `period`,
-  `num_skips`, `period_schedule`, `gate`, `gate_hidden`: those fields are declared here through
-  `PiAttentionConfig` and read by the hybrid layers only). The layers then differ: unrolled.
+  `num_skips`, `period_schedule`, `gate`, `gate_hidden`: `families/gated_deltanet.py` declares
+  them through `PiAttentionConfig`; the hybrid layers alone read them). The layers then differ:
+  unrolled.
 - `model.num_kv_heads`: the hybrid layers' grouped key/value heads; the recurrent layers keep
   `num_heads` heads for q, k and v (refused without hybrid layers).
 - `model.recurrent_impl`: the op's state scan, 'auto' (the Pallas kernel on a TPU, `lax.scan`
@@ -19,8 +20,8 @@ from flax import nnx
 
 from efficient_lm.config import axes
 from efficient_lm.config.model import ModelConfig
+from efficient_lm.families.gated_deltanet import is_hybrid
 from efficient_lm.models import registry
-from efficient_lm.models.gated_deltanet_config import GatedDeltaNetConfig, is_hybrid
 from efficient_lm.models.gated_deltanet_mixer import GatedDeltaNet
 from efficient_lm.models.pi_attention import make_pi_mixer, make_sliding_window_mixer
 from efficient_lm.ops.route import DEFAULT as DEFAULT_ROUTE, Route
@@ -37,7 +38,5 @@ def make_mixer(cfg: ModelConfig, layer: int, rngs: nnx.Rngs, *,
   return GatedDeltaNet(cfg, route=route, rngs=rngs)
 
 
-registry.register("gated_deltanet", registry.ModelEntry(
-    config=GatedDeltaNetConfig, make_mixer=make_mixer, logical_axes=LOGICAL_AXES,
-    listing=("gated_deltanet", "Gated DeltaNet: a gated delta-rule recurrence, a [K, V] state "
-             "per head (no attention)")))
+registry.register("gated_deltanet", registry.ModelEntry(make_mixer=make_mixer,
+                                                      logical_axes=LOGICAL_AXES))

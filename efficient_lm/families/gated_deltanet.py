@@ -1,15 +1,14 @@
-"""Gated DeltaNet's typed config (`model.*` for model.name='gated_deltanet'): its fields with their
-checks, its rules and its patterns. Kept apart from the jax module (`gated_deltanet.py`) so that
-the config wing can read it without the model.
+"""The config of Gated DeltaNet, its Mamba-2-style ablation and its hybrids: the recurrence's
+fields, its rules and the hybrid layers' patterns (models/gated_deltanet.py builds its mixers).
 
-It inherits π's fields (`window`, `period`, `num_skips`, ...) for the hybrid layers: the one
-import from a jax module is `PiAttentionConfig` and `layer_pattern`, from models/pi_attention.py.
+It inherits π's fields (`window`, `period`, `num_skips`, ...) for the hybrid layers, from
+families/pi_attention.py.
 """
 
 import dataclasses
 
 from efficient_lm.config import fields as tc
-from efficient_lm.models.pi_attention import PiAttentionConfig, layer_pattern
+from efficient_lm.families.pi_attention import PiAttentionConfig, layer_pattern
 from efficient_lm.ops.pattern import Pattern
 
 RECURRENT_IMPLS = ("auto", "xla", "pallas")
@@ -95,5 +94,11 @@ def hybrid_pattern(cfg: GatedDeltaNetConfig, layer: int) -> Pattern | None:
   return Pattern.sliding(cfg.window)
 
 
-__all__ = ["GatedDeltaNetConfig", "HYBRID_MIXERS", "RECURRENT_IMPLS", "hybrid_pattern",
+MODELS = {
+    "gated_deltanet": (GatedDeltaNetConfig, "gated_deltanet",
+                       "Gated DeltaNet: a gated delta-rule recurrence, a [K, V] state per head (no "
+                       "attention)"),
+}
+
+__all__ = ["GatedDeltaNetConfig", "MODELS", "HYBRID_MIXERS", "RECURRENT_IMPLS", "hybrid_pattern",
            "is_hybrid"]
