@@ -60,11 +60,11 @@ def small(name: str, preset: str | None = None, *, seq_len: int = 2048, batch_si
 def compile_for(config, spec: str, num_slices: int = 1):
   """(report, compiled) of the config's train step compiled for `spec`."""
   target = targets.load(spec, num_slices)
-  config_check.validate(build(config), target.devices)
-  mesh = sharding.make_mesh(config.mesh, target.devices)
-  built = train_state.build(build(config), mesh, abstract=True)
-  compiled = step_memory.compile_train_step(build(config), built)
-  return step_memory.report(build(compiled), config, built, target), compiled
+  run = config_check.validate(build(config), target.devices)
+  mesh = sharding.make_mesh(run.mesh, target.devices)
+  built = train_state.build(run, mesh, abstract=True)
+  compiled = step_memory.compile_train_step(run, built)
+  return step_memory.report(compiled, run, built, target), compiled
 
 
 def test_bad_targets_are_one_line_errors():
@@ -248,7 +248,7 @@ def test_two_slices_make_a_hybrid_mesh():
   assert report["num_devices"] == 8 and report["mesh"]["data"] == 2 and report["mesh"]["fsdp"] == 4
   assert report["num_slices"] == 2 and report["fits"]
   target = targets.load("tpu:v5e:2x2", 2)
-  mesh = sharding.make_mesh(config.mesh, target.devices)
+  mesh = sharding.make_mesh(build(config).mesh, target.devices)
   slices = [[d.slice_index for d in mesh.devices[i].flat] for i in range(2)]
   assert slices == [[0] * 4, [1] * 4]  # each data index is one whole slice
 
