@@ -173,8 +173,8 @@ def _check_given_tokenizer(run: RunConfig) -> None:
 
 def _compile_only(run: RunConfig) -> None:
   # Imported here: jax loads only after the flags are checked.
-  from efficient_lm.training import step_memory, loop as train  # pylint: disable=import-outside-toplevel
-  memory = train.compile_only(run, FLAGS.target, FLAGS.num_slices)
+  from efficient_lm.training import compile_only, step_memory  # pylint: disable=import-outside-toplevel
+  memory = compile_only.compile_only(run, FLAGS.target, FLAGS.num_slices)
   output.result(step_memory.describe(memory) + ("" if memory["fits"] else " -- does not fit"))
   output.result_json(memory)
   if not memory["fits"]:
