@@ -212,14 +212,14 @@ def train_and_evaluate(run: RunConfig, workdir: str,
   compile_only_lib.use_compilation_cache(run)
   run = start.setup(run, workdir, built)
   try:
-    start = time.perf_counter()
+    began = time.perf_counter()
     agreement = distributed.StopAgreement()
     with signals.deferred("saving a checkpoint at the step reached"):
       with signals.phase("training"):
         eval_metrics, preempted = train_steps(run, agreement)
       if preempted is not None:
         return preempted
-      summary = report_lib.report(run, eval_metrics, time.perf_counter() - start, agreement)
+      summary = report_lib.report(run, eval_metrics, time.perf_counter() - began, agreement)
       if summary.get("preempted"):
         return summary
       with signals.phase("committing the final checkpoint"):
