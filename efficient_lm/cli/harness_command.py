@@ -31,9 +31,17 @@ from absl import flags
 
 from efficient_lm.cli import command
 from efficient_lm.cli import common as cli_lib
+from efficient_lm.inference.export_format import LoadError
 from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import figures
 from efficient_lm.runtime import output
+
+
+def _adapter():
+  """`harness_model`, the adapter (lm-eval's `LM` over `efficient_lm.load`)."""
+  # Imported here: lm_eval (the `eval` extra) and jax load only after the flags are checked.
+  from efficient_lm.cli import harness_model  # pylint: disable=import-outside-toplevel
+  return harness_model
 
 
 def tasks_missing(task_names: list[str], include_path: str | None,
@@ -58,8 +66,7 @@ def build_tasks(tasks: list[str], manager) -> list:
   Returns what `simple_evaluate` is given: the built tasks and groups (lm-eval's
   `TaskManager.load`), or with an lm-eval without it the names (built again, from the cache)."""
   import datasets  # pylint: disable=import-outside-toplevel
-  # Imported here: lm_eval (the `eval` extra) loads only after the flags are checked.
-  from efficient_lm.cli import harness_model  # pylint: disable=import-outside-toplevel
+  harness_model = _adapter()
   built = []
   for name in tasks:
     try:
@@ -111,8 +118,7 @@ def evaluate(model, tasks: list[str], *, include_path: str | None = None, limit=
   unknown task, or one whose data cannot be had (`build_tasks`), is a `HarnessError` before the
   model loads."""
   import lm_eval  # pylint: disable=import-outside-toplevel
-  # Imported here: lm_eval (the `eval` extra) loads only after the flags are checked.
-  from efficient_lm.cli import harness_model  # pylint: disable=import-outside-toplevel
+  harness_model = _adapter()
   missing, manager = tasks_missing(tasks, include_path, include_defaults)
   if missing:
     if include_defaults:
@@ -147,9 +153,7 @@ def cli(*, workdir: str, tasks: str, output_file: str, include_path: str | None 
   except ImportError as e:
     return cli_lib.error(f"the lm-eval adapter needs the lm_eval package ({e}); install the extra "
                          "with pip install -e '.[eval]'")
-  # Imported here: lm_eval (the `eval` extra) and jax load only after the flags are checked.
-  from efficient_lm import api  # pylint: disable=import-outside-toplevel
-  from efficient_lm.cli import harness_model  # pylint: disable=import-outside-toplevel
+  harness_model = _adapter()
   logging.getLogger("lm_eval").setLevel(logging.WARNING)
   import datasets  # pylint: disable=import-outside-toplevel
   datasets.disable_progress_bars()
@@ -168,7 +172,7 @@ def cli(*, workdir: str, tasks: str, output_file: str, include_path: str | None 
     results = evaluate(workdir, names, include_path=include_path, limit=limit,
                        num_fewshot=num_fewshot, batch_size=batch_size, seed=seed,
                        include_defaults=include_defaults)
-  except (harness_model.HarnessError, api.LoadError) as e:
+  except (harness_model.HarnessError, LoadError) as e:
     return cli_lib.error(e)
   from lm_eval.utils import handle_non_serializable, make_table  # pylint: disable=import-outside-toplevel
   text = figures.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)

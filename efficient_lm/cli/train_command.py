@@ -19,7 +19,6 @@ signals.install()  # first: Ctrl-C works while the rest is imported
 # pylint: disable=wrong-import-position
 import logging as std_logging
 import os
-import sys
 
 from absl import flags
 from ml_collections import config_flags
@@ -32,10 +31,6 @@ from efficient_lm.cli import resume_file as workdir_config
 from efficient_lm.config import run as config_run
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.config.run import RunConfig
-from efficient_lm.runtime import exit_codes
-from efficient_lm.runtime import jax_devices
-from efficient_lm.runtime import output
-from efficient_lm.runtime import progress
 from efficient_lm.state import workdir as workdir_lib
 
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/dense.py or "
@@ -70,18 +65,6 @@ def default_workdir(config_arg: str) -> str:
   path, _, preset = config_arg.partition(":")
   name = os.path.splitext(os.path.basename(path))[0]
   return os.path.join("runs", f"{name}_{preset}" if preset else name)
-
-
-def _known_errors() -> tuple[type[BaseException], ...]:
-  """The errors that are the user's to fix: one `error:` line and exit status 2."""
-  # Imported here: they load jax, and are needed only once an error is being sorted.
-  from efficient_lm.state import checkpoint  # pylint: disable=import-outside-toplevel
-  from efficient_lm import data  # pylint: disable=import-outside-toplevel
-  from efficient_lm.training import loop as train  # pylint: disable=import-outside-toplevel
-  from efficient_lm.parallel import targets  # pylint: disable=import-outside-toplevel
-  return (ConfigError, data.DataError, data.DownloadError, workdir_lib.WorkdirError,
-          checkpoint.NoRestorableCheckpointError, checkpoint.CheckpointRestoreError,
-          train.NonFiniteError, targets.TargetError)
 
 
 def stopped_line(signal_name: str, phase: str) -> str:
@@ -127,35 +110,13 @@ def _run(workdir: str) -> None:
   what = "compiling" if FLAGS.compile_only else f"training into {workdir}"
   logger.info("%s (%s): %s; starting jax", run.model.name, config_source(), what)
   # Imported here: jax loads only after the flags and the checks above.
-  from efficient_lm.parallel import distributed  # pylint: disable=import-outside-toplevel
-  from efficient_lm.training import step_memory, loop as train  # pylint: disable=import-outside-toplevel
-  try:
-    with signals.phase("starting jax"):
-      # Before anything touches devices; then only process 0 logs progress.
-      if distributed.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
-                                            FLAGS.process_id, FLAGS.heartbeat_timeout):
-        progress.setup_command_logging(primary=distributed.is_primary())  # (others: warnings)
-        distributed.log_job()
-      jax_devices.start()
-    if FLAGS.compile_only:
-      _compile_only(run)  # (`compile_only` runs the edge, `prepare`, for the target's devices)
-      return
-    # Imported here: jax loads only after the flags and the checks above.
-    from efficient_lm.training import prepare as config_check  # pylint: disable=import-outside-toplevel
-    run, built = config_check.prepare(run)  # the edge: every check that needs the devices or data
-    summary = train.train_and_evaluate(run, workdir, built)
-  except step_memory.StepTooLargeError as e:
-    cli.fail(str(e), exit_codes.DOES_NOT_FIT)
-  except _known_errors() as e:
-    cli.fail(str(e))
-  except Exception as e:  # pylint: disable=broad-except  (a lost process? else re-raised)
-    distributed.PeerWatch.explain(e)
-    raise
-  if summary.get("preempted"):
-    print(summary["preempted_line"], file=sys.stderr)
-    signals.flush()
-    sys.exit(signals.status_of(summary["preempted"]))
-  output.result_json({k: v for k, v in summary.items() if k != "sample"})
+  from efficient_lm.cli import train_run  # pylint: disable=import-outside-toplevel
+  train_run.start_jax(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                      FLAGS.heartbeat_timeout)
+  if FLAGS.compile_only:
+    train_run.compile_only(run, FLAGS.target, FLAGS.num_slices)
+  else:
+    train_run.train(run, workdir)
 
 
 def _check_given_tokenizer(run: RunConfig) -> None:
@@ -169,19 +130,6 @@ def _check_given_tokenizer(run: RunConfig) -> None:
     raise ConfigError(f"--config.data.vocab_size={given!r} disagrees with data.tokenizer="
                       f"{run.data.tokenizer!r}, which has {size} ids; drop --config.data.vocab_size "
                       f"(the tokenizer sets it) or give {size}")
-
-
-def _compile_only(run: RunConfig) -> None:
-  # Imported here: jax loads only after the flags are checked.
-  from efficient_lm.training import compile_only, step_memory  # pylint: disable=import-outside-toplevel
-  memory = compile_only.compile_only(run, FLAGS.target, FLAGS.num_slices)
-  output.result(step_memory.describe(memory) + ("" if memory["fits"] else " -- does not fit"))
-  output.result_json(memory)
-  if not memory["fits"]:
-    cli.fail(f"the train step does not fit: it needs "
-             f"{step_memory.gib(memory['per_device_total_bytes'])} per device, "
-             f"{memory['available_is']} is {step_memory.gib(memory['per_device_available_bytes'])}; "
-             f"lower it with {step_memory.fix_hint(memory)}", exit_codes.DOES_NOT_FIT)
 
 
 def parse_flags(argv: list[str]) -> list[str]:
