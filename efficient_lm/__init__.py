@@ -11,3 +11,13 @@ def load(path: str, *, step: int | None = None):
   # Imported here: `import efficient_lm` stays light (no jax).
   from efficient_lm import api  # pylint: disable=import-outside-toplevel
   return api.load(path, step=step)
+
+
+def train(config, workdir: str) -> dict:
+  """Trains a config file's ConfigDict (its `get_config()`, edited as `--config.*` overrides
+  would) or a `config.run.RunConfig` in `workdir`, checked as the training command checks it,
+  and returns the final evaluation: `efficient_lm.api.train` (docs/operations.md). Imports jax
+  on first use."""
+  # Imported here: `import efficient_lm` stays light (no jax).
+  from efficient_lm import api  # pylint: disable=import-outside-toplevel
+  return api.train(config, workdir)

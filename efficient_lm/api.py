@@ -11,15 +11,21 @@ A workdir's checkpoint is restored onto one device (the first of jax's default b
 mesh saved it; an export's safetensors are read by name against the model its config.json
 describes, so a file written elsewhere with the same names and shapes loads the same way
 (`inference.restore`, the one way to a trained model; docs/using_a_model.md).
+
+`efficient_lm.train(config, workdir)` is the way to one from Python (a notebook, a script): the
+config a config file's `get_config()` returns, edited as the `--config.*` overrides would, made a
+`RunConfig` once and checked as the training command checks it (docs/operations.md).
 """
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from efficient_lm import families
+from efficient_lm.config import run as config_run
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import round_trip
 from efficient_lm.evaluation import scoring
@@ -29,7 +35,9 @@ from efficient_lm.inference.export_format import LoadError, is_export
 from efficient_lm.runtime import progress
 from efficient_lm.state import checkpoint
 from efficient_lm.state import workdir as workdir_lib
+from efficient_lm.training import loop as training_loop
 from efficient_lm.training import metrics as metrics_lib
+from efficient_lm.training import prepare as config_check
 
 
 def load(path: str, *, step: int | None = None) -> "LoadedModel":
@@ -40,6 +48,21 @@ def load(path: str, *, step: int | None = None) -> "LoadedModel":
     return LoadedModel(restore_lib.restore(path, step=step))
   except (workdir_lib.WorkdirError, checkpoint.NoRestorableCheckpointError) as e:
     raise LoadError(str(e)) from e
+
+
+def train(config: Mapping | config_run.RunConfig, workdir: str) -> dict:
+  """Trains `config` in `workdir` as `python -m efficient_lm.main --config=... --workdir=...`
+  does (a workdir holding the run's checkpoints continues it) and returns the final evaluation
+  (the command's result line). `config`: what a config file's `get_config()` returns (edited as
+  `--config.*` overrides would) or a `RunConfig`. It is typed and checked once, as the command
+  checks it, before any data is prepared or anything compiles: each mistake a `ConfigError` or a
+  `WorkdirError` naming the field or the folder and the fix. Progress shows without any set-up."""
+  run = config if isinstance(config, config_run.RunConfig) else config_run.build(
+      config, families.CLASSES)
+  workdir_lib.check_usable(workdir, run)  # the folder, then what config.json and data.json answer
+  workdir_lib.Workdir(workdir).check_before_start(run)
+  run, built = config_check.prepare(run)  # the edge: every check that needs the devices or data
+  return training_loop.train_and_evaluate(run, workdir, built)
 
 
 class LoadedModel:

@@ -56,7 +56,8 @@ def config_for(name: str, T: int, args):
   if config.model.get("seq_chunk", 0):
     config.model.seq_chunk = min(config.model.seq_chunk, T)
   config.train.loss_chunk = min(config.train.loss_chunk, T)
-  return config
+  from experiments.common import build  # pylint: disable=import-outside-toplevel
+  return build(config)
 
 
 def first_line(error: BaseException) -> str:

@@ -80,11 +80,11 @@ def core_program(pattern: Pattern, priors: bool):
 
 
 def pi_config(seq_len: int, **model):
-  from experiments.common import load_config
+  from experiments.common import build, load_config
   config = load_config("configs/pi_attention.py")
   config.data.seq_len, config.data.batch_size, config.data.vocab_size = seq_len, 1, 256
   config.model.update(model)
-  return config
+  return build(config)
 
 
 def train_program(config):

@@ -55,7 +55,7 @@ from efficient_lm.parallel import targets
 from efficient_lm.state import train_state
 from efficient_lm.training import step_memory
 from experiments import bench_step
-from experiments.common import REPO, load_config, paused, write_json
+from experiments.common import REPO, build, load_config, paused, write_json
 
 MODELS = ("pi_attention,sliding_window,bcmt,bcmt:honly,ecp,dense:flash,dense:reference")
 SEQ_LENS = "4096,8192,16384,32768,65536,131072,262144,524288,1048576"
@@ -64,7 +64,8 @@ CHUNK = 8192
 
 
 def config_for(key: str, T: int, args):
-  """`key` (a config, `dense:flash`/`dense:reference` for the two dense baselines) at context T."""
+  """`key` (a config, `dense:flash`/`dense:reference` for the two dense baselines) at context T:
+  its ConfigDict (`build` types it)."""
   name, _, variant = key.partition(":")
   impl = variant if name == "dense" else None
   config = load_config(f"configs/{name}.py" + (f":{variant}" if variant and not impl else ""))
@@ -91,9 +92,10 @@ def compile_row(key: str, T: int, args) -> dict:
   if target is None:
     mesh = sharding.single_device_mesh()
   else:
-    mesh = sharding.make_mesh(config.mesh, target.devices)
+    mesh = sharding.make_mesh(build(config).mesh, target.devices)
     if not args.batch_size:  # one sequence per device along the batch axes
       config.data.batch_size = mesh.shape["data"] * mesh.shape["fsdp"]
+  config = build(config)
   built = train_state.build(config, mesh, abstract=True)
   row = {"model": key, "seq_len": T, "batch_size": config.data.batch_size,
          "attention_backend": models_lib.attention_backend_name(
@@ -116,7 +118,7 @@ def compile_row(key: str, T: int, args) -> dict:
 
 def time_row(key: str, T: int, args) -> float:
   """Median seconds of one train step (after compilation)."""
-  config = config_for(key, T, args)
+  config = build(config_for(key, T, args))
   built = train_state.build(config)
   compiled = step_memory.compile_train_step(config, built)
   rng = np.random.default_rng(0)

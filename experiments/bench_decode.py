@@ -45,7 +45,7 @@ from flax import nnx
 
 from efficient_lm import models
 from efficient_lm.inference import generation
-from experiments.common import load_config
+from experiments.common import build, load_config
 
 
 def cache_bytes(cache) -> int:
@@ -54,10 +54,10 @@ def cache_bytes(cache) -> int:
 
 def model_for(spec: str, args) -> tuple[nnx.Module, str]:
   config = load_config(spec)
-  cfg = config.model
-  cfg.vocab_size = args.vocab_size
+  config.data.vocab_size = args.vocab_size  # the model's follows (`build`)
   for field in ("d_model", "num_layers", "num_heads"):
-    cfg[field] = getattr(args, field)
+    config.model[field] = getattr(args, field)
+  cfg = build(config).model
   return models.create(cfg, rngs=nnx.Rngs(0)), cfg.name
 
 

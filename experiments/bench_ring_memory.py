@@ -45,7 +45,7 @@ def measure(args, context: int) -> dict:
   from efficient_lm.training import loop as train
   from efficient_lm.state import train_state
   from efficient_lm.training import step as train_step
-  from experiments.common import load_config
+  from experiments.common import build, load_config
 
   config = load_config("configs/pi_attention.py")
   T = context * args.chunk
@@ -54,7 +54,7 @@ def measure(args, context: int) -> dict:
                       window=args.window, period=args.period, num_skips=args.num_skips)
   mesh = jax.make_mesh((1, context), ("data", "context"),
                        axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=jax.devices()[:context])
-  built = train_state.build(config, mesh, seed=0)
+  built = train_state.build(build(config), mesh, seed=0)
   tokens = np.random.default_rng(0).integers(0, args.vocab_size, (1, T + 1)).astype(np.int32)
   batch = train.place_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
                              "weights": np.ones((1, T), np.float32)}, mesh)

@@ -41,7 +41,7 @@ import jax
 from efficient_lm.parallel import sharding
 from efficient_lm.state import train_state
 from efficient_lm.training import step_memory
-from experiments.common import REPO, load_config, write_json
+from experiments.common import REPO, build, load_config, write_json
 
 SIZES = "256x4,512x8,1024x16,2048x24,3072x32,4096x40"
 MESHES = {"replicated": dict(data=8, fsdp=1, tensor=1, context=1),
@@ -55,7 +55,7 @@ def config_for(d_model: int, num_layers: int, mesh: dict, args):
                       remat="block")
   config.train.loss_chunk = min(args.seq_len, 1024)
   config.mesh.update(**mesh)
-  return config
+  return build(config)
 
 
 def measure(d_model: int, num_layers: int, mesh_name: str, args) -> dict:

@@ -26,7 +26,7 @@ import numpy as np
 from efficient_lm import models
 from efficient_lm.state import train_state
 from efficient_lm.training import step as train_step
-from experiments.common import load_config
+from experiments.common import build, load_config
 
 
 def compile_train_step(config, *, seed: int = 0, documents: int = 0):
@@ -88,8 +88,7 @@ def train_step_flops(config, *, seed: int = 0) -> float:
       return _lowered_flops(config, seed)
   f = {}
   for layers in (1, 2):
-    small = config.copy_and_resolve_references()
-    small.model.num_layers = layers
+    small = dataclasses.replace(config, model=dataclasses.replace(config.model, num_layers=layers))
     f[layers] = _lowered_flops(small, seed)
   return f[1] + (config.model.num_layers - 1) * (f[2] - f[1])
 
@@ -127,6 +126,7 @@ def time_steps(compiled, state, batch, repeats: int, give_up_seconds: float = fl
 def measure(spec: str, args, documents: int = 0) -> dict:
   config = load_config(spec)
   apply_settings(config, args)
+  config = build(config)
   compiled, state, batch, memory, cost = compile_train_step(config, documents=documents)
   seconds = statistics.median(time_steps(compiled, state, batch, args.repeats))
   label = spec + (f" ({documents} documents)" if documents else "")

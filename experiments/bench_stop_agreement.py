@@ -46,12 +46,13 @@ def measure(spec: str, args, agreement) -> dict:
   from efficient_lm.parallel import sharding  # pylint: disable=import-outside-toplevel
   from efficient_lm.training import step_memory  # pylint: disable=import-outside-toplevel
   from efficient_lm.state import train_state  # pylint: disable=import-outside-toplevel
-  from experiments.common import load_config  # pylint: disable=import-outside-toplevel
+  from experiments.common import build, load_config  # pylint: disable=import-outside-toplevel
   config = load_config(spec)
   for override in args.overrides.split(",") if args.overrides else []:
     field, value = override.split("=")
     section, name = field.split(".")
     config[section][name] = type(config[section][name])(value)
+  config = build(config)
   built = train_state.build(config, sharding.make_mesh(config.mesh))  # every process's devices
   compiled = step_memory.compile_train_step(config, built)
   B, T = config.data.batch_size, config.data.seq_len

@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from experiments import bench_step
-from experiments.common import REPO, load_config, write_json
+from experiments.common import REPO, build, load_config, write_json
 
 MODELS = ("dense,bcmt:128,bcmt:honly128,sliding_window,pi_attention,pi_attention:doubling,ecp,"
           "perceiver_ar,perceiver_ar:compressed")
@@ -53,7 +53,7 @@ def config_spec(key: str) -> str:
 
 
 def sized_config(key: str, T: int, args):
-  """The model's config at context T with the shared width/depth and the --block local sizes."""
+  """The model's run at context T with the shared width/depth and the --block local sizes."""
   config = load_config(config_spec(key))
   preset = key.partition(":")[2]
   shared = types.SimpleNamespace(seq_len=T, batch_size=1, vocab_size=args.vocab_size, d_model=args.d_model,
@@ -67,7 +67,7 @@ def sized_config(key: str, T: int, args):
     if field in m:
       m[field] = value
   config.train.num_steps = 1000
-  return config
+  return build(config)
 
 
 def available_memory_gib() -> float:

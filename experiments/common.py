@@ -7,7 +7,9 @@ import time
 
 import ml_collections
 
+from efficient_lm import families
 from efficient_lm.cli import common as cli
+from efficient_lm.config import run as config_run
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,6 +21,13 @@ def load_config(spec: str) -> ml_collections.ConfigDict:
   if not os.path.isabs(path) and os.path.isfile(os.path.join(REPO, path)):
     spec = os.path.join(REPO, path) + colon + preset
   return cli.load_config(spec)
+
+
+def build(config: ml_collections.ConfigDict) -> config_run.RunConfig:
+  """The `RunConfig` of `config` (a config file's, its fields changed as `--config.*` overrides
+  would change them), typed and checked as the command lines build it (`config.run.build`): what
+  everything below the command lines takes."""
+  return config_run.build(config, families.CLASSES)
 
 
 def write_json(path: str, obj) -> None:

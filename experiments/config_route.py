@@ -6,10 +6,11 @@
 Runs `python -m efficient_lm.main` in this process on a tiny model (2 steps of
 configs/pi_attention.py at d_model 32, one layer, 64 tokens, on the default dataset) under
 `sys.setprofile` and records every call, within `efficient_lm`, of a function that receives a
-config object as an argument: the ConfigDict, any of its sections (a ConfigDict too), or a typed
-section (`typed_config.Section`: `ModelConfig`, `DataConfig`, ...). A config class's own methods
-called on itself (`cfg.patterns()`, `cfg.context_block`) are the object answering, not a visit:
-the `self` of a method of a `Section` is not counted, nor is any call while a section checks
+config object as an argument: the ConfigDict, any of its sections (a ConfigDict too), the
+`RunConfig` the command builds from it (`config.run.build`), or a typed section
+(`typed_config.Section`: `ModelConfig`, `DataConfig`, ...). A config class's own methods called on
+itself (`cfg.patterns()`, `cfg.context_block`, `run.with_vocab(n)`) are the object answering, not
+a visit: the `self` of a method of a `Section` or the `RunConfig` is not counted, nor is any call while a section checks
 itself (its fields' `Check`s and its `Rule`s, under `Section.__post_init__`).
 
 A *visit* is entering such a function in a module other than the previous visit's; a *climb* is
@@ -42,7 +43,10 @@ LAYERS = {
     "efficient_lm.parallel.targets": 0, "efficient_lm.runtime.jax_devices": 0,
     "efficient_lm.parallel.distributed": 0,
     "efficient_lm.data": 1,
-    "efficient_lm.models": 2, "efficient_lm.ops": 2, "efficient_lm.training.flops": 2,
+    # The families' modules hold what moved out of models/ to stay jax-free (the model sections'
+    # classes, the layers' patterns the mixers are built from): the model's layer, as before.
+    "efficient_lm.models": 2, "efficient_lm.families": 2, "efficient_lm.ops": 2,
+    "efficient_lm.training.flops": 2,
     "efficient_lm.training.step_memory": 2,
     "efficient_lm.training.loop": 3, "efficient_lm.training.step": 3,
     "efficient_lm.training.start": 3, "efficient_lm.training.evaluate": 3,
@@ -97,8 +101,10 @@ class Recorder:
   def __init__(self):
     import ml_collections  # pylint: disable=import-outside-toplevel
     from efficient_lm.config import fields as typed_config  # pylint: disable=import-outside-toplevel
-    self.kinds = (ml_collections.ConfigDict, typed_config.Section)
+    from efficient_lm.config import run as config_run  # pylint: disable=import-outside-toplevel
+    self.kinds = (ml_collections.ConfigDict, typed_config.Section, config_run.RunConfig)
     self.section = typed_config.Section
+    self.own = (typed_config.Section, config_run.RunConfig)  # a `self` that answers for itself
     self.root = os.path.dirname(os.path.abspath(sys.modules[PACKAGE].__file__)) + os.sep
     self.trace: list[tuple[str, str]] = []
     self.lock = threading.Lock()
@@ -112,7 +118,7 @@ class Recorder:
     for i, name in enumerate(code.co_varnames[:n]):
       value = local.get(name)
       if i == 0 and name in ("self", "cls") and (
-          isinstance(value, self.section) or isinstance(value, type)):
+          isinstance(value, self.own) or isinstance(value, type)):
         continue  # a config class's own method on itself (or any classmethod)
       values = (value.values() if isinstance(value, dict) and name != "self"
                 else value if isinstance(value, tuple) else (value,))

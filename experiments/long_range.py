@@ -36,7 +36,7 @@ import numpy as np
 
 from efficient_lm import models
 from efficient_lm.data import mqar
-from experiments.common import REPO, load_config, write_json
+from experiments.common import REPO, build, load_config, write_json
 from experiments.runner import run_monitored, tail
 
 TWO_TOKEN_TASK = ("mqar:seq_len=192,latents=64,queries=8,pairs=12,min_distance=21,"
@@ -88,7 +88,7 @@ def model_config(model: str):
     section, field = key.split(".")
     if section in ("model", "data"):
       config[section][field] = value
-  return config.model
+  return build(config).model
 
 
 MEMORY_MODELS = ("bcmt",)  # a path from every earlier block through the memory: never a null

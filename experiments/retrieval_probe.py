@@ -32,7 +32,7 @@ from flax import nnx
 
 from efficient_lm.state import train_state
 from efficient_lm.training import step as train_step
-from experiments.common import REPO, load_config
+from experiments.common import REPO, build, load_config
 
 MODELS = "dense,bcmt,sliding_window,pi_attention,pi_attention:doubling"
 
@@ -43,7 +43,7 @@ def config_spec(key: str) -> str:
 
 
 def probe_config(key: str, args):
-  """The model's config at the probe's tiny size and local sizes (--block)."""
+  """The model's run at the probe's tiny size and local sizes (--block)."""
   config = load_config(config_spec(key))
   config.data.seq_len = args.seq_len
   config.data.batch_size = args.batch_size
@@ -58,7 +58,7 @@ def probe_config(key: str, args):
       m[field] = value
   config.train.update(dict(num_steps=args.steps, learning_rate=args.learning_rate,
                            warmup_steps=max(1, args.steps // 10), weight_decay=0.0))
-  return config
+  return build(config)
 
 
 def make_batch(rng: np.random.Generator, distances: np.ndarray, args) -> dict:

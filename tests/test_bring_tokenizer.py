@@ -234,8 +234,8 @@ def _first_document(stream, eos_id) -> list[int]:
 
 def test_each_tokenizer_gets_its_own_streams(own, shakespeare_archive, data_dir):
   own_corpus = data.load(data.validate(DataConfig.from_mapping(_data_config(data_dir, shakespeare_archive))))
-  by_kind = {k: data.load(data.validate(_data_config(data_dir, shakespeare_archive,
-                                                     tokenizer=own[k]))) for k in own}
+  by_kind = {k: data.load(data.validate(DataConfig.from_mapping(
+      _data_config(data_dir, shakespeare_archive, tokenizer=own[k])))) for k in own}
   first = own_corpus.tokenizer.decode(_first_document(own_corpus.tokens('validation'), 2))
   counts = {own_corpus.num_tokens('train')}
   for kind, corpus in by_kind.items():

@@ -45,8 +45,8 @@ def test_bcmt_is_sharded_under_the_default_rules():
   config.model.update(d_model=2048, num_layers=24, num_heads=16)
   config.mesh.fsdp = 8
   config.data.batch_size = 8
-  config_check.validate(build(config))
-  built = train_state.build(build(config), sharding.make_mesh(config.mesh), abstract=True)
+  run = config_check.validate(build(config))
+  built = train_state.build(run, sharding.make_mesh(run.mesh), abstract=True)
   per_device, _ = sharding.per_device_bytes(built.state)
   assert per_device <= 1.05 * state_bytes(built.state) / 8
 
@@ -58,8 +58,8 @@ def test_compressed_perceiver_ar_shards_its_history_axis_by_default():
   config = load_config("perceiver_ar", "compressed")
   config.data.update(seq_len=4096, batch_size=8)
   config.mesh.fsdp = 8
-  config_check.validate(build(config))
-  built = train_state.build(build(config), sharding.make_mesh(config.mesh), abstract=True)
+  run = config_check.validate(build(config))
+  built = train_state.build(run, sharding.make_mesh(run.mesh), abstract=True)
   per_device, _ = sharding.per_device_bytes(built.state)
   assert per_device <= 1.05 * state_bytes(built.state) / 8
 

@@ -144,3 +144,34 @@ def test_data_source_rules_run_in_order(fields, message):
   with pytest.raises(ConfigError) as error:
     data_config_lib.DataSource(data=typed, source=data.registry.lookup(typed.dataset))
   assert str(error.value).startswith(message), str(error.value)
+
+
+def test_python_callers_train_through_the_one_edge(tmp_path, monkeypatch):
+  """`efficient_lm.train(config, workdir)`: a config file's ConfigDict typed once
+  (`config.run.build`) and checked as the command checks it (the workdir's checks, then `prepare`)
+  before anything compiles; what `prepare` returned is what trains."""
+  import efficient_lm  # pylint: disable=import-outside-toplevel
+  from efficient_lm.state import workdir as workdir_lib  # pylint: disable=import-outside-toplevel
+  from efficient_lm.training import loop  # pylint: disable=import-outside-toplevel
+  trained, prepared = [], []
+  monkeypatch.setattr(loop, "train_and_evaluate",
+                      lambda run, workdir, built: trained.append((run, workdir, built)) or {"step": 1})
+  real_prepare = config_check.prepare
+  monkeypatch.setattr(config_check, "prepare",
+                      lambda run, devices=None: prepared.append(run) or real_prepare(run, devices))
+  unknown = tiny()
+  unknown.model.name = "no_such_model"
+  with pytest.raises(ConfigError, match=r"model.name='no_such_model' is not a known model"):
+    efficient_lm.train(unknown, str(tmp_path / "run"))
+  (tmp_path / "a_file").write_text("x")
+  with pytest.raises(workdir_lib.WorkdirError, match=r"--workdir=.*a_file.* not a folder"):
+    efficient_lm.train(tiny(), str(tmp_path / "a_file"))
+  assert not prepared and not trained  # refused before the devices, the data or any compile
+  config = tiny()
+  config.mesh.update(data=1, fsdp=1, tensor=1, context=1)
+  assert efficient_lm.train(config, str(tmp_path / "run")) == {"step": 1}
+  (run, workdir, built), = trained
+  assert len(prepared) == 1 and isinstance(prepared[0], RunConfig) and prepared[0].model.d_model == 32
+  assert isinstance(run, RunConfig) and workdir == str(tmp_path / "run") and built.num_params > 0
+  efficient_lm.train(prepared[0], str(tmp_path / "run"))  # a RunConfig as it is
+  assert prepared[1] is prepared[0]

@@ -386,7 +386,7 @@ def check_training_progress(notebook) -> None:
   from the cell's end."""
   import datetime  # pylint: disable=import-outside-toplevel
   cell = next(c for c in notebook.cells  # the first run (the second continues it)
-              if c.cell_type == "code" and "train.train_and_evaluate(" in c.source)
+              if c.cell_type == "code" and "efficient_lm.train(" in c.source)
   text = "".join(o.get("text", "") for o in cell.outputs if o.get("name") == "stderr")
   lines = [l for l in text.splitlines() if re.match(r"\d\d:\d\d:\d\d ", l)]
   assert any(re.search(r" step \d+/\d+ +loss ", l) for l in lines), text[-3000:]

@@ -265,19 +265,20 @@ def test_candidates_read_from_a_repeated_cache_match_a_full_pass(name, config_fi
 def test_lengths_past_seq_len_refused_for_learned_positions_and_latents_accepted_with_reach():
   learned = load_config("dense")
   learned.model.position = "learned"
+  learned = build(learned)
   with pytest.raises(reach.LengthError, match=r"model.position='learned'.*at most"):
     reach.check(learned, [learned.model.seq_len + 1])
   with pytest.raises(reach.LengthError, match=r"\+10 of answer"):  # the answer needs positions too
     reach.check(learned, [learned.model.seq_len - 5], extra=10)
-  perceiver = load_config("perceiver_ar")
+  perceiver = build(load_config("perceiver_ar"))
   with pytest.raises(reach.LengthError, match="fixed window"):
     reach.check(perceiver, [perceiver.model.seq_len + 1])
   for name in models.REGISTRY:  # every model of bounded reach, at its shipped config
-    config = load_config(*CONFIG_OF[name])
-    if not models.chunkable(build(config).model):
+    config = build(load_config(*CONFIG_OF[name]))
+    if not models.chunkable(config.model):
       continue
     assert reach.check(config, [config.model.seq_len * 8], extra=10) is None
-  dense = load_config("dense")
+  dense = build(load_config("dense"))
   assert "out of distribution" in reach.check(dense, [dense.model.seq_len * 2])
   assert reach.check(dense, [dense.model.seq_len]) is None
 

@@ -243,14 +243,15 @@ def test_score_is_rulers_share_of_expected_strings_in_the_answer():
 def test_cells_past_the_models_reach_are_skipped_with_the_reason(tmp_path):
   learned = load_config("dense")
   learned.model.position = "learned"
-  seq_len = int(learned.model.seq_len)
+  learned = build(learned)
+  seq_len = learned.model.seq_len
   skipped, warning = ruler_grid.skipped_cells(learned, ["ruler_vt", "niah_single_1"],
                                               [seq_len - 100, seq_len])
   # vt's 30 answer tokens fit after seq_len - 100, NIAH's 128 do not; nothing fits at seq_len.
   assert set(skipped) == {("niah_single_1", seq_len - 100), ("ruler_vt", seq_len),
                           ("niah_single_1", seq_len)} and warning is None
   assert all("model.position='learned'" in why for why in skipped.values())
-  window = load_config("sliding_window")
+  window = build(load_config("sliding_window"))
   assert ruler_grid.skipped_cells(window, ["niah_single_1"], [window.model.seq_len * 4])[0] == {}
   lm = types.SimpleNamespace(config=learned, step=3, seq_len=seq_len, path="w")
   answers = [{"index": 0, "tokens": 10, "expected": ["a"], "answer": "a", "score": 1.0}]

@@ -7,10 +7,9 @@ import os
 import struct
 import sys
 
-import ml_collections
 import pytest
 
-from conftest import build
+from conftest import build, load_config
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.training import loop as train
 from efficient_lm.training import start as train_start
@@ -124,11 +123,19 @@ def test_a_missing_package_is_one_config_error_before_anything_compiles(
 
 
 def test_bad_wandb_fields_name_the_field():
+  """The `train.wandb*` fields' declared checks, run as the RunConfig is built (`config.run.build`,
+  before anything compiles): each bad value one ConfigError naming its field."""
   good = dict(wandb=False, wandb_project="p", wandb_run_name="", wandb_tags="")
-  wandb_writer.check(ml_collections.ConfigDict(good))
+
+  def run(**fields):
+    config = load_config("dense").to_dict()  # a plain mapping takes a value of another type
+    config["train"].update({**good, **fields})
+    return build(config)
+
+  wandb_writer.check(run().train)
   for field, value in (("wandb", "yes"), ("wandb_project", ""), ("wandb_tags", 3)):
     with pytest.raises(ConfigError, match=f"train.{field}="):
-      wandb_writer.check(ml_collections.ConfigDict({**good, field: value}))
+      run(**{field: value})
 
 
 def test_fan_out_writes_every_writer_and_closes_them_all():

@@ -66,7 +66,7 @@ def score_command(table: str, key: str, steps: int, args, out: str) -> list[str]
 def score_row_here(table: str, key: str, steps: int, args) -> dict:
   """The scoring stage, in this process: `efficient_lm.evaluate` on the row's workdir (validation)
   and the compiled step's figures. Returns {'static': ..., 'scores': ..., 'per_position': ...}."""
-  from efficient_lm.inference import generation  # pylint: disable=import-outside-toplevel
+  from efficient_lm.inference import restore  # pylint: disable=import-outside-toplevel
   from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
   workdir = workdir_of(table, key, args.workdir_root)
   overrides = row_overrides(table, key, steps, args.override)
@@ -85,7 +85,7 @@ def score_row_here(table: str, key: str, steps: int, args) -> dict:
     latents = min(int(latents), seq_len)
     r = scoring.evaluate_workdir(workdir, split="validation", context=seq_len, stride=latents)
     scores["last_latents"] = _figures(r)
-    model, *_ = generation.load_workdir(workdir)
+    model = restore.restore(workdir, exports=False).model
     if scoring.predicted_positions(model, seq_len) == seq_len:  # not latents only: every position too
       r = scoring.evaluate_workdir(workdir, split="validation", context=seq_len, stride=seq_len)
       scores["every"] = _figures(r)
@@ -102,8 +102,9 @@ def pooled_positions(workdir: str, first: dict, seq_len: int) -> dict:
   stream cut at offset * seq_len; `first` is the offset-0 result of `evaluate_workdir`)."""
   from efficient_lm import data  # pylint: disable=import-outside-toplevel
   from efficient_lm.evaluation import scoring  # pylint: disable=import-outside-toplevel
-  from efficient_lm.inference import generation  # pylint: disable=import-outside-toplevel
-  model, tokenizer, config, _ = generation.load_workdir(workdir)
+  from efficient_lm.inference import restore  # pylint: disable=import-outside-toplevel
+  restored = restore.restore(workdir, exports=False)
+  model, tokenizer, config = restored.model, restored.tokenizer, restored.config
   tokens = data.load(data.validate(config.data)).tokens("validation")
   nll = [0.0] * seq_len
   count = [0] * seq_len

@@ -4,7 +4,7 @@ import os
 import shlex
 import sys
 
-from experiments.common import REPO, load_config
+from experiments.common import REPO, build, load_config
 
 # Claims measured on the per-position curve, ('gain', far ranges, near ranges): a row's loss over
 # the far positions minus its loss over the near ones; compared between two models on the same
@@ -215,7 +215,7 @@ def static_figures(key: str, overrides: dict[str, str]) -> dict:
   """Params, the compiled train step's temp memory and FLOPs (compile only, random tokens)."""
   import jax  # pylint: disable=import-outside-toplevel
   from experiments import bench_step  # pylint: disable=import-outside-toplevel
-  config = configured(key, overrides)
+  config = build(configured(key, overrides))
   _, state, _, memory, _ = bench_step.compile_train_step(config)
   num_params = sum(x.size for x in jax.tree.leaves(state.params))
   return {"model_name": config.model.name, "params": int(num_params),
