@@ -24,14 +24,14 @@ from efficient_lm.runtime import signals
 from efficient_lm.state import checkpoint
 from efficient_lm.state import workdir as workdir_lib
 from efficient_lm.training import compile_only as compile_only_lib
-from efficient_lm.training import loop as train
+from efficient_lm.training import loop
 from efficient_lm.training import prepare as config_check
 from efficient_lm.training import step_memory
 
 # The errors that are the user's to fix: one `error:` line and exit status 2.
 KNOWN_ERRORS = (ConfigError, data.DataError, data.DownloadError, workdir_lib.WorkdirError,
                 checkpoint.NoRestorableCheckpointError, checkpoint.CheckpointRestoreError,
-                train.NonFiniteError, targets.TargetError)
+                loop.NonFiniteError, targets.TargetError)
 
 
 @contextlib.contextmanager
@@ -66,7 +66,7 @@ def train(run: RunConfig, workdir: str) -> None:
   `workdir`; its summary the last stdout line, or a stop signal's line and status."""
   with errors_as_lines():
     run, built = config_check.prepare(run)
-    summary = train.train_and_evaluate(run, workdir, built)
+    summary = loop.train_and_evaluate(run, workdir, built)
   if summary.get("preempted"):
     print(summary["preempted_line"], file=sys.stderr)
     signals.flush()
