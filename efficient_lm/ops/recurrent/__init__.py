@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 
 from efficient_lm.ops.recurrent import chunked as chunked_lib
+from efficient_lm.ops.recurrent import kernel
+from efficient_lm.ops.recurrent import ring
 from efficient_lm.config.errors import is_int
 
 IMPLS = ("xla", "pallas")
@@ -77,10 +79,8 @@ def gated_delta_rule(q_BTHK: jax.Array, k_BTHK: jax.Array, v_BTHV: jax.Array, g_
   scale = _scale(scale, K)
   scan = chunked_lib.state_scan
   if impl == "pallas":
-    from efficient_lm.ops.recurrent import kernel  # pylint: disable=import-outside-toplevel
     scan = kernel.state_scan_fn(interpret)
   if mesh is not None:
-    from efficient_lm.ops.recurrent import ring  # pylint: disable=import-outside-toplevel
     if ring.devices(mesh, axis_name) > 1:
       o_BTHV, final_BHKV = ring.gated_delta_rule(
           q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, segment_ids, initial_state, scale=scale,
