@@ -37,7 +37,7 @@ from efficient_lm.data import wikitext103
 from efficient_lm.evaluation import scoring
 from efficient_lm.inference import generation
 from efficient_lm.state import checkpoint
-from efficient_lm.training import loop as train
+from efficient_lm.training import evaluate as train_eval
 from efficient_lm.training import step_memory
 
 FAULT, N = sys.argv.pop(1), int(sys.argv.pop(1))
@@ -95,8 +95,8 @@ def _marking_eval(real):
 
 
 if "@" in FAULT:
-  _wrap(train, "place_batch", lambda *a, **k: _reached("eval" if _in_eval else "step"))
-  train.evaluate = _marking_eval(train.evaluate)
+  _wrap(train_eval, "place_batch", lambda *a, **k: _reached("eval" if _in_eval else "step"))
+  train_eval.evaluate = _marking_eval(train_eval.evaluate)
   _wrap_generator(tokenizer, "_lines", "tokenizer")
   _wrap(tokenizer.Tokenizer, "encode_batch", lambda *a, **k: _reached("tokenizing"))
   _wrap(generation, "sample_from_state", lambda *a, **k: _reached("sample"))

@@ -2,6 +2,7 @@
 against `.logits`, each family's length rule, the files, and the extrapolation curve against the
 library's own scorer."""
 
+import dataclasses
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from efficient_lm.evaluation.long_context import extrapolate
 from efficient_lm.evaluation.long_context import needle
 from efficient_lm.evaluation.long_context import needle_grid
 from efficient_lm.evaluation.long_context import reach
+from efficient_lm.families.dense import DenseConfig
 from efficient_lm.training import loop as train
 from test_models import CONFIG_OF, FAMILY_FIELDS
 
@@ -279,6 +281,26 @@ def test_lengths_past_seq_len_refused_for_learned_positions_and_latents_accepted
   dense = build(load_config("dense"))
   assert "out of distribution" in reach.check(dense, [dense.model.seq_len * 2])
   assert reach.check(dense, [dense.model.seq_len]) is None
+
+
+def test_reach_is_what_the_family_config_declares_not_its_name():
+  """A family states its input limit beside its fields (`input_limit`): a dense model whose
+  config declares a fixed window is held to it, whatever its name."""
+
+  @dataclasses.dataclass(frozen=True, kw_only=True)
+  class FixedWindowDense(DenseConfig):
+    def input_limit(self):
+      return self.seq_len, "a fixed window of model.seq_len tokens (declared)"
+
+  run = build(load_config("dense"))
+  fixed = dataclasses.replace(run, model=FixedWindowDense(**{
+      f.name: getattr(run.model, f.name) for f in dataclasses.fields(run.model)}))
+  assert reach.check(run, [run.model.seq_len * 2]) is not None  # dense: allowed, with a warning
+  with pytest.raises(reach.LengthError, match=r"a fixed window of model.seq_len tokens \(declared\)"):
+    reach.check(fixed, [run.model.seq_len + 1])
+  assert reach.check(fixed, [run.model.seq_len]) is None
+  perceiver = build(load_config("perceiver_ar"))
+  assert perceiver.model.input_limit()[0] == perceiver.model.seq_len
 
 
 # The command: files, one line, bad input.

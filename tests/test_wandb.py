@@ -12,6 +12,7 @@ import pytest
 from conftest import build, load_config
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.training import loop as train
+from efficient_lm.training import start as train_start
 from efficient_lm.training import metrics as metrics_lib
 from efficient_lm.training import wandb as wandb_writer
 
@@ -112,7 +113,7 @@ def test_offline_run_logs_what_metrics_jsonl_gets_and_a_resume_keeps_its_id(
 def test_a_missing_package_is_one_config_error_before_anything_compiles(
     tiny_config, tmp_path, monkeypatch):
   monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
-  monkeypatch.setattr(train, "setup", lambda *a: pytest.fail("setup ran before the check"))
+  monkeypatch.setattr(train_start, "setup", lambda *a: pytest.fail("setup ran before the check"))
   with pytest.raises(ConfigError) as e:
     train.train_and_evaluate(build(tiny_config(wandb=True)), str(tmp_path / "w"))
   message = str(e.value)

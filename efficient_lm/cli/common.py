@@ -1,4 +1,4 @@
-"""What the three command lines share: configs by path or by name, and one line for every mistake.
+"""What the command lines share: configs by path or by name, and one line for every mistake.
 
     --config=configs/pi_attention.py        a config file (`:preset` after it: configs/bcmt.py:128)
     --config=pi_attention  --config=bcmt:128  a config shipped with the package, by name
@@ -13,6 +13,7 @@ imported or compiled. `--help` (the command's flags, the models and every config
 
 import difflib
 import sys
+from typing import NoReturn
 
 import ml_collections
 from absl import flags
@@ -20,8 +21,9 @@ from absl import flags
 from efficient_lm.cli import help as help_lib
 from efficient_lm.config import files as config_files
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.runtime import exit_codes
 
-EXIT_USAGE = 2
+EXIT_USAGE = exit_codes.USAGE
 
 
 # (Here too, as the library and the tests have called them: cli.load_config, ...)
@@ -64,7 +66,7 @@ def parse_flags(argv: list[str]) -> list[str]:
   help_lib.answer(argv)
   unknown = _unknown_flag(argv[1:])
   if unknown:  # before the config file is loaded (it imports the models, and jax)
-    _fail(f"Unknown command line flag '{unknown}'")
+    fail(f"Unknown command line flag '{unknown}'")
   given = [arg[len("--config="):] for arg in argv if arg.startswith("--config=")]
   argv = [_resolved(arg) for arg in argv]
   base = None
@@ -78,11 +80,11 @@ def parse_flags(argv: list[str]) -> list[str]:
     if base is not None:
       flags.FLAGS.config  # pylint: disable=pointless-statement  (applies the overrides)
   except flags.Error as e:
-    _fail(_flag_error(str(e), base))
+    fail(_flag_error(str(e), base))
   except ConfigError as e:
-    _fail(str(e))
+    fail(str(e))
   except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
-    _fail(" ".join(str(e).split())[:500] or type(e).__name__)
+    fail(" ".join(str(e).split())[:500] or type(e).__name__)
   return rest
 
 
@@ -136,10 +138,18 @@ def _resolved(arg: str) -> str:
     try:
       return "--config=" + resolve(arg[len("--config="):])
     except ConfigError as e:
-      _fail(str(e))
+      fail(str(e))
   return arg
 
 
-def _fail(message: str) -> None:
+def error(message: object, status: int = exit_codes.USAGE) -> int:
+  """`message` (a string or an exception) as the one `error: ...` line on stderr; returns
+  `status` (default 2, a mistake of the user's: `exit_codes`) for the command to exit with."""
   print(f"error: {message}", file=sys.stderr)
-  sys.exit(EXIT_USAGE)
+  return status
+
+
+def fail(message: object, status: int = exit_codes.USAGE) -> NoReturn:
+  """`error(message)`, then exit with `status` at once."""
+  sys.exit(error(message, status))
+

@@ -20,13 +20,13 @@ import sys
 
 from absl import flags
 
+from efficient_lm.cli import command
 from efficient_lm.cli import common as cli_lib
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.evaluation.long_context import ruler_tasks
 from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import output
 from efficient_lm.runtime import progress
-from efficient_lm.runtime import signals
 from efficient_lm.state import workdir as workdir_lib
 
 
@@ -78,8 +78,7 @@ def cli(*, workdir: str, split: str | None = None, text_file: str | None = None,
                                         per_query=bool(per_query_out), max_tokens=max_tokens)
   except (scoring.EvalError, workdir_lib.WorkdirError, ConfigError, data.DataError,
           data.DownloadError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return exit_codes.USAGE
+    return cli_lib.error(e)
   queries = result.pop("queries", None)
   if per_query_out and queries is not None:  # MQAR: every answer, for paired tests across models
     np.savez_compressed(per_query_out, **queries)
@@ -92,30 +91,23 @@ def cli(*, workdir: str, split: str | None = None, text_file: str | None = None,
   return exit_codes.SUCCESS
 
 
-def main(argv) -> None:
-  del argv
-  FLAGS = flags.FLAGS
-  output.reserve_stdout()
-  progress.setup_command_logging()  # our progress on stderr; the libraries' warnings only
-  with signals.phase(f"evaluating {FLAGS.workdir}"), output.library_prints_discarded():
-    if FLAGS.task != "score":  # the long-context evaluations (efficient_lm.evaluation.long_context)
-      # Imported here: jax loads only after the flags are checked.
-      from efficient_lm.cli import long_context_command as command  # pylint: disable=import-outside-toplevel
-      status = command.run(
-          FLAGS.task, workdir=FLAGS.workdir, lengths=FLAGS.lengths, depths=FLAGS.depths,
-          needles_per_cell=FLAGS.needles_per_cell, variant=FLAGS.variant,
-          distractors=FLAGS.distractors, haystack=FLAGS.haystack, factors=FLAGS.factors,
-          split=FLAGS.split, text_file=FLAGS.text_file, batch_size=FLAGS.batch_size,
-          out=FLAGS.out, max_tokens=FLAGS.max_tokens, seed=FLAGS.seed, keys=FLAGS.keys,
-          ruler_tasks=FLAGS.ruler_tasks, samples=FLAGS.samples,
-          ruler_out_lm_eval=FLAGS.ruler_out_lm_eval)
-    else:
-      status = cli(workdir=FLAGS.workdir, split=FLAGS.split, text_file=FLAGS.text_file,
-                   context=FLAGS.context, stride=FLAGS.stride, batch_size=FLAGS.batch_size,
-                   per_position=FLAGS.per_position, out=FLAGS.out,
-                   ablate_context=FLAGS.ablate_context, ablate_method=FLAGS.ablate_method,
-                   per_query_out=FLAGS.per_query_out, max_tokens=FLAGS.max_tokens)
-  sys.exit(status)
+def _evaluate(FLAGS) -> int:  # pylint: disable=invalid-name
+  if FLAGS.task != "score":  # the long-context evaluations (efficient_lm.evaluation.long_context)
+    # Imported here: jax loads only after the flags are checked.
+    from efficient_lm.cli import long_context_command  # pylint: disable=import-outside-toplevel
+    return long_context_command.run(
+        FLAGS.task, workdir=FLAGS.workdir, lengths=FLAGS.lengths, depths=FLAGS.depths,
+        needles_per_cell=FLAGS.needles_per_cell, variant=FLAGS.variant,
+        distractors=FLAGS.distractors, haystack=FLAGS.haystack, factors=FLAGS.factors,
+        split=FLAGS.split, text_file=FLAGS.text_file, batch_size=FLAGS.batch_size,
+        out=FLAGS.out, max_tokens=FLAGS.max_tokens, seed=FLAGS.seed, keys=FLAGS.keys,
+        ruler_tasks=FLAGS.ruler_tasks, samples=FLAGS.samples,
+        ruler_out_lm_eval=FLAGS.ruler_out_lm_eval)
+  return cli(workdir=FLAGS.workdir, split=FLAGS.split, text_file=FLAGS.text_file,
+             context=FLAGS.context, stride=FLAGS.stride, batch_size=FLAGS.batch_size,
+             per_position=FLAGS.per_position, out=FLAGS.out,
+             ablate_context=FLAGS.ablate_context, ablate_method=FLAGS.ablate_method,
+             per_query_out=FLAGS.per_query_out, max_tokens=FLAGS.max_tokens)
 
 
 def _define_flags() -> None:
@@ -173,9 +165,11 @@ def _define_flags() -> None:
   flags.mark_flags_as_required(["workdir"])
 
 
+COMMAND = command.Command(body=_evaluate, phase=lambda FLAGS: f"evaluating {FLAGS.workdir}",
+                          define_flags=_define_flags, discard_library_prints=True)
+
+
 def run() -> None:
   """The command: `python -m efficient_lm.evaluate` and the `efficient-lm-eval` console script
   (`efficient_lm.evaluate.run`)."""
-  signals.install(training=False)
-  _define_flags()
-  signals.run_command(main, cli_lib.parse_flags)
+  command.run(COMMAND)

@@ -13,12 +13,11 @@ import sys
 
 from absl import flags
 
+from efficient_lm.cli import command
 from efficient_lm.cli import common as cli_lib
 from efficient_lm.inference import export as export_lib
 from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import output
-from efficient_lm.runtime import progress
-from efficient_lm.runtime import signals
 from efficient_lm.state import workdir as workdir_lib
 
 
@@ -26,24 +25,22 @@ def cli(*, workdir: str, out: str, step: int | None = None, dtype: str | None = 
         max_shard_bytes: int = export_lib.DEFAULT_MAX_SHARD_BYTES, overwrite: bool = False) -> int:
   """What the command does: one line on stderr, the summary as the last stdout line (JSON);
   returns the exit status (2 and one `error: ...` line for input it cannot use)."""
-  command = "python -m efficient_lm.export " + " ".join(sys.argv[1:])
+  invoked = "python -m efficient_lm.export " + " ".join(sys.argv[1:])
   try:  # the refusals that need no jax first
     export_lib.check_args(dtype=dtype, max_shard_bytes=max_shard_bytes, step=step)
     export_lib.check_out(out, overwrite)
     export_lib.check_workdir(workdir)
   except (export_lib.ExportError, workdir_lib.WorkdirError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return exit_codes.USAGE
+    return cli_lib.error(e)
   # Imported here: Orbax loads only after the refusals that need none.
   from efficient_lm.state import checkpoint  # pylint: disable=import-outside-toplevel
   try:
     result = export_lib.export(workdir, out, step=step, dtype=dtype,
                                max_shard_bytes=max_shard_bytes, overwrite=overwrite,
-                               command=command)
+                               command=invoked)
   except (export_lib.ExportError, workdir_lib.WorkdirError,
           checkpoint.NoRestorableCheckpointError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return exit_codes.USAGE
+    return cli_lib.error(e)
   print(f"exported step {result['step']} of {workdir} to {result['out']}: "
         f"{result['num_params']:,} parameters ({result['dtype']}, {result['total_size']:,} bytes) "
         f"in {', '.join(result['files'])}", file=sys.stderr)
@@ -51,15 +48,9 @@ def cli(*, workdir: str, out: str, step: int | None = None, dtype: str | None = 
   return exit_codes.SUCCESS
 
 
-def main(argv) -> None:
-  del argv
-  FLAGS = flags.FLAGS
-  output.reserve_stdout()
-  progress.setup_command_logging()  # our progress on stderr; the libraries' warnings only
-  with signals.phase(f"exporting {FLAGS.workdir}"):
-    status = cli(workdir=FLAGS.workdir, out=FLAGS.out, step=FLAGS.step, dtype=FLAGS.dtype,
-                 max_shard_bytes=FLAGS.max_shard_bytes, overwrite=FLAGS.overwrite)
-  sys.exit(status)
+def _export(FLAGS) -> int:  # pylint: disable=invalid-name
+  return cli(workdir=FLAGS.workdir, out=FLAGS.out, step=FLAGS.step, dtype=FLAGS.dtype,
+             max_shard_bytes=FLAGS.max_shard_bytes, overwrite=FLAGS.overwrite)
 
 
 def _define_flags() -> None:
@@ -77,9 +68,11 @@ def _define_flags() -> None:
   flags.mark_flags_as_required(["workdir", "out"])
 
 
+COMMAND = command.Command(body=_export, phase=lambda FLAGS: f"exporting {FLAGS.workdir}",
+                          define_flags=_define_flags)
+
+
 def run() -> None:
   """The command: `python -m efficient_lm.export` and the `efficient-lm-export` console script
   (`efficient_lm.export.run`)."""
-  signals.install(training=False)
-  _define_flags()
-  signals.run_command(main, cli_lib.parse_flags)
+  command.run(COMMAND)

@@ -29,12 +29,19 @@ import sys
 
 from absl import flags
 
+from efficient_lm.cli import command
 from efficient_lm.cli import common as cli_lib
+from efficient_lm.inference.export_format import LoadError
 from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import figures
 from efficient_lm.runtime import output
-from efficient_lm.runtime import progress
-from efficient_lm.runtime import signals
+
+
+def _adapter():
+  """`harness_model`, the adapter (lm-eval's `LM` over `efficient_lm.load`)."""
+  # Imported here: lm_eval (the `eval` extra) and jax load only after the flags are checked.
+  from efficient_lm.cli import harness_model  # pylint: disable=import-outside-toplevel
+  return harness_model
 
 
 def tasks_missing(task_names: list[str], include_path: str | None,
@@ -59,8 +66,7 @@ def build_tasks(tasks: list[str], manager) -> list:
   Returns what `simple_evaluate` is given: the built tasks and groups (lm-eval's
   `TaskManager.load`), or with an lm-eval without it the names (built again, from the cache)."""
   import datasets  # pylint: disable=import-outside-toplevel
-  # Imported here: lm_eval (the `eval` extra) loads only after the flags are checked.
-  from efficient_lm.cli import harness_model  # pylint: disable=import-outside-toplevel
+  harness_model = _adapter()
   built = []
   for name in tasks:
     try:
@@ -112,8 +118,7 @@ def evaluate(model, tasks: list[str], *, include_path: str | None = None, limit=
   unknown task, or one whose data cannot be had (`build_tasks`), is a `HarnessError` before the
   model loads."""
   import lm_eval  # pylint: disable=import-outside-toplevel
-  # Imported here: lm_eval (the `eval` extra) loads only after the flags are checked.
-  from efficient_lm.cli import harness_model  # pylint: disable=import-outside-toplevel
+  harness_model = _adapter()
   missing, manager = tasks_missing(tasks, include_path, include_defaults)
   if missing:
     if include_defaults:
@@ -146,36 +151,29 @@ def cli(*, workdir: str, tasks: str, output_file: str, include_path: str | None 
   try:
     import lm_eval  # pylint: disable=import-outside-toplevel,unused-import
   except ImportError as e:
-    print(f"error: the lm-eval adapter needs the lm_eval package ({e}); install the extra with "
-          "pip install -e '.[eval]'", file=sys.stderr)
-    return exit_codes.USAGE
-  # Imported here: lm_eval (the `eval` extra) and jax load only after the flags are checked.
-  from efficient_lm import api  # pylint: disable=import-outside-toplevel
-  from efficient_lm.cli import harness_model  # pylint: disable=import-outside-toplevel
+    return cli_lib.error(f"the lm-eval adapter needs the lm_eval package ({e}); install the extra "
+                         "with pip install -e '.[eval]'")
+  harness_model = _adapter()
   logging.getLogger("lm_eval").setLevel(logging.WARNING)
   import datasets  # pylint: disable=import-outside-toplevel
   datasets.disable_progress_bars()
   names = [t.strip() for t in tasks.split(",") if t.strip()]
   if not names:
-    print("error: --tasks is empty; give lm-eval task names, e.g. --tasks=hellaswag", file=sys.stderr)
-    return exit_codes.USAGE
+    return cli_lib.error("--tasks is empty; give lm-eval task names, e.g. --tasks=hellaswag")
   if include_path and not os.path.isdir(include_path):
-    print(f"error: --include_path={include_path} is not a folder; give the folder holding your "
-          "task YAML files", file=sys.stderr)
-    return exit_codes.USAGE
+    return cli_lib.error(f"--include_path={include_path} is not a folder; give the folder holding "
+                         "your task YAML files")
   if limit is not None and limit <= 0:
-    print(f"error: --limit={limit:g} must be positive (documents per task, or a fraction below "
-          "1); leave it out to run every document", file=sys.stderr)
-    return exit_codes.USAGE
+    return cli_lib.error(f"--limit={limit:g} must be positive (documents per task, or a fraction "
+                         "below 1); leave it out to run every document")
   if limit is not None and limit >= 1:
     limit = int(limit)
   try:
     results = evaluate(workdir, names, include_path=include_path, limit=limit,
                        num_fewshot=num_fewshot, batch_size=batch_size, seed=seed,
                        include_defaults=include_defaults)
-  except (harness_model.HarnessError, api.LoadError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return exit_codes.USAGE
+  except (harness_model.HarnessError, LoadError) as e:
+    return cli_lib.error(e)
   from lm_eval.utils import handle_non_serializable, make_table  # pylint: disable=import-outside-toplevel
   text = figures.dumps(results, indent=2, default=handle_non_serializable, ensure_ascii=False)
   folder = os.path.dirname(os.path.abspath(output_file))
@@ -190,17 +188,10 @@ def cli(*, workdir: str, tasks: str, output_file: str, include_path: str | None 
   return exit_codes.SUCCESS
 
 
-def main(argv) -> None:
-  del argv
-  FLAGS = flags.FLAGS
-  output.reserve_stdout()
-  progress.setup_command_logging()  # our progress on stderr; the libraries' warnings only
-  with signals.phase(f"evaluating {FLAGS.workdir} with lm-eval"):
-    status = cli(workdir=FLAGS.workdir, tasks=FLAGS.tasks, output_file=FLAGS.output,
-                 include_path=FLAGS.include_path, limit=FLAGS.limit,
-                 num_fewshot=FLAGS.num_fewshot, batch_size=FLAGS.batch_size, seed=FLAGS.seed,
-                 include_defaults=FLAGS.include_defaults)
-  sys.exit(status)
+def _harness(FLAGS) -> int:  # pylint: disable=invalid-name
+  return cli(workdir=FLAGS.workdir, tasks=FLAGS.tasks, output_file=FLAGS.output,
+             include_path=FLAGS.include_path, limit=FLAGS.limit, num_fewshot=FLAGS.num_fewshot,
+             batch_size=FLAGS.batch_size, seed=FLAGS.seed, include_defaults=FLAGS.include_defaults)
 
 
 def _define_flags() -> None:
@@ -219,9 +210,12 @@ def _define_flags() -> None:
   flags.mark_flags_as_required(["workdir", "tasks", "output"])
 
 
+COMMAND = command.Command(body=_harness,
+                          phase=lambda FLAGS: f"evaluating {FLAGS.workdir} with lm-eval",
+                          define_flags=_define_flags)
+
+
 def run() -> None:
   """The command: `python -m efficient_lm.harness` and the `efficient-lm-harness` console script
   (`efficient_lm.harness.run`)."""
-  signals.install(training=False)
-  _define_flags()
-  signals.run_command(main, cli_lib.parse_flags)
+  command.run(COMMAND)

@@ -18,11 +18,9 @@ import sys
 
 from absl import flags
 
+from efficient_lm.cli import command
 from efficient_lm.cli import common as cli
-from efficient_lm.runtime import exit_codes
 from efficient_lm.runtime import output
-from efficient_lm.runtime import progress
-from efficient_lm.runtime import signals
 from efficient_lm.state import workdir as workdir_lib
 
 _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
@@ -32,15 +30,6 @@ def unescape(text: str) -> str:
   r"""`\n`, `\t` and `\\` in a command-line prompt as a newline, a tab and a backslash; every other
   character (any Unicode text included) as it is."""
   return re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m.group(1)], text)
-
-
-def main(argv) -> None:
-  del argv
-  FLAGS = flags.FLAGS
-  output.reserve_stdout()
-  progress.setup_command_logging()  # our progress on stderr; the libraries' warnings only
-  with signals.phase(f"sampling from {FLAGS.workdir}"):
-    _sample(FLAGS)
 
 
 def _prompts(FLAGS) -> list[str]:  # pylint: disable=invalid-name
@@ -59,7 +48,7 @@ def _prompts(FLAGS) -> list[str]:  # pylint: disable=invalid-name
   return [unescape(p) for p in prompts] if FLAGS.escapes else prompts
 
 
-def _sample(FLAGS) -> None:  # pylint: disable=invalid-name
+def _sample(FLAGS) -> int | None:  # pylint: disable=invalid-name
   # Imported here: jax loads only after the flags are checked.
   from efficient_lm.inference import generation, restore  # pylint: disable=import-outside-toplevel
   try:
@@ -72,8 +61,7 @@ def _sample(FLAGS) -> None:  # pylint: disable=invalid-name
       raise ValueError("--stop= is empty: give the text that ends a continuation (or no --stop)")
     restored = restore.restore(FLAGS.workdir, sharded=True, exports=False)  # sharded, as trained
   except (ValueError, workdir_lib.WorkdirError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(exit_codes.USAGE)
+    return cli.error(e)
   model, tokenizer, config = restored.model, restored.tokenizer, restored.config
   print(f"{config.model.name} at step {restored.step} from {FLAGS.workdir}", file=sys.stderr)
   # Imported here: jax loads only after the flags are checked.
@@ -88,8 +76,7 @@ def _sample(FLAGS) -> None:  # pylint: disable=invalid-name
                                         prefill_chunk=FLAGS.prefill_chunk or None,
                                         document_mask=config.data.document_mask, stop=stop)
   except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(exit_codes.USAGE)
+    return cli.error(e)
   for r in results:
     if FLAGS.json:
       output.result_json({"prompt": r.prompt, "text": r.text, "tokens": r.tokens,
@@ -121,9 +108,11 @@ def _define_flags() -> None:
   flags.mark_flags_as_required(["workdir"])
 
 
+COMMAND = command.Command(body=_sample, phase=lambda FLAGS: f"sampling from {FLAGS.workdir}",
+                          define_flags=_define_flags)
+
+
 def run() -> None:
   """The command: `python -m efficient_lm.sample` and the `efficient-lm-sample` console script
   (`efficient_lm.sample.run`)."""
-  signals.install(training=False)
-  _define_flags()
-  signals.run_command(main, cli.parse_flags)
+  command.run(COMMAND)

@@ -19,22 +19,18 @@ signals.install()  # first: Ctrl-C works while the rest is imported
 # pylint: disable=wrong-import-position
 import logging as std_logging
 import os
-import sys
 
 from absl import flags
 from ml_collections import config_flags
 
 from efficient_lm import families
+from efficient_lm.cli import command
 from efficient_lm.cli import common as cli
 from efficient_lm.cli import help as help_lib
 from efficient_lm.cli import resume_file as workdir_config
 from efficient_lm.config import run as config_run
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.config.run import RunConfig
-from efficient_lm.runtime import exit_codes
-from efficient_lm.runtime import jax_devices
-from efficient_lm.runtime import output
-from efficient_lm.runtime import progress
 from efficient_lm.state import workdir as workdir_lib
 
 config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/dense.py or "
@@ -71,29 +67,6 @@ def default_workdir(config_arg: str) -> str:
   return os.path.join("runs", f"{name}_{preset}" if preset else name)
 
 
-def setup_logging(primary: bool = True) -> None:
-  """Our progress at INFO on stderr (process 0 only; others warnings); the libraries' warnings
-  only (`progress.setup_command_logging`, which every command runs first)."""
-  progress.setup_command_logging(primary)
-
-
-def _fail(status: int, message: str) -> None:
-  print(f"error: {message}", file=sys.stderr)
-  sys.exit(status)
-
-
-def _known_errors() -> tuple[type[BaseException], ...]:
-  """The errors that are the user's to fix: one `error:` line and exit status 2."""
-  # Imported here: they load jax, and are needed only once an error is being sorted.
-  from efficient_lm.state import checkpoint  # pylint: disable=import-outside-toplevel
-  from efficient_lm import data  # pylint: disable=import-outside-toplevel
-  from efficient_lm.training import loop as train  # pylint: disable=import-outside-toplevel
-  from efficient_lm.parallel import targets  # pylint: disable=import-outside-toplevel
-  return (ConfigError, data.DataError, data.DownloadError, workdir_lib.WorkdirError,
-          checkpoint.NoRestorableCheckpointError, checkpoint.CheckpointRestoreError,
-          train.NonFiniteError, targets.TargetError)
-
-
 def stopped_line(signal_name: str, phase: str) -> str:
   """The one line a command stopped by a signal outside the training loop ends with."""
   return (f"stopped by {signal_name} while {phase}: nothing was left half-written (the data cache, "
@@ -101,77 +74,49 @@ def stopped_line(signal_name: str, phase: str) -> str:
           "go on")
 
 
-def main(argv):
-  del argv
-  signals.install(training=not FLAGS.compile_only)
-  output.reserve_stdout()
-  setup_logging()
+def _train(FLAGS) -> None:  # pylint: disable=invalid-name,redefined-outer-name
+  """The command's body (`command.main` has set up stdout and logging)."""
   workdir = FLAGS.workdir or default_workdir(FLAGS["config"].config_filename)
   if FLAGS.target and not FLAGS.compile_only:
-    _fail(exit_codes.USAGE, "--target compiles for an accelerator without running anything; add "
-          "--compile_only (or drop --target to train here)")
-  try:
-    _run(workdir)
-  except signals.Interrupted as e:
-    signals.exit_now(signals.status_of(e.signal_name), stopped_line(e.signal_name, e.phase))
+    cli.fail("--target compiles for an accelerator without running anything; add --compile_only "
+             "(or drop --target to train here)")
+  _run(workdir)
 
 
 def _run(workdir: str) -> None:
   try:  # the one RunConfig of the command: every section's declared checks, before jax starts
     run = config_run.build(FLAGS.config, families.CLASSES)
   except ConfigError as e:
-    _fail(exit_codes.USAGE, str(e))
+    cli.fail(str(e))
   if FLAGS.target:  # the extra and the topology checked before the accelerator's plugin loads
     # Imported here: it loads jax, needed only with --target.
     from efficient_lm.parallel import targets  # pylint: disable=import-outside-toplevel
     try:
       targets.check(FLAGS.target)
     except targets.TargetError as e:
-      _fail(exit_codes.USAGE, str(e))
+      cli.fail(str(e))
     targets.prepare_host()  # before anything starts a backend
   if not FLAGS.compile_only:  # the folder, then what config.json and data.json answer: before jax
     try:
       workdir_lib.check_usable(workdir, run)
       workdir_lib.Workdir(workdir).check_before_start(run)
     except workdir_lib.WorkdirError as e:
-      _fail(exit_codes.USAGE, str(e))
+      cli.fail(str(e))
   if run.data.tokenizer:  # the given file, and a --config.data.vocab_size against it
     try:
       _check_given_tokenizer(run)
     except ConfigError as e:
-      _fail(exit_codes.USAGE, str(e))
+      cli.fail(str(e))
   what = "compiling" if FLAGS.compile_only else f"training into {workdir}"
   logger.info("%s (%s): %s; starting jax", run.model.name, config_source(), what)
   # Imported here: jax loads only after the flags and the checks above.
-  from efficient_lm.parallel import distributed  # pylint: disable=import-outside-toplevel
-  from efficient_lm.training import step_memory, loop as train  # pylint: disable=import-outside-toplevel
-  try:
-    with signals.phase("starting jax"):
-      # Before anything touches devices; then only process 0 logs progress.
-      if distributed.initialize_distributed(FLAGS.coordinator_address, FLAGS.num_processes,
-                                            FLAGS.process_id, FLAGS.heartbeat_timeout):
-        setup_logging(primary=distributed.is_primary())
-        distributed.log_job()
-      jax_devices.start()
-    if FLAGS.compile_only:
-      _compile_only(run)  # (`compile_only` runs the edge, `prepare`, for the target's devices)
-      return
-    # Imported here: jax loads only after the flags and the checks above.
-    from efficient_lm.training import prepare as config_check  # pylint: disable=import-outside-toplevel
-    run, built = config_check.prepare(run)  # the edge: every check that needs the devices or data
-    summary = train.train_and_evaluate(run, workdir, built)
-  except step_memory.StepTooLargeError as e:
-    _fail(exit_codes.DOES_NOT_FIT, str(e))
-  except _known_errors() as e:
-    _fail(exit_codes.USAGE, str(e))
-  except Exception as e:  # pylint: disable=broad-except  (a lost process? else re-raised)
-    distributed.PeerWatch.explain(e)
-    raise
-  if summary.get("preempted"):
-    print(summary["preempted_line"], file=sys.stderr)
-    signals.flush()
-    sys.exit(signals.status_of(summary["preempted"]))
-  output.result_json({k: v for k, v in summary.items() if k != "sample"})
+  from efficient_lm.cli import train_run  # pylint: disable=import-outside-toplevel
+  train_run.start_jax(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+                      FLAGS.heartbeat_timeout)
+  if FLAGS.compile_only:
+    train_run.compile_only(run, FLAGS.target, FLAGS.num_slices)
+  else:
+    train_run.train(run, workdir)
 
 
 def _check_given_tokenizer(run: RunConfig) -> None:
@@ -187,20 +132,6 @@ def _check_given_tokenizer(run: RunConfig) -> None:
                       f"(the tokenizer sets it) or give {size}")
 
 
-def _compile_only(run: RunConfig) -> None:
-  # Imported here: jax loads only after the flags are checked.
-  from efficient_lm.training import step_memory, loop as train  # pylint: disable=import-outside-toplevel
-  memory = train.compile_only(run, FLAGS.target, FLAGS.num_slices)
-  output.result(step_memory.describe(memory) + ("" if memory["fits"] else " -- does not fit"))
-  output.result_json(memory)
-  if not memory["fits"]:
-    _fail(exit_codes.DOES_NOT_FIT,
-          f"the train step does not fit: it needs "
-          f"{step_memory.gib(memory['per_device_total_bytes'])} per device, "
-          f"{memory['available_is']} is {step_memory.gib(memory['per_device_available_bytes'])}; "
-          f"lower it with {step_memory.fix_hint(memory)}")
-
-
 def parse_flags(argv: list[str]) -> list[str]:
   """`cli.parse_flags`, where `--workdir=W` without --config continues W: its own config
   (`workdir_config`: config.json, as the run asked for it) stands for the config file, and
@@ -208,13 +139,13 @@ def parse_flags(argv: list[str]) -> list[str]:
   if help_lib.requested(argv) is None and not any(a.startswith("--config=") for a in argv[1:]):
     given = _workdir_arg(argv[1:])
     if not given:
-      _fail(exit_codes.USAGE, "--config is missing: give a config file or a shipped config (e.g. "
-            "--config=configs/pi_attention.py, --config=bcmt:128) to start a run, or "
-            "--workdir=<a workdir a run wrote> alone to continue the run it holds")
+      cli.fail("--config is missing: give a config file or a shipped config (e.g. "
+               "--config=configs/pi_attention.py, --config=bcmt:128) to start a run, or "
+               "--workdir=<a workdir a run wrote> alone to continue the run it holds")
     try:
       workdir_config.get_config(given)
     except workdir_lib.WorkdirError as e:
-      _fail(exit_codes.USAGE, str(e))
+      cli.fail(str(e))
     argv = [argv[0], f"--config={workdir_config.__file__}:{given}", *argv[1:]]
   return cli.parse_flags(argv)
 
@@ -240,7 +171,12 @@ def config_source() -> str:
   return FLAGS["config"].config_filename
 
 
+# (The flags are defined above, as this module is imported.)
+COMMAND = command.Command(body=_train, training=lambda FLAGS: not FLAGS.compile_only,
+                          parse_flags=parse_flags, stopped_line=stopped_line)
+
+
 def run() -> None:
   """The command: `python -m efficient_lm.main` and the `efficient-lm-train` console script
   (`efficient_lm.main.run`)."""
-  signals.run_command(main, parse_flags, line=stopped_line)
+  command.run(COMMAND)

@@ -144,6 +144,19 @@ class ModelConfig(tc.Section):
     """Whether the blocks can run over sequence chunks: every pattern's reach is bounded."""
     return all(p.reach is not None for p in self.patterns())
 
+  def input_limit(self) -> tuple[int | None, str]:
+    """(the most tokens one input of the trained model may hold, or None for any length; the rule
+    in words), what `evaluation.long_context.reach` checks a length against: learned positions
+    have a table of model.seq_len; with RoPE any length goes (every pattern of bounded reach:
+    each token sees what it saw in training; dense: out of distribution past seq_len). A family
+    whose architecture fixes its window states its own limit beside its fields."""
+    if self.position == "learned":
+      return self.seq_len, (f"model.position='learned' has a table of model.seq_len="
+                            f"{self.seq_len} positions and none past it")
+    if self.chunkable:
+      return None, f"model.name={self.name!r} has attention of bounded reach (RoPE): any length"
+    return None, f"model.name={self.name!r} attends to every earlier position (RoPE): any length"
+
   @property
   def context_block(self) -> int:
     """What each device's (or sequence chunk's) share of the sequence must be a multiple of: the

@@ -6,7 +6,6 @@ second process never leaves a partial archive where a later run would take it fo
 says how far it is (`progress`).
 """
 
-import hashlib
 import logging
 import os
 import shutil
@@ -17,6 +16,7 @@ import urllib.request
 
 from efficient_lm.runtime import files
 from efficient_lm.runtime import progress
+from efficient_lm.runtime.files import sha256_of  # (archives.sha256_of, as the data wing calls it)
 
 log = logging.getLogger(__name__)
 PIP_TIMEOUT_SECONDS = 900
@@ -24,15 +24,6 @@ PIP_TIMEOUT_SECONDS = 900
 
 class DownloadError(RuntimeError):
   """A dataset archive could not be fetched, or is not the expected file."""
-
-
-def sha256_of(path: str) -> str:
-  """Hex sha256 of a file, read in 1 MiB chunks."""
-  digest = hashlib.sha256()
-  with open(path, 'rb') as f:
-    for chunk in iter(lambda: f.read(1 << 20), b''):
-      digest.update(chunk)
-  return digest.hexdigest()
 
 
 def verify_sha256(path: str, expected: str, *, what: str, fix: str) -> None:

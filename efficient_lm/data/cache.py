@@ -37,7 +37,9 @@ import numpy as np
 from efficient_lm.runtime import files
 from efficient_lm.runtime import progress
 from efficient_lm.data import archives
+from efficient_lm.data import config as data_config_lib
 from efficient_lm.data import corpus as corpus_lib
+from efficient_lm.data import tokenizer as tok
 from efficient_lm.data.config import ConfigError
 from efficient_lm.data.tokenizer_protocol import FileTokenizer
 
@@ -164,12 +166,10 @@ def load_tokenizer(data_config, builder, corpus_id: dict, root: str, tokenizer_f
   holds), else `data.tokenizer` as it is when it names one, else the tokenizer trained on the
   train split (cached under `root`)."""
   if tokenizer_file:
-    from efficient_lm.data import tokenizer as tok  # pylint: disable=g-import-not-at-top
     tokenizer = tok.given_tokenizer(tokenizer_file, data_config.separator_token)
     log.info('Using the tokenizer the run trained on: %s', tokenizer_file)
     return tokenizer, stream_key(corpus_id, tokenizer)
   if data_config.tokenizer:
-    from efficient_lm.data import config as data_config_lib  # pylint: disable=g-import-not-at-top
     tokenizer = data_config_lib.open_given(data_config)
     log.info('Using the tokenizer %s (data.tokenizer)', tokenizer)
     return tokenizer, stream_key(corpus_id, tokenizer)
@@ -178,8 +178,6 @@ def load_tokenizer(data_config, builder, corpus_id: dict, root: str, tokenizer_f
 
 
 def _own_tokenizer(data_config, builder, corpus_id: dict, root: str):
-  from efficient_lm.data import tokenizer as tok  # pylint: disable=g-import-not-at-top
-
   settings = {'vocab_size': data_config.vocab_size,
               'train_bytes': int(data_config.tokenizer_train_bytes),
               'trainer': tok.TRAINER_SETTINGS, 'text_key': data_config.text_key}

@@ -14,6 +14,7 @@ import os
 from efficient_lm.config import fields as tc
 
 from efficient_lm.data import registry
+from efficient_lm.data import tokenizer as tok
 from efficient_lm.data.errors import DataError
 from efficient_lm.config.data import DataConfig
 from efficient_lm.config.errors import ConfigError
@@ -33,7 +34,6 @@ def check_typed(data_config, what: str) -> None:
 def open_given(data_config: DataConfig):
   """`data.tokenizer`'s tokenizer, opened once per file state (`tokenizer.given_tokenizer`); a
   ConfigError naming the field when it cannot be used."""
-  from efficient_lm.data import tokenizer as tok  # pylint: disable=g-import-not-at-top
   path = data_config.tokenizer
   try:
     return tok.given_tokenizer(path, data_config.separator_token)

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from efficient_lm.data import config as data_config_lib
+from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import registry
 from efficient_lm.data import sequence_iterator
 from efficient_lm.data import source_options
@@ -364,7 +365,6 @@ def _batch(corpus: 'NeedleCorpus', split: str, indices, seed: int = 0) -> dict[s
       x_BS1[row], weights_BS[row] = s.x, s.weights
   out = {'inputs': x_BS1[:, :-1], 'targets': x_BS1[:, 1:], 'weights': weights_BS}
   if corpus.document_mask:
-    from efficient_lm.data import corpus as corpus_lib  # pylint: disable=g-import-not-at-top
     out['segment_ids'] = corpus_lib.document_ids(out['inputs'], corpus.tokenizer.eos_id)
   return out
 

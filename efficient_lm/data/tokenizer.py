@@ -24,7 +24,10 @@ from typing import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from efficient_lm.runtime import files
 from efficient_lm.runtime import progress
+from efficient_lm.data import hf_tokenizer
+from efficient_lm.data import mqar
 from efficient_lm.data.tokenizer_json import check_tokenizer_json, read_json
 from efficient_lm.data.tokenizer_protocol import SeparatedTokenizer, int_ids
 
@@ -261,13 +264,12 @@ def folder_file(folder: str) -> str:
   import json  # pylint: disable=g-import-not-at-top
   present = [os.path.join(folder, n) for n in FILES if os.path.isfile(os.path.join(folder, n))]
   if len(present) > 1:
-    from efficient_lm.data import archives  # pylint: disable=g-import-not-at-top
     try:
       with open(os.path.join(folder, 'data.json'), encoding='utf-8') as f:
         sha = json.load(f).get('tokenizer_sha256')
     except (OSError, ValueError, AttributeError):
       sha = None
-    present = [p for p in present if archives.sha256_of(p) == sha] or present
+    present = [p for p in present if files.sha256_of(p) == sha] or present
   return present[0] if present else os.path.join(folder, FILE_NAME)
 
 
@@ -310,9 +312,7 @@ def open_file(path: str, separator_token: str = ''):
     head = f.read(64).lstrip()
   if head[:1] in (b'{', b'['):
     if _json_kind(path) == 'huggingface':
-      from efficient_lm.data import hf_tokenizer  # pylint: disable=g-import-not-at-top
       return hf_tokenizer.HFTokenizer(path, separator_token)
-    from efficient_lm.data import mqar  # pylint: disable=g-import-not-at-top
     return mqar.MqarTokenizer.load(path)
   try:
     return Tokenizer(path, separator_token)

@@ -66,6 +66,17 @@ class PerceiverARConfig(ModelConfig):
                             ("split_history", "num_history_segments"))),
   )
 
+  def input_limit(self) -> tuple[int | None, str]:
+    """A fixed window of model.seq_len tokens (a history, then the latents): generation keeps a
+    prompt's last seq_len tokens, so a longer input would be cut, not read."""
+    most, rule = super().input_limit()
+    if most is not None:  # (learned positions: the table's limit, the same number)
+      return most, rule
+    return self.seq_len, (f"model.name={self.name!r} reads a fixed window of model.seq_len="
+                          f"{self.seq_len} tokens (a history of seq_len - num_latents = "
+                          f"{_history(self)}, then the latents); a longer input is cut to its last "
+                          "seq_len tokens")
+
   def patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
     """The latents' causal attention over the stream, and (variants that refine the history) the
     history's segments at its length in the stream (compressed, if the variant compresses)."""

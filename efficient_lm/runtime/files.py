@@ -5,6 +5,7 @@ different hosts often have the same process ids, and one process must never remo
 another's file. Every file appears by renaming a complete temporary file into place.
 """
 
+import hashlib
 import os
 import secrets
 import socket
@@ -26,3 +27,12 @@ def check_writable(directory: str) -> None:
   finally:
     if os.path.exists(probe):
       os.remove(probe)
+
+
+def sha256_of(path: str) -> str:
+  """Hex sha256 of a file, read in 1 MiB chunks (an archive's, a tokenizer's: a run's records)."""
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for chunk in iter(lambda: f.read(1 << 20), b''):
+      digest.update(chunk)
+  return digest.hexdigest()

@@ -27,6 +27,7 @@ from efficient_lm import families
 from efficient_lm.config import run as config_run
 from efficient_lm.config.data import DataConfig
 from efficient_lm.config.run import RunConfig
+from efficient_lm.runtime import files
 from efficient_lm.runtime.files import unique_suffix
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,14 @@ _SET_BY_TOKENIZER = ("vocab_size", "tokenizer_train_bytes")
 def corpus_settings(data_config: DataConfig) -> dict:
   """The corpus-deciding fields (`CORPUS_SETTINGS`) of the typed data section."""
   return {key: getattr(data_config, key) for key in CORPUS_SETTINGS}
+
+
+def _tokenizers():
+  """The data wing's tokenizer module (`data.tokenizer`: a run folder's tokenizer file, opened)."""
+  # Imported here: the workdir's checks before jax answer without the data package (numpy,
+  # sentencepiece), which every command line runs at its start.
+  from efficient_lm.data import tokenizer  # pylint: disable=import-outside-toplevel
+  return tokenizer
 
 
 class WorkdirError(RuntimeError):
@@ -206,15 +215,12 @@ class Workdir:
   def tokenizer_file(self) -> str:
     """The workdir's copy of its run's tokenizer: tokenizer.model or tokenizer.json (if both are
     there, a switch cut short: the one data.json's tokenizer_sha256 names)."""
-    # Imported here: the workdir's checks before jax answer without the data package.
-    from efficient_lm.data import tokenizer as tok  # pylint: disable=import-outside-toplevel
-    return tok.folder_file(self.path)
+    return _tokenizers().folder_file(self.path)
 
   def open_tokenizer(self):
     """The run's tokenizer from the workdir's copy, with the separator its run used
     (`data.separator_token` in config.json): what sampling and evaluation encode with."""
-    # Imported here: the workdir's checks before jax answer without the data package.
-    from efficient_lm.data import tokenizer as tok  # pylint: disable=import-outside-toplevel
+    tok = _tokenizers()
     return tok.open_file(self.tokenizer_file(), tok.run_separator(self.path))
 
   def require_trained(self) -> None:
@@ -298,18 +304,15 @@ class Workdir:
     if (not self.has_checkpoints() or not os.path.isfile(path)
         or self._settings_differing(data_config)[0]):
       return ""
-    from efficient_lm.data import archives  # pylint: disable=import-outside-toplevel  (light module)
     recorded = (self.saved_identity() or {}).get("tokenizer_sha256")
-    return path if recorded is None or archives.sha256_of(path) == recorded else ""
+    return path if recorded is None or files.sha256_of(path) == recorded else ""
 
   @staticmethod
   def _other_tokenizer_file(identity: dict, data_config: DataConfig) -> list:
     """['tokenizer_sha256', its sha256] when `data.tokenizer`'s file is not the one data.json
     records, else [] (also when it cannot be read: the config's own check answers that)."""
-    # Imported here: the workdir's checks before jax answer without the data package.
-    from efficient_lm.data import archives  # pylint: disable=import-outside-toplevel
     try:
-      sha = archives.sha256_of(os.path.expanduser(data_config.tokenizer))
+      sha = files.sha256_of(os.path.expanduser(data_config.tokenizer))
     except OSError:
       return []
     saved = identity.get("tokenizer_sha256")
@@ -389,16 +392,15 @@ class Workdir:
     os.makedirs(self.path, exist_ok=True)
     _write_atomic(self.file(CONFIG), text=run.to_json())
     target = self.file(getattr(tokenizer, "file_name", TOKENIZER))
-    from efficient_lm.data import archives  # pylint: disable=import-outside-toplevel  (light module)
     source = tokenizer.model_path
     if source is None:  # a generated source's tokenizer saves itself
       source = f"{target}.{unique_suffix()}.new"
       tokenizer.save(source)
     try:
       previous = self.tokenizer_file()
-      if os.path.isfile(previous) and archives.sha256_of(previous) != archives.sha256_of(source):
+      if os.path.isfile(previous) and files.sha256_of(previous) != files.sha256_of(source):
         stem, ext = os.path.splitext(os.path.basename(previous))
-        old = self.file(f"{stem}.{archives.sha256_of(previous)[:12]}{ext}")
+        old = self.file(f"{stem}.{files.sha256_of(previous)[:12]}{ext}")
         shutil.copyfile(previous, old)
         log.warning("kept the workdir's previous tokenizer as %s", old)
       if os.path.abspath(source) != target:

@@ -31,6 +31,8 @@ import logging
 import jax
 
 from efficient_lm.runtime import jax_compat
+from efficient_lm.ops.core import reference
+from efficient_lm.ops.core import xla
 from efficient_lm.ops.core.call import FALLBACKS, KERNEL_CALLS, Backend, Call
 from efficient_lm.ops.pattern import Pattern
 
@@ -44,17 +46,19 @@ _WARNED: set[str] = set()  # the problems `check_installed` has warned of
 
 
 def get(name: str) -> Backend:
-  """The backend `name` (or an earlier alias), its module imported on first use."""
+  """The backend `name` (or an earlier alias); an accelerator kernel's module imported on first use."""
   # pylint: disable=import-outside-toplevel
   name = ALIASES.get(name, name)
   if name == "xla":
-    from efficient_lm.ops.core import xla as module
-  elif name == "splash":
+    return xla.BACKEND
+  if name == "reference":
+    return reference.BACKEND
+  if name == "splash":
+    # Imported here: Mosaic TPU's splash attention loads only for a model that asks for it.
     from efficient_lm.ops.core import splash as module
   elif name == "gpu":
+    # Imported here: the Triton and cuDNN kernels load only for a model that asks for them.
     from efficient_lm.ops.core import gpu as module
-  elif name == "reference":
-    from efficient_lm.ops.core import reference as module
   else:
     raise ValueError(f"attention impl {name!r} is not one of {', '.join(IMPLS)}")
   return module.BACKEND

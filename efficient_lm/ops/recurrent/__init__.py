@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from efficient_lm.ops.recurrent import chunked as chunked_lib
+from efficient_lm.ops.recurrent import kernel
+from efficient_lm.ops.recurrent import ring
 from efficient_lm.config.errors import is_int
 
 IMPLS = ("xla", "pallas")
@@ -104,10 +106,8 @@ def _run(q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, *, scale, segment_ids, initial
   scale = _scale(scale, K)
   scan = chunked_lib.state_scan
   if impl == "pallas":
-    from efficient_lm.ops.recurrent import kernel  # pylint: disable=import-outside-toplevel
     scan = kernel.state_scan_fn(interpret)
   if mesh is not None:
-    from efficient_lm.ops.recurrent import ring  # pylint: disable=import-outside-toplevel
     if ring.devices(mesh, axis_name) > 1:
       o_BTHV, final_BHKV = ring.gated_delta_rule(
           q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, segment_ids, initial_state, scale=scale,
