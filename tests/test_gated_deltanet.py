@@ -11,6 +11,7 @@ from flax import nnx
 from conftest import build, load_config
 from efficient_lm import models
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.evaluation.long_context import reach
 from efficient_lm.models.gated_deltanet_mixer import CausalConv
 from efficient_lm.ops import ring
 from efficient_lm.ops.route import Route
@@ -93,3 +94,17 @@ def test_decoding_state_per_row_is_the_same_at_1k_and_64k(preset):
     V = cfg.value_ratio * K
     layer = 4 * (H * K * V + (W - 1) * (2 * H * K + H * V) + (W - 1) + 1)
     assert per_row(1024) == cfg.num_layers * layer == 573504
+
+
+def test_reach_is_any_length_by_its_state_and_the_table_with_learned_positions():
+  """Its config declares its input limit (`input_limit`): any length, for the fixed-size state,
+  and no warning past seq_len; with learned positions the table's seq_len, refused past it."""
+  run = build(load_config("gated_deltanet", "hybrid"))
+  most, rule, warning = reach.limit(run)
+  assert most is None and warning is None and "fixed-size state" in rule, rule
+  assert reach.check(run, [64 * run.model.seq_len]) is None
+  config = load_config("gated_deltanet")
+  config.model.position = "learned"
+  learned = build(config)
+  with pytest.raises(reach.LengthError, match=r"model\.position='learned' has a table"):
+    reach.check(learned, [learned.model.seq_len + 1])

@@ -79,6 +79,17 @@ class GatedDeltaNetConfig(PiAttentionConfig):
   def identical_layers(self) -> bool:
     return not self.hybrid_every
 
+  def input_limit(self) -> tuple[int | None, str]:
+    """Any length (learned positions aside): the recurrent layers carry a state of fixed size,
+    [K, V] per head, and the hybrid layers' attention has bounded reach."""
+    most, rule = super().input_limit()
+    if most is not None:  # learned positions: the table's limit
+      return most, rule
+    hybrid = (f"; its model.hybrid_mixer={self.hybrid_mixer!r} layers attend within a bounded "
+              "reach (RoPE)") if self.hybrid_every else ""
+    return None, (f"model.name={self.name!r} carries a fixed-size state from token to token (a "
+                  f"[K, V] matrix per head){hybrid}: any length")
+
 
 def is_hybrid(cfg: GatedDeltaNetConfig, layer: int) -> bool:
   """Whether `layer` is a `hybrid_mixer` layer: every hybrid_every-th, counting from 1."""
