@@ -57,7 +57,7 @@ from efficient_lm.training import step_memory
 from experiments import bench_step
 from experiments.common import REPO, build, load_config, paused, write_json
 
-MODELS = ("pi_attention,sliding_window,bcmt,bcmt:honly,ecp,dense:flash,dense:reference")
+MODELS = ("pi_attention,sliding_window,bcmt,bcmt:honly,ecp,gated_deltanet,dense:flash,dense:reference")
 SEQ_LENS = "4096,8192,16384,32768,65536,131072,262144,524288,1048576"
 BUDGETS_GIB = (4, 16, 64)
 CHUNK = 8192

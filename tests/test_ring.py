@@ -214,6 +214,8 @@ def tiny_model_config(name: str) -> ml_collections.ConfigDict:
     config.model.update(block_size=4)
   if name == "ecp":
     config.model.update(num_segments=4)
+  if name == "gated_deltanet":  # chunks of 4 inside each device's 8 tokens; a window layer
+    config.model.update(conv_size=3, chunk_size=4, hybrid_every=2, window=4)
   return config
 
 
@@ -236,7 +238,8 @@ def train_losses(config, mesh, num_steps=3):
   return losses
 
 
-@pytest.mark.parametrize("name", fast_first(["pi_attention", "dense", "bcmt", "ecp"], keep=0))
+@pytest.mark.parametrize("name", fast_first(["pi_attention", "dense", "bcmt", "ecp", "gated_deltanet"],
+                                            keep=0))
 def test_context_parallel_training_matches_one_device(name):
   config = tiny_model_config(name)
   one = train_losses(config, mesh_of(1, 1))

@@ -163,6 +163,7 @@ T, B = 96, 8  # T appears in no parameter's shape: an all-gather of length T is 
 FIELDS = {
     "dense": {}, "pi_attention": dict(window=8, period=8, num_skips=2),
     "bcmt": dict(block_size=8), "ecp": dict(num_segments=4), "perceiver_ar": dict(num_latents=16),
+    "gated_deltanet": dict(chunk_size=8, hybrid_every=2, window=8),
 }
 
 
@@ -250,11 +251,12 @@ CASES = [("dense", "fsdp4_tensor2"), ("dense", "data2_fsdp2_tensor2"),
          ("pi_attention", "fsdp2_context4"), ("pi_attention", "tensor2_context4"),
          ("bcmt", "fsdp2_context4"), ("bcmt", "fsdp4_tensor2"),
          ("ecp", "tensor2_context4"), ("ecp", "data2_fsdp2_tensor2"),
-         ("perceiver_ar", "fsdp4_tensor2"), ("perceiver_ar", "data2_fsdp2_tensor2")]
+         ("perceiver_ar", "fsdp4_tensor2"), ("perceiver_ar", "data2_fsdp2_tensor2"),
+         ("gated_deltanet", "fsdp2_context4"), ("gated_deltanet", "tensor2_context4")]
 # Compiling only: each family once, each mesh at least once.
 COMPILE_CASES = [("dense", "data2_fsdp2_tensor2"), ("pi_attention", "tensor2_context4"),
                  ("bcmt", "fsdp2_context4"), ("ecp", "fsdp4_tensor2"),
-                 ("perceiver_ar", "data2_fsdp2_tensor2")]
+                 ("perceiver_ar", "data2_fsdp2_tensor2"), ("gated_deltanet", "fsdp2_context4")]
 
 
 @pytest.mark.slow

@@ -60,11 +60,11 @@ def small(name: str, preset: str | None = None, *, seq_len: int = 2048, batch_si
 def compile_for(config, spec: str, num_slices: int = 1):
   """(report, compiled) of the config's train step compiled for `spec`."""
   target = targets.load(spec, num_slices)
-  config_check.validate(build(config), target.devices)
-  mesh = sharding.make_mesh(config.mesh, target.devices)
-  built = train_state.build(build(config), mesh, abstract=True)
-  compiled = step_memory.compile_train_step(build(config), built)
-  return step_memory.report(build(compiled), config, built, target), compiled
+  run = config_check.validate(build(config), target.devices)
+  mesh = sharding.make_mesh(run.mesh, target.devices)
+  built = train_state.build(run, mesh, abstract=True)
+  compiled = step_memory.compile_train_step(run, built)
+  return step_memory.report(compiled, run, built, target), compiled
 
 
 def test_bad_targets_are_one_line_errors():
@@ -184,12 +184,25 @@ def test_no_sequence_wide_buffer_is_padded_on_tpu():
 @needs_tpu
 @pytest.mark.parametrize("name,preset", [
     ("bcmt", None), ("dense", None), ("sliding_window", None), ("bcmt", "honly"), ("ecp", None),
-    ("perceiver_ar", None), ("pi_attention", "doubling")])
+    ("perceiver_ar", None), ("pi_attention", "doubling"), ("gated_deltanet", None)])
 def test_every_family_compiles_for_a_tpu_slice(name, preset):
   """Every family's real train step compiles for v5e:2x2 and, having compiled, is never refused."""
   report, _ = compile_for(small(name, preset), "tpu:v5e:2x2")
   assert report["fits"] and report["per_device_total_bytes"] <= report["per_device_available_bytes"]
   assert report["platform"] == "tpu" and report["collectives"]["all-gather"] > 0
+
+
+@pytest.mark.slow  # a TPU compile: ~30 s
+@needs_tpu
+def test_gated_deltanet_hybrid_reports_its_state_scan_and_attention_kernels():
+  """Gated DeltaNet with a sliding-window layer every 2nd: on a TPU the recurrence's state scan is
+  its Pallas kernel (`recurrent_impl='auto'`), named in the report with the hybrid layer's splash
+  kernels, and nothing falls back."""
+  report, _ = compile_for(small("gated_deltanet", "hybrid", hybrid_every=2), "tpu:v5e:2x2")
+  names = report["attention_kernels"]
+  assert "gated_delta_state_scan_fwd" in names and "gated_delta_state_scan_bwd" in names, names
+  assert any("splash_mha_fwd" in n for n in names), names
+  assert report["attention_fallbacks"] == [] and report["fits"]
 
 
 @pytest.mark.slow  # the command line in a subprocess, compiling for a TPU slice: ~30 s
@@ -235,7 +248,7 @@ def test_two_slices_make_a_hybrid_mesh():
   assert report["num_devices"] == 8 and report["mesh"]["data"] == 2 and report["mesh"]["fsdp"] == 4
   assert report["num_slices"] == 2 and report["fits"]
   target = targets.load("tpu:v5e:2x2", 2)
-  mesh = sharding.make_mesh(config.mesh, target.devices)
+  mesh = sharding.make_mesh(build(config).mesh, target.devices)
   slices = [[d.slice_index for d in mesh.devices[i].flat] for i in range(2)]
   assert slices == [[0] * 4, [1] * 4]  # each data index is one whole slice
 

@@ -47,6 +47,10 @@ FAMILY_AXES = {
         "group": Axis("model.compression"),
     },
     "pi_attention": {"gate_hidden": Axis("model.gate_hidden")},  # the gate MLP's hidden width
+    "gated_deltanet": {  # a value head's width, and the short convolution's taps
+        "value": Axis("model.value_ratio * model.d_model / model.num_heads"),
+        "conv": Axis("model.conv_size"),
+    },
 }
 
 

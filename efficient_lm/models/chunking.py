@@ -27,9 +27,10 @@ from efficient_lm.ops.pattern import Pattern
 
 def halo(patterns: Pattern | tuple[Pattern, ...], chunk: int) -> int:
   """Keys before a chunk (of `chunk` queries, starting at a multiple of it) the queries of any of
-  `patterns` may see (`ops.ring.halo`, the ring's halo too)."""
+  `patterns` may see (`ops.ring.halo`, the ring's halo too); 0 for a mixer without attention (a
+  recurrence carries its state from chunk to chunk instead: `decoder.ChunkContext`)."""
   patterns = (patterns,) if isinstance(patterns, Pattern) else tuple(patterns)
-  return max(ring.halo(pattern, chunk) for pattern in patterns)
+  return max((ring.halo(pattern, chunk) for pattern in patterns), default=0)
 
 
 def split(x_BT: jax.Array, chunk: int) -> jax.Array:

@@ -74,6 +74,13 @@ class ModelPlacement(tc.Section):
                  when=lambda p: p.model.ring_layout == "zigzag"),
   )
 
+  def check(self) -> None:
+    """`RULES`, then the family's own placement rules (its config class's `PLACEMENT_RULES`,
+    rules over this placement: e.g. a kernel of its own that needs its platform)."""
+    super().check()
+    for rule in getattr(type(self.model), "PLACEMENT_RULES", ()):
+      rule(self)
+
 
 def check(cfg: ModelConfig, platform: str | None = None, context: int = 1) -> ModelPlacement:
   """Every rule of `cfg` on `platform` with `context` devices along the sequence; raises

@@ -414,6 +414,21 @@ def shift_right(x_BT: jax.Array, distance: int, *, mesh: jax.sharding.Mesh,
   return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)(x_BT)
 
 
+def shifts_right(x_BT: jax.Array, count: int, *, mesh: jax.sharding.Mesh,
+                 axis_name: str = "context") -> tuple[jax.Array, ...]:
+  """(x[:, i - 1], ..., x[:, i - count]) at position i (zeros before the start), T sharded: one
+  halo of the `count` tokens before each device's chunk (a causal convolution's taps)."""
+  n = num_devices(mesh, axis_name)
+  C = _check_length(x_BT.shape[1], n)
+  spec = _seq_spec(mesh, axis_name)
+
+  def body(x_BC):
+    window = _with_halo(x_BC, count, axis_name, n)  # [B, count + C, ...]
+    return tuple(window[:, count - j:count - j + C] for j in range(1, count + 1))
+
+  return jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=(spec,) * count)(x_BT)
+
+
 def exponential_memory(s_BND: jax.Array, alpha: float | jax.Array,
                        keep_BN: jax.Array | None = None, *, mesh: jax.sharding.Mesh,
                        axis_name: str = "context") -> jax.Array:

@@ -73,6 +73,13 @@ class Route:
       return shift_right(x_BT, distance)
     return ring.shift_right(x_BT, distance, mesh=self.mesh, axis_name=self.axis_name)
 
+  def shifts_right(self, x_BT: jax.Array, count: int) -> tuple[jax.Array, ...]:
+    """`shift_right` by 1, ..., count: with a mesh, one halo of `count` tokens from the devices
+    behind (`ring.shifts_right`)."""
+    if self.mesh is None:
+      return tuple(shift_right(x_BT, j) for j in range(1, count + 1))
+    return ring.shifts_right(x_BT, count, mesh=self.mesh, axis_name=self.axis_name)
+
 
 def shift_right(x_BT: jax.Array, distance: int) -> jax.Array:
   """x[:, i - distance] at position i (zeros before the start): a strided slice, no gather."""

@@ -8,6 +8,8 @@ which a family's config class may state anew beside its fields):
   generation keeps a prompt's last seq_len tokens, so a longer haystack would be cut, not read.
 - Bounded reach with RoPE (sliding window, π, BCMT/HOnly, ECP: every attention pattern of the model
   reads a bounded span, `ModelConfig.chunkable`): any length; each token sees what it saw in training.
+- A recurrence (Gated DeltaNet: `GatedDeltaNetConfig.input_limit`): any length; a state of fixed
+  size per head, its hybrid layers' attention of bounded reach.
 - Dense attention with RoPE: any length, out of distribution past seq_len (positions it never
   trained on): allowed, with one warning line.
 """

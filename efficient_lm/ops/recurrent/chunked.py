@@ -27,6 +27,7 @@ backward pass (`jax.checkpoint`): a step keeps the inputs, U', W, Kd and the chu
 states, O(T (K + V) + T / C K V), not the `[C, C]` matrices.
 """
 
+import functools
 from typing import Callable, NamedTuple
 
 import jax
@@ -126,11 +127,16 @@ def _inverse_bwd(inverse_XCC, d_inverse_XCC):
 unit_lower_inverse.defvjp(_inverse_fwd, _inverse_bwd)
 
 
-@jax.checkpoint
-def prepare(k_NBHCK, v_NBHCV, g_NBHC, beta_NBHC, starts_NBC) -> Chunks:
-  """Every chunk's W, U', Kd and gamma_C at once: one `[C, C]` triangular solve per chunk."""
+@functools.partial(jax.checkpoint, static_argnums=(5,))
+def prepare(k_NBHCK, v_NBHCV, g_NBHC, beta_NBHC, starts_NBC, delta: bool = True) -> Chunks:
+  """Every chunk's W, U', Kd and gamma_C at once: one `[C, C]` triangular solve per chunk.
+  Without the delta rule (`delta=False`: S <- exp(g) S + k v^T, beta unused) nothing is solved:
+  U' = V and W = 0."""
   C, V = k_NBHCK.shape[-2], v_NBHCV.shape[-1]
   D_NBHCC, gamma_NBHC = _decays(g_NBHC, starts_NBC)
+  if not delta:
+    return Chunks(w_NBHCK=jnp.zeros_like(k_NBHCK), u_NBHCV=v_NBHCV,
+                  kd_NBHCK=k_NBHCK * D_NBHCC[..., -1, :, None], decay_NBH=gamma_NBHC[..., -1])
   kk_NBHCC = jnp.einsum("nbhik,nbhjk->nbhij", k_NBHCK, k_NBHCK)
   strict_CC = jnp.tril(jnp.ones((C, C), bool), -1)
   L_NBHCC = jnp.where(strict_CC, beta_NBHC[..., :, None] * D_NBHCC * kk_NBHCC, 0.0)
@@ -169,10 +175,12 @@ Scan = Callable[[Chunks, jax.Array], tuple[jax.Array, jax.Array]]
 
 
 def chunked(q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, starts_BT, state_BHKV, chunk_size: int,
-            scan: Scan = state_scan) -> tuple[jax.Array, jax.Array]:
+            scan: Scan = state_scan, delta: bool = True) -> tuple[jax.Array, jax.Array]:
   """(o `[B, T, H, V]`, final state `[B, H, K, V]`), both float32: the recurrence from
   `state_BHKV` (q already scaled), the state cut to 0 before every token where `starts_BT` is
   True (position 0 included). `scan` runs the states across chunks (`state_scan`, or a kernel's).
+  `delta=False`: the gated linear recurrence S <- exp(g) S + k v^T (`beta_BTH` unused, may be
+  None).
 
   T need not be a multiple of the chunk: the tail is padded with g = 0 (no decay), beta = 0 (no
   write) and no document start, tokens that leave the state as it is.
@@ -181,10 +189,12 @@ def chunked(q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, starts_BT, state_BHKV, chun
   C = min(chunk_size, T)
   pad = -T % C
   padded = lambda x: jnp.pad(x.astype(F32), [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
+  if beta_BTH is None:  # (the linear recurrence writes with strength 1)
+    beta_BTH = jnp.ones(g_BTH.shape, F32)
   q, k, v, g, beta = (to_chunks(padded(x), C) for x in (q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH))
   starts = jnp.zeros((B, T), bool) if starts_BT is None else starts_BT
   starts_NBC = jnp.swapaxes(jnp.pad(starts, ((0, 0), (0, pad))).reshape(B, -1, C), 0, 1)
-  chunks = prepare(k, v, g, beta, starts_NBC)
+  chunks = prepare(k, v, g, beta, starts_NBC, delta)
   entering_NBHKV, final_BHKV = scan(chunks, state_BHKV.astype(F32))
   o_NBHCV = outputs(q, k, g, starts_NBC, chunks, entering_NBHKV)
   return from_chunks(o_NBHCV)[:, :T], final_BHKV

@@ -106,9 +106,10 @@ def _state_spec(K: int, V: int):
   return pl.BlockSpec((None, None, K, V), lambda b, h, n: (b, h, 0, 0))
 
 
-def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, interpret: bool):
+def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, interpret: bool, name: str):
+  """The kernel as a `pallas_call` named `name` (the compile report's kernel names)."""
   return pl.pallas_call(
-      kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+      kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape, name=name,
       scratch_shapes=[pltpu.VMEM(scratch, F32)],
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("parallel", "parallel", "arbitrary")),
@@ -126,7 +127,8 @@ def _forward(interpret: bool, chunks: Chunks, state_BHKV):
       [spec((C, K)), spec((C, V)), spec((K, C)), spec((1, V)), _state_spec(K, V)],
       [spec((K, V)), _state_spec(K, V)],
       [jax.ShapeDtypeStruct((N, B, H, K, V), F32), jax.ShapeDtypeStruct((B, H, K, V), F32)],
-      (K, V), interpret)(w, u, jnp.swapaxes(kd, -1, -2), row_NBH1V, state_BHKV)
+      (K, V), interpret, "gated_delta_state_scan_fwd")(w, u, jnp.swapaxes(kd, -1, -2), row_NBH1V,
+                                                       state_BHKV)
 
 
 def _backward(interpret: bool, chunks: Chunks, entering_NBHKV, d_entering_NBHKV, d_final_BHKV):
@@ -143,8 +145,9 @@ def _backward(interpret: bool, chunks: Chunks, entering_NBHKV, d_entering_NBHKV,
       [jax.ShapeDtypeStruct(w.shape, F32), jax.ShapeDtypeStruct(u.shape, F32),
        jax.ShapeDtypeStruct(kd.shape, F32), jax.ShapeDtypeStruct((N, B, H, 1, V), F32),
        jax.ShapeDtypeStruct((B, H, K, V), F32)],
-      (K, V), interpret)(w, jnp.swapaxes(w, -1, -2), u, kd, row_NBH1V, entering_NBHKV,
-                         d_entering_NBHKV, d_final_BHKV)
+      (K, V), interpret, "gated_delta_state_scan_bwd")(w, jnp.swapaxes(w, -1, -2), u, kd,
+                                                       row_NBH1V, entering_NBHKV,
+                                                       d_entering_NBHKV, d_final_BHKV)
   return Chunks(dw, du, dkd, jnp.sum(ddecay_NBH1V, axis=(-2, -1))), d_state
 
 

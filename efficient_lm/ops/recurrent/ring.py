@@ -36,9 +36,11 @@ def devices(mesh: jax.sharding.Mesh, axis_name: str) -> int:
 
 def gated_delta_rule(q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, segment_ids_BT, initial_state_BHKV,
                      *, scale: float, chunk_size: int, scan: chunked_lib.Scan,
-                     mesh: jax.sharding.Mesh, axis_name: str) -> tuple[jax.Array, jax.Array]:
+                     mesh: jax.sharding.Mesh, axis_name: str, delta: bool = True
+                     ) -> tuple[jax.Array, jax.Array]:
   """(o `[B, T, H, V]` float32, final state `[B, H, K, V]` float32) with T sharded over
-  `axis_name`; equal to the single-device op."""
+  `axis_name`; equal to the single-device op (`delta=False`: the gated linear recurrence, the
+  same maps with A_t = exp(g_t) I)."""
   n = devices(mesh, axis_name)
   B, T, H, K = q_BTHK.shape
   V = v_BTHV.shape[-1]
@@ -61,7 +63,7 @@ def gated_delta_rule(q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, segment_ids_BT, in
     augmented_BHKX = jnp.concatenate([eye_BHKK, jnp.zeros((b, h, K, V), F32)], axis=-1)
     o_BCHX, map_BHKX = chunked_lib.chunked(
         q_BCHK.astype(F32) * scale, k_BCHK, jnp.concatenate([zeros_BCHK, v_BCHV.astype(F32)], -1),
-        g_BCH, beta_BCH, starts_BC, augmented_BHKX, chunk_size, scan)
+        g_BCH, beta_BCH, starts_BC, augmented_BHKX, chunk_size, scan, delta)
     maps_DBHKX = jax.lax.all_gather(map_BHKX, axis_name)
     # The state entering each device: compose the maps of those before it (n is small).
     S_BHKV = jnp.zeros((b, h, K, V), F32) if initial_BHKV is None else initial_BHKV.astype(F32)
