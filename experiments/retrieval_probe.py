@@ -108,8 +108,9 @@ def run_model(key: str, args) -> dict:
     accuracy[d] = float(np.mean(np.asarray(predict(state.params, batch["inputs"])) == batch["targets"][:, -1]))
   return {"model": key, "model_name": config.model.name, "accuracy": accuracy,
           "final_train_loss": float(np.mean(losses[-10:])), "train_seconds": train_seconds,
-          "local": {f: config.model[f] for f in ("block_size", "window", "period", "num_skips",
-                                                 "period_schedule", "alpha") if f in config.model}}
+          "local": {f: getattr(config.model, f) for f in ("block_size", "window", "period", "num_skips",
+                                                          "period_schedule", "alpha")
+                    if hasattr(config.model, f)}}
 
 
 def plot(rows: list[dict], args, path: str) -> None:

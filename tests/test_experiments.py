@@ -419,7 +419,7 @@ def test_write_json_replaces_results_whole_or_not_at_all(tmp_path):
                                   "configs/perceiver_ar.py"])
 def test_train_step_flops_count_every_layer(spec):
   """XLA's cost analysis counts a scanned layer once; train_step_flops must grow by one layer per layer."""
-  from experiments import bench_step
+  from experiments import bench_step, common
   from experiments.common import load_config
 
   def flops(num_layers):
@@ -429,7 +429,7 @@ def test_train_step_flops_count_every_layer(spec):
     for field, value in dict(window=16, period=16, num_latents=16, compression=4, num_history_segments=4).items():
       if field in config.model:
         config.model[field] = value
-    return bench_step.train_step_flops(config)
+    return bench_step.train_step_flops(common.build(config))
 
   f2, f3, f4 = flops(2), flops(3), flops(4)
   assert f3 - f2 > 0.05 * f2

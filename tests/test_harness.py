@@ -298,8 +298,13 @@ def test_perceiver_ar_scores_in_its_latents(lm):
   config = load_config("perceiver_ar")
   config.data.update(dict(TINY["data"], vocab_size=int(lm.lm.config.data.vocab_size)))
   config.model.update(dict(TINY["model"], num_latents=8))
-  perceiver = EfficientLM(api.LoadedModel(models.create(config.model, rngs=nnx.Rngs(0)),
-                                          lm.lm.tokenizer, config, None, "untrained"), batch_size=2)
+  from efficient_lm.config import run as config_run  # pylint: disable=import-outside-toplevel
+  from efficient_lm import families  # pylint: disable=import-outside-toplevel
+  from efficient_lm.inference import restore  # pylint: disable=import-outside-toplevel
+  run = config_run.build(config, families.CLASSES)
+  perceiver = EfficientLM(api.LoadedModel(restore.Restored(
+      models.create(run.model, rngs=nnx.Rngs(0)), lm.lm.tokenizer, run, None, "untrained")),
+                          batch_size=2)
   assert (perceiver.num_logits, perceiver.right_align) == (8, True)
   text = (PPL_DOCS[0]["text"] + PPL_DOCS[1]["text"]) * 2
   ids = [int(t) for t in lm.lm.tokenizer.encode(text)]

@@ -175,10 +175,11 @@ def test_the_evaluator_at_long_context_stays_within_the_train_steps_memory():
   """The score step at 131,072 tokens scores through the chunked loss: its temporaries are below
   the train step's (whose loss is chunked too), far from the 4 GiB of [1, T, 8192] logits."""
   T, V = 131072, 8192
-  config = tiny_model_config("sliding_window", window=64, seq_len=T, vocab_size=V, seq_chunk=8192)
   from conftest import load_config  # pylint: disable=import-outside-toplevel
+  from test_models import FAMILY_FIELDS  # pylint: disable=import-outside-toplevel
   full = load_config("sliding_window")
-  full.model.update(config)
+  full.model.update(dict(d_model=32, num_layers=2, num_heads=4, mlp_ratio=2,
+                         **dict(FAMILY_FIELDS.get("sliding_window", {}), window=64, seq_chunk=8192)))
   full.data.update(seq_len=T, batch_size=1, vocab_size=V)
   full.model.update(remat="block")
   built = train_state.build(build(full), abstract=True)
