@@ -14,6 +14,7 @@ from efficient_lm.config import mesh as mesh_config
 from efficient_lm.config.run import RunConfig
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import config as data_config_lib
+from efficient_lm.data import tokenizer as tok
 from efficient_lm.models import placement
 from efficient_lm.state import train_state
 from efficient_lm.training import prepare as config_check
@@ -55,7 +56,7 @@ def test_the_edge_sets_a_given_tokenizers_vocabulary_on_the_model(tmp_path, monk
     vocab_size = 300
   path = tmp_path / "spm.model"
   path.write_bytes(b"x")
-  monkeypatch.setattr(data_config_lib, "open_given", lambda _: Given())
+  monkeypatch.setattr(tok, "open_given", lambda _: Given())
   config = tiny()
   config.data.tokenizer = str(path)
   typed, built = config_check.prepare(build(config), jax.devices()[:1])

@@ -103,6 +103,42 @@ def test_the_import_graph_has_no_circles():
   assert cycles(graph) == []
 
 
+# The imports made by a name computed at run time, each with the modules it may load: the model
+# families' and config declarations' discovery (every module of their package) and the data
+# registry's hooks (`data.hooks`, the modules `registry.SOURCES` names); jax_compat loads jax's.
+DISCOVERING = ("efficient_lm.models", "efficient_lm.families")
+
+
+def loaded_by_name(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+  """{module: the package modules it imports by a computed name}."""
+  from efficient_lm.data import hooks, registry  # pylint: disable=g-import-not-at-top
+  loads = {package: {m for m in graph if m.rpartition(".")[0] == package} for package in DISCOVERING}
+  loads["efficient_lm.data.hooks"] = {f"efficient_lm.data.{module}" for source in
+                                      registry.SOURCES.values() for module in hooks.hook_modules(source)}
+  return loads
+
+
+def test_no_circle_with_the_loads_by_name():
+  """The edges no `import` statement shows (a plugin's discovery, a registry's hooks) are added,
+  and still no circle: a family's module imports the models' registry, which imports no family;
+  a data source imports the data registry, which names its hooks and imports none of them."""
+  graph = module_graph(literal=True)
+  computed = {os.path.relpath(folder, ROOT) + "/" + name for folder, _, names in os.walk(ROOT)
+              for name in names if name.endswith(".py")
+              and computed_imports(os.path.join(folder, name))}
+  assert computed == {"runtime/jax_compat.py", "models/__init__.py", "families/__init__.py",
+                      "data/hooks.py"}, computed  # nothing else hides an import
+  loads = loaded_by_name(graph)
+  assert "efficient_lm.data.needle" in loads["efficient_lm.data.hooks"]
+  assert "efficient_lm.models.gated_deltanet" in loads["efficient_lm.models"]
+  for module, targets in loads.items():
+    graph[module] |= targets
+  assert cycles(graph) == []
+  # the check sees such a tie: the registry importing the needle source it names was one
+  graph["efficient_lm.data.registry"].add("efficient_lm.data.needle")
+  assert ["efficient_lm.data.needle", "efficient_lm.data.registry"] in cycles(graph)
+
+
 def test_ops_imports_are_all_visible_and_acyclic():
   """Every module under efficient_lm/ops imports, none by a computed name; none imports a module
   that (transitively, function-level imports included) imports it back: the backend registry

@@ -9,6 +9,7 @@ import pytest
 
 from efficient_lm.config.data import DataConfig
 from efficient_lm.config.errors import ConfigError
+from efficient_lm.data import hooks
 from efficient_lm.data import needle
 from efficient_lm.data import registry
 from efficient_lm.data import source_options
@@ -21,19 +22,34 @@ def test_each_kind_is_one_entry():
   kinds = {d: registry.source(d) for d in ('shakespeare', 'tfds:pg19', 'text:~/x/*.txt',
                                            'hf:owner/name', 'mqar:', 'needle:')}
   assert [s.has_text for s in kinds.values()] == [True, True, True, True, False, True]
-  assert [s.planted for s in kinds.values()] == [False] * 5 + [True]
+  assert [bool(s.planted) for s in kinds.values()] == [False] * 5 + [True]
   assert [s.builds_corpus for s in kinds.values()] == [False] * 4 + [True, True]
-  assert kinds['mqar:'].parse('mqar:pairs=8,queries=2') == mqar_task.parse('mqar:pairs=8,queries=2')
-  assert kinds['needle:'].parse('needle:keys=5').key_words == needle.KEY_WORDS[:5]
-  with pytest.raises(ConfigError, match=r"^data\.dataset='text:' takes no options$"):
-    kinds['text:~/x/*.txt'].parse('text:')
+  assert hooks.parse('mqar:pairs=8,queries=2') == mqar_task.parse('mqar:pairs=8,queries=2')
+  assert hooks.parse('needle:keys=5').key_words == needle.KEY_WORDS[:5]
+  assert hooks.base_config(DataConfig(dataset='needle:base=wikitext103')).dataset == 'wikitext103'
+  with pytest.raises(ConfigError, match=r"^data\.dataset='text:~/x/\*\.txt' takes no options$"):
+    hooks.parse('text:~/x/*.txt')
   with pytest.raises(ConfigError, match=r"^data\.dataset='nope' is not a known dataset; use one of "
                      r"shakespeare, wikitext103, python_code or tfds:<name>"):
     registry.source('nope')
   # The built-ins and tfds: need no check before preparing; text: does (its glob matches nothing).
-  assert kinds['shakespeare'].preflight(DataConfig(), True, None) is None
+  assert hooks.preflight(DataConfig(), True, None) is None
   with pytest.raises(ConfigError, match=r'matches no file'):
-    kinds['text:~/x/*.txt'].preflight(DataConfig(dataset='text:/nonexistent/**/*.txt'), True, None)
+    hooks.preflight(DataConfig(dataset='text:/nonexistent/**/*.txt'), True, None)
+
+
+def test_the_registry_names_its_hooks_and_imports_none():
+  """Every hook the registry names exists (`data.hooks` imports it on first use); the registry
+  itself imports no source module, so a source may import it without a circle
+  (tests/test_imports.py adds the hooks' imports to the graph)."""
+  for source in registry.SOURCES.values():
+    for field in hooks.HOOK_FIELDS:
+      target = getattr(source, field)
+      if target and ':' in target:
+        assert callable(hooks._named(target)), (source.name, field, target)  # pylint: disable=protected-access
+      elif target:
+        assert hooks.generator(source).load, (source.name, field)
+  assert 'importlib' not in (PACKAGE / 'data' / 'registry.py').read_text()
 
 
 def test_no_prefix_dispatch_outside_the_registry():

@@ -375,7 +375,7 @@ def test_each_moved_section_check_keeps_its_message(section, mapping, message):
 def test_rules_are_stated_for_help():
   """Every section's cross-field rules are declared, so `--help` can state them."""
   from efficient_lm.config import data as data_config, mesh as mesh_config  # pylint: disable=import-outside-toplevel
-  stated = [r.describe() for r in registry.discover()["bcmt"].config.all_rules()]
+  stated = [r.describe() for r in models.REGISTRY["bcmt"].config.all_rules()]
   assert "model.d_model must be divisible by model.num_heads={num_heads}" in stated
   assert "model.block_size must divide data.seq_len={seq_len}" in stated
   assert len(data_config.DataConfig.all_rules()) == 2

@@ -8,6 +8,7 @@ from efficient_lm import data
 from efficient_lm.cli import ruler_command
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.data import needle as needle_source
+from efficient_lm.data import hooks
 from efficient_lm.data import registry
 from efficient_lm.evaluation import scoring
 from efficient_lm.evaluation.long_context import extrapolate, needle, needle_grid, reach, ruler_fit
@@ -76,7 +77,7 @@ def key_words(lm, keys: str):
   if keys == "pairs" or (keys == "auto" and not planted):
     return None
   if planted:
-    return registry.source(dataset).parse(dataset).key_words
+    return hooks.parse(dataset).key_words
   return needle_source.KEY_WORDS
 
 

@@ -37,7 +37,6 @@ import numpy as np
 from efficient_lm.runtime import files
 from efficient_lm.runtime import progress
 from efficient_lm.data import archives
-from efficient_lm.data import config as data_config_lib
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import tokenizer as tok
 from efficient_lm.data.config import ConfigError
@@ -170,7 +169,7 @@ def load_tokenizer(data_config, builder, corpus_id: dict, root: str, tokenizer_f
     log.info('Using the tokenizer the run trained on: %s', tokenizer_file)
     return tokenizer, stream_key(corpus_id, tokenizer)
   if data_config.tokenizer:
-    tokenizer = data_config_lib.open_given(data_config)
+    tokenizer = tok.open_given(data_config)
     log.info('Using the tokenizer %s (data.tokenizer)', tokenizer)
     return tokenizer, stream_key(corpus_id, tokenizer)
   tokenizer = _own_tokenizer(data_config, builder, corpus_id, root)

@@ -13,6 +13,7 @@ import os
 
 from efficient_lm.config import fields as tc
 
+from efficient_lm.data import hooks
 from efficient_lm.data import registry
 from efficient_lm.data import tokenizer as tok
 from efficient_lm.data.errors import DataError
@@ -29,19 +30,6 @@ def check_typed(data_config, what: str) -> None:
   if not isinstance(data_config, DataConfig):
     raise TypeError(f'{what} takes the typed data section (a RunConfig\'s data: '
                     f'config.run.build(...).data), not {type(data_config).__name__}')
-
-
-def open_given(data_config: DataConfig):
-  """`data.tokenizer`'s tokenizer, opened once per file state (`tokenizer.given_tokenizer`); a
-  ConfigError naming the field when it cannot be used."""
-  path = data_config.tokenizer
-  try:
-    return tok.given_tokenizer(path, data_config.separator_token)
-  except ValueError as e:
-    raise ConfigError(f'data.tokenizer={path!r}: {e}') from None
-  except OSError as e:
-    raise ConfigError(f'data.tokenizer={path!r} cannot be read ({e.strerror or e}); point '
-                      "data.tokenizer at a readable tokenizer file, or '' to train one") from None
 
 
 def _is_file(path: str) -> bool:
@@ -101,6 +89,8 @@ def known_splits(data_config: DataConfig) -> tuple[str, ...] | None:
   prepared data can say (a tfds:<name> dataset). A text: split with a fraction of 0 is not made."""
   check_typed(data_config, 'data.known_splits')
   source = registry.lookup(data_config.dataset)
+  if source is not None and source.planted:  # needles in a base corpus: its splits
+    return known_splits(hooks.base_config(data_config))
   return None if source is None or source.splits is None else source.splits(data_config)
 
 
@@ -111,7 +101,7 @@ def validate(data_config: DataConfig) -> DataConfig:
   check_typed(data_config, 'data.validate')
   source = DataSource(data=data_config, source=registry.lookup(data_config.dataset)).source
   if data_config.tokenizer:
-    data_config = dataclasses.replace(data_config, vocab_size=open_given(data_config).vocab_size)
+    data_config = dataclasses.replace(data_config, vocab_size=tok.open_given(data_config).vocab_size)
   if source.generated:  # no text: the source checks its own options
-    source.generator().validate(data_config)
+    hooks.generator(source).validate(data_config)
   return data_config

@@ -29,7 +29,7 @@ import tensorflow_datasets as tfds
 from efficient_lm.data import registry
 from efficient_lm.data import text_builder
 from efficient_lm.data.held_out import HELD_OUT, held_out_counts  # held out when the dataset lacks them
-from efficient_lm.data.config import DataError
+from efficient_lm.data.errors import DataError
 from efficient_lm.config.errors import ConfigError
 
 log = logging.getLogger(__name__)

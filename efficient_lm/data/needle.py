@@ -25,12 +25,12 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from efficient_lm.data import config as data_config_lib
 from efficient_lm.data import corpus as corpus_lib
 from efficient_lm.data import registry
 from efficient_lm.data import sequence_iterator
 from efficient_lm.data import source_options
-from efficient_lm.data.config import DataError
+from efficient_lm.data import tokenizer as tokenizer_lib
+from efficient_lm.data.errors import DataError
 from efficient_lm.config.data import DataConfig
 from efficient_lm.config.errors import ConfigError
 from efficient_lm.data.tokenizer_protocol import TokenIds
@@ -148,11 +148,6 @@ def base_config(data_config: DataConfig, task: NeedleTask | None = None) -> Data
   return dataclasses.replace(data_config, dataset=(task or parse(data_config.dataset)).base)
 
 
-def known_splits(data_config: DataConfig) -> tuple[str, ...] | None:
-  """The base's splits (each becomes a needle split), None when only its prepared data can say."""
-  return data_config_lib.known_splits(base_config(data_config))
-
-
 @dataclasses.dataclass(frozen=True)
 class Checked:
   """What `preflight` found: the task, and the base's own preflight result."""
@@ -168,7 +163,7 @@ def preflight(data_config: DataConfig, read: bool, base_preflight) -> Checked:
   base = base_config(data_config, task)
   checked = base_preflight(base, read=read)
   if base.tokenizer:  # the tokenizer is known now: the needles must fit
-    check_fits(task, data_config_lib.open_given(base), data_config.seq_len)
+    check_fits(task, tokenizer_lib.open_given(base), data_config.seq_len)
   return Checked(task, checked)
 
 
@@ -506,6 +501,6 @@ def load(data_config: DataConfig, checked: Checked, base_load) -> NeedleCorpus:
                       'lower data.seq_len or use a larger base corpus')
   corpus = NeedleCorpus(task, base, seq_len=seq_len,
                         batch_size=data_config.batch_size,
-                        document_mask=data_config_lib.has_document_ids(data_config))
+                        document_mask=data_config.document_mask)  # text: `has_document_ids`
   log.info('%r', corpus)
   return corpus

@@ -17,6 +17,7 @@ from efficient_lm.data import archives
 from efficient_lm.data import cache
 from efficient_lm.data import config as data_config_lib
 from efficient_lm.data import corpus as corpus_lib
+from efficient_lm.data import hooks
 from efficient_lm.data import registry
 from efficient_lm.data import round_trip
 from efficient_lm.data.config import DataError
@@ -34,7 +35,7 @@ def make_builder(data_config: DataConfig, tfds_dir: str, checked=None):
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
 
   ds = data_config.dataset
-  builder = registry.source(ds).make_builder(data_config, tfds_dir, checked)
+  builder = hooks.make_builder(data_config, tfds_dir, checked)
   if builder.is_prepared():
     return builder
   tfds.disable_progress_bar()
@@ -51,7 +52,7 @@ def preflight(data_config: DataConfig, read: bool = True):
   `read=False`: the files are listed, not read (the processes other than 0 of a job).
   `data_config`: the typed section, its fields checked (`data.validate`)."""
   data_config_lib.check_typed(data_config, 'data.preflight')
-  return registry.source(data_config.dataset).preflight(data_config, read, preflight)
+  return hooks.preflight(data_config, read, preflight)
 
 
 _UNCHECKED = object()  # `load` without what `preflight` returned (which may be None)
@@ -70,7 +71,7 @@ def load(data_config: DataConfig, checked=_UNCHECKED,
   data_config_lib.check_typed(data_config, 'data.load')
   source = registry.source(data_config.dataset)
   if source.builds_corpus:  # generated on the fly, or needles in the windows of a base corpus
-    return source.load(data_config, checked if checked is not _UNCHECKED
+    return hooks.load(data_config, checked if checked is not _UNCHECKED
                        else preflight(data_config),
                        functools.partial(load, tokenizer_file=tokenizer_file))
   text_scan = checked if checked is not _UNCHECKED else preflight(data_config)

@@ -7,7 +7,9 @@ task with no text; `needle:<options>`, needles planted in a text dataset's windo
 finds it (`source(dataset)`: or says what is accepted). Each entry carries everything the rest of
 the library asks of its kind (its checks, TFDS builder, own corpus loader, options, whether it has
 text and what long-context tasks take from it), so nothing outside this module tests a dataset's
-prefix. Hooks are imported only when used, so validating a config stays cheap.
+prefix. The hooks are named here as 'module:name' strings and run by `data.hooks`, which imports
+each on first use (validating a config stays cheap): this module imports none of them, so a source
+module may import it (its prefix, `lookup`) without a circle.
 
 Adding a source: write its module in efficient_lm/data (its preflight, builder or loader, and for
 a `prefix:key=value,...` source its options dataclass, `source_options`), add one `Source` to
@@ -15,7 +17,6 @@ a `prefix:key=value,...` source its options dataclass, `source_options`), add on
 """
 
 import dataclasses
-import importlib
 from typing import Callable
 
 from efficient_lm.config.errors import ConfigError
@@ -27,20 +28,15 @@ MQAR_PREFIX = 'mqar:'
 NEEDLE_PREFIX = 'needle:'
 
 
-def _named(target: str):
-  """The object 'module:name' names in efficient_lm.data (imported now, not before)."""
-  module, _, name = target.partition(':')
-  return getattr(importlib.import_module(f'efficient_lm.data.{module}'), name)
-
-
 @dataclasses.dataclass(frozen=True)
 class Source:
   """One kind of `data.dataset`: what it is called, and everything the rest of the library asks of
   it (how it is checked, prepared and loaded, its options, what the long-context tasks take from
-  it). The hooks are 'module:name' strings of efficient_lm.data, imported on first use."""
+  it). The hooks are 'module:name' strings of efficient_lm.data, run by `data.hooks`."""
   name: str                          # the dataset name, or the prefix with its ':'
   example: str                       # what to write in the config, for messages
-  splits: Callable | None = None     # DataConfig -> the splits (None: known once prepared)
+  splits: Callable | None = None     # DataConfig -> the splits (None: known once prepared, or a
+                                     # planted source's: its base's)
   builder: str = ''                  # the TFDS builder: with takes_archive a builder class on an
                                      # archive ('module:Class'), else a function (checked,
                                      # tfds_dir, data_config) -> an (unprepared) builder
@@ -54,8 +50,9 @@ class Source:
   loader: str = ''                   # a corpus it builds itself (data_config, checked, base_load):
                                      # needles planted in a base corpus's windows
   parser: str = ''                   # 'prefix:key=value,...' -> its typed options (source_options)
-  planted: bool = False              # needles planted in a base corpus's text: a long-context task
-                                     # takes the base's text as haystack and the task's key words
+  planted: str = ''                  # needles planted in a base corpus's text: (data_config) -> the
+                                     # base's data section (its splits are the base's; a long-context
+                                     # task takes the base's text as haystack and the task's key words)
 
   @property
   def is_prefix(self) -> bool:
@@ -70,38 +67,6 @@ class Source:
   def builds_corpus(self) -> bool:
     """Whether `load` gives its corpus (not the text pipeline: TFDS, tokenizer, token streams)."""
     return bool(self.generated or self.loader)
-
-  def builder_class(self):
-    return _named(self.builder)
-
-  def generator(self):
-    """The module of a generated source (`validate`, `load`)."""
-    return importlib.import_module(f'efficient_lm.data.{self.generated}')
-
-  def parse(self, dataset: str):
-    """The typed options `dataset` names (an options source: mqar, needle); ConfigError if bad."""
-    if not self.parser:
-      raise ConfigError(f'data.dataset={dataset!r} takes no options')
-    return _named(self.parser)(dataset)
-
-  def preflight(self, data_config, read: bool, base_preflight):
-    """Its checks that read no more than the config names (`pipeline.preflight`); None if none."""
-    return _named(self.checks)(data_config, read, base_preflight) if self.checks else None
-
-  def make_builder(self, data_config, tfds_dir: str, checked):
-    """Its TFDS builder under `tfds_dir` (not prepared yet): a text source's."""
-    if self.takes_archive:
-      return self.builder_class()(data_dir=tfds_dir, file_format='array_record',
-                                  archive=data_config.archive,
-                                  archive_sha256=data_config.archive_sha256)
-    return _named(self.builder)(checked, tfds_dir, data_config)
-
-  def load(self, data_config, checked, base_load):
-    """The corpus of a source that `builds_corpus`: a generated task's, or needles planted in the
-    corpus `base_load` (the pipeline's `load`) gives of its base."""
-    if self.generated:
-      return self.generator().load(data_config)
-    return _named(self.loader)(data_config, checked, base_load)
 
 
 def _text_splits(data_config) -> tuple[str, ...]:
@@ -126,8 +91,8 @@ SOURCES = {source.name: source for source in (
            splits=lambda cfg: ('train', 'validation', 'test'), generated='mqar', parser='mqar:parse'),
     Source(NEEDLE_PREFIX, 'needle:<options> (needles in a text dataset, e.g. '
            'needle:base=shakespeare,needles=2)', takes_archive=True, options=True,
-           splits=lambda cfg: _named('needle:known_splits')(cfg), checks='needle:preflight',
-           loader='needle:load', parser='needle:parse', planted=True),
+           checks='needle:preflight', loader='needle:load', parser='needle:parse',
+           planted='needle:base_config'),
 )}
 BUILT_IN = tuple(name for name, source in SOURCES.items() if not source.is_prefix)
 

@@ -23,7 +23,8 @@ import tensorflow_datasets as tfds
 
 from efficient_lm.data import text_builder
 from efficient_lm.data.held_out import HELD_OUT, held_out_counts  # in file order: train | validation | test
-from efficient_lm.data.config import DataError, TEXT_PREFIX
+from efficient_lm.data.errors import DataError
+from efficient_lm.data.registry import TEXT_PREFIX
 from efficient_lm.config.errors import ConfigError
 
 log = logging.getLogger(__name__)

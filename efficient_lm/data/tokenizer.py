@@ -24,6 +24,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from efficient_lm.config.errors import ConfigError
 from efficient_lm.runtime import files
 from efficient_lm.runtime import progress
 from efficient_lm.data import hf_tokenizer
@@ -333,3 +334,16 @@ def given_tokenizer(path: str, separator_token: str = ''):
   path = os.path.abspath(os.path.expanduser(path))
   stat = os.stat(path)
   return _opened(path, separator_token, (stat.st_mtime_ns, stat.st_size, stat.st_ino))
+
+
+def open_given(data_config):
+  """`data.tokenizer`'s tokenizer (`data_config`: the typed data section), opened once per file
+  state (`given_tokenizer`); a ConfigError naming the field when it cannot be used."""
+  path = data_config.tokenizer
+  try:
+    return given_tokenizer(path, data_config.separator_token)
+  except ValueError as e:
+    raise ConfigError(f'data.tokenizer={path!r}: {e}') from None
+  except OSError as e:
+    raise ConfigError(f'data.tokenizer={path!r} cannot be read ({e.strerror or e}); point '
+                      "data.tokenizer at a readable tokenizer file, or '' to train one") from None

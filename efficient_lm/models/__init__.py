@@ -1,7 +1,7 @@
 """Building a model: `create(model_config, rngs=...)` builds the model named by `model.name`.
 
 The families register themselves (`models/registry.py`: each module of this package calls
-`registry.register` at import, and the registry imports them all once), each model with the typed
+`registry.register` at import, and this package imports them all once, below), each model with the typed
 config its family declares (`efficient_lm.families`: `config.model.ModelConfig`'s subclass, its
 fields, their checks, its attention patterns). Every function here takes that typed config (a
 `RunConfig`'s `model`). Adding a model is a module here, its config class in `families/` and a
@@ -12,6 +12,8 @@ A wing of the package (docs/architecture.md, "The wings"): it may import `famili
 pipeline), nor the state, training, inference or evaluation built on it.
 """
 
+import importlib
+import pkgutil
 from typing import Any, NamedTuple
 
 import jax
@@ -23,13 +25,27 @@ from efficient_lm.models import decoder
 from efficient_lm.models import placement
 from efficient_lm.models import registry
 from efficient_lm.models.placement import validate_attention_impl, validate_context
-from efficient_lm.models.registry import REGISTRY, ModelEntry, logical_axes
+from efficient_lm.models.registry import REGISTRY, ModelEntry
+from efficient_lm.parallel import sharding
 from efficient_lm.ops.core import backends
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.ops.route import Route
 from efficient_lm.config.errors import ConfigError
 
-registry.discover()
+for _info in pkgutil.iter_modules(__path__):  # every module of the package once: each family's
+  importlib.import_module(f"{__name__}.{_info.name}")  # registers itself; adding one touches no shared file
+
+
+def logical_axes() -> dict[str, sharding.Axis]:
+  """Every logical parameter axis: the decoder's and each model's own (what `mesh.rules` may
+  name). Two models declaring one name must mean the same axis."""
+  axes = dict(sharding.SHARED_AXES)
+  for name, entry in REGISTRY.items():
+    for axis, spec in entry.logical_axes.items():
+      if axes.setdefault(axis, spec) != spec:
+        raise ValueError(f"models.REGISTRY[{name!r}] declares logical axis {axis!r} as {spec}, "
+                         f"already declared as {axes[axis]}: give it another name")
+  return axes
 
 
 def _build(cfg: ModelConfig, rngs: nnx.Rngs, route: Route) -> nnx.Module:

@@ -2,14 +2,13 @@
 
 A family's module (any module of the `efficient_lm.models` package) calls `register(name,
 ModelEntry(...))` at import for each model its namesake in `efficient_lm/families/` declares (the
-typed config and `--help`'s line come from there); `discover()` imports every module of the
-package once, so adding a family touches no shared file (docs/adding_a_model.md). Everything under
+typed config and `--help`'s line come from there); the package (`efficient_lm.models`) imports
+every one of its modules once, so adding a family touches no shared file (docs/adding_a_model.md).
+This module imports none of them: a family's module imports it, never the other way round. Everything under
 `models/` and `ops/` takes the typed config (`config.run.build` types a config's model section).
 """
 
 import dataclasses
-import importlib
-import pkgutil
 from typing import Any, Callable, Mapping
 
 from efficient_lm import families
@@ -69,31 +68,4 @@ def register(name: str, entry: ModelEntry) -> ModelEntry:
   return entry
 
 
-_DISCOVERED = False
-
-
-def discover() -> dict[str, ModelEntry]:
-  """Imports every module of the `efficient_lm.models` package once (each family registers
-  itself); returns the registry."""
-  global _DISCOVERED
-  if not _DISCOVERED:
-    package = importlib.import_module("efficient_lm.models")
-    for module in pkgutil.iter_modules(package.__path__):
-      importlib.import_module(f"efficient_lm.models.{module.name}")
-    _DISCOVERED = True
-  return REGISTRY
-
-
-def logical_axes() -> dict[str, sharding.Axis]:
-  """Every logical parameter axis: the decoder's and each model's own (what `mesh.rules` may
-  name). Two models declaring one name must mean the same axis."""
-  axes = dict(sharding.SHARED_AXES)
-  for name, entry in discover().items():
-    for axis, spec in entry.logical_axes.items():
-      if axes.setdefault(axis, spec) != spec:
-        raise ValueError(f"models.REGISTRY[{name!r}] declares logical axis {axis!r} as {spec}, "
-                         f"already declared as {axes[axis]}: give it another name")
-  return axes
-
-
-__all__ = ["ConfigError", "ModelEntry", "REGISTRY", "discover", "logical_axes", "register"]
+__all__ = ["ConfigError", "ModelEntry", "REGISTRY", "register"]
