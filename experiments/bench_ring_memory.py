@@ -43,6 +43,7 @@ def measure(args, context: int) -> dict:
   import numpy as np
 
   from efficient_lm.training import loop as train
+  from efficient_lm.training import evaluate as training_evaluate
   from efficient_lm.state import train_state
   from efficient_lm.training import step as train_step
   from experiments.common import build, load_config
@@ -56,7 +57,7 @@ def measure(args, context: int) -> dict:
                        axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=jax.devices()[:context])
   built = train_state.build(build(config), mesh, seed=0)
   tokens = np.random.default_rng(0).integers(0, args.vocab_size, (1, T + 1)).astype(np.int32)
-  batch = train.place_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
+  batch = training_evaluate.place_batch({"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
                              "weights": np.ones((1, T), np.float32)}, mesh)
   compiled = train_step.make_train_step(built.graphdef, built.tx, built.schedule, seed=0).lower(
       built.state, batch).compile()

@@ -15,6 +15,7 @@ from efficient_lm.parallel import sharding
 from efficient_lm.state import checkpoint
 from efficient_lm.state import train_state
 from efficient_lm.training import loop as train
+from efficient_lm.training import start
 from efficient_lm.training import prepare as config_check
 
 
@@ -28,7 +29,7 @@ def test_a_resumed_setup_holds_the_state_once(tiny_config, tmp_path):
   train.train_and_evaluate(build(config), str(tmp_path / "w"))
   for x in jax.live_arrays():
     x.delete()
-  run = train.setup(build(tiny_config(num_steps=8)), str(tmp_path / "w"))
+  run = start.setup(build(tiny_config(num_steps=8)), str(tmp_path / "w"))
   try:
     live = sum(x.nbytes for x in jax.live_arrays())
     assert int(run.state.step) == 4

@@ -13,6 +13,7 @@ from efficient_lm.ops import attention
 from efficient_lm.ops.attention import causal_cross_attention, segment_attention
 from efficient_lm.ops.route import Route
 from efficient_lm.training import loop as train
+from efficient_lm.training import step as train_step
 from conftest import build, fast_first, load_config
 from efficient_lm.config.errors import ConfigError
 from test_models import tiny_model_config
@@ -90,7 +91,7 @@ def test_logits_loss_mask_and_no_leak_between_latents(name):
   inputs = tokens[:, :-1]
   base = forward(inputs)
   assert base.shape == (2, Z, cfg.vocab_size)
-  nll, weight = train.weighted_nll(base, tokens[:, 1:], jnp.ones((2, T), jnp.float32))
+  nll, weight = train_step.weighted_nll(base, tokens[:, 1:], jnp.ones((2, T), jnp.float32))
   assert float(weight) == 2 * Z and np.isfinite(float(nll))  # the loss mask: the last Z targets
   for p in (T - Z, T - Z + 3, T - 1):
     changed = forward(inputs.at[:, p].set((inputs[:, p] + 1) % cfg.vocab_size))

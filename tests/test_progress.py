@@ -18,6 +18,7 @@ from efficient_lm.runtime import files
 from efficient_lm.runtime import progress
 from efficient_lm.runtime import signals
 from efficient_lm.training import loop as train
+from efficient_lm.training import evaluate as training_evaluate
 from efficient_lm.training import metrics
 
 
@@ -203,6 +204,6 @@ def test_every_process_counts_the_same_evaluation_tokens(tiny_config):
   total = 0.0
   for index, rows in enumerate(zip(*batches)):
     expected = sum(float(np.sum(b["weights"])) for b in rows)
-    assert train._targets_in_batch(corpus, "validation", index, per_process * processes) == expected
+    assert training_evaluate._targets_in_batch(corpus, "validation", index, per_process * processes) == expected
     total += expected
   assert total == corpus.num_tokens("validation")

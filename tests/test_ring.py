@@ -27,6 +27,9 @@ from efficient_lm.ops import ring
 from efficient_lm.ops import route
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.training import loop as train
+from efficient_lm.state import train_state
+from efficient_lm.training import evaluate as training_evaluate
+from efficient_lm.training import step as train_step
 from efficient_lm.training import prepare as config_check
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (fake) devices")
@@ -224,16 +227,16 @@ def train_losses(config, mesh, num_steps=3):
   layout = models.sequence_layout(build(config).model, mesh)
   graphdef, params = nnx.split(model)
   tx = optax.adam(1e-2)
-  state = train.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+  state = train_state.TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
   state = jax.device_put(state, jax.sharding.NamedSharding(mesh, jax.P()))
-  step_fn = train.make_train_step(graphdef, tx, lambda step: 1e-2, seed=0)
+  step_fn = train_step.make_train_step(graphdef, tx, lambda step: 1e-2, seed=0)
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, 300, (2, T + 1), dtype=np.int32)
   weights = (rng.random((2, T)) > 0.2).astype(np.float32)  # some positions unscored
   batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": weights}
   losses = []
   for _ in range(num_steps):  # the same batch again: the loss must fall
-    state, metrics = step_fn(state, train.place_batch(batch, mesh, layout))
+    state, metrics = step_fn(state, training_evaluate.place_batch(batch, mesh, layout))
     losses.append(float(metrics["loss"]))
   return losses
 

@@ -14,6 +14,7 @@ from efficient_lm.config.mesh import MeshConfig
 from efficient_lm.parallel import sharding
 from efficient_lm.runtime import jax_compat
 from efficient_lm.training import loop as train
+from efficient_lm.training import evaluate as training_evaluate
 from efficient_lm.training import prepare as config_check
 from tests.conftest import build, load_config
 from tests.test_models import tiny_model_config
@@ -231,7 +232,7 @@ def train_losses(config, steps: int = 5) -> list[float]:
   layout = models.sequence_layout(config.model, mesh)
   state, losses = built.state, []
   for i in range(steps):
-    state, metrics = step(state, train.place_batch(random_batch(i), mesh, layout))
+    state, metrics = step(state, training_evaluate.place_batch(random_batch(i), mesh, layout))
     losses.append(float(metrics["loss"]))
   return losses
 

@@ -15,6 +15,9 @@ from conftest import build
 from efficient_lm.config.mesh import MeshConfig
 from efficient_lm.parallel import sharding
 from efficient_lm.training import loop as train
+from efficient_lm.state import workdir as workdir_lib
+from efficient_lm.training import evaluate as training_evaluate
+from efficient_lm.training import step as train_step
 from efficient_lm.training import metrics
 
 
@@ -88,7 +91,7 @@ def test_resumed_run_equals_uninterrupted_run(finished_run, tiny_config, tmp_pat
 def test_workdir_of_another_model_is_refused(finished_run, tiny_config):
   config = tiny_config(num_steps=50)
   config.model.d_model = 64
-  with pytest.raises(train.WorkdirMismatchError, match="parameter shapes differ"):
+  with pytest.raises(workdir_lib.WorkdirMismatchError, match="parameter shapes differ"):
     train.train_and_evaluate(build(config), finished_run[0])
 
 
@@ -110,10 +113,10 @@ def test_bits_per_byte_by_hand():
       return 39
 
   def uniform_eval_step(params, batch):
-    return train.weighted_nll(jnp.zeros((2, T, V)), batch["targets"], batch["weights"])
+    return train_step.weighted_nll(jnp.zeros((2, T, V)), batch["targets"], batch["weights"])
 
   mesh = sharding.make_mesh(MeshConfig.from_mapping(dict(data=1, fsdp=1, context=1)))  # one device
-  result = train.evaluate(uniform_eval_step, None, Corpus(), "validation", 2, mesh)
+  result = training_evaluate.evaluate(uniform_eval_step, None, Corpus(), "validation", 2, mesh)
   assert result["eval_loss"] == pytest.approx(math.log(V))
   assert result["eval_bits_per_byte"] == pytest.approx(13 * math.log2(V) / 39)
 
@@ -124,7 +127,7 @@ def test_weighted_nll_scores_the_last_positions():
   targets = jnp.array([[0, 1, 2, 3]])
   weights = jnp.ones((1, 4))
   logits = jnp.full((1, 2, V), -30.0).at[0, 0, 2].set(30.0).at[0, 1, 3].set(30.0)
-  nll, weight = train.weighted_nll(logits, targets, weights)
+  nll, weight = train_step.weighted_nll(logits, targets, weights)
   assert float(weight) == 2.0
   assert float(nll) < 1e-6
 

@@ -41,25 +41,6 @@ from efficient_lm.training.start import Run
 log = logging.getLogger(__name__)
 PROGRESS_SECONDS = 30.0  # a progress line at least this often, besides every train.log_every steps
 
-# Kept importable from here: tests, experiments and the train command use them.
-TrainState = train_state.TrainState
-weighted_nll = train_step_lib.weighted_nll
-make_train_step = train_step_lib.make_train_step
-make_eval_step = train_step_lib.make_eval_step
-WorkdirMismatchError = workdir_lib.WorkdirMismatchError
-place_batch = evaluate_lib.place_batch
-evaluate = evaluate_lib.evaluate
-make_sharded_eval_step = evaluate_lib.make_sharded_eval_step
-_targets_in_batch = evaluate_lib._targets_in_batch  # pylint: disable=protected-access
-compile_only = compile_only_lib.compile_only
-use_compilation_cache = compile_only_lib.use_compilation_cache
-setup = start.setup
-report = report_lib.report
-sample = report_lib.sample
-preempted_summary = report_lib.preempted_summary
-profile_range = profile_lib.profile_range
-
-
 class NonFiniteError(FloatingPointError):
   """A step produced a non-finite loss or gradient norm."""
 
