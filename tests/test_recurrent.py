@@ -14,10 +14,11 @@ from conftest import fast_first
 from efficient_lm.ops import recurrent
 
 
-def reference(q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, *, scale=None, segment_ids=None,
+def reference(q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH=None, *, scale=None, segment_ids=None,
               initial_state=None):
   """The recurrence as defined, one token at a time (`lax.scan` over T), float32: at a document's
-  first token S = 0; S <- exp(g) S; S <- S + beta k (v - S^T k)^T; o = S^T (scale q)."""
+  first token S = 0; S <- exp(g) S; then the delta rule S <- S + beta k (v - S^T k)^T, or with
+  `beta_BTH=None` the gated linear rule (Mamba-2's) S <- S + k v^T; o = S^T (scale q)."""
   B, T, H, K = q_BTHK.shape
   V = v_BTHV.shape[-1]
   scale = K ** -0.5 if scale is None else scale
@@ -26,15 +27,20 @@ def reference(q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, *, scale=None, segment_id
     ids = np.asarray(segment_ids)
     starts_BT[:, 1:] = ids[:, 1:] != ids[:, :-1]
   S_BHKV = jnp.zeros((B, H, K, V)) if initial_state is None else initial_state.astype(jnp.float32)
+  delta = beta_BTH is not None
 
   def token(S_BHKV, x):
     q_BHK, k_BHK, v_BHV, g_BH, beta_BH, start_B = x
     S_BHKV = jnp.where(start_B[:, None, None, None], 0.0, S_BHKV)
     S_BHKV = jnp.exp(g_BH)[..., None, None] * S_BHKV
-    error_BHV = v_BHV - jnp.einsum("bhkv,bhk->bhv", S_BHKV, k_BHK)
-    S_BHKV = S_BHKV + beta_BH[..., None, None] * k_BHK[..., :, None] * error_BHV[..., None, :]
+    if delta:
+      write_BHV = beta_BH[..., None] * (v_BHV - jnp.einsum("bhkv,bhk->bhv", S_BHKV, k_BHK))
+    else:
+      write_BHV = v_BHV
+    S_BHKV = S_BHKV + k_BHK[..., :, None] * write_BHV[..., None, :]
     return S_BHKV, jnp.einsum("bhkv,bhk->bhv", S_BHKV, scale * q_BHK)
 
+  beta_BTH = jnp.zeros_like(g_BTH) if beta_BTH is None else beta_BTH
   xs = [jnp.swapaxes(jnp.asarray(x, jnp.float32), 0, 1)
         for x in (q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH)]
   final_BHKV, o_TBHV = jax.lax.scan(token, S_BHKV, (*xs, jnp.swapaxes(starts_BT, 0, 1)))

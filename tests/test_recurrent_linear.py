@@ -11,31 +11,7 @@ import numpy as np
 import pytest
 
 from efficient_lm.ops import recurrent
-from test_recurrent import assert_close, documents, inputs, values_and_grads
-
-
-def reference(q_BTHK, k_BTHK, v_BTHV, g_BTH, *, scale=None, segment_ids=None,
-              initial_state=None):
-  """The recurrence as defined, one token at a time, float32: at a document's first token S = 0;
-  S <- exp(g) S + k v^T; o = S^T (scale q)."""
-  B, T, H, K = q_BTHK.shape
-  V = v_BTHV.shape[-1]
-  scale = K ** -0.5 if scale is None else scale
-  starts_BT = np.zeros((B, T), bool)
-  if segment_ids is not None:
-    ids = np.asarray(segment_ids)
-    starts_BT[:, 1:] = ids[:, 1:] != ids[:, :-1]
-  S_BHKV = jnp.zeros((B, H, K, V)) if initial_state is None else initial_state
-
-  def token(S_BHKV, x):
-    q_BHK, k_BHK, v_BHV, g_BH, start_B = x
-    S_BHKV = jnp.where(start_B[:, None, None, None], 0.0, S_BHKV)
-    S_BHKV = jnp.exp(g_BH)[..., None, None] * S_BHKV + k_BHK[..., :, None] * v_BHV[..., None, :]
-    return S_BHKV, jnp.einsum("bhkv,bhk->bhv", S_BHKV, scale * q_BHK)
-
-  xs = [jnp.swapaxes(x, 0, 1) for x in (q_BTHK, k_BTHK, v_BTHV, g_BTH)]
-  final_BHKV, o_TBHV = jax.lax.scan(token, S_BHKV, (*xs, jnp.swapaxes(starts_BT, 0, 1)))
-  return jnp.swapaxes(o_TBHV, 0, 1), final_BHKV
+from test_recurrent import assert_close, documents, inputs, reference, values_and_grads
 
 
 def case(B=2, T=45, H=2, K=8, V=6, seed=1):
