@@ -25,6 +25,7 @@ Presets (`configs/gated_deltanet.py:<preset>`):
 import ml_collections
 
 from efficient_lm.config.base import base_config
+from efficient_lm.configs.pi_attention import add_pi_fields
 
 PRESETS = ("hybrid", "mamba2")
 
@@ -41,13 +42,7 @@ def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
   model.hybrid_every = 0            # every k-th layer a model.hybrid_mixer layer (0: none)
   model.hybrid_mixer = "sliding_window"  # the hybrid layers: 'sliding_window' or 'pi_attention'
   model.recurrent_impl = "auto"     # the state scan: 'auto' (kernel on TPU), 'xla', 'pallas'
-  # The hybrid layers' (as configs/pi_attention.py; unused without hybrid_every):
-  model.window = 128                # local window: token i sees i - window < j <= i
-  model.period = 128                # skip distance: token i also sees i - m * period ...
-  model.num_skips = 3               # ... for m = 1..num_skips (skips inside the window not repeated)
-  model.period_schedule = "constant"  # 'constant', or 'doubling': layer l uses period * 2**l
-  model.gate_hidden = 32            # hidden width of the gate MLP (D -> gate_hidden -> heads)
-  model.gate = "learned"            # 'learned' (the gate MLP), or 'fixed': g = 0.5, no gate parameters
+  add_pi_fields(config)             # the hybrid layers' window and skips (unused without hybrid_every)
   model.seq_chunk = 8192            # blocks over chunks of 8,192 tokens past that length (long context)
   if config_string in (None, ""):
     return config
