@@ -436,6 +436,30 @@ def test_train_step_flops_count_every_layer(spec):
   assert f4 - f3 == pytest.approx(f3 - f2, rel=1e-3)
 
 
+
+@pytest.mark.slow
+def test_gdn_step_parts_stands_in_for_the_rule_and_writes_its_rows(tmp_path):
+  """experiments.gdn_step_parts: its stand-in replaces the gated delta rule only inside its rows
+  (and uses every input), and a tiny run writes the four rows with dense first."""
+  import jax.numpy as jnp
+  from efficient_lm.ops import recurrent
+  from experiments import gdn_step_parts as parts
+
+  rule = recurrent.gated_delta_rule
+  with parts._without_the_rule(True):  # pylint: disable=protected-access
+    assert recurrent.gated_delta_rule is parts._stand_in  # pylint: disable=protected-access
+  assert recurrent.gated_delta_rule is rule
+  ones = jnp.ones((1, 3, 2, 4))
+  o, state = parts._stand_in(ones, ones, 2 * ones, -jnp.ones((1, 3, 2)), jnp.ones((1, 3, 2)))  # pylint: disable=protected-access
+  assert o.shape == (1, 3, 2, 4) and float(o[0, 0, 0, 0]) == 2 * (4 - 1 + 1) and state.shape == (1, 2, 4, 4)
+  out = tmp_path / "parts.json"
+  subprocess.run([sys.executable, "-m", "experiments.gdn_step_parts", "--seq_len=128", "--d_model=32",
+                  "--vocab_size=256", "--repeats=1", f"--out={out}"], check=True, env=subprocess_env(),
+                 cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True)
+  rows = json.loads(out.read_text())["rows"]
+  assert [r["row"] for r in rows] == [name for name, *_ in parts.ROWS]
+  assert rows[0]["dense_over_this"] == 1.0 and all(r["step_seconds"] > 0 for r in rows)
+
 def _swap_row(model, seed, full, ablated, *, code, early=(0.0, 0.001, 17, 16690), **extra):
   """A swap row of the code corpus; `early`: its placebo bin's (delta, upper, documents, tokens)."""
   delta, upper, documents, tokens = early

@@ -1,0 +1,99 @@
+"""Where a Gated DeltaNet train step spends its time, beside dense's, in one run.
+
+    python -m experiments.gdn_step_parts --seq_len=16384
+
+Four train steps (forward, backward, AdamW; `bench_step.compile_train_step`), B=1, d_model 256, 4
+layers, 4 heads, vocabulary 8192, each config's own fields otherwise, timed side by side (median of
+--repeats steps after one warm-up):
+
+  dense          configs/dense.py (flash attention: O(T) memory, O(T^2) time)
+  gdn            configs/gated_deltanet.py as it trains
+  gdn, no rule   the same with the gated delta rule replaced by an elementwise stand-in (o = v
+                 (q.k + g), no state): what the projections, the short convolution, the MLPs and
+                 the vocabulary head cost around the recurrence
+  gdn, no rule, no conv   and with model.conv_size=1 (the convolution one tap wide)
+
+The stand-in rows are a measurement of the parts, not a model: nothing trains with them. Writes
+experiments/results/gdn_step_parts.json (--out) with the command and the machine's load.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+
+import jax.numpy as jnp
+
+from efficient_lm.ops import recurrent
+from experiments import bench_step
+from experiments.common import REPO, build, load_config
+
+ROWS = (("dense", "configs/dense.py", {}, False),
+        ("gdn", "configs/gated_deltanet.py", {}, False),
+        ("gdn, no rule", "configs/gated_deltanet.py", {}, True),
+        ("gdn, no rule, no conv", "configs/gated_deltanet.py", {"conv_size": 1}, True))
+
+
+def _stand_in(q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, **unused):
+  """Elementwise in place of the rule: every input used, no state carried."""
+  del unused
+  B, _, H, K = q_BTHK.shape
+  o_BTHV = v_BTHV * (jnp.sum(q_BTHK * k_BTHK, -1, keepdims=True) + (g_BTH + beta_BTH)[..., None])
+  return o_BTHV, jnp.zeros((B, H, K, v_BTHV.shape[-1]), jnp.float32)
+
+
+@contextlib.contextmanager
+def _without_the_rule(active: bool):
+  saved = recurrent.gated_delta_rule
+  if active:
+    recurrent.gated_delta_rule = _stand_in
+  try:
+    yield
+  finally:
+    recurrent.gated_delta_rule = saved
+
+
+def measure(spec: str, model: dict, stand_in: bool, args) -> float:
+  config = load_config(spec)
+  config.data.seq_len, config.data.batch_size, config.data.vocab_size = args.seq_len, 1, args.vocab_size
+  config.model.d_model, config.model.num_layers, config.model.num_heads = args.d_model, 4, 4
+  for field, value in model.items():
+    config.model[field] = value
+  with _without_the_rule(stand_in):
+    compiled, state, batch, _, _ = bench_step.compile_train_step(build(config))
+  return statistics.median(bench_step.time_steps(compiled, state, batch, args.repeats))
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--seq_len", type=int, default=16384)
+  parser.add_argument("--d_model", type=int, default=256)
+  parser.add_argument("--vocab_size", type=int, default=8192)
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--out", default=os.path.join(REPO, "experiments", "results", "gdn_step_parts.json"))
+  args = parser.parse_args()
+  load_before = os.getloadavg()[0]
+  rows = []
+  for name, spec, model, stand_in in ROWS:
+    seconds = measure(spec, model, stand_in, args)
+    rows.append({"row": name, "step_seconds": seconds, "tokens_per_sec": args.seq_len / seconds})
+    print(f"{name}: {seconds:.2f} s a step, {args.seq_len / seconds:,.0f} tokens/s", flush=True)
+  dense = rows[0]["step_seconds"]
+  print(f"\nT={args.seq_len}, B=1, d_model {args.d_model}, 4 layers, 4 heads, vocabulary "
+        f"{args.vocab_size}; median of {args.repeats} steps\n")
+  print("| row | s a step | dense's time / this |")
+  print("| --- | --- | --- |")
+  for r in rows:
+    r["dense_over_this"] = dense / r["step_seconds"]
+    print(f"| {r['row']} | {r['step_seconds']:.2f} | {r['dense_over_this']:.2f} |")
+  if args.out:
+    with open(args.out, "w", encoding="utf-8") as f:
+      json.dump({"command": " ".join(["python -m experiments.gdn_step_parts", *sys.argv[1:]]),
+                 "settings": vars(args), "load_before": load_before,
+                 "load_after": os.getloadavg()[0], "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
