@@ -68,6 +68,8 @@ MODELS = {
     "pi_attention_3000steps": ("configs/pi_attention.py", {"model.window": W, "model.period": P,
                                                            "model.num_skips": S,
                                                            "train.num_steps": 3000}),
+    # Beside the families (exploratory rows): Gated DeltaNet's recurrence, its config's own fields.
+    "gated_deltanet": ("configs/gated_deltanet.py", {}),
 }
 FAMILIES = ("dense", "sliding_window", "pi_attention", "bcmt", "honly", "ecp", "perceiver_ar")
 SEEDS = (0, 1, 2, 3, 4)  # stats.PLANNED_SEEDS["recall"], chosen before the runs (issue 33)
@@ -91,7 +93,9 @@ def model_config(model: str):
   return build(config).model
 
 
-MEMORY_MODELS = ("bcmt",)  # a path from every earlier block through the memory: never a null
+# A path from every earlier token through a carried state (BCMT's memory of the earlier blocks, Gated
+# DeltaNet's recurrence): never a null.
+MEMORY_MODELS = ("bcmt", "gated_deltanet")
 
 
 def family(model: str) -> str:

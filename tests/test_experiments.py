@@ -247,10 +247,11 @@ def test_paper_tables_score_ecp_on_the_perceiver_positions(tmp_path, shakespeare
 def test_paper_tables_queue_and_row_keys():
   from experiments.paper_tables import plots, render, specs  # pylint: disable=import-outside-toplevel
   order = specs.queue(["bcmt", "pi"])
-  assert len(order) == len(set(order)) == 3 * (5 + 6)  # every row, seeds 0, 1, 2
+  assert len(order) == len(set(order)) == 3 * (5 + 7)  # every row, seeds 0, 1, 2
   assert [k for _, k in order[:6]] == ["dense@0", "bcmt:256@0", "bcmt:honly256@0", "bcmt:128@0",
                                        "bcmt:honly128@0", "dense@0"]
-  assert all(k.endswith("@1") for _, k in order[11:22]) and all(k.endswith("@2") for _, k in order[22:])
+  assert all(k.endswith("@1") for _, k in order[12:24]) and all(k.endswith("@2") for _, k in order[24:])
+  assert "gated_deltanet@0" in [k for _, k in order[:12]]  # beside π's table, an exploratory row
   over = specs.row_overrides("pi", "pi_attention:doubling@1", 665, [])
   assert over["train.seed"] == "1" and over["model.period"] == "64" and over["train.warmup_steps"] == "66"
   assert "model.window" not in specs.row_overrides("pi", "dense@0", 665, [])

@@ -23,7 +23,6 @@ from efficient_lm.parallel import targets
 from efficient_lm.config.model import ModelConfig
 from efficient_lm.models import decoder
 from efficient_lm.models import placement
-from efficient_lm.models import registry
 from efficient_lm.models.placement import validate_attention_impl, validate_context
 from efficient_lm.models.registry import REGISTRY, ModelEntry
 from efficient_lm.parallel import sharding

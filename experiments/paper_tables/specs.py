@@ -93,7 +93,8 @@ TABLES = {
                      "model.period": 128, "model.num_skips": 3},
         "rows": [("dense", SEEDS), ("sliding_window", SEEDS), ("pi_attention", SEEDS),
                  ("pi_attention:doubling", SEEDS), ("pi_attention+fixed_gate", SEEDS),
-                 ("pi_attention+no_skips", SEEDS)],
+                 ("pi_attention+no_skips", SEEDS),
+                 ("gated_deltanet", SEEDS)],  # beside them, in no claim (an exploratory row)
         # The doubling schedule from base period 64: layer periods 64, 128, 256, 512 (the preset's).
         # The confounds: the skips with a fixed gate (g = 0.5), the gate with no skips.
         "row_settings": {"pi_attention:doubling": {"model.period": 64},
