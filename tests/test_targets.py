@@ -281,6 +281,30 @@ def test_compile_only_for_a_gpu_target(tmp_path):
   assert report["attention_fallbacks"] == []
 
 
+@pytest.mark.skipif(not HAS_CUDA_PLUGIN, reason="the CUDA plugin is not installed: pip install -e "
+                    "'.[gpu]' (or point $EFFICIENT_LM_CUDA_PLUGIN at a folder holding it)")
+def test_gated_deltanet_compiles_for_a_gpu_target():
+  """Gated DeltaNet for two H100s from this host: no attention (its recurrence runs on `xla`), and
+  its hybrid's sliding-window layers on the Triton kernel, nothing falling back."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  if CUDA_PLUGIN:
+    env["PYTHONPATH"] = os.pathsep.join([CUDA_PLUGIN, REPO])
+  reports = {}
+  for spec in ("configs/gated_deltanet.py", "configs/gated_deltanet.py:hybrid"):
+    result = subprocess.run(
+        [sys.executable, "-m", "efficient_lm.main", f"--config={spec}", "--compile_only",
+         "--target=gpu:h100:1x1x2", "--config.model.d_model=64", "--config.model.num_heads=2",
+         "--config.data.vocab_size=512", "--config.data.seq_len=2048", "--config.data.batch_size=2",
+         "--config.model.dtype=bfloat16"], capture_output=True, text=True, cwd=REPO, env=env,
+        timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    reports[spec] = json.loads(result.stdout.strip().splitlines()[-1])
+  plain, hybrid = reports.values()
+  assert plain["platform"] == "gpu" and plain["fits"] and plain["attention_kernels"] == {}
+  assert any("triton" in name for name in hybrid["attention_kernels"]), hybrid["attention_kernels"]
+  assert plain["attention_fallbacks"] == hybrid["attention_fallbacks"] == []
+
+
 @needs_tpu
 def test_training_on_a_tpu_reports_mfu():
   """The training loop's progress on an accelerator: the step's model FLOPs from the config and
