@@ -1,5 +1,6 @@
-"""Data: datasets named once (registry), their checks (config), the tokenizer and token cache
-(cache), the corpus and its Grain iterators (corpus), and `load`, which puts them together.
+"""Data: datasets named once (registry) and their hooks run (hooks: each source's module imported on
+first use), their checks (config), the tokenizer and token cache (cache), the corpus and its Grain
+iterators (corpus), and `load`, which puts them together.
 
     data_config = data.validate(run.data)  # a RunConfig's data, checked against the registry and disk
     corpus = data.load(data_config)
