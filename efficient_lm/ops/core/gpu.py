@@ -115,6 +115,11 @@ def attend(call, q, k, v, q_start, k_start, k_positions, local_prior, skip_prior
       return o, None
     except NotImplementedError as refusal:
       _log_once(f"attention on the Pallas kernel instead of cuDNN: {refusal}")
+    except RuntimeError as missing:  # jax asks for cuDNN's version: no cuDNN library installed
+      if "cudnn" not in str(missing).lower():
+        raise
+      _log_once(f"attention on the Pallas kernel instead of cuDNN ({missing}: install "
+                "nvidia-cudnn-cu12, which jax[cuda12] brings, to use it)")
   local = lambda q, k, v: _kernel_attend(call, q, k, v, q_start, q_segments, k_segments, interpret)
   return skips.kernel_attend(local, call, q, k, v, q_start, local_prior, skip_prior, q_segments,
                              k_segments)
