@@ -16,6 +16,7 @@ measures every config without document ids and with 8 equal documents a row (`se
 import argparse
 import contextlib
 import dataclasses
+import functools
 import statistics
 import time
 
@@ -24,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from efficient_lm import models
+from efficient_lm.ops.recurrent import chunked as recurrent_chunked
 from efficient_lm.state import train_state
 from efficient_lm.training import step as train_step
 from experiments.common import build, load_config
@@ -63,6 +65,18 @@ def _unrolled_layers():
     models.REGISTRY.update(saved)
 
 
+@contextlib.contextmanager
+def _unrolled_recurrence():
+  """The gated delta rule's state scan across chunks laid out step by step (`unroll=True`), so
+  that every chunk's step is counted, not one."""
+  saved = recurrent_chunked.state_scan
+  recurrent_chunked.state_scan = functools.partial(saved, unroll=True)
+  try:
+    yield
+  finally:
+    recurrent_chunked.state_scan = saved
+
+
 def _lowered_flops(config, seed: int) -> float:
   B, T = config.data.batch_size, config.data.seq_len
   built = train_state.build(config, abstract=True, seed=seed)
@@ -82,15 +96,17 @@ def train_step_flops(config, *, seed: int = 0) -> float:
   all but one layer. Here the decoder models are built unrolled; the
   Perceiver-AR family (whose layers 2.. always scan; a scan of one layer is
   counted right) is counted as f(1 layer) + (num_layers - 1) * (f(2) - f(1)).
+  The gated delta rule's state scan across chunks is counted unrolled too.
   """
-  if models.REGISTRY[config.model.name].build is None or config.model.num_layers <= 2:
-    with _unrolled_layers():
-      return _lowered_flops(config, seed)
-  f = {}
-  for layers in (1, 2):
-    small = dataclasses.replace(config, model=dataclasses.replace(config.model, num_layers=layers))
-    f[layers] = _lowered_flops(small, seed)
-  return f[1] + (config.model.num_layers - 1) * (f[2] - f[1])
+  with _unrolled_recurrence():
+    if models.REGISTRY[config.model.name].build is None or config.model.num_layers <= 2:
+      with _unrolled_layers():
+        return _lowered_flops(config, seed)
+    f = {}
+    for layers in (1, 2):
+      small = dataclasses.replace(config, model=dataclasses.replace(config.model, num_layers=layers))
+      f[layers] = _lowered_flops(small, seed)
+    return f[1] + (config.model.num_layers - 1) * (f[2] - f[1])
 
 
 def apply_settings(config, args) -> None:

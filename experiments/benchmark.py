@@ -44,7 +44,7 @@ from experiments import bench_step
 from experiments.common import REPO, build, load_config, write_json
 
 MODELS = ("dense,bcmt:128,bcmt:honly128,sliding_window,pi_attention,pi_attention:doubling,ecp,"
-          "perceiver_ar,perceiver_ar:compressed")
+          "perceiver_ar,perceiver_ar:compressed,gated_deltanet")
 
 
 def config_spec(key: str) -> str:

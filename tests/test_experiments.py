@@ -437,6 +437,30 @@ def test_train_step_flops_count_every_layer(spec):
   assert f4 - f3 == pytest.approx(f3 - f2, rel=1e-3)
 
 
+@pytest.mark.slow
+def test_train_step_flops_count_every_chunk_of_the_recurrence():
+  """The gated delta rule's state scan runs once a chunk; XLA's cost analysis counts its body once,
+  train_step_flops every chunk: with one chunk the two counts agree, with eight train_step_flops
+  adds seven chunk steps' worth (each the same: the gap grows linearly with the chunks)."""
+  from experiments import bench_step, common
+  from experiments.common import load_config
+
+  def counts(seq_len):
+    config = load_config("configs/gated_deltanet.py")
+    config.data.update(dict(seq_len=seq_len, batch_size=1, vocab_size=256))
+    config.model.update(dict(d_model=32, num_heads=2, num_layers=2, chunk_size=16))
+    config = common.build(config)
+    with bench_step._unrolled_layers():  # pylint: disable=protected-access
+      plain = bench_step._lowered_flops(config, 0)  # pylint: disable=protected-access
+    return bench_step.train_step_flops(config), plain
+
+  one, one_plain = counts(16)
+  assert one == one_plain
+  (four, four_plain), (eight, eight_plain) = counts(64), counts(128)
+  assert four > four_plain
+  assert eight - eight_plain == pytest.approx(7 / 3 * (four - four_plain), rel=1e-3)
+
+
 
 @pytest.mark.slow
 def test_gdn_step_parts_stands_in_for_the_rule_and_writes_its_rows(tmp_path):

@@ -147,9 +147,12 @@ def prepare(k_NBHCK, v_NBHCV, g_NBHC, beta_NBHC, starts_NBC, delta: bool = True)
                 kd_NBHCK=k_NBHCK * D_NBHCC[..., -1, :, None], decay_NBH=gamma_NBHC[..., -1])
 
 
-def state_scan(chunks: Chunks, state_BHKV: jax.Array) -> tuple[jax.Array, jax.Array]:
+def state_scan(chunks: Chunks, state_BHKV: jax.Array, *, unroll: int | bool = 1
+               ) -> tuple[jax.Array, jax.Array]:
   """(the state entering each chunk `[N, B, H, K, V]`, the state after the last): a `lax.scan`
-  of S <- gamma_C S + Kd^T (U' - W S) over the chunks."""
+  of S <- gamma_C S + Kd^T (U' - W S) over the chunks (`unroll` as `lax.scan`'s: True lays
+  every chunk's step out, as a FLOP count needs, since XLA's cost analysis counts a loop body
+  once)."""
   @jax.checkpoint  # the backward recomputes U' - W S rather than keeping it per chunk
   def step(S_BHKV, chunk):
     w_BHCK, u_BHCV, kd_BHCK, decay_BH = chunk
@@ -157,7 +160,7 @@ def state_scan(chunks: Chunks, state_BHKV: jax.Array) -> tuple[jax.Array, jax.Ar
     S_next = decay_BH[..., None, None] * S_BHKV + jnp.einsum("bhck,bhcv->bhkv", kd_BHCK, new_BHCV)
     return S_next, S_BHKV
 
-  final_BHKV, entering_NBHKV = jax.lax.scan(step, state_BHKV, chunks)
+  final_BHKV, entering_NBHKV = jax.lax.scan(step, state_BHKV, chunks, unroll=unroll)
   return entering_NBHKV, final_BHKV
 
 
