@@ -2,6 +2,9 @@
 
     nice -n 19 python -m experiments.needle_study --pause_file=/tmp/efficient_lm_quiet
     python -m experiments.needle_study --models=dense,sliding_window --seeds=0
+    nice -n 19 python -m experiments.needle_study --models=gated_deltanet \
+        --results=experiments/results/needle_beside.json --figures=experiments/results/needle_beside \
+        --workdir_root=runs/needle_beside --pause_file=/tmp/efficient_lm_quiet   # beside the study
 
 Registered (experiments/registered/needle_reach.json: its claims, controls, tests and power) before
 its runs, with the setting the pilot found (experiments/README.md, "Needles in text: the pilot"):
@@ -20,6 +23,10 @@ the prompts whose needle lies past `REACH` tokens from the prompt's end (no toke
 a 2-layer window of 128, the sliding window's receptive field: `far`) and within it (every token
 of it visible: `near`), each cell's exact match and top-1, and the lowest of each. Resumable and additive: a finished row is
 kept (`--force` reruns it); a training run resumes from its checkpoints.
+
+Models that came after the registration (`BESIDE`: Gated DeltaNet) train and score the same way, as
+exploratory rows beside the study: their rows go to `BESIDE_RESULTS` (the script refuses to write
+them into the registered file) and decide nothing.
 """
 
 import argparse
@@ -54,17 +61,25 @@ MODELS = {
     # Latents: the last 128 positions (the questions and answers sit there), reading every input.
     "perceiver_ar": ("configs/perceiver_ar.py", {"model.num_latents": 128}),
 }
+# Exploratory models beside the study: not among its registered arms, so their rows go to a results
+# file of their own (`BESIDE_RESULTS`, never the registered one) and decide nothing. Their own
+# config's fields at the study's shared settings.
+BESIDE = {
+    "gated_deltanet": ("configs/gated_deltanet.py", {}),
+}
 GRID = {"lengths": "256,512,768,1024", "depths": "0,0.25,0.5,0.75,1", "needles_per_cell": 20,
         "variant": "single", "distractors": 9, "seed": 0}
 REACH = 254  # the sliding window's receptive field: 2 layers x (window 128 - 1)
 SEEDS = (0, 1, 2)
 RESULTS = os.path.join(REPO, "experiments", "results", "registered", "needle_reach.json")
 FIGURES = os.path.join(REPO, "experiments", "results", "needle_reach")
+BESIDE_RESULTS = os.path.join(REPO, "experiments", "results", "needle_beside.json")
+BESIDE_FIGURES = os.path.join(REPO, "experiments", "results", "needle_beside")
 README = os.path.join(REPO, "experiments", "README.md")
 
 
 def train_command(model: str, seed: int, workdir: str) -> list[str]:
-  config, fields = MODELS[model]
+  config, fields = {**MODELS, **BESIDE}[model]
   settings = {**SETTINGS, **fields, "train.seed": seed}
   return [sys.executable, "-m", "efficient_lm.main", f"--config={config}", f"--workdir={workdir}",
           *[f"--config.{k}={v}" for k, v in settings.items()]]
@@ -193,18 +208,27 @@ def main(argv=None) -> None:
   parser.add_argument("--workdir_root", default=os.path.join(REPO, "runs", "registered", "needle_reach"))
   parser.add_argument("--pause_file", default="")
   args = parser.parse_args(argv)
-  unknown = sorted(set(args.models.split(",")) - set(MODELS))
+  models = args.models.split(",")
+  unknown = sorted(set(models) - set(MODELS) - set(BESIDE))
   if unknown:
-    sys.exit(f"error: --models: unknown {unknown}; use {', '.join(MODELS)}")
+    sys.exit(f"error: --models: unknown {unknown}; use {', '.join(MODELS)} (the study's) or "
+             f"{', '.join(BESIDE)} (exploratory, beside it)")
+  beside = sorted(set(models) & set(BESIDE))
+  if beside and os.path.abspath(args.results) == os.path.abspath(RESULTS):
+    sys.exit(f"error: --models: {beside} are not among the registered study's arms; their rows go "
+             f"beside it: --results={os.path.relpath(BESIDE_RESULTS, REPO)} "
+             f"--figures={os.path.relpath(BESIDE_FIGURES, REPO)} --workdir_root=runs/needle_beside")
+  arms = {**MODELS, **BESIDE}
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the running row too
   results = load(args.results)
   done = {(r["model"], r["seed"]): r for r in results["rows"]}
   for seed in map(int, args.seeds.split(",")):
-    for model in args.models.split(","):
+    for model in models:
       if (model, seed) not in done or args.force:
         done[(model, seed)] = run_row(model, seed, args)
         results.update(rows=sorted(done.values(), key=lambda r: (r["model"], r["seed"])),
-                       settings=SETTINGS, models={k: v[1] for k, v in MODELS.items()},
+                       settings=SETTINGS,
+                       models={**results.get("models", {}), **{m: arms[m][1] for m in models}},
                        grid=GRID, reach=REACH)
         write_json(args.results, results)
       r = done[(model, seed)]

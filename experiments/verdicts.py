@@ -611,6 +611,8 @@ def render_readme(verdicts: dict, loaded: dict, readme: str = README) -> None:
     text = replace_block(text, "long_range", long_range.render(loaded["long_range_results"]))
   text = replace_block(text, "needle_reach",
                        needle_study.render(loaded["registered"].get("needle_reach") or {}))
+  text = replace_block(text, "needle_beside",
+                       needle_study.render(load_json(needle_study.BESIDE_RESULTS) or {}))
   text = replace_block(text, "needle_variants",
                        needle_variants.render(load_json(needle_variants.RESULTS) or {},
                                               loaded["registered"].get("needle_reach") or {}))

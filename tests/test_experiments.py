@@ -626,6 +626,8 @@ def test_committed_verdicts_follow_from_the_committed_results():
       (verdicts.README, "context_ablation", verdicts.render_ablation(loaded["ablation"])),
       (verdicts.README, "needle_reach",
        verdicts.needle_study.render(loaded["registered"]["needle_reach"] or {})),
+      (verdicts.README, "needle_beside",
+       verdicts.needle_study.render(verdicts.load_json(verdicts.needle_study.BESIDE_RESULTS) or {})),
       (verdicts.README, "needle_variants",
        verdicts.needle_variants.render(verdicts.load_json(verdicts.needle_variants.RESULTS) or {},
                                        loaded["registered"]["needle_reach"] or {})),
@@ -936,6 +938,30 @@ def test_readme_quotes_the_needle_answers_digits_from_their_committed_files():
   assert (f"dense@0's answers hold {dense['any_order']:.2f} of the value's 7 digits in some order, "
           f"against {dense['any_order_chance']:.2f}") in sentence
   assert f"(π@0 {pi['any_order']:.2f} against {pi['any_order_chance']:.2f})" in sentence
+
+
+def test_needle_rows_beside_the_study_never_go_into_its_registered_file(tmp_path, monkeypatch):
+  """A model beside the registered needle study (Gated DeltaNet) trains at the study's settings
+  with its own config, and its rows are refused in the registered results file (before any
+  training), written to the file the flags name."""
+  from experiments import needle_study  # pylint: disable=import-outside-toplevel
+  command = needle_study.train_command("gated_deltanet", 0, "W")
+  assert "--config=configs/gated_deltanet.py" in command
+  assert f"--config.data.dataset={needle_study.DATASET}" in command
+  assert "gated_deltanet" not in needle_study.MODELS
+  monkeypatch.setattr(needle_study, "run_row", lambda *a: pytest.fail("trained before the check"))
+  with pytest.raises(SystemExit) as refused:
+    needle_study.main(["--models=dense,gated_deltanet", "--seeds=0"])
+  assert "not among the registered study's arms" in str(refused.value)
+  assert "--results=experiments/results/needle_beside.json" in str(refused.value)
+  monkeypatch.setattr(needle_study, "run_row", lambda model, seed, args: {
+      "model": model, "seed": seed, "exact_all": 0.0, "exact_far": 0.0, "exact_near": 0.0,
+      "top1_all": 0.5, "answer_loss": 2.0})
+  out = tmp_path / "beside.json"
+  needle_study.main(["--models=gated_deltanet", "--seeds=0", f"--results={out}"])
+  written = json.loads(out.read_text())
+  assert [(r["model"], r["seed"]) for r in written["rows"]] == [("gated_deltanet", 0)]
+  assert written["models"] == {"gated_deltanet": {}}
 
 
 def test_needle_variants_score_only_finished_study_rows_and_render_beside_them(tmp_path, monkeypatch):
