@@ -507,7 +507,7 @@ def render_registered(verdicts: dict) -> str:
   rows = verdicts.get("registered") or []
   if not rows:
     return "(no confirmatory study registered)"
-  lines = ["| study | claim | registered in | seeds | difference (A better > 0) | 95% interval | p | "
+  lines = ["| study | claim | registered in | seeds | difference (A better > 0) | 95% interval (TOST: 90%) | p | "
            "p adjusted (BH) | p adjusted (BY) | verdict |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
   for row in rows:
