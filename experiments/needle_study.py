@@ -67,6 +67,7 @@ MODELS = {
 BESIDE = {
     "gated_deltanet": ("configs/gated_deltanet.py", {}),
 }
+ARMS = {**MODELS, **BESIDE}  # every model the script trains
 GRID = {"lengths": "256,512,768,1024", "depths": "0,0.25,0.5,0.75,1", "needles_per_cell": 20,
         "variant": "single", "distractors": 9, "seed": 0}
 REACH = 254  # the sliding window's receptive field: 2 layers x (window 128 - 1)
@@ -79,7 +80,7 @@ README = os.path.join(REPO, "experiments", "README.md")
 
 
 def train_command(model: str, seed: int, workdir: str) -> list[str]:
-  config, fields = {**MODELS, **BESIDE}[model]
+  config, fields = ARMS[model]
   settings = {**SETTINGS, **fields, "train.seed": seed}
   return [sys.executable, "-m", "efficient_lm.main", f"--config={config}", f"--workdir={workdir}",
           *[f"--config.{k}={v}" for k, v in settings.items()]]
@@ -209,7 +210,7 @@ def main(argv=None) -> None:
   parser.add_argument("--pause_file", default="")
   args = parser.parse_args(argv)
   models = args.models.split(",")
-  unknown = sorted(set(models) - set(MODELS) - set(BESIDE))
+  unknown = sorted(set(models) - set(ARMS))
   if unknown:
     sys.exit(f"error: --models: unknown {unknown}; use {', '.join(MODELS)} (the study's) or "
              f"{', '.join(BESIDE)} (exploratory, beside it)")
@@ -218,7 +219,6 @@ def main(argv=None) -> None:
     sys.exit(f"error: --models: {beside} are not among the registered study's arms; their rows go "
              f"beside it: --results={os.path.relpath(BESIDE_RESULTS, REPO)} "
              f"--figures={os.path.relpath(BESIDE_FIGURES, REPO)} --workdir_root=runs/needle_beside")
-  arms = {**MODELS, **BESIDE}
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the running row too
   results = load(args.results)
   done = {(r["model"], r["seed"]): r for r in results["rows"]}
@@ -228,7 +228,7 @@ def main(argv=None) -> None:
         done[(model, seed)] = run_row(model, seed, args)
         results.update(rows=sorted(done.values(), key=lambda r: (r["model"], r["seed"])),
                        settings=SETTINGS,
-                       models={**results.get("models", {}), **{m: arms[m][1] for m in models}},
+                       models={**results.get("models", {}), **{m: ARMS[m][1] for m in models}},
                        grid=GRID, reach=REACH)
         write_json(args.results, results)
       r = done[(model, seed)]

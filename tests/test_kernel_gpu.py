@@ -27,6 +27,7 @@ from efficient_lm.ops import core
 from efficient_lm.ops.core import backends, gpu
 from efficient_lm.ops.pattern import Pattern
 from efficient_lm.parallel import targets
+from tests.test_targets import HAS_CUDNN
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA_PLUGIN = os.environ.get("EFFICIENT_LM_CUDA_PLUGIN", "")  # a folder holding the plugin
@@ -356,10 +357,8 @@ def test_compiles_for_an_h200_from_this_host():
   lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if line.strip())
   assert lines["capability"] == "9.0", lines
   # On cuDNN where its library is installed (jax[cuda12] brings it); a bare plugin: the kernel.
-  cudnn = bool(importlib.util.find_spec("nvidia") and importlib.util.find_spec("nvidia.cudnn")) or bool(
-      CUDA_PLUGIN and os.path.isdir(os.path.join(CUDA_PLUGIN, "nvidia", "cudnn")))
   for name in ("cudnn-causal", "cudnn-window-256", "cudnn-gqa"):
-    assert lines[name].startswith("cudnn - " if cudnn else "- triton "), lines
+    assert lines[name].startswith("cudnn - " if HAS_CUDNN else "- triton "), lines
   for name in ("pallas-window-lse", "pallas-blocks-traced", "pallas-gqa-window-lse"):
     assert lines[name].startswith("- triton "), lines
     assert int(lines[name].split()[-1]) >= 3, lines  # forward, dq and dk / dv kernels
