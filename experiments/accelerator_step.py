@@ -39,8 +39,7 @@ def peak_tflops(kind: str) -> float | None:
 def model_flops(config, num_params: int) -> float:
   """The analytic model FLOPs of one train step (`efficient_lm.training.flops.step_flops`)."""
   from efficient_lm.training import flops  # pylint: disable=import-outside-toplevel
-  from efficient_lm import models  # pylint: disable=import-outside-toplevel
-  return flops.step_flops(config, num_params, list(models.attention_patterns(config.model)))
+  return flops.step_flops(config, num_params)
 
 
 def config_for(name: str, T: int, args):

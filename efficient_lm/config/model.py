@@ -139,6 +139,22 @@ class ModelConfig(tc.Section):
     `seq_len` (default: `model.seq_len`), without building it; the family states it."""
     raise NotImplementedError(f"{type(self).__name__} must state patterns(seq_len)")
 
+  def layer_patterns(self, seq_len: int | None = None) -> tuple:
+    """Each layer's attention pattern, in order: None for a layer that mixes without attention
+    (a recurrence, whose cost `recurrence_flops` states). By default `patterns()` in order, the
+    last one for the layers past them; a family whose layers differ otherwise states it."""
+    found = self.patterns(seq_len)
+    if not found:
+      return (None,) * self.num_layers
+    return tuple(found[min(layer, len(found) - 1)] for layer in range(self.num_layers))
+
+  def recurrence_flops(self, seq_len: int) -> float:
+    """Model FLOPs, forward and backward, of one layer without attention (a None of
+    `layer_patterns`) over a sequence of `seq_len` tokens, beyond its parameters' (counted apart:
+    `efficient_lm.training.flops`); 0 for a family without such layers."""
+    del seq_len
+    return 0.0
+
   @property
   def chunkable(self) -> bool:
     """Whether the blocks can run over sequence chunks: every pattern's reach is bounded."""

@@ -75,6 +75,20 @@ class GatedDeltaNetConfig(PiAttentionConfig):
         found.append(pattern)
     return tuple(found)
 
+  def layer_patterns(self, seq_len: int | None = None) -> tuple[Pattern | None, ...]:
+    """The hybrid layers' patterns in place, None for each recurrent layer."""
+    del seq_len
+    return tuple(hybrid_pattern(self, layer) for layer in range(self.num_layers))
+
+  def recurrence_flops(self, seq_len: int) -> float:
+    """A recurrent layer's gated delta rule (or, without the delta rule, its gated linear
+    recurrence) over seq_len tokens: `train_flops_per_token` per token and head, in chunks of
+    min(chunk_size, seq_len)."""
+    K = self.d_model // self.num_heads
+    per_token = train_flops_per_token(K, self.value_ratio * K, min(self.chunk_size, seq_len),
+                                      self.delta_rule)
+    return seq_len * self.num_heads * per_token
+
   @property
   def identical_layers(self) -> bool:
     return not self.hybrid_every
@@ -89,6 +103,22 @@ class GatedDeltaNetConfig(PiAttentionConfig):
               "reach (RoPE)") if self.hybrid_every else ""
     return None, (f"model.name={self.name!r} carries a fixed-size state from token to token (a "
                   f"[K, V] matrix per head){hybrid}: any length")
+
+
+def train_flops_per_token(key_dim: int, value_dim: int, chunk: int, delta: bool = True) -> float:
+  """Model FLOPs of the recurrence's chunked form (ops/recurrent/chunked.py) per token and head,
+  forward and backward (2 per multiply-add, the backward twice the forward: 6 x the forward's
+  multiply-adds), its matmuls as it runs them in chunks of `chunk` tokens (C), with keys of K and
+  values of V. Per chunk: Q K^T and its product with U (C^2 (K + V)), Q S_0 and the state's
+  update Kd^T U (2 C K V); with the delta rule also K K^T (C^2 K), (I + L)^-1 by doubling
+  (C (C^2 - 1) / 3), its product with [beta V, beta gamma K] (C^2 (V + K)) and W S_0 (C K V).
+  Neither the elementwise decays nor the rematerialisation's recomputation are counted (model
+  FLOPs, as `efficient_lm.training.flops` counts attention's)."""
+  C, K, V = chunk, key_dim, value_dim
+  per_chunk = C * C * (K + V) + 2 * C * K * V
+  if delta:
+    per_chunk += C * C * K + C * (C * C - 1) / 3 + C * C * (V + K) + C * K * V
+  return 6 * per_chunk / C
 
 
 def is_hybrid(cfg: GatedDeltaNetConfig, layer: int) -> bool:
@@ -112,4 +142,4 @@ MODELS = {
 }
 
 __all__ = ["GatedDeltaNetConfig", "MODELS", "HYBRID_MIXERS", "RECURRENT_IMPLS", "hybrid_pattern",
-           "is_hybrid"]
+           "is_hybrid", "train_flops_per_token"]

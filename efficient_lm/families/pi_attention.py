@@ -49,6 +49,10 @@ class PiAttentionConfig(SlidingWindowConfig):
         found.append(pattern)
     return tuple(found)
 
+  def layer_patterns(self, seq_len: int | None = None) -> tuple[Pattern, ...]:
+    del seq_len
+    return tuple(layer_pattern(self, layer) for layer in range(self.num_layers))
+
   @property
   def identical_layers(self) -> bool:
     return self.period_schedule == "constant"

@@ -1,10 +1,12 @@
 """The model FLOPs of a train step, counted analytically, and accelerators' peak rates: MFU.
 
-`step_flops(run, num_params, patterns)`: 6 FLOPs per parameter and trained token (forward and backward
-matmuls) plus attention's: 12 FLOPs per visible (query, key) pair, head width and head (q.k and
-p.v, forward and backward: 2 + 2 + 4 + 4), every layer's pairs counted exactly from its pattern
-(O(T) work; the Perceiver-AR family's counted as if every position were a query: an upper bound).
-Rematerialization's recomputation is not counted (model FLOPs, not hardware FLOPs).
+`step_flops(run, num_params)`: 6 FLOPs per parameter and trained token (forward and backward
+matmuls) plus each layer's mixing, from `run.model.layer_patterns`: an attention layer's 12 FLOPs
+per visible (query, key) pair, head width and head (q.k and p.v, forward and backward: 2 + 2 + 4 +
+4), its pairs counted exactly from its pattern (O(T) work; the Perceiver-AR family's counted as if
+every position were a query: an upper bound); a layer without attention (a recurrence) its
+family's `recurrence_flops`. Rematerialization's recomputation is not counted (model FLOPs, not
+hardware FLOPs).
 `peak_flops(device_kind)`: the vendor's dense bfloat16 rate, None for an unknown device or a CPU.
 """
 
@@ -37,12 +39,13 @@ def visible_pairs(pattern: Pattern, T: int) -> int:
   return int(np.sum(p - lo + 1)) + sum(T - d for d in pattern.skip_offsets(T))
 
 
-def step_flops(run: RunConfig, num_params: int, patterns: list[Pattern]) -> float:
+def step_flops(run: RunConfig, num_params: int) -> float:
   """Model FLOPs of one train step of `run` (every sequence of the global batch), given its
-  parameter count and its layers' attention patterns (the last one repeated for the rest)."""
+  parameter count: the parameters' and every layer's mixing (the module's docstring)."""
   T, B = run.data.seq_len, run.data.batch_size
   H = run.model.num_heads
   K = run.model.d_model // H
-  layers = [patterns[min(i, len(patterns) - 1)] for i in range(run.model.num_layers)]
-  attention = sum(12 * visible_pairs(p, T) * K * H for p in layers)
-  return float(6 * num_params * T * B + attention * B)
+  mixing = sum(run.model.recurrence_flops(T) if pattern is None
+               else 12 * visible_pairs(pattern, T) * K * H
+               for pattern in run.model.layer_patterns(T))
+  return float(6 * num_params * T * B + mixing * B)

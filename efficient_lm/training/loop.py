@@ -171,8 +171,7 @@ def utilisation(run: Run) -> dict:
   peak = flops_lib.peak_flops(device.device_kind) if device.platform != "cpu" else None
   if peak is None:
     return {}
-  patterns = list(run.config.model.patterns())
-  return {"step_flops": flops_lib.step_flops(run.config, run.built.num_params, patterns),
+  return {"step_flops": flops_lib.step_flops(run.config, run.built.num_params),
           "peak_flops": peak * run.mesh.size, "num_devices": run.mesh.size}
 
 
