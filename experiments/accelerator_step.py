@@ -36,7 +36,7 @@ def peak_tflops(kind: str) -> float | None:
   return None if peak is None else peak / 1e12
 
 
-def model_flops(config, num_params: int) -> float:
+def model_flops(config, num_params: int) -> float | None:
   """The analytic model FLOPs of one train step (`efficient_lm.training.flops.step_flops`)."""
   from efficient_lm.training import flops  # pylint: disable=import-outside-toplevel
   return flops.step_flops(config, num_params)
@@ -98,8 +98,9 @@ def run(name: str, T: int, args) -> dict:
   peak = peak_tflops(device.device_kind)
   stats = device.memory_stats() or {}
   loss = float(metrics["loss"])
-  row.update(step_seconds=seconds, tokens_per_sec=T / seconds, model_tflop=flops / 1e12,
-             mfu=(flops / seconds / (peak * 1e12)) if peak else None,
+  row.update(step_seconds=seconds, tokens_per_sec=T / seconds,
+             model_tflop=None if flops is None else flops / 1e12,
+             mfu=(flops / seconds / (peak * 1e12)) if peak and flops else None,
              peak_bytes_in_use=stats.get("peak_bytes_in_use"), loss=loss)
   if not math.isfinite(loss):
     row["error"] = f"the loss is {loss}"

@@ -27,6 +27,7 @@ import numpy as np
 from efficient_lm import models
 from efficient_lm.ops.recurrent import chunked as recurrent_chunked
 from efficient_lm.state import train_state
+from efficient_lm.training import flops
 from efficient_lm.training import step as train_step
 from experiments.common import build, load_config
 
@@ -107,6 +108,15 @@ def train_step_flops(config, *, seed: int = 0) -> float:
       small = dataclasses.replace(config, model=dataclasses.replace(config.model, num_layers=layers))
       f[layers] = _lowered_flops(small, seed)
     return f[1] + (config.model.num_layers - 1) * (f[2] - f[1])
+
+
+def model_flops(config, *, seed: int = 0) -> float:
+  """The model FLOPs of one train step, counted analytically (`efficient_lm.training.flops`, as
+  MFU while training): every layer, every key block and every chunk of the recurrence, no
+  rematerialisation. Where `train_step_flops` (what XLA compiles) counts loops' bodies once, this
+  counts what the model does, so it is the one an MFU divides."""
+  built = train_state.build(config, abstract=True, seed=seed)
+  return flops.step_flops(config, built.num_params)
 
 
 def apply_settings(config, args) -> None:

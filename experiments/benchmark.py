@@ -9,11 +9,16 @@ AdamW), compiled once (`experiments.bench_step.compile_train_step`), then the
 median wall time of --repeats steps; tokens/s = T / that time. Memory: the
 compiled step's temporary buffers (`memory_analysis().temp_size_in_bytes`)
 and the process's peak resident set during the timed steps (VmHWM, reset
-before each measurement through /proc/self/clear_refs). FLOPs: the train step's
-cost analysis with every layer counted (`bench_step.train_step_flops`: XLA
-counts a scanned loop's body once). MFU: those FLOPs per second over the float32
-matrix-multiply peak that the script measures on the same machine (again at
-every T, so that a drifting load moves both).
+before each measurement through /proc/self/clear_refs). FLOPs, two counts: the
+model's, analytic (`bench_step.model_flops`, `efficient_lm.training.flops`: every
+layer, key block and recurrence chunk, no rematerialisation), and what XLA's cost
+analysis counts of the compiled step with its layers and the recurrence's state
+scan laid out (`bench_step.train_step_flops`; the attention core's key-block loops
+and the chunks past `model.seq_chunk` still count once, recomputation counts). MFU:
+the model's FLOPs per second over the float32 matrix-multiply peak that the script
+measures on the same machine (again at every T, so that a drifting load moves both);
+none for the Perceiver-AR family, whose model FLOPs are not counted (its later
+layers keep only the latents: `ModelConfig.flops_counted`).
 
 Models are measured T by T (every model at one T, then the next T), so that
 the ratios between models at a T hold when the machine's load drifts.
@@ -124,9 +129,10 @@ def measure(key: str, T: int, args, peak_flops: float) -> dict:
   compiled, state, batch, memory, _ = bench_step.compile_train_step(config)
   compile_seconds = time.perf_counter() - start
   temp_bytes = getattr(memory, "temp_size_in_bytes", float("nan"))
-  flops = bench_step.train_step_flops(config)  # every layer counted (cost analysis counts a scan once)
+  model_flops = bench_step.model_flops(config)
   row = {"model": key, "model_name": config.model.name, "seq_len": T, "compile_seconds": compile_seconds,
-         "compiled_temp_mib": temp_bytes / 2**20, "flops_per_step": flops}
+         "compiled_temp_mib": temp_bytes / 2**20, "model_flops_per_step": model_flops,
+         "flops_per_step": bench_step.train_step_flops(config)}
   if temp_bytes > args.max_memory_gib * 2**30:
     row["skipped"] = f"compiled temp memory {temp_bytes / 2**30:.1f} GiB > --max_memory_gib={args.max_memory_gib}"
     return row
@@ -136,7 +142,9 @@ def measure(key: str, T: int, args, peak_flops: float) -> dict:
   seconds = statistics.median(times)
   row.update({"step_seconds": seconds, "tokens_per_sec": T / seconds,
               "peak_rss_mib": peak_rss_mib(), "peak_rss_is_per_run": rss_reset,
-              "matmul_peak_flops": peak_flops, "mfu": flops / seconds / peak_flops, "repeats": len(times)})
+              "matmul_peak_flops": peak_flops,
+              "mfu": None if model_flops is None else model_flops / seconds / peak_flops,
+              "repeats": len(times)})
   return row
 
 
@@ -179,16 +187,20 @@ def plot_title(settings: dict, cpu_count: int, device: str) -> str:
 def markdown(rows: list[dict]) -> str:
   models = list(dict.fromkeys(r["model"] for r in rows))
   rows = sorted(rows, key=lambda r: (models.index(r["model"]), r["seq_len"]))
-  lines = ["| model | T | tokens/s | step s | compiled temp MiB | peak RSS MiB | GFLOP/step | MFU | note |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  lines = ["| model | T | tokens/s | step s | compiled temp MiB | peak RSS MiB | model GFLOP/step | "
+           "XLA's GFLOP/step | MFU (model) | note |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+  gflop = lambda r, key: f"{r[key] / 1e9:,.1f}" if r.get(key) is not None else "not counted"
+  percent = lambda x: "" if x is None else f"{100 * x:.1f}%"
   for r in rows:
     if "step_seconds" in r:
       lines.append(f"| `{r['model']}` | {r['seq_len']} | {r['tokens_per_sec']:,.0f} | {r['step_seconds']:.3f} | "
-                   f"{r['compiled_temp_mib']:,.1f} | {r['peak_rss_mib']:,.0f} | {r['flops_per_step'] / 1e9:,.1f} | "
-                   f"{100 * r['mfu']:.1f}% | |")
+                   f"{r['compiled_temp_mib']:,.1f} | {r['peak_rss_mib']:,.0f} | "
+                   f"{gflop(r, 'model_flops_per_step')} | {gflop(r, 'flops_per_step')} | "
+                   f"{percent(r['mfu'])} | |")
     else:
       lines.append(f"| `{r['model']}` | {r['seq_len']} | | | {r.get('compiled_temp_mib', float('nan')):,.1f} | | "
-                   f"| | {r.get('skipped', '')} |")
+                   f"| | | {r.get('skipped', '')} |")
   return "\n".join(lines)
 
 
@@ -212,22 +224,32 @@ def main():
   parser.add_argument("--quick", action="store_true",
                       help="tiny sizes (d_model 32, 2 layers, T 128 and 256, block 32): seconds")
   parser.add_argument("--replot", action="store_true",
-                      help="only redraw the plots and the table from <out_dir>/scaling[_quick].json")
+                      help="only redraw the plots and the table from <out_dir>/scaling[_quick].json "
+                           "(adding the model's FLOPs and MFU to rows measured without them)")
   parser.add_argument("--recount_flops", action="store_true",
-                      help="with --replot: first recompute FLOPs and MFU of the json's rows (no timing)")
+                      help="with --replot: first recount both FLOPs and MFU of the json's rows (no "
+                           "timing; XLA's count lowers every row's step)")
   args = parser.parse_args()
   if args.replot:
     suffix = "_quick" if args.quick else ""
     path = os.path.join(args.out_dir, f"scaling{suffix}.json")
     with open(path) as f:
       result = json.load(f)
-    if args.recount_flops:
-      sized = types.SimpleNamespace(**result["settings"])
-      for row in result["rows"]:
-        if "flops_per_step" in row:
-          row["flops_per_step"] = bench_step.train_step_flops(sized_config(row["model"], row["seq_len"], sized))
-          if "step_seconds" in row:
-            row["mfu"] = row["flops_per_step"] / row["step_seconds"] / row["matmul_peak_flops"]
+    # Rows without the model's FLOPs (measured before it was counted) get it, and their MFU
+    # from it: analytic, from the config alone; --recount_flops recounts XLA's too.
+    sized = types.SimpleNamespace(**result["settings"])
+    counted = False
+    for row in result["rows"]:
+      if "flops_per_step" in row and (args.recount_flops or "model_flops_per_step" not in row):
+        config = sized_config(row["model"], row["seq_len"], sized)
+        row["model_flops_per_step"] = bench_step.model_flops(config)
+        if args.recount_flops:
+          row["flops_per_step"] = bench_step.train_step_flops(config)
+        if "step_seconds" in row:
+          row["mfu"] = (None if row["model_flops_per_step"] is None else
+                        row["model_flops_per_step"] / row["step_seconds"] / row["matmul_peak_flops"])
+        counted = True
+    if counted:
       with open(path, "w") as f:
         json.dump(result, f, indent=1)
     title = plot_title(result["settings"], result["cpu_count"], result["device"])
@@ -278,9 +300,10 @@ def main():
         stopped[key] = row["skipped"]
         print(f"{key:>26} T={T:>6}: skipped ({row['skipped']})", flush=True)
         continue
+      mfu = "-" if row["mfu"] is None else f"{100 * row['mfu']:.1f}%"
       print(f"{key:>26} T={T:>6}: {row['tokens_per_sec']:9,.0f} tokens/s  {row['step_seconds']:8.3f} s/step  "
             f"temp {row['compiled_temp_mib']:9,.1f} MiB  RSS {row['peak_rss_mib']:7,.0f} MiB  "
-            f"{row['flops_per_step'] / 1e9:9,.1f} GFLOP  MFU {100 * row['mfu']:.1f}%", flush=True)
+            f"{row['flops_per_step'] / 1e9:9,.1f} GFLOP (XLA's)  MFU {mfu}", flush=True)
       if row["step_seconds"] > args.max_step_seconds:
         stopped[key] = (f"stopped after T={T}: {row['step_seconds']:.0f} s a step > "
                         f"--max_step_seconds={args.max_step_seconds:g}")

@@ -64,6 +64,19 @@ def test_step_flops_count_each_layer_as_it_mixes():
       12 * flops.visible_pairs(p, T) * K * H for p in per_layer) * B
 
 
+def test_no_flops_for_a_model_whose_layers_keep_fewer_positions():
+  """The Perceiver-AR family keeps only its latents after layer 1 (and predicts only them):
+  parameters x tokens would overstate its work, so it has no count and no MFU; the progress
+  line on an accelerator gives its tokens/s per device alone."""
+  from efficient_lm.training import metrics  # pylint: disable=import-outside-toplevel
+  run = small_run("perceiver_ar", num_latents=16)
+  assert not run.model.flops_counted and flops.step_flops(run, 100) is None
+  assert small_run("ecp").model.flops_counted
+  line = metrics.Progress(0, 10, tokens_per_step=1000, peak_flops=4 * 197e12,
+                          num_devices=4).line(3, 2.5, 5000.0)
+  assert "(1,250 per device)" in line and "MFU" not in line
+
+
 @pytest.mark.parametrize("delta,low", [(True, 0.8), (False, 0.5)])
 def test_the_recurrences_count_is_the_matmuls_its_chunked_form_runs(delta, low):
   """`train_flops_per_token` / 3 (the forward) against XLA's count of the op's forward (every

@@ -323,6 +323,13 @@ def test_training_on_a_tpu_reports_mfu():
   got = train.utilisation(run)
   assert got["peak_flops"] == 4 * 197e12 and got["num_devices"] == 4
   assert got["step_flops"] == flops.step_flops(run_config, 10**6)
+  # A model without attention (its recurrence counted instead) and one whose FLOPs are not
+  # counted (no MFU; the line keeps tokens/s per device).
+  for name, counted in (("gated_deltanet", True), ("perceiver_ar", False)):
+    other = types.SimpleNamespace(mesh=mesh, config=build(small(name, seq_len=1024)),
+                                  built=run.built)
+    step_flops = train.utilisation(other)["step_flops"]
+    assert (step_flops > 6 * 10**6 * 1024 * 4) if counted else step_flops is None, name
   cpu = types.SimpleNamespace(mesh=sharding.make_mesh(run_config.mesh), config=run_config,
                               built=None)
   assert train.utilisation(cpu) == {}

@@ -148,6 +148,13 @@ class ModelConfig(tc.Section):
       return (None,) * self.num_layers
     return tuple(found[min(layer, len(found) - 1)] for layer in range(self.num_layers))
 
+  @property
+  def flops_counted(self) -> bool:
+    """Whether `efficient_lm.training.flops` can count this model's FLOPs from its patterns:
+    every layer runs every position of the sequence through its parameters (not so where layers
+    keep fewer positions, as the Perceiver-AR family's latents)."""
+    return True
+
   def recurrence_flops(self, seq_len: int) -> float:
     """Model FLOPs, forward and backward, of one layer without attention (a None of
     `layer_patterns`) over a sequence of `seq_len` tokens, beyond its parameters' (counted apart:

@@ -66,6 +66,13 @@ class PerceiverARConfig(ModelConfig):
                             ("split_history", "num_history_segments"))),
   )
 
+  @property
+  def flops_counted(self) -> bool:
+    """No: after layer 1 `perceiver_ar` keeps only the latents, and every variant predicts only
+    them, so parameters x tokens overcounts (7x XLA's count of the step at 2,048 tokens and 256
+    latents, experiments/results/scaling.json): no MFU."""
+    return False
+
   def input_limit(self) -> tuple[int | None, str]:
     """A fixed window of model.seq_len tokens (a history, then the latents): generation keeps a
     prompt's last seq_len tokens, so a longer input would be cut, not read."""

@@ -3,10 +3,11 @@
 `step_flops(run, num_params)`: 6 FLOPs per parameter and trained token (forward and backward
 matmuls) plus each layer's mixing, from `run.model.layer_patterns`: an attention layer's 12 FLOPs
 per visible (query, key) pair, head width and head (q.k and p.v, forward and backward: 2 + 2 + 4 +
-4), its pairs counted exactly from its pattern (O(T) work; the Perceiver-AR family's counted as if
-every position were a query: an upper bound); a layer without attention (a recurrence) its
-family's `recurrence_flops`. Rematerialization's recomputation is not counted (model FLOPs, not
-hardware FLOPs).
+4), its pairs counted exactly from its pattern (O(T) work); a layer without attention (a
+recurrence) its family's `recurrence_flops`. Rematerialization's recomputation is not counted
+(model FLOPs, not hardware FLOPs). None for a model whose layers keep fewer positions than the
+sequence (`ModelConfig.flops_counted`: the Perceiver-AR family), where that count would overstate
+its work: no MFU for it.
 `peak_flops(device_kind)`: the vendor's dense bfloat16 rate, None for an unknown device or a CPU.
 """
 
@@ -39,9 +40,12 @@ def visible_pairs(pattern: Pattern, T: int) -> int:
   return int(np.sum(p - lo + 1)) + sum(T - d for d in pattern.skip_offsets(T))
 
 
-def step_flops(run: RunConfig, num_params: int) -> float:
+def step_flops(run: RunConfig, num_params: int) -> float | None:
   """Model FLOPs of one train step of `run` (every sequence of the global batch), given its
-  parameter count: the parameters' and every layer's mixing (the module's docstring)."""
+  parameter count: the parameters' and every layer's mixing; None where they are not counted
+  (the module's docstring)."""
+  if not run.model.flops_counted:
+    return None
   T, B = run.data.seq_len, run.data.batch_size
   H = run.model.num_heads
   K = run.model.d_model // H

@@ -166,7 +166,8 @@ def train_steps(run: Run, agreement: distributed.StopAgreement) -> tuple[dict[st
 
 def utilisation(run: Run) -> dict:
   """What the progress line needs for MFU: the step's model FLOPs (`efficient_lm.training.flops`) and the
-  job's devices' peak rate; nothing on a CPU (no meaningful peak)."""
+  job's devices' peak rate; nothing on a CPU (no meaningful peak), no FLOPs for a model they are
+  not counted for (the line then gives tokens/s per device alone)."""
   device = run.mesh.devices.flat[0]
   peak = flops_lib.peak_flops(device.device_kind) if device.platform != "cpu" else None
   if peak is None:

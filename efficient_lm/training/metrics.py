@@ -183,8 +183,9 @@ class Progress:
   def line(self, step: int, loss: float, tokens_per_sec: float) -> str:
     eta = (self.num_steps - step) * (self._step_seconds or 0.0)
     mfu = self.mfu(tokens_per_sec)
-    device = "" if mfu is None else (
-        f" ({tokens_per_sec / self.num_devices:,.0f} per device, MFU {100 * mfu:.1f}%)")
+    device = "" if not self.peak_flops else (
+        f" ({tokens_per_sec / self.num_devices:,.0f} per device"
+        f"{'' if mfu is None else f', MFU {100 * mfu:.1f}%'})")
     return (f"step {step}/{self.num_steps}  loss {loss:.4f}  {tokens_per_sec:,.0f} tokens/s{device}  "
             f"ETA {_duration(eta)}")
 
