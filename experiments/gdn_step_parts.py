@@ -2,12 +2,15 @@
 
     python -m experiments.gdn_step_parts --seq_len=16384
 
-Four train steps (forward, backward, AdamW; `bench_step.compile_train_step`), B=1, d_model 256, 4
-layers, 4 heads, vocabulary 8192, each config's own fields otherwise, timed side by side (median of
---repeats steps after one warm-up):
+Five train steps (forward, backward, AdamW; `bench_step.compile_train_step`), B=1, d_model 256, 4
+layers, 4 heads, vocabulary 8192, each config's own fields otherwise, every one compiled first and
+then timed side by side: one warm-up step each, then --repeats rounds of one step of every row in
+turn (so that a drifting load moves every row alike), the median per row:
 
   dense          configs/dense.py (flash attention: O(T) memory, O(T^2) time)
   gdn            configs/gated_deltanet.py as it trains
+  gdn, conv as one einsum   the same with the short convolution's taps stacked `[W, B, T, F]` and
+                 contracted with the kernel in one einsum, as it was before `weighted_taps`
   gdn, no rule   the same with the gated delta rule replaced by an elementwise stand-in (o = v
                  (q.k + g), no state): what the projections, the short convolution, the MLPs and
                  the vocabulary head cost around the recurrence
@@ -23,17 +26,22 @@ import json
 import os
 import statistics
 import sys
+import time
 
+import jax
 import jax.numpy as jnp
 
+from efficient_lm.models import gated_deltanet_mixer
 from efficient_lm.ops import recurrent
 from experiments import bench_step
 from experiments.common import REPO, build, load_config
 
-ROWS = (("dense", "configs/dense.py", {}, False),
-        ("gdn", "configs/gated_deltanet.py", {}, False),
-        ("gdn, no rule", "configs/gated_deltanet.py", {}, True),
-        ("gdn, no rule, no conv", "configs/gated_deltanet.py", {"conv_size": 1}, True))
+# (row, config file, model fields, the rule stood in for, the convolution as one einsum)
+ROWS = (("dense", "configs/dense.py", {}, False, False),
+        ("gdn", "configs/gated_deltanet.py", {}, False, False),
+        ("gdn, conv as one einsum", "configs/gated_deltanet.py", {}, False, True),
+        ("gdn, no rule", "configs/gated_deltanet.py", {}, True, False),
+        ("gdn, no rule, no conv", "configs/gated_deltanet.py", {"conv_size": 1}, True, False))
 
 
 def _stand_in(q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, **unused):
@@ -44,26 +52,33 @@ def _stand_in(q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, **unused):
   return o_BTHV, jnp.zeros((B, H, K, v_BTHV.shape[-1]), jnp.float32)
 
 
+def _stacked_einsum(kernel_WF, taps):
+  """The convolution's taps stacked and contracted with the kernel (its form before
+  `weighted_taps`), differentiated by autodiff."""
+  return jnp.einsum("wbt...,w...->bt...", jnp.stack(taps), kernel_WF)
+
+
 @contextlib.contextmanager
-def _without_the_rule(active: bool):
-  saved = recurrent.gated_delta_rule
+def _swapped(module, name: str, replacement, active: bool):
+  saved = getattr(module, name)
   if active:
-    recurrent.gated_delta_rule = _stand_in
+    setattr(module, name, replacement)
   try:
     yield
   finally:
-    recurrent.gated_delta_rule = saved
+    setattr(module, name, saved)
 
 
-def measure(spec: str, model: dict, stand_in: bool, args) -> float:
+def compile_row(spec: str, model: dict, stand_in: bool, einsum_conv: bool, args):
   config = load_config(spec)
   config.data.seq_len, config.data.batch_size, config.data.vocab_size = args.seq_len, 1, args.vocab_size
   config.model.d_model, config.model.num_layers, config.model.num_heads = args.d_model, 4, 4
   for field, value in model.items():
     config.model[field] = value
-  with _without_the_rule(stand_in):
+  with _swapped(recurrent, "gated_delta_rule", _stand_in, stand_in), \
+       _swapped(gated_deltanet_mixer, "weighted_taps", _stacked_einsum, einsum_conv):
     compiled, state, batch, _, _ = bench_step.compile_train_step(build(config))
-  return statistics.median(bench_step.time_steps(compiled, state, batch, args.repeats))
+  return compiled, state, batch
 
 
 def main():
@@ -74,15 +89,28 @@ def main():
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--out", default=os.path.join(REPO, "experiments", "results", "gdn_step_parts.json"))
   args = parser.parse_args()
+  steps = {}
+  for name, spec, model, stand_in, einsum_conv in ROWS:
+    print(f"compiling {name}...", flush=True)
+    steps[name] = list(compile_row(spec, model, stand_in, einsum_conv, args))
   load_before = os.getloadavg()[0]
-  rows = []
-  for name, spec, model, stand_in in ROWS:
-    seconds = measure(spec, model, stand_in, args)
-    rows.append({"row": name, "step_seconds": seconds, "tokens_per_sec": args.seq_len / seconds})
-    print(f"{name}: {seconds:.2f} s a step, {args.seq_len / seconds:,.0f} tokens/s", flush=True)
+  times = {name: [] for name in steps}
+  for round_ in range(args.repeats + 1):  # round 0: the warm-up, not timed
+    for name, step in steps.items():
+      compiled, state, batch = step
+      start = time.perf_counter()
+      state, metrics = compiled(state, batch)
+      jax.block_until_ready(metrics)
+      step[1] = state
+      if round_:
+        times[name].append(time.perf_counter() - start)
+    print(f"round {round_}: " + ", ".join(f"{n} {t[-1]:.2f} s" for n, t in times.items() if t),
+          flush=True)
+  rows = [{"row": name, "step_seconds": statistics.median(t), "times": t,
+           "tokens_per_sec": args.seq_len / statistics.median(t)} for name, t in times.items()]
   dense = rows[0]["step_seconds"]
   print(f"\nT={args.seq_len}, B=1, d_model {args.d_model}, 4 layers, 4 heads, vocabulary "
-        f"{args.vocab_size}; median of {args.repeats} steps\n")
+        f"{args.vocab_size}; median of {args.repeats} interleaved steps\n")
   print("| row | s a step | dense's time / this |")
   print("| --- | --- | --- |")
   for r in rows:
@@ -91,7 +119,7 @@ def main():
   if args.out:
     with open(args.out, "w", encoding="utf-8") as f:
       json.dump({"command": " ".join(["python -m experiments.gdn_step_parts", *sys.argv[1:]]),
-                 "settings": vars(args), "load_before": load_before,
+                 "settings": vars(args), "interleaved": True, "load_before": load_before,
                  "load_after": os.getloadavg()[0], "rows": rows}, f, indent=1)
 
 

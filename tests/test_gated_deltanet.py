@@ -24,6 +24,42 @@ def conv_and_input(T: int = 16, width: int = 4, seed: int = 0):
   return conv, x_BTF
 
 
+def test_the_convolution_equals_a_dense_reference_forward_and_gradients():
+  """y_t = sum_j kernel[W - 1 - j] x_{t - j} over the j < W with t - j in x's document, as a
+  `[T, T]` matrix per feature (a reference: O(T^2)), against the convolution (its taps and
+  `weighted_taps`' own backward), with and without documents: outputs, and the gradients of the
+  kernel and of x."""
+  conv, x_BTF = conv_and_input(T=16, width=4)
+  W, T = 4, 16
+  seg_BT = jnp.asarray(np.stack([np.repeat([0, 1, 2], [5, 6, 5]), np.repeat([3, 4], [2, 14])]),
+                       jnp.int32)
+  dy_BTF = jax.random.normal(jax.random.key(7), x_BTF.shape)
+
+  def reference(kernel_WF, x_BTF, seg_BT):
+    t, s = jnp.arange(T)[:, None], jnp.arange(T)[None, :]
+    lag_TT = t - s
+    weights_TTF = jnp.where(((lag_TT >= 0) & (lag_TT < W))[..., None],
+                            kernel_WF[jnp.clip(W - 1 - lag_TT, 0, W - 1)], 0.0)
+    same_BTT = (jnp.ones((2, T, T), bool) if seg_BT is None
+                else seg_BT[:, :, None] == seg_BT[:, None, :])
+    return jnp.einsum("tsf,bts,bsf->btf", weights_TTF, same_BTT.astype(jnp.float32), x_BTF)
+
+  graphdef, params = nnx.split(conv)  # its one parameter, the kernel
+
+  def ours(kernel_WF, x_BTF, seg_BT):
+    return nnx.merge(graphdef, jax.tree.map(lambda _: kernel_WF, params))(x_BTF, seg_BT, Route())
+
+  kernel_WF = conv.kernel[...]
+  for seg in (None, seg_BT):
+    got, want = ours(kernel_WF, x_BTF, seg), reference(kernel_WF, x_BTF, seg)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    loss = lambda f: lambda k, x: jnp.sum(f(k, x, seg) * dy_BTF)
+    got_grads = jax.grad(loss(ours), argnums=(0, 1))(kernel_WF, x_BTF)
+    want_grads = jax.grad(loss(reference), argnums=(0, 1))(kernel_WF, x_BTF)
+    for g, w in zip(got_grads, want_grads):
+      np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
 def test_the_convolution_reads_no_token_of_another_document():
   """Document A = tokens 0..5, B = 6..: changing A moves none of B's outputs, though without
   document ids it moves B's first width - 1 (the mask is what stops it); changing B's token 6

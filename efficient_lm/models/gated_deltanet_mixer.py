@@ -61,6 +61,34 @@ def _init_dt_bias(key: jax.Array, shape: tuple) -> jax.Array:
   return dt + jnp.log(-jnp.expm1(-dt))
 
 
+@jax.custom_vjp
+def weighted_taps(kernel_WF: jax.Array, taps: tuple[jax.Array, ...]) -> jax.Array:
+  """sum_i kernel[i] * taps[i], each tap `[B, T, *F]`, the kernel `[W, *F]`: elementwise (one
+  fused loop), with its own backward (tap i's cotangent kernel[i] dy, kernel i's the sum of tap i
+  x dy over B and T). Measured on this CPU at 16K tokens x 512 features, forward and backward, it
+  takes about a third of the time of the taps stacked and contracted with the kernel in one einsum
+  (the stacked `[W, B, T, F]` array and a dot of contraction W), and a quarter of the same sum
+  differentiated by autodiff."""
+  y = kernel_WF[0] * taps[0]
+  for kernel_F, tap in zip(kernel_WF[1:], taps[1:]):
+    y = y + kernel_F * tap
+  return y
+
+
+def _weighted_taps_fwd(kernel_WF, taps):
+  return weighted_taps(kernel_WF, taps), (kernel_WF, taps)
+
+
+def _weighted_taps_bwd(residuals, dy):
+  kernel_WF, taps = residuals
+  batch_and_length = tuple(range(dy.ndim - kernel_WF.ndim + 1))
+  d_kernel = jnp.stack([jnp.sum(tap * dy, axis=batch_and_length) for tap in taps])
+  return d_kernel, tuple(kernel_F * dy for kernel_F in kernel_WF)
+
+
+weighted_taps.defvjp(_weighted_taps_fwd, _weighted_taps_bwd)
+
+
 class CausalConv(nnx.Module):
   """A depthwise causal convolution along T of `[B, T, *features]`: `width` taps per feature, tap
   i multiplying the token width - 1 - i back; a token of another document is read as 0."""
@@ -89,15 +117,13 @@ class CausalConv(nnx.Module):
       window_seg = jnp.concatenate([tail[1], seg_BT], axis=1)
       x_taps = [window_x[:, W - 1 - j:W - 1 - j + T] for j in range(1, W)]
       seg_taps = [window_seg[:, W - 1 - j:W - 1 - j + T] for j in range(1, W)]
-    # The W taps stacked, tap i the token W - 1 - i back, and one contraction with the kernel
-    # (measured faster on CPU, forward and backward, than a sum of W shifted products).
+    # Tap i the token W - 1 - i back, weighed by the kernel's row i (`weighted_taps`).
     taps = [*x_taps[::-1], x_BTF]
     if seg_BT is not None:  # a token of another document reads as 0
       expand = lambda m_BT: m_BT.reshape(*m_BT.shape, *(1,) * (x_BTF.ndim - 2))
       taps = [jnp.where(expand(s_BT == seg_BT), x_j, 0.0)
               for x_j, s_BT in zip(taps[:-1], seg_taps[::-1])] + [x_BTF]
-    y_BTF = jnp.einsum("wbt...,w...->bt...", jnp.stack(taps), kernel_WF)
-    return y_BTF
+    return weighted_taps(kernel_WF, tuple(taps))
 
 
 def _l2_normalized(x_BTHK: jax.Array) -> jax.Array:
