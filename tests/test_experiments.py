@@ -263,6 +263,18 @@ def test_paper_tables_score_ecp_on_the_perceiver_positions(tmp_path, shakespeare
   assert latents["loss"] != every["loss"]
 
 
+def test_paper_tables_bench_measures_each_config_once_under_its_own_name():
+  """The side-by-side speed run gives each measured row its own config (a variant row, whose
+  config file is its base's, would be measured as the base and take its name)."""
+  from experiments.paper_tables import bench, specs  # pylint: disable=import-outside-toplevel
+  for table in specs.TABLES:
+    keys = bench.bench_keys(table)
+    configs = [specs.config_arg(k) for k in keys]
+    assert keys and len(set(configs)) == len(configs) and not any("+" in k for k in keys), table
+  assert "gated_deltanet" in bench.bench_keys("pi")
+  assert "pi_attention+fixed_gate" not in bench.bench_keys("pi")
+
+
 def test_paper_tables_queue_and_row_keys():
   from experiments.paper_tables import plots, render, specs  # pylint: disable=import-outside-toplevel
   order = specs.queue(["bcmt", "pi"])

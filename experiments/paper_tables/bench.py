@@ -9,10 +9,18 @@ from experiments.paper_tables.rows import code_version
 from experiments.paper_tables.specs import TABLES, config_arg, quoted
 
 
+def bench_keys(table: str) -> list[str]:
+  """The table's rows that bench_step measures: not the variant rows (`key+variant`), whose
+  settings are the row's, which bench_step's --configs cannot carry, and whose config file is
+  their base's (measured as that, they would be mislabelled)."""
+  return [k for k, _ in TABLES[table]["rows"] if "+" not in k]
+
+
 def bench_table(table: str, args) -> dict:
-  """`python -m experiments.bench_step` over the table's models at its sizes, in one process."""
+  """`python -m experiments.bench_step` over the table's models (`bench_keys`) at its sizes, in
+  one process."""
   s = TABLES[table]["settings"]
-  keys = [k for k, _ in TABLES[table]["rows"]]
+  keys = bench_keys(table)
   command = [sys.executable, "-m", "experiments.bench_step", "--configs=" + ",".join(config_arg(k) for k in keys),
              f"--seq_len={s['data.seq_len']}", f"--batch_size={s['data.batch_size']}",
              f"--d_model={s['model.d_model']}", f"--num_layers={s['model.num_layers']}",
