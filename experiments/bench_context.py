@@ -19,7 +19,9 @@ token, and from them the longest T of the grid whose step fits in 4 / 16 /
 (the blockwise core: O(T) memory, O(T^2) time) and `reference` (the [T, T] einsum).
 
 Timing (`--timing_seq_lens`, default 4K, 32K, 128K): the median wall time of
---repeats steps after compilation, models side by side at each T; a model
+--repeats steps after compilation, models side by side at each T (`--interleave`:
+every (model, T) compiled first, then one step of each in turn, --repeats rounds,
+so that the ratios between Ts are side by side too; no skips); a model
 whose single step would take longer than --max_step_seconds (estimated from
 the previous T, quadratic for dense) or whose compiled step needs more than
 80% of the memory available is skipped and says so. The ratio of
@@ -116,8 +118,8 @@ def compile_row(key: str, T: int, args) -> dict:
   return row
 
 
-def time_row(key: str, T: int, args) -> float:
-  """Median seconds of one train step (after compilation)."""
+def compile_timed_step(key: str, T: int, args) -> list:
+  """[the compiled train step, its state, a batch of random tokens] of `key` at T."""
   config = build(config_for(key, T, args))
   built = train_state.build(config)
   compiled = step_memory.compile_train_step(config, built)
@@ -126,9 +128,30 @@ def time_row(key: str, T: int, args) -> float:
   batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": np.ones((1, T), np.float32)}
   if built.document_ids:  # the step compiled for document ids: one a row
     batch["segment_ids"] = np.zeros((1, T), np.int32)
-  batch = sharding.shard_batch(batch, built.mesh)
-  return statistics.median(bench_step.time_steps(compiled, built.state, batch, args.repeats,
+  return [compiled, built.state, sharding.shard_batch(batch, built.mesh)]
+
+
+def time_row(key: str, T: int, args) -> float:
+  """Median seconds of one train step (after compilation)."""
+  compiled, state, batch = compile_timed_step(key, T, args)
+  return statistics.median(bench_step.time_steps(compiled, state, batch, args.repeats,
                                                  give_up_seconds=args.max_step_seconds))
+
+
+def time_interleaved(rows: list[tuple[str, int]], args) -> dict:
+  """{(key, T): median seconds}: every row compiled first, one warm-up step each, then --repeats
+  rounds of one step of every row in turn, so that a load drifting during the run moves every
+  row alike (the ratios between Ts are then side by side, as those between models)."""
+  steps = {row: compile_timed_step(*row, args) for row in rows}
+  times = {row: [] for row in rows}
+  for round_ in range(args.repeats + 1):  # round 0: the warm-up, not timed
+    for row, step in steps.items():
+      start = time.perf_counter()
+      step[1], metrics = step[0](step[1], step[2])
+      jax.block_until_ready(metrics)
+      if round_:
+        times[row].append(time.perf_counter() - start)
+  return {row: statistics.median(t) for row, t in times.items()}
 
 
 def speed_ratios(timing: list[dict]) -> dict:
@@ -180,6 +203,9 @@ def main():
   parser.add_argument("--seq_lens", default=SEQ_LENS)
   parser.add_argument("--timing_seq_lens", default="4096,32768,131072")
   parser.add_argument("--no_timing", action="store_true")
+  parser.add_argument("--interleave", action="store_true",
+                      help="time every (model, T) of --timing_seq_lens compiled first, then one "
+                           "step of each in turn, --repeats rounds (no skips: for a few rows)")
   parser.add_argument("--d_model", type=int, default=256)
   parser.add_argument("--num_layers", type=int, default=4)
   parser.add_argument("--num_heads", type=int, default=4)
@@ -245,7 +271,17 @@ def main():
   budgets = (None,) if args.target else BUDGETS_GIB
   result["fits"] = {key: {("device" if b is None else f"{b} GiB"): longest_fitting(
       [r for r in result["memory"] if r["model"] == key], b) for b in budgets} for key in models}
-  if not args.no_timing:
+  if not args.no_timing and args.interleave:
+    with paused(args.pause_file):
+      rows = [(key, T) for T in map(int, args.timing_seq_lens.split(",")) for key in models]
+      for (key, T), seconds in time_interleaved(rows, args).items():
+        result["timing"].append({"model": key, "seq_len": T, "step_seconds": seconds,
+                                 "tokens_per_sec": T / seconds, "interleaved": True,
+                                 "load_average": os.getloadavg()[0]})
+        print(f"{key} T={T:,}: {T / seconds:,.0f} tokens/s ({seconds:.2f} s a step, interleaved)",
+              flush=True)
+      save()
+  elif not args.no_timing:
     estimate = {}
     with paused(args.pause_file):
       for T in map(int, args.timing_seq_lens.split(",")):

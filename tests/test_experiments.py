@@ -104,6 +104,19 @@ def test_bench_context_quick_reports_memory_fits_and_speed(tmp_path):
   assert (tmp_path / "context_quick_memory.png").stat().st_size > 1000
 
 
+@pytest.mark.slow  # a benchmark harness in a subprocess: 10-60 s
+def test_bench_context_interleaves_the_timed_rows(tmp_path):
+  """--interleave: every (model, T) of --timing_seq_lens timed, in one set of rounds."""
+  run_module(["experiments.bench_context", "--quick", "--models=gated_deltanet,sliding_window",
+              "--seq_lens=128,256", "--timing_seq_lens=128,256", "--interleave",
+              f"--out_dir={tmp_path}"])
+  timing = json.loads((tmp_path / "context_quick.json").read_text())["timing"]
+  assert {(r["model"], r["seq_len"]) for r in timing} == {
+      (m, t) for m in ("gated_deltanet", "sliding_window") for t in (128, 256)}
+  assert all(r["interleaved"] and r["step_seconds"] > 0 for r in timing)
+  assert all(r["tokens_per_sec"] == pytest.approx(r["seq_len"] / r["step_seconds"]) for r in timing)
+
+
 def test_bench_greedy_times_the_choices_side_by_side():
   import argparse  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
