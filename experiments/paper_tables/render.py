@@ -73,8 +73,12 @@ def render_table(table: str, entry: dict, positions: dict) -> str:
                + " Each row's exact command, seed, wall clock and load are in "
                "`experiments/results/paper_tables.json`.")
   if entry.get("bench"):
+    code = entry["bench"].get("code", "")
+    code = code[:7] if len(code) == 40 else code  # a commit's hash, or a snapshot's description
     lines.append(f"Side-by-side tokens/s: `{entry['bench']['command']}` (median of "
-                 f"{entry['bench']['repeats']} steps, uptime before: {entry['bench']['uptime_before']}).")
+                 f"{entry['bench']['repeats']} steps, uptime before: {entry['bench']['uptime_before']}"
+                 + (f"; the models at {code}, which may be newer than a row's training" if code
+                    else "") + ").")
   return "\n".join(lines)
 
 
