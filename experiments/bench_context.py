@@ -143,14 +143,7 @@ def time_interleaved(rows: list[tuple[str, int]], args) -> dict:
   rounds of one step of every row in turn, so that a load drifting during the run moves every
   row alike (the ratios between Ts are then side by side, as those between models)."""
   steps = {row: compile_timed_step(*row, args) for row in rows}
-  times = {row: [] for row in rows}
-  for round_ in range(args.repeats + 1):  # round 0: the warm-up, not timed
-    for row, step in steps.items():
-      start = time.perf_counter()
-      step[1], metrics = step[0](step[1], step[2])
-      jax.block_until_ready(metrics)
-      if round_:
-        times[row].append(time.perf_counter() - start)
+  times = bench_step.time_interleaved(steps, args.repeats)
   return {row: statistics.median(t) for row, t in times.items()}
 
 

@@ -110,7 +110,22 @@ def train_step_flops(config, *, seed: int = 0) -> float:
     return f[1] + (config.model.num_layers - 1) * (f[2] - f[1])
 
 
-def model_flops(config, *, seed: int = 0) -> float:
+def time_interleaved(steps: dict, repeats: int) -> dict:
+  """{name: [seconds of each timed step]} of `steps` ({name: [compiled, state, batch]}, the state
+  replaced as it trains): one warm-up step each, then `repeats` rounds of one step of every entry
+  in turn, so that a load drifting during the run moves every entry alike."""
+  times = {name: [] for name in steps}
+  for round_ in range(repeats + 1):  # round 0: the warm-up, not timed
+    for name, step in steps.items():
+      start = time.perf_counter()
+      step[1], metrics = step[0](step[1], step[2])
+      jax.block_until_ready(metrics)
+      if round_:
+        times[name].append(time.perf_counter() - start)
+  return times
+
+
+def model_flops(config, *, seed: int = 0) -> float | None:
   """The model FLOPs of one train step, counted analytically (`efficient_lm.training.flops`, as
   MFU while training): every layer, every key block and every chunk of the recurrence, no
   rematerialisation. Where `train_step_flops` (what XLA compiles) counts loops' bodies once, this

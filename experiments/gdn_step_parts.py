@@ -26,9 +26,7 @@ import json
 import os
 import statistics
 import sys
-import time
 
-import jax
 import jax.numpy as jnp
 
 from efficient_lm.models import gated_deltanet_mixer
@@ -94,18 +92,7 @@ def main():
     print(f"compiling {name}...", flush=True)
     steps[name] = list(compile_row(spec, model, stand_in, einsum_conv, args))
   load_before = os.getloadavg()[0]
-  times = {name: [] for name in steps}
-  for round_ in range(args.repeats + 1):  # round 0: the warm-up, not timed
-    for name, step in steps.items():
-      compiled, state, batch = step
-      start = time.perf_counter()
-      state, metrics = compiled(state, batch)
-      jax.block_until_ready(metrics)
-      step[1] = state
-      if round_:
-        times[name].append(time.perf_counter() - start)
-    print(f"round {round_}: " + ", ".join(f"{n} {t[-1]:.2f} s" for n, t in times.items() if t),
-          flush=True)
+  times = bench_step.time_interleaved(steps, args.repeats)
   rows = [{"row": name, "step_seconds": statistics.median(t), "times": t,
            "tokens_per_sec": args.seq_len / statistics.median(t)} for name, t in times.items()]
   dense = rows[0]["step_seconds"]
