@@ -2,17 +2,18 @@
 
     python -m experiments.gdn_step_parts --seq_len=16384
 
-Five train steps (forward, backward, AdamW; `bench_step.compile_train_step`), B=1, d_model 256, 4
+Six train steps (forward, backward, AdamW; `bench_step.compile_train_step`), B=1, d_model 256, 4
 layers, 4 heads, vocabulary 8192, each config's own fields otherwise, every one compiled first and
 then timed side by side: one warm-up step each, then --repeats rounds of one step of every row in
 turn (so that a drifting load moves every row alike), the median per row:
 
   dense          configs/dense.py (flash attention: O(T) memory, O(T^2) time)
-  gdn            configs/gated_deltanet.py as it trains
-  gdn, conv as one einsum   the same with the short convolution's taps stacked `[W, B, T, F]` and
-                 contracted with the kernel in one einsum, as it was before `weighted_taps`
-  gdn, no rule   the same with the gated delta rule replaced by an elementwise stand-in (o = v
-                 (q.k + g), no state): what the projections, the short convolution, the MLPs and
+  gdn            configs/gated_deltanet.py as it trains (its blocks over sequence chunks of
+                 `model.seq_chunk` = 1,024 tokens, the state carried)
+  gdn, seq_chunk 8192   the same in chunks of 8,192 tokens (the other families' chunk)
+  gdn, whole     the same with model.seq_chunk=0: every block over the whole sequence at once
+  gdn, no rule   configs/gated_deltanet.py with the gated delta rule replaced by an elementwise
+                 stand-in (o = v (q.k + g), no state): what the projections, the short convolution, the MLPs and
                  the vocabulary head cost around the recurrence
   gdn, no rule, no conv   and with model.conv_size=1 (the convolution one tap wide)
 
@@ -29,17 +30,17 @@ import sys
 
 import jax.numpy as jnp
 
-from efficient_lm.models import gated_deltanet_mixer
 from efficient_lm.ops import recurrent
 from experiments import bench_step
 from experiments.common import REPO, build, load_config
 
-# (row, config file, model fields, the rule stood in for, the convolution as one einsum)
-ROWS = (("dense", "configs/dense.py", {}, False, False),
-        ("gdn", "configs/gated_deltanet.py", {}, False, False),
-        ("gdn, conv as one einsum", "configs/gated_deltanet.py", {}, False, True),
-        ("gdn, no rule", "configs/gated_deltanet.py", {}, True, False),
-        ("gdn, no rule, no conv", "configs/gated_deltanet.py", {"conv_size": 1}, True, False))
+# (row, config file, model fields, the rule stood in for)
+ROWS = (("dense", "configs/dense.py", {}, False),
+        ("gdn", "configs/gated_deltanet.py", {}, False),
+        ("gdn, seq_chunk 8192", "configs/gated_deltanet.py", {"seq_chunk": 8192}, False),
+        ("gdn, whole", "configs/gated_deltanet.py", {"seq_chunk": 0}, False),
+        ("gdn, no rule", "configs/gated_deltanet.py", {}, True),
+        ("gdn, no rule, no conv", "configs/gated_deltanet.py", {"conv_size": 1}, True))
 
 
 def _stand_in(q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, **unused):
@@ -48,12 +49,6 @@ def _stand_in(q_BTHK, k_BTHK, v_BTHV, g_BTH, beta_BTH, **unused):
   B, _, H, K = q_BTHK.shape
   o_BTHV = v_BTHV * (jnp.sum(q_BTHK * k_BTHK, -1, keepdims=True) + (g_BTH + beta_BTH)[..., None])
   return o_BTHV, jnp.zeros((B, H, K, v_BTHV.shape[-1]), jnp.float32)
-
-
-def _stacked_einsum(kernel_WF, taps):
-  """The convolution's taps stacked and contracted with the kernel (its form before
-  `weighted_taps`), differentiated by autodiff."""
-  return jnp.einsum("wbt...,w...->bt...", jnp.stack(taps), kernel_WF)
 
 
 @contextlib.contextmanager
@@ -67,14 +62,13 @@ def _swapped(module, name: str, replacement, active: bool):
     setattr(module, name, saved)
 
 
-def compile_row(spec: str, model: dict, stand_in: bool, einsum_conv: bool, args):
+def compile_row(spec: str, model: dict, stand_in: bool, args):
   config = load_config(spec)
   config.data.seq_len, config.data.batch_size, config.data.vocab_size = args.seq_len, 1, args.vocab_size
   config.model.d_model, config.model.num_layers, config.model.num_heads = args.d_model, 4, 4
   for field, value in model.items():
     config.model[field] = value
-  with _swapped(recurrent, "gated_delta_rule", _stand_in, stand_in), \
-       _swapped(gated_deltanet_mixer, "weighted_taps", _stacked_einsum, einsum_conv):
+  with _swapped(recurrent, "gated_delta_rule", _stand_in, stand_in):
     compiled, state, batch, _, _ = bench_step.compile_train_step(build(config))
   return compiled, state, batch
 
@@ -88,9 +82,9 @@ def main():
   parser.add_argument("--out", default=os.path.join(REPO, "experiments", "results", "gdn_step_parts.json"))
   args = parser.parse_args()
   steps = {}
-  for name, spec, model, stand_in, einsum_conv in ROWS:
+  for name, spec, model, stand_in in ROWS:
     print(f"compiling {name}...", flush=True)
-    steps[name] = list(compile_row(spec, model, stand_in, einsum_conv, args))
+    steps[name] = list(compile_row(spec, model, stand_in, args))
   load_before = os.getloadavg()[0]
   times = bench_step.time_interleaved(steps, args.repeats)
   rows = [{"row": name, "step_seconds": statistics.median(t), "times": t,

@@ -508,25 +508,22 @@ def test_train_step_flops_count_every_chunk_of_the_recurrence():
 
 @pytest.mark.slow
 def test_gdn_step_parts_stands_in_for_the_rule_and_writes_its_rows(tmp_path):
-  """experiments.gdn_step_parts: its stand-ins replace the gated delta rule and the convolution's
-  weighted taps only inside their rows (the rule's using every input, the einsum equal to the
-  weighted taps), and a tiny run writes the rows with dense first."""
-  import jax
+  """experiments.gdn_step_parts: its stand-in replaces the gated delta rule only inside its rows
+  (using every input), the sequence-chunk rows differ from the config's only by that field, and a
+  tiny run writes the rows with dense first."""
   import jax.numpy as jnp
-  import numpy as np
-  from efficient_lm.models import gated_deltanet_mixer as mixer
   from efficient_lm.ops import recurrent
   from experiments import gdn_step_parts as parts
+  from experiments.common import load_config
 
-  rule, taps = recurrent.gated_delta_rule, mixer.weighted_taps
+  rule = recurrent.gated_delta_rule
   with parts._swapped(recurrent, "gated_delta_rule", parts._stand_in, True):  # pylint: disable=protected-access
     assert recurrent.gated_delta_rule is parts._stand_in  # pylint: disable=protected-access
-  with parts._swapped(mixer, "weighted_taps", parts._stacked_einsum, True):  # pylint: disable=protected-access
-    assert mixer.weighted_taps is parts._stacked_einsum  # pylint: disable=protected-access
-  assert recurrent.gated_delta_rule is rule and mixer.weighted_taps is taps
-  kernel = jax.random.normal(jax.random.key(0), (3, 2, 5))
-  xs = tuple(jax.random.normal(jax.random.key(i), (2, 7, 2, 5)) for i in (1, 2, 3))
-  np.testing.assert_allclose(parts._stacked_einsum(kernel, xs), taps(kernel, xs), rtol=1e-6)  # pylint: disable=protected-access
+  assert recurrent.gated_delta_rule is rule
+  own = load_config("configs/gated_deltanet.py").model.seq_chunk
+  chunks = {name: fields.get("seq_chunk", own) for name, spec, fields, _ in parts.ROWS
+            if spec == "configs/gated_deltanet.py"}
+  assert chunks["gdn"] == own and chunks["gdn, seq_chunk 8192"] == 8192 and chunks["gdn, whole"] == 0
   ones = jnp.ones((1, 3, 2, 4))
   o, state = parts._stand_in(ones, ones, 2 * ones, -jnp.ones((1, 3, 2)), jnp.ones((1, 3, 2)))  # pylint: disable=protected-access
   assert o.shape == (1, 3, 2, 4) and float(o[0, 0, 0, 0]) == 2 * (4 - 1 + 1) and state.shape == (1, 2, 4, 4)

@@ -65,10 +65,9 @@ def _init_dt_bias(key: jax.Array, shape: tuple) -> jax.Array:
 def weighted_taps(kernel_WF: jax.Array, taps: tuple[jax.Array, ...]) -> jax.Array:
   """sum_i kernel[i] * taps[i], each tap `[B, T, *F]`, the kernel `[W, *F]`: elementwise (one
   fused loop), with its own backward (tap i's cotangent kernel[i] dy, kernel i's the sum of tap i
-  x dy over B and T). In place of the taps stacked `[W, B, T, F]` and contracted with the kernel
-  in one einsum (a dot of contraction W), it made a Gated DeltaNet train step at 16K tokens 1.41x
-  faster on a 2-core CPU, the two side by side (`experiments/gdn_step_parts.py`, its row "conv as
-  one einsum"; docs/long_context.md)."""
+  x dy over B and T). Not the taps stacked `[W, B, T, F]` and contracted with the kernel in one
+  einsum (a dot of contraction W): that copy made a Gated DeltaNet train step at 16K tokens 1.41x
+  slower on a 2-core CPU when the two were measured side by side (f98340b)."""
   y = kernel_WF[0] * taps[0]
   for kernel_F, tap in zip(kernel_WF[1:], taps[1:]):
     y = y + kernel_F * tap
