@@ -4,10 +4,11 @@ From "Gated Delta Networks: Improving Mamba2 with Delta Rule" (Yang, Kautz, Hata
 
     python -m efficient_lm.main --config=configs/gated_deltanet.py
 
-Measured with the command above (training at 512 tokens runs whole: `model.seq_chunk` applies past
-it) on a quiet 2-core x86 CPU, the corpus already prepared, document
-ids on: 21 min 19 s wall clock (1,279 s), 700 steps of 4 x 512 tokens, validation (hamlet,
-twelfth_night) loss 4.359 nats/token, 2.091 bits per byte (one run; docs/running.md, "Default runs").
+Measured with the command above (512 tokens a row run whole: `model.seq_chunk` applies past it) on
+a quiet 2-core x86 CPU, before the short convolution's taps were weighed elementwise (f98340b), the
+corpus already prepared, document ids on: 21 min 19 s wall clock (1,279 s), 700 steps of 4 x 512
+tokens, validation (hamlet, twelfth_night) loss 4.359 nats/token, 2.091 bits per byte (one run;
+docs/running.md, "Default runs").
 1M tokens of context compile within 16 GiB on one CPU device (11.27 GiB in sequence chunks of
 1,024; docs/long_context.md) and on one v5e chip (9.26 GiB in chunks of 8,192;
 docs/accelerators.md). Decoding keeps 573,504 bytes a row at any context (docs/architecture.md,
@@ -47,8 +48,9 @@ def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
   add_pi_fields(config)             # the hybrid layers' window and skips (unused without hybrid_every)
   # Blocks over chunks of 1,024 tokens past that length, the state carried from chunk to chunk,
   # each chunk recomputed in the backward pass: the same function, and at 16K tokens 1.32x faster
-  # than chunks of 8,192 and 2.9x faster than the whole sequence at once on a 2-core CPU (a
-  # chunk's activations stay in its caches; docs/long_context.md, "Measured").
+  # than chunks of 8,192 and 2.9x faster than the whole sequence at once on a 2-core CPU, where
+  # recomputing a small chunk costs less than reading stored activations back (docs/long_context.md,
+  # "Measured"; accelerators may want larger chunks: not measured there).
   model.seq_chunk = 1024
   if config_string in (None, ""):
     return config

@@ -13,8 +13,8 @@ turn (so that a drifting load moves every row alike), the median per row:
   gdn, seq_chunk 8192   the same in chunks of 8,192 tokens (the other families' chunk)
   gdn, whole     the same with model.seq_chunk=0: every block over the whole sequence at once
   gdn, no rule   configs/gated_deltanet.py with the gated delta rule replaced by an elementwise
-                 stand-in (o = v (q.k + g), no state): what the projections, the short convolution, the MLPs and
-                 the vocabulary head cost around the recurrence
+                 stand-in (o = v (q.k + g), no state): what the projections, the short
+                 convolution, the MLPs and the vocabulary head cost around the recurrence
   gdn, no rule, no conv   and with model.conv_size=1 (the convolution one tap wide)
 
 The stand-in rows are a measurement of the parts, not a model: nothing trains with them. Writes
