@@ -91,6 +91,11 @@ def test_offline_run_logs_what_metrics_jsonl_gets_and_a_resume_keeps_its_id(
   runs = sorted(glob.glob(str(offline / "wandb" / "offline-run-*" / "run-*.wandb")))
   assert len(runs) == 2 and all(path.endswith(f"run-{run_id}.wandb") for path in runs), runs
   second = [path for path in runs if path != first[0]][0]
+  # Read the files once W&B's service has closed them: in a CI run (a loaded machine, other tests
+  # beside) the second file, read straight after `run.finish()`, once held no run record, and it
+  # passed alone. The service's teardown waits for every file it writes.
+  import wandb  # pylint: disable=import-outside-toplevel
+  wandb.teardown()
 
   record = _run_record(first[0])
   assert (record.run_id, record.display_name, list(record.tags)) == (run_id, "tiny", ["a", "b"])
