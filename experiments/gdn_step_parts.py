@@ -8,8 +8,8 @@ then timed side by side: one warm-up step each, then --repeats rounds of one ste
 turn (so that a drifting load moves every row alike), the median per row:
 
   dense          configs/dense.py (flash attention: O(T) memory, O(T^2) time)
-  gdn            configs/gated_deltanet.py as it trains (its blocks over sequence chunks of
-                 `model.seq_chunk` = 1,024 tokens, the state carried)
+  gdn            configs/gated_deltanet.py as it trains (its blocks over sequence chunks of its
+                 `model.seq_chunk` tokens, the state carried)
   gdn, seq_chunk 8192   the same in chunks of 8,192 tokens (the other families' chunk)
   gdn, whole     the same with model.seq_chunk=0: every block over the whole sequence at once
   gdn, no rule   configs/gated_deltanet.py with the gated delta rule replaced by an elementwise
