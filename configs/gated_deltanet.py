@@ -47,10 +47,11 @@ def get_config(config_string: str | None = None) -> ml_collections.ConfigDict:
   model.recurrent_impl = "auto"     # the state scan: 'auto' (kernel on TPU), 'xla', 'pallas'
   add_pi_fields(config)             # the hybrid layers' window and skips (unused without hybrid_every)
   # Blocks over chunks of 1,024 tokens past that length, the state carried from chunk to chunk,
-  # each chunk recomputed in the backward pass: the same function, and at 16K tokens 1.32x faster
-  # than chunks of 8,192 and 2.9x faster than the whole sequence at once on a 2-core CPU, where
-  # recomputing a small chunk costs less than reading stored activations back (docs/long_context.md,
-  # "Measured"; accelerators may want larger chunks: not measured there).
+  # each chunk recomputed in the backward pass: the same function, and at 16K tokens 1.2-1.3x
+  # faster than chunks of 8,192 and 1.5-2.9x faster than the whole sequence at once on a 2-core
+  # CPU (runs on two days), where recomputing a small chunk costs less than reading stored
+  # activations back (docs/long_context.md, "Measured"; accelerators may want larger chunks: not
+  # measured there).
   model.seq_chunk = 1024
   if config_string in (None, ""):
     return config
