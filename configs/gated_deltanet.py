@@ -5,10 +5,9 @@ From "Gated Delta Networks: Improving Mamba2 with Delta Rule" (Yang, Kautz, Hata
     python -m efficient_lm.main --config=configs/gated_deltanet.py
 
 Measured with the command above (512 tokens a row run whole: `model.seq_chunk` applies past it) on
-a quiet 2-core x86 CPU, before the short convolution's taps were weighed elementwise (f98340b), the
-corpus already prepared, document ids on: 21 min 19 s wall clock (1,279 s), 700 steps of 4 x 512
-tokens, validation (hamlet, twelfth_night) loss 4.359 nats/token, 2.091 bits per byte (one run;
-docs/running.md, "Default runs").
+a quiet 2-core AMD EPYC, the corpus already prepared, document ids on: 9 min 46 s wall clock (586
+s), 700 steps of 4 x 512 tokens, validation (hamlet, twelfth_night) loss 4.359 nats/token, 2.090
+bits per byte (one run; docs/running.md, "Default runs").
 1M tokens of context compile within 16 GiB on one CPU device (11.27 GiB in sequence chunks of
 1,024; docs/long_context.md) and on one v5e chip (9.26 GiB in chunks of 8,192;
 docs/accelerators.md). Decoding keeps 573,504 bytes a row at any context (docs/architecture.md,
